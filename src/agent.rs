@@ -1,0 +1,168 @@
+//! The sync loop: wait for a trigger (timer, file change, webhook, drift),
+//! fetch, sync, repeat. Triggers that arrive while a sync runs are merged
+//! into the next one.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info};
+
+use crate::cluster::Cluster;
+use crate::source::Source;
+use crate::sync::{SyncOptions, SyncReport, sync};
+use crate::{MANAGED_BY_LABEL, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    Start,
+    Poll,
+    FileChange,
+    Webhook,
+    Drift,
+}
+
+pub struct Agent {
+    pub cluster: Arc<Cluster>,
+    pub source: Arc<Source>,
+    pub options: SyncOptions,
+    pub poll_interval: Duration,
+    pub ready: Arc<AtomicBool>,
+}
+
+/// Capacity of the trigger queue; more pending triggers add nothing.
+const TRIGGER_QUEUE: usize = 64;
+/// Quiet time that coalesces bursts of triggers into one sync.
+const DEBOUNCE: Duration = Duration::from_millis(300);
+
+pub fn trigger_channel() -> (mpsc::Sender<Trigger>, mpsc::Receiver<Trigger>) {
+    mpsc::channel(TRIGGER_QUEUE)
+}
+
+impl Agent {
+    /// Fetches and syncs once.
+    pub async fn sync_once(&self) -> Result<SyncReport> {
+        let source = self.source.clone();
+        let revision = tokio::task::spawn_blocking(move || source.fetch())
+            .await
+            .expect("the fetch task does not panic")?;
+        sync(&self.cluster, &revision, &self.options).await
+    }
+
+    /// Runs until the trigger channel closes.
+    pub async fn run(&self, triggers: mpsc::Sender<Trigger>, mut queue: mpsc::Receiver<Trigger>) {
+        let _poller = spawn_poller(triggers.clone(), self.poll_interval);
+        let _file_watcher = self
+            .source
+            .local_dir()
+            .and_then(|dir| watch_files(dir, triggers.clone()));
+        let mut drift = DriftWatch::default();
+        let _ = triggers.try_send(Trigger::Start);
+        while let Some(first) = queue.recv().await {
+            let mut reasons = BTreeSet::from([format!("{first:?}")]);
+            // Merge what arrives during the quiet period.
+            while let Ok(Some(next)) = tokio::time::timeout(DEBOUNCE, queue.recv()).await {
+                reasons.insert(format!("{next:?}"));
+            }
+            debug!(?reasons, "sync triggered");
+            match self.sync_once().await {
+                Ok(report) => {
+                    self.ready.store(true, Ordering::Relaxed);
+                    drift
+                        .follow(&self.cluster, &report.kinds, &self.options, &triggers)
+                        .await;
+                    if !report.is_clean() {
+                        info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
+                    }
+                }
+                Err(error) => error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had"),
+            }
+        }
+    }
+}
+
+fn spawn_poller(triggers: mpsc::Sender<Trigger>, interval: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            if triggers.is_closed() {
+                return;
+            }
+            let _ = triggers.try_send(Trigger::Poll);
+        }
+    })
+}
+
+fn watch_files(dir: &std::path::Path, triggers: mpsc::Sender<Trigger>) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !e.kind.is_access()) {
+            let _ = triggers.try_send(Trigger::FileChange);
+        }
+    })
+    .map_err(|error| error!(%error, "cannot watch the source directory; polling only"))
+    .ok()?;
+    watcher
+        .watch(dir, notify::RecursiveMode::Recursive)
+        .map_err(|error| error!(%error, "cannot watch the source directory; polling only"))
+        .ok()?;
+    Some(watcher)
+}
+
+/// Watches on the kinds gitcanary manages, so a change made by someone else
+/// (`kubectl edit`, a deletion) is put back within seconds.
+#[derive(Default)]
+struct DriftWatch {
+    watches: HashMap<(String, String), JoinHandle<()>>,
+}
+
+impl DriftWatch {
+    async fn follow(
+        &mut self,
+        cluster: &Arc<Cluster>,
+        kinds: &BTreeSet<(String, String)>,
+        options: &SyncOptions,
+        triggers: &mpsc::Sender<Trigger>,
+    ) {
+        for (api_version, kind) in kinds {
+            let id = (api_version.clone(), kind.clone());
+            if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
+                continue;
+            }
+            let Some(resolved) = cluster.resolve(api_version, kind).await else {
+                continue;
+            };
+            let api = cluster.api(&resolved, None);
+            let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
+            let triggers = triggers.clone();
+            let handle = tokio::spawn(async move {
+                let mut events = std::pin::pin!(watcher(api, config));
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                            let _ = triggers.try_send(Trigger::Drift);
+                        }
+                        Ok(_) => {}
+                        Err(error) => debug!(%error, "drift watch interrupted; it resumes"),
+                    }
+                }
+            });
+            self.watches.insert(id, handle);
+        }
+    }
+}
+
+impl Drop for DriftWatch {
+    fn drop(&mut self) {
+        for handle in self.watches.values() {
+            handle.abort();
+        }
+    }
+}

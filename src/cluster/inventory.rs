@@ -1,0 +1,138 @@
+//! Per-app sync status and inventory, kept in a ConfigMap
+//! `gitcanary-app-<app>` in the agent's state namespace, so that
+//! `kubectl get configmap -l gitcanary.io/app-status` shows what was synced
+//! and prune knows exactly what gitcanary created.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+
+use super::Cluster;
+use crate::manifest::ObjectKey;
+use crate::{Error, FIELD_MANAGER, Result};
+
+pub const APP_STATUS_LABEL: &str = "gitcanary.io/app-status";
+
+/// One object gitcanary applied for an app.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InventoryEntry {
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl InventoryEntry {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey {
+            group: self
+                .api_version
+                .rsplit_once('/')
+                .map(|(g, _)| g.to_string())
+                .unwrap_or_default(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// What the cluster records about an app's last sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppStatus {
+    pub app: String,
+    pub commit: String,
+    /// `Synced`, `Invalid` (not applied: the manifests have problems) or `Failed`.
+    pub result: String,
+    pub message: String,
+    /// `Healthy` or `Progressing`, as workloads report after apply.
+    pub health: String,
+    pub inventory: Vec<InventoryEntry>,
+}
+
+fn configmap_name(app: &str) -> String {
+    let clean: String = app
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("gitcanary-app-{}", clean.trim_matches('-'))
+}
+
+impl AppStatus {
+    pub async fn load(cluster: &Cluster, namespace: &str, app: &str) -> Result<Option<AppStatus>> {
+        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
+        let Some(cm) = api
+            .get_opt(&configmap_name(app))
+            .await
+            .map_err(Error::kube(format!("reading the status of app {app}")))?
+        else {
+            return Ok(None);
+        };
+        let data = cm.data.unwrap_or_default();
+        let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+        Ok(Some(AppStatus {
+            app: app.to_string(),
+            commit: field("commit"),
+            result: field("result"),
+            message: field("message"),
+            health: field("health"),
+            inventory: serde_json::from_str(&field("inventory")).unwrap_or_default(),
+        }))
+    }
+
+    pub async fn save(&self, cluster: &Cluster, namespace: &str) -> Result<()> {
+        let data: BTreeMap<String, String> = [
+            ("app", self.app.clone()),
+            ("commit", self.commit.clone()),
+            ("result", self.result.clone()),
+            ("message", self.message.clone()),
+            ("health", self.health.clone()),
+            ("objects", self.inventory.len().to_string()),
+            ("inventory", serde_json::to_string(&self.inventory).unwrap_or_default()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let name = configmap_name(&self.app);
+        let body = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": {APP_STATUS_LABEL: "true"}},
+            "data": data,
+        });
+        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
+        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .map_err(Error::kube(format!("writing the status of app {}", self.app)))?;
+        Ok(())
+    }
+}
+
+/// Creates the state namespace when it is missing.
+pub async fn ensure_namespace(cluster: &Cluster, namespace: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(cluster.client.clone());
+    if api
+        .get_opt(namespace)
+        .await
+        .map_err(Error::kube(format!("reading namespace {namespace}")))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
+    api.patch(namespace, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&body))
+        .await
+        .map_err(Error::kube(format!("creating namespace {namespace}")))?;
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The cluster side: client, API discovery, server-side apply, prune and diff.
+
+mod apply;
+mod diff;
+mod inventory;
+
+pub use apply::{canonical_hash, is_subset, prepare};
+pub use diff::{ObjectDiff, render_diff};
+pub use inventory::{APP_STATUS_LABEL, AppStatus, InventoryEntry, ensure_namespace};
+
+use std::path::Path;
+
+use kube::api::{Api, DynamicObject};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::discovery::{ApiResource, Discovery, Scope};
+use kube::{Client, Config};
+use tokio::sync::RwLock;
+
+use crate::{Error, Result};
+
+/// A connected cluster and what its API server serves.
+pub struct Cluster {
+    pub client: Client,
+    discovery: RwLock<Discovery>,
+}
+
+/// What discovery says about one kind.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub resource: ApiResource,
+    pub namespaced: bool,
+}
+
+impl Cluster {
+    /// Connects as kubectl would: `--kubeconfig`, then `KUBECONFIG`,
+    /// `~/.kube/config`, then the in-cluster service account.
+    pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Cluster> {
+        let options = KubeConfigOptions {
+            context: context.map(str::to_string),
+            ..KubeConfigOptions::default()
+        };
+        let config = match kubeconfig {
+            Some(path) => {
+                let file =
+                    Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(format!("{}: {e}", path.display())))?;
+                Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .map_err(|e| Error::Kubeconfig(e.to_string()))?
+            }
+            None if context.is_some() => Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| Error::Kubeconfig(e.to_string()))?,
+            None => Config::infer().await.map_err(|e| Error::Kubeconfig(e.to_string()))?,
+        };
+        let client = Client::try_from(config).map_err(Error::kube("creating the client"))?;
+        Cluster::from_client(client).await
+    }
+
+    pub async fn from_client(client: Client) -> Result<Cluster> {
+        let discovery = Discovery::new(client.clone())
+            .run()
+            .await
+            .map_err(Error::kube("discovering the API server's resources"))?;
+        Ok(Cluster {
+            client,
+            discovery: RwLock::new(discovery),
+        })
+    }
+
+    /// Runs discovery again, after CRDs were added.
+    pub async fn refresh_discovery(&self) -> Result<()> {
+        let fresh = Discovery::new(self.client.clone())
+            .run()
+            .await
+            .map_err(Error::kube("discovering the API server's resources"))?;
+        *self.discovery.write().await = fresh;
+        Ok(())
+    }
+
+    pub async fn resolve(&self, api_version: &str, kind: &str) -> Option<Resolved> {
+        let (group, version) = match api_version.rsplit_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", api_version),
+        };
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let discovery = self.discovery.read().await;
+        discovery.resolve_gvk(&gvk).map(|(resource, caps)| Resolved {
+            resource,
+            namespaced: caps.scope == Scope::Namespaced,
+        })
+    }
+
+    pub fn api(&self, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (resolved.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &resolved.resource),
+            _ => Api::all_with(self.client.clone(), &resolved.resource),
+        }
+    }
+}

@@ -1,0 +1,289 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use gitcanary::agent::{Agent, trigger_channel};
+use gitcanary::cluster::{Cluster, render_diff};
+use gitcanary::server::{ServerState, serve};
+use gitcanary::source::{Credentials, Source};
+use gitcanary::sync::{SyncOptions, diff, sync};
+use gitcanary::{Error, manifest};
+
+/// GitOps progressive delivery: canary releases driven by Git.
+#[derive(Parser)]
+#[command(name = "gitcanary", version, about)]
+struct Cli {
+    /// Log format: text for terminals, json for log collectors.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent: follow a branch and keep the cluster in sync with it.
+    Run(RunArgs),
+    /// Sync once (--once) or keep following the branch.
+    Sync(SyncArgs),
+    /// Check manifests offline; one line per problem as file:line: message.
+    Validate {
+        /// Directory of manifests.
+        dir: PathBuf,
+        /// Namespaces manifests may use (comma-separated); default all.
+        #[arg(long, value_delimiter = ',')]
+        namespaces: Vec<String>,
+    },
+    /// Show what the next sync would change; exit 1 when the cluster differs.
+    Diff(SourceArgs),
+    /// Show rollouts: phase, step, traffic, what each waits for.
+    Status,
+    /// Pass the current pause of a rollout.
+    Promote,
+    /// Abort a rollout: traffic back to stable, canary removed.
+    Abort,
+    /// Print the Rollout CustomResourceDefinition.
+    Crd,
+}
+
+#[derive(Args, Clone)]
+struct SourceArgs {
+    /// Git URL (https://, ssh://, file://), path to a Git repository, or a plain directory.
+    #[arg(long)]
+    repo: String,
+    #[arg(long, default_value = "main")]
+    branch: String,
+    /// Sub-directory of the repository that holds the apps.
+    #[arg(long, default_value = "")]
+    path: String,
+    /// Delete managed objects that left Git.
+    #[arg(long)]
+    prune: bool,
+    /// Namespaces manifests may use (comma-separated); default all.
+    #[arg(long, value_delimiter = ',')]
+    namespaces: Vec<String>,
+    /// Name of this agent instance (the gitcanary.io/managed-by label value).
+    #[arg(long, default_value = "gitcanary")]
+    instance: String,
+    /// Namespace for the per-app status ConfigMaps.
+    #[arg(long, default_value = "gitcanary-system")]
+    state_namespace: String,
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    #[arg(long)]
+    context: Option<String>,
+    /// Where the Git mirror is kept.
+    #[arg(long, env = "GITCANARY_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Colour the diff: auto (when a terminal), always, never.
+    #[arg(long, default_value = "auto")]
+    color: String,
+}
+
+#[derive(Args)]
+struct SyncArgs {
+    #[command(flatten)]
+    source: SourceArgs,
+    /// Sync once and exit: 0 when every app synced, 1 when one has problems.
+    #[arg(long)]
+    once: bool,
+    /// Seconds between polls of the branch.
+    #[arg(long, default_value_t = 60)]
+    poll_interval: u64,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    sync: SyncArgs,
+    /// Address for the webhook, /healthz and /readyz endpoints.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime starts");
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("GITCANARY_LOG").unwrap_or_else(|_| "gitcanary=info,warn".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn dispatch(command: Command) -> Result<ExitCode, Error> {
+    match command {
+        Command::Validate { dir, namespaces } => validate(dir, namespaces),
+        Command::Diff(args) => run_diff(args).await,
+        Command::Sync(args) => run_sync(args, None).await,
+        Command::Run(args) => run_sync(args.sync, Some(args.listen)).await,
+        Command::Status | Command::Promote | Command::Abort | Command::Crd => {
+            eprintln!("gitcanary: this command arrives with the rollout engine and is not available in this build");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn validate(dir: PathBuf, namespaces: Vec<String>) -> Result<ExitCode, Error> {
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!("{} is not a directory", dir.display())));
+    }
+    let mut set = manifest::load_dir(&dir)?;
+    set.validate(&namespaces);
+    let problems: Vec<_> = set.problems().collect();
+    for problem in &problems {
+        println!("{problem}");
+    }
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn options(args: &SourceArgs) -> SyncOptions {
+    SyncOptions {
+        instance: args.instance.clone(),
+        state_namespace: args.state_namespace.clone(),
+        prune: args.prune,
+        allowed_namespaces: args.namespaces.clone(),
+        ..SyncOptions::default()
+    }
+}
+
+fn open_source(args: &SourceArgs) -> Result<Source, Error> {
+    let cache = args.cache_dir.clone().unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join(".cache/gitcanary")
+    });
+    Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)
+}
+
+async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {
+    Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await
+}
+
+async fn run_diff(args: SourceArgs) -> Result<ExitCode, Error> {
+    let source = open_source(&args)?;
+    let cluster = connect(&args).await?;
+    let revision = tokio::task::spawn_blocking(move || source.fetch())
+        .await
+        .expect("fetch does not panic")?;
+    let (diffs, problems) = diff(&cluster, &revision, &options(&args)).await?;
+    let color = match args.color.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
+    print!("{}", render_diff(&diffs, color));
+    for problem in &problems {
+        eprintln!("{problem}");
+    }
+    if !problems.is_empty() {
+        return Ok(ExitCode::from(2));
+    }
+    Ok(if diffs.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode, Error> {
+    let source = Arc::new(open_source(&args.source)?);
+    let cluster = Arc::new(connect(&args.source).await?);
+    let options = options(&args.source);
+    if args.once {
+        let fetch_source = source.clone();
+        let revision = tokio::task::spawn_blocking(move || fetch_source.fetch())
+            .await
+            .expect("fetch does not panic")?;
+        let report = sync(&cluster, &revision, &options).await?;
+        for problem in report.problems() {
+            println!("{problem}");
+        }
+        return Ok(if report.is_clean() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    let ready = Arc::new(AtomicBool::new(false));
+    let (triggers, queue) = trigger_channel();
+    if let Some(addr) = listen {
+        let secret = webhook_secret()?;
+        let state = ServerState {
+            webhook_secret: secret.map(Arc::from),
+            branch: args.source.branch.clone(),
+            triggers: triggers.clone(),
+            ready: ready.clone(),
+        };
+        let bound = serve(addr, state).await.map_err(|source| Error::Read {
+            path: format!("listen address {addr}"),
+            source,
+        })?;
+        tracing::info!(%bound, source = %source.describe(), "agent listening");
+    }
+    let agent = Agent {
+        cluster,
+        source,
+        options,
+        poll_interval: Duration::from_secs(args.poll_interval.max(1)),
+        ready,
+    };
+    tokio::select! {
+        _ = agent.run(triggers, queue) => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        _ = terminate() => tracing::info!("SIGTERM; stopping"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn terminate() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut signal) => {
+            signal.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// `GITCANARY_WEBHOOK_SECRET` or the file named by `GITCANARY_WEBHOOK_SECRET_FILE`.
+fn webhook_secret() -> Result<Option<Vec<u8>>, Error> {
+    if let Ok(secret) = std::env::var("GITCANARY_WEBHOOK_SECRET") {
+        return Ok(Some(secret.into_bytes()));
+    }
+    match std::env::var("GITCANARY_WEBHOOK_SECRET_FILE") {
+        Ok(path) => std::fs::read_to_string(&path)
+            .map(|s| Some(s.trim_end().as_bytes().to_vec()))
+            .map_err(|source| Error::Read { path, source }),
+        Err(_) => Ok(None),
+    }
+}

@@ -1,0 +1,150 @@
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{App, Manifest, ManifestSet, Problem, ROOT_APP};
+use crate::{Error, Result};
+
+/// Largest manifest file read; bigger ones are reported, not parsed.
+const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Loads every `.yaml`/`.yml` file under `root` (hidden directories skipped).
+pub fn load_dir(root: &Path) -> Result<ManifestSet> {
+    let mut files = Vec::new();
+    for entry in walkdir::WalkDir::new(root)
+        .sort_by_file_name()
+        .into_iter()
+        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
+    {
+        let entry = entry.map_err(|e| Error::Read {
+            path: root.display().to_string(),
+            source: e.into(),
+        })?;
+        if !entry.file_type().is_file() || !is_yaml(&entry.path().to_string_lossy()) {
+            continue;
+        }
+        let relative = entry.path().strip_prefix(root).unwrap_or(entry.path());
+        let relative = relative.to_string_lossy().replace('\\', "/");
+        let content = std::fs::read(entry.path()).map_err(|source| Error::Read {
+            path: entry.path().display().to_string(),
+            source,
+        })?;
+        files.push((relative, content));
+    }
+    Ok(load_files(files.into_iter()))
+}
+
+pub(crate) fn is_yaml(path: &str) -> bool {
+    path.ends_with(".yaml") || path.ends_with(".yml")
+}
+
+/// Parses files given as (path relative to the source path, content).
+/// Never fails: what cannot be parsed becomes a [`Problem`] of its app.
+pub fn load_files(files: impl Iterator<Item = (String, Vec<u8>)>) -> ManifestSet {
+    let mut set = ManifestSet::default();
+    for (path, content) in files {
+        if !is_yaml(&path) {
+            continue;
+        }
+        let app_name = match path.split_once('/') {
+            Some((dir, _)) => dir.to_string(),
+            None => ROOT_APP.to_string(),
+        };
+        let app = set.apps.entry(app_name.clone()).or_insert_with(|| App {
+            name: app_name.clone(),
+            ..App::default()
+        });
+        parse_file(&app_name, &path, &content, app);
+    }
+    set
+}
+
+fn parse_file(app_name: &str, path: &str, content: &[u8], app: &mut App) {
+    let problem = |line: usize, message: String| Problem {
+        file: path.to_string(),
+        line,
+        message,
+    };
+    if content.len() > MAX_FILE_BYTES {
+        app.problems.push(problem(
+            1,
+            format!(
+                "file is {} bytes, larger than the {MAX_FILE_BYTES}-byte limit",
+                content.len()
+            ),
+        ));
+        return;
+    }
+    let Ok(text) = std::str::from_utf8(content) else {
+        app.problems.push(problem(1, "file is not UTF-8".to_string()));
+        return;
+    };
+    for document in split_documents(text) {
+        match serde_saphyr::from_str::<Value>(document.text) {
+            Ok(Value::Null) => {} // empty or comment-only document
+            Ok(object) => app.manifests.push(Manifest {
+                app: app_name.to_string(),
+                file: path.to_string(),
+                line: document.content_line,
+                object,
+            }),
+            Err(error) => {
+                let line = error
+                    .location()
+                    .map(|l| document.first_line + l.line() as usize - 1)
+                    .unwrap_or(document.content_line);
+                app.problems.push(problem(
+                    line,
+                    format!("invalid YAML: {}", first_line(&error.to_string())),
+                ));
+            }
+        }
+    }
+}
+
+fn first_line(message: &str) -> &str {
+    message.lines().find(|l| !l.trim().is_empty()).unwrap_or(message).trim()
+}
+
+struct Document<'a> {
+    text: &'a str,
+    /// File line of the document's first line.
+    first_line: usize,
+    /// File line of its first line that is neither blank nor a comment.
+    content_line: usize,
+}
+
+/// Splits a multi-document YAML file at `---` lines, keeping line numbers.
+fn split_documents(text: &str) -> Vec<Document<'_>> {
+    let mut documents = Vec::new();
+    let mut start_byte = 0;
+    let mut start_line = 1;
+    let mut offset = 0;
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        let trimmed = line.trim_end();
+        if trimmed == "---" || trimmed.starts_with("--- ") || trimmed == "..." {
+            documents.push(document(text, start_byte, offset, start_line));
+            start_byte = offset + line.len();
+            start_line = index + 2;
+        }
+        offset += line.len();
+    }
+    documents.push(document(text, start_byte, text.len(), start_line));
+    documents
+}
+
+fn document(text: &str, from: usize, to: usize, first_line: usize) -> Document<'_> {
+    let body = &text[from..to];
+    let content_line = body
+        .lines()
+        .position(|l| {
+            let t = l.trim();
+            !t.is_empty() && !t.starts_with('#')
+        })
+        .map_or(first_line, |i| first_line + i);
+    Document {
+        text: body,
+        first_line,
+        content_line,
+    }
+}

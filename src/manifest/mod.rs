@@ -1,0 +1,294 @@
+//! Manifests: every YAML document under the source path, parsed once, each
+//! remembering its file and line. Apps are the top-level directories.
+
+pub(crate) mod load;
+
+pub use load::{load_dir, load_files};
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::Value;
+
+/// The app name for files that sit directly in the source path.
+pub const ROOT_APP: &str = "root";
+
+/// One YAML document that holds a Kubernetes object.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub app: String,
+    /// Path relative to the source path, with `/` separators.
+    pub file: String,
+    /// 1-based line where the document's content starts.
+    pub line: usize,
+    pub object: Value,
+}
+
+impl Manifest {
+    pub fn api_version(&self) -> &str {
+        self.object["apiVersion"].as_str().unwrap_or_default()
+    }
+    pub fn kind(&self) -> &str {
+        self.object["kind"].as_str().unwrap_or_default()
+    }
+    pub fn name(&self) -> &str {
+        self.object["metadata"]["name"].as_str().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> Option<&str> {
+        self.object["metadata"]["namespace"].as_str()
+    }
+    pub fn group(&self) -> &str {
+        match self.api_version().rsplit_once('/') {
+            Some((group, _)) => group,
+            None => "",
+        }
+    }
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey {
+            group: self.group().to_string(),
+            kind: self.kind().to_string(),
+            namespace: self.namespace().map(str::to_string),
+            name: self.name().to_string(),
+        }
+    }
+    /// `file:line`, as problems and logs name a manifest.
+    pub fn location(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
+    pub fn problem(&self, message: impl Into<String>) -> Problem {
+        Problem {
+            file: self.file.clone(),
+            line: self.line,
+            message: message.into(),
+        }
+    }
+}
+
+/// Identifies an object regardless of its API version.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ObjectKey {
+    pub group: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.group.is_empty() {
+            write!(f, "{}", self.kind)?;
+        } else {
+            write!(f, "{}.{}", self.kind, self.group)?;
+        }
+        match &self.namespace {
+            Some(ns) => write!(f, " {ns}/{}", self.name),
+            None => write!(f, " {}", self.name),
+        }
+    }
+}
+
+/// Something wrong with the manifests, at a file and line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub file: String,
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.message)
+    }
+}
+
+/// The documents and problems of one app.
+#[derive(Debug, Clone, Default)]
+pub struct App {
+    pub name: String,
+    pub manifests: Vec<Manifest>,
+    pub problems: Vec<Problem>,
+}
+
+impl App {
+    pub fn is_valid(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Every app of one source revision.
+#[derive(Debug, Clone, Default)]
+pub struct ManifestSet {
+    pub apps: BTreeMap<String, App>,
+}
+
+impl ManifestSet {
+    pub fn problems(&self) -> impl Iterator<Item = &Problem> {
+        self.apps.values().flat_map(|app| app.problems.iter())
+    }
+
+    /// Checks that need no cluster: required fields, duplicates, and the
+    /// namespace allow-list (empty allows every namespace).
+    pub fn validate(&mut self, allowed_namespaces: &[String]) {
+        let mut seen: BTreeMap<ObjectKey, (String, String)> = BTreeMap::new();
+        for app in self.apps.values_mut() {
+            let mut problems = Vec::new();
+            for manifest in &app.manifests {
+                problems.extend(object_problems(manifest, allowed_namespaces));
+                let key = manifest.key();
+                if let Some((other_app, other_location)) = seen.get(&key) {
+                    let where_ = if *other_app == app.name {
+                        other_location.clone()
+                    } else {
+                        format!("{other_location} (app {other_app})")
+                    };
+                    problems.push(manifest.problem(format!("duplicate object {key}, first defined at {where_}")));
+                } else {
+                    seen.insert(key, (app.name.clone(), manifest.location()));
+                }
+            }
+            app.problems.extend(problems);
+        }
+    }
+}
+
+fn object_problems(manifest: &Manifest, allowed_namespaces: &[String]) -> Vec<Problem> {
+    let object = &manifest.object;
+    let mut problems = Vec::new();
+    if !object.is_object() {
+        problems.push(manifest.problem("a manifest must be a mapping with apiVersion, kind and metadata"));
+        return problems;
+    }
+    for field in ["apiVersion", "kind"] {
+        match &object[field] {
+            Value::String(s) if !s.is_empty() => {}
+            Value::Null => problems.push(manifest.problem(format!("missing {field}"))),
+            _ => problems.push(manifest.problem(format!("{field} must be a non-empty string"))),
+        }
+    }
+    match &object["metadata"]["name"] {
+        Value::String(s) if is_dns_subdomain(s) => {}
+        Value::String(s) => problems.push(manifest.problem(format!(
+            "metadata.name {s:?} is not a valid name (lower-case letters, digits, '-' and '.', at most 253 characters)"
+        ))),
+        Value::Null => problems.push(manifest.problem("missing metadata.name")),
+        _ => problems.push(manifest.problem("metadata.name must be a string")),
+    }
+    match &object["metadata"]["namespace"] {
+        Value::Null => {}
+        Value::String(ns) => {
+            if !allowed_namespaces.is_empty() && !allowed_namespaces.iter().any(|a| a == ns) {
+                problems.push(manifest.problem(format!(
+                    "namespace {ns:?} is not allowed (allowed: {})",
+                    allowed_namespaces.join(", ")
+                )));
+            }
+        }
+        _ => problems.push(manifest.problem("metadata.namespace must be a string")),
+    }
+    problems
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(files: &[(&str, &str)]) -> ManifestSet {
+        let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
+        set.validate(&[]);
+        set
+    }
+
+    #[test]
+    fn documents_remember_file_and_line() {
+        let set = set(&[(
+            "web/all.yaml",
+            "# leading comment\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\n\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: b}\n",
+        )]);
+        let app = &set.apps["web"];
+        let lines: Vec<_> = app.manifests.iter().map(|m| (m.name(), m.line)).collect();
+        assert_eq!(lines, vec![("a", 2), ("b", 8)]);
+        assert!(app.is_valid());
+    }
+
+    #[test]
+    fn syntax_error_names_file_and_line() {
+        let set = set(&[(
+            "web/bad.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: b\n   bad: [\n",
+        )]);
+        let problems: Vec<_> = set.problems().collect();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].file, "web/bad.yaml");
+        assert!((8..=10).contains(&problems[0].line), "{}", problems[0]);
+    }
+
+    #[test]
+    fn missing_fields_and_duplicates_are_reported() {
+        let set = set(&[
+            (
+                "a/one.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: demo}\n",
+            ),
+            (
+                "b/two.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: demo}\n---\nkind: Secret\nmetadata: {name: Bad_Name}\n",
+            ),
+        ]);
+        let text: Vec<String> = set.problems().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 3, "{text:?}");
+        assert!(
+            text[0]
+                .starts_with("b/two.yaml:1: duplicate object ConfigMap demo/x, first defined at a/one.yaml:1 (app a)")
+        );
+        assert!(text[1].starts_with("b/two.yaml:5: missing apiVersion"));
+        assert!(text[2].contains("metadata.name \"Bad_Name\" is not a valid name"));
+        assert!(set.apps["a"].is_valid());
+    }
+
+    #[test]
+    fn namespace_allow_list() {
+        let mut set = load_files(
+            [(
+                "a/x.yaml".to_string(),
+                b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, namespace: kube-system}\n".to_vec(),
+            )]
+            .into_iter(),
+        );
+        set.validate(&["demo".to_string()]);
+        let problem = set.problems().next().expect("a problem");
+        assert!(problem.message.contains("namespace \"kube-system\" is not allowed"));
+    }
+
+    #[test]
+    fn alias_bomb_is_refused_not_expanded() {
+        let mut bomb = String::from(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bomb}\ndata:\n  a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+        );
+        let mut prev = 'a';
+        for c in 'b'..='m' {
+            bomb.push_str(&format!(
+                "  {c}: &{c} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+            ));
+            prev = c;
+        }
+        let set = set(&[("a/bomb.yaml", &bomb)]);
+        assert_eq!(set.problems().count(), 1);
+        assert!(set.apps["a"].manifests.is_empty());
+    }
+
+    #[test]
+    fn top_level_files_form_the_root_app() {
+        let set = set(&[("ns.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n")]);
+        assert_eq!(set.apps[ROOT_APP].manifests.len(), 1);
+    }
+}

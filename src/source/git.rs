@@ -1,0 +1,237 @@
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use git2::{Cred, CredentialType, FetchOptions, RemoteCallbacks, Repository};
+use sha2::{Digest, Sha256};
+
+use super::Revision;
+use crate::manifest::{self, load::is_yaml};
+use crate::{Error, Result};
+
+/// Credentials for fetching (and later pushing). Read from the environment or
+/// files, never from command-line arguments, and never printed.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub ssh_key: Option<PathBuf>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("ssh_key", &self.ssh_key)
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// `GITCANARY_GIT_TOKEN` (or `_TOKEN_FILE`) for HTTPS tokens;
+    /// `GITCANARY_GIT_USERNAME` with `GITCANARY_GIT_PASSWORD` (or `_PASSWORD_FILE`);
+    /// `GITCANARY_GIT_SSH_KEY` for a private key file.
+    pub fn from_env() -> Result<Credentials> {
+        let secret = |name: &str| -> Result<Option<String>> {
+            if let Ok(value) = std::env::var(name) {
+                return Ok(Some(value));
+            }
+            match std::env::var(format!("{name}_FILE")) {
+                Ok(path) => std::fs::read_to_string(&path)
+                    .map(|s| Some(s.trim_end().to_string()))
+                    .map_err(|source| Error::Read { path, source }),
+                Err(_) => Ok(None),
+            }
+        };
+        let token = secret("GITCANARY_GIT_TOKEN")?;
+        let password = secret("GITCANARY_GIT_PASSWORD")?;
+        let username = std::env::var("GITCANARY_GIT_USERNAME").ok();
+        Ok(Credentials {
+            username: username.or_else(|| token.as_ref().map(|_| "x-access-token".to_string())),
+            password: token.or(password),
+            ssh_key: std::env::var_os("GITCANARY_GIT_SSH_KEY").map(PathBuf::from),
+        })
+    }
+}
+
+/// A Git branch followed through a bare mirror in a local cache directory.
+pub struct GitSource {
+    url: String,
+    branch: String,
+    path: String,
+    credentials: Credentials,
+    mirror: PathBuf,
+}
+
+impl GitSource {
+    pub fn new(url: String, branch: &str, path: &str, credentials: Credentials, cache: &Path) -> GitSource {
+        let id = hex::encode(&Sha256::digest(url.as_bytes())[..8]);
+        GitSource {
+            mirror: cache.join("repos").join(id),
+            url,
+            branch: branch.to_string(),
+            path: path.trim_matches('/').to_string(),
+            credentials,
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn branch(&self) -> &str {
+        &self.branch
+    }
+
+    fn open_mirror(&self) -> Result<Repository> {
+        match Repository::open_bare(&self.mirror) {
+            Ok(repo) => Ok(repo),
+            Err(_) => {
+                std::fs::create_dir_all(&self.mirror).map_err(|source| Error::Read {
+                    path: self.mirror.display().to_string(),
+                    source,
+                })?;
+                Repository::init_bare(&self.mirror).map_err(Error::git("creating the local mirror"))
+            }
+        }
+    }
+
+    /// Fetches the branch and loads the manifests of its head commit.
+    pub fn fetch(&self) -> Result<Revision> {
+        let repo = self.open_mirror()?;
+        let mut remote = repo
+            .remote_anonymous(&self.url)
+            .map_err(Error::git(format!("opening remote {}", redact_url(&self.url))))?;
+        let refspec = format!("+refs/heads/{0}:refs/remotes/origin/{0}", self.branch);
+        let mut options = self.fetch_options();
+        // Local clones cannot be shallow in libgit2; remote ones fetch one commit.
+        if !self.url.starts_with("file://") {
+            options.depth(1);
+        }
+        remote
+            .fetch(&[&refspec], Some(&mut options), None)
+            .map_err(|e| Error::Git {
+                context: format!("fetching {} from {}", self.branch, redact_url(&self.url)),
+                source: e,
+            })?;
+        let reference = format!("refs/remotes/origin/{}", self.branch);
+        let commit = repo
+            .find_reference(&reference)
+            .and_then(|r| r.peel_to_commit())
+            .map_err(Error::git(format!("branch {} not found", self.branch)))?;
+        let manifests = self.read_tree(&repo, &commit)?;
+        Ok(Revision {
+            commit: commit.id().to_string(),
+            manifests,
+        })
+    }
+
+    fn read_tree(&self, repo: &Repository, commit: &git2::Commit<'_>) -> Result<manifest::ManifestSet> {
+        let root = commit.tree().map_err(Error::git("reading the commit tree"))?;
+        let tree = if self.path.is_empty() {
+            root
+        } else {
+            let entry = root.get_path(Path::new(&self.path)).map_err(Error::git(format!(
+                "path {} not found in commit {}",
+                self.path,
+                commit.id()
+            )))?;
+            repo.find_tree(entry.id())
+                .map_err(Error::git(format!("{} is not a directory", self.path)))?
+        };
+        let mut files = Vec::new();
+        let mut failure = None;
+        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+            let name = entry.name().unwrap_or_default();
+            if name.starts_with('.') {
+                return git2::TreeWalkResult::Skip;
+            }
+            if entry.kind() == Some(git2::ObjectType::Blob) && is_yaml(name) {
+                match repo.find_blob(entry.id()) {
+                    Ok(blob) => files.push((format!("{dir}{name}"), blob.content().to_vec())),
+                    Err(e) => {
+                        failure = Some(e);
+                        return git2::TreeWalkResult::Abort;
+                    }
+                }
+            }
+            git2::TreeWalkResult::Ok
+        })
+        .map_err(Error::git("walking the commit tree"))?;
+        if let Some(e) = failure {
+            return Err(Error::git("reading a manifest blob")(e));
+        }
+        Ok(manifest::load_files(files.into_iter()))
+    }
+
+    fn fetch_options(&self) -> FetchOptions<'_> {
+        let mut callbacks = RemoteCallbacks::new();
+        let mut attempts = 0;
+        callbacks.credentials(move |_url, username_from_url, allowed| {
+            // libgit2 asks again after a rejected credential; one try is enough.
+            attempts += 1;
+            if attempts > 1 {
+                return Err(git2::Error::from_str("authentication failed"));
+            }
+            let creds = &self.credentials;
+            if allowed.contains(CredentialType::SSH_KEY)
+                && let Some(key) = &creds.ssh_key
+            {
+                return Cred::ssh_key(username_from_url.unwrap_or("git"), None, key, None);
+            }
+            if allowed.contains(CredentialType::USER_PASS_PLAINTEXT)
+                && let Some(password) = &creds.password
+            {
+                let user = creds.username.as_deref().or(username_from_url).unwrap_or("git");
+                return Cred::userpass_plaintext(user, password);
+            }
+            Err(git2::Error::from_str(
+                "the remote asks for credentials and none are configured",
+            ))
+        });
+        let mut options = FetchOptions::new();
+        options.remote_callbacks(callbacks);
+        options
+    }
+}
+
+/// Removes any `user:password@` from a URL before it is shown.
+pub fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('/') {
+            Some((authority, path)) if authority.contains('@') => {
+                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                format!("{scheme}://***@{host}/{path}")
+            }
+            _ => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        assert_eq!(
+            redact_url("https://bob:s3cret@git.example/org/repo.git"),
+            "https://***@git.example/org/repo.git"
+        );
+        assert_eq!(
+            redact_url("https://git.example/org/repo.git"),
+            "https://git.example/org/repo.git"
+        );
+    }
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let creds = Credentials {
+            username: Some("bob".into()),
+            password: Some("s3cret".into()),
+            ssh_key: None,
+        };
+        assert!(!format!("{creds:?}").contains("s3cret"));
+    }
+}

@@ -1,0 +1,80 @@
+//! Where manifests come from: a Git branch (fetched with git2) or, for
+//! development, a plain local directory.
+
+mod git;
+pub mod webhook;
+
+pub use git::{Credentials, GitSource, redact_url};
+
+use std::path::{Path, PathBuf};
+
+use crate::Result;
+use crate::manifest::{self, ManifestSet};
+
+/// One revision of the source: its id and its manifests.
+#[derive(Debug)]
+pub struct Revision {
+    /// The commit id, or `local` for a directory that is not a Git repository.
+    pub commit: String,
+    pub manifests: ManifestSet,
+}
+
+pub enum Source {
+    Git(GitSource),
+    Dir { root: PathBuf },
+}
+
+impl Source {
+    /// `repo` is a URL (`https://`, `ssh://`, `file://`, `user@host:path`), a
+    /// path to a Git repository, or a path to a plain directory of manifests.
+    pub fn open(repo: &str, branch: &str, path: &str, credentials: Credentials, cache: &Path) -> Result<Source> {
+        let local = Path::new(repo);
+        let is_url = repo.contains("://") || (repo.contains('@') && repo.contains(':'));
+        if !is_url && local.is_dir() && !looks_like_git(local) {
+            return Ok(Source::Dir {
+                root: local.join(path.trim_start_matches('/')),
+            });
+        }
+        let url = if is_url {
+            repo.to_string()
+        } else {
+            let absolute = local.canonicalize().map_err(|source| crate::Error::Read {
+                path: repo.to_string(),
+                source,
+            })?;
+            format!("file://{}", absolute.display())
+        };
+        Ok(Source::Git(GitSource::new(url, branch, path, credentials, cache)))
+    }
+
+    /// Fetches the newest revision and loads its manifests.
+    pub fn fetch(&self) -> Result<Revision> {
+        match self {
+            Source::Git(git) => git.fetch(),
+            Source::Dir { root } => Ok(Revision {
+                commit: "local".to_string(),
+                manifests: manifest::load_dir(root)?,
+            }),
+        }
+    }
+
+    /// The local directory to watch for file events, when the source is one.
+    pub fn local_dir(&self) -> Option<&Path> {
+        match self {
+            Source::Dir { root } => Some(root),
+            Source::Git(_) => None,
+        }
+    }
+
+    /// What to call the source in logs and status (credentials removed).
+    pub fn describe(&self) -> String {
+        match self {
+            Source::Git(git) => format!("{} ({})", redact_url(git.url()), git.branch()),
+            Source::Dir { root } => root.display().to_string(),
+        }
+    }
+}
+
+fn looks_like_git(dir: &Path) -> bool {
+    dir.join(".git").exists() || (dir.join("HEAD").is_file() && dir.join("objects").is_dir())
+}

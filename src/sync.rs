@@ -1,0 +1,777 @@
+//! One sync: make the cluster match a revision, app by app. An app with a
+//! problem is not applied at all; the others go on.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::Value;
+use tracing::{info, warn};
+
+use crate::cluster::{AppStatus, Cluster, InventoryEntry, ObjectDiff, Resolved, ensure_namespace, is_subset, prepare};
+use crate::manifest::{App, Manifest, ObjectKey, Problem};
+use crate::source::Revision;
+use crate::{APPLIED_HASH_ANNOTATION, Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result};
+
+#[derive(Debug, Clone)]
+pub struct SyncOptions {
+    /// Agent instance name, the value of the `gitcanary.io/managed-by` label.
+    pub instance: String,
+    /// Namespace of the per-app status ConfigMaps.
+    pub state_namespace: String,
+    /// Delete managed objects that left Git.
+    pub prune: bool,
+    /// Namespaces manifests may use; empty allows all.
+    pub allowed_namespaces: Vec<String>,
+    /// Requests in flight at once while applying.
+    pub concurrency: usize,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            instance: "gitcanary".to_string(),
+            state_namespace: "gitcanary-system".to_string(),
+            prune: false,
+            allowed_namespaces: Vec::new(),
+            concurrency: 16,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppResult {
+    Synced,
+    /// Not applied: the manifests have problems.
+    Invalid,
+    /// Applied in part: the API server refused some objects.
+    Failed,
+}
+
+impl AppResult {
+    fn as_str(self) -> &'static str {
+        match self {
+            AppResult::Synced => "Synced",
+            AppResult::Invalid => "Invalid",
+            AppResult::Failed => "Failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AppReport {
+    pub app: String,
+    pub result: AppResult,
+    pub applied: Vec<ObjectKey>,
+    pub unchanged: usize,
+    pub pruned: Vec<ObjectKey>,
+    /// Objects someone changed in the cluster, put back by this sync.
+    pub drifted: Vec<ObjectKey>,
+    pub problems: Vec<Problem>,
+    pub health: String,
+    pub duration: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct SyncReport {
+    pub commit: String,
+    pub apps: Vec<AppReport>,
+    /// Every (apiVersion, kind) the revision holds.
+    pub kinds: BTreeSet<(String, String)>,
+}
+
+impl SyncReport {
+    pub fn app(&self, name: &str) -> Option<&AppReport> {
+        self.apps.iter().find(|a| a.app == name)
+    }
+    pub fn is_clean(&self) -> bool {
+        self.apps.iter().all(|a| a.result == AppResult::Synced)
+    }
+    pub fn problems(&self) -> impl Iterator<Item = &Problem> {
+        self.apps.iter().flat_map(|a| a.problems.iter())
+    }
+}
+
+/// An object of the revision, resolved against the API server.
+struct Planned<'a> {
+    manifest: &'a Manifest,
+    resolved: Resolved,
+    desired: Value,
+    key: ObjectKey,
+}
+
+impl Planned<'_> {
+    fn namespace(&self) -> Option<&str> {
+        self.desired["metadata"]["namespace"].as_str()
+    }
+    fn name(&self) -> &str {
+        self.manifest.name()
+    }
+    fn is_staged_first(&self) -> bool {
+        matches!(self.manifest.kind(), "Namespace" | "CustomResourceDefinition")
+    }
+    fn inventory_entry(&self) -> InventoryEntry {
+        InventoryEntry {
+            api_version: self.manifest.api_version().to_string(),
+            kind: self.manifest.kind().to_string(),
+            namespace: self.namespace().map(str::to_string),
+            name: self.name().to_string(),
+        }
+    }
+}
+
+/// Live managed objects, listed once per kind for the whole sync.
+type LiveObjects = HashMap<ObjectKey, Value>;
+
+/// Syncs every app of the revision.
+pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<SyncReport> {
+    let mut manifests = revision.manifests.clone();
+    manifests.validate(&options.allowed_namespaces);
+    ensure_namespace(cluster, &options.state_namespace).await?;
+    let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    let live = list_live(cluster, &manifests.apps, options).await?;
+
+    let mut reports = Vec::new();
+    for app in manifests.apps.values() {
+        let started = Instant::now();
+        let previous = AppStatus::load(cluster, &options.state_namespace, &app.name).await?;
+        let mut report = match sync_app(cluster, app, &crd_kinds, &live, previous.as_ref(), options).await {
+            Ok((report, inventory)) => {
+                save_status(
+                    cluster,
+                    &revision.commit,
+                    &report,
+                    inventory,
+                    previous.as_ref(),
+                    options,
+                )
+                .await?;
+                report
+            }
+            Err(error) => {
+                let report = failed_report(app, &error.to_string());
+                let inventory = previous.as_ref().map(|p| p.inventory.clone()).unwrap_or_default();
+                save_status(
+                    cluster,
+                    &revision.commit,
+                    &report,
+                    inventory,
+                    previous.as_ref(),
+                    options,
+                )
+                .await?;
+                report
+            }
+        };
+        report.duration = started.elapsed();
+        log_report(&revision.commit, &report);
+        reports.push(report);
+    }
+    let kinds = manifests
+        .apps
+        .values()
+        .flat_map(|a| a.manifests.iter())
+        .map(|m| (m.api_version().to_string(), m.kind().to_string()))
+        .collect();
+    Ok(SyncReport {
+        commit: revision.commit.clone(),
+        apps: reports,
+        kinds,
+    })
+}
+
+fn failed_report(app: &App, message: &str) -> AppReport {
+    AppReport {
+        app: app.name.clone(),
+        result: AppResult::Failed,
+        applied: Vec::new(),
+        unchanged: 0,
+        pruned: Vec::new(),
+        drifted: Vec::new(),
+        problems: vec![Problem {
+            file: app.name.clone(),
+            line: 0,
+            message: message.to_string(),
+        }],
+        health: String::new(),
+        duration: Duration::ZERO,
+    }
+}
+
+fn log_report(commit: &str, report: &AppReport) {
+    let short = &commit[..commit.len().min(12)];
+    if report.problems.is_empty() {
+        info!(
+            commit = short, app = %report.app, result = report.result.as_str(),
+            applied = report.applied.len(), unchanged = report.unchanged, pruned = report.pruned.len(),
+            drifted = report.drifted.len(), health = %report.health,
+            duration_ms = report.duration.as_millis() as u64, "app synced"
+        );
+    } else {
+        for problem in &report.problems {
+            warn!(commit = short, app = %report.app, result = report.result.as_str(), "{problem}");
+        }
+    }
+    for key in &report.drifted {
+        info!(app = %report.app, object = %key, "drift healed: the live object differed from Git");
+    }
+}
+
+fn kinds_defined_by_crds<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> BTreeSet<(String, String)> {
+    manifests
+        .filter(|m| m.kind() == "CustomResourceDefinition")
+        .filter_map(|m| {
+            let spec = &m.object["spec"];
+            Some((
+                spec["group"].as_str()?.to_string(),
+                spec["names"]["kind"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &SyncOptions) -> Result<LiveObjects> {
+    let mut kinds: BTreeMap<(String, String), Resolved> = BTreeMap::new();
+    for manifest in apps.values().flat_map(|a| a.manifests.iter()) {
+        let id = (manifest.api_version().to_string(), manifest.kind().to_string());
+        if kinds.contains_key(&id) {
+            continue;
+        }
+        if let Some(resolved) = cluster.resolve(&id.0, &id.1).await {
+            kinds.insert(id, resolved);
+        }
+    }
+    let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
+    let lists = stream::iter(kinds.into_values().map(|resolved| {
+        let selector = selector.clone();
+        async move {
+            let api = cluster.api(&resolved, None);
+            let mut params = ListParams::default().labels(&selector).limit(500);
+            let mut objects = Vec::new();
+            loop {
+                let page = api
+                    .list(&params)
+                    .await
+                    .map_err(Error::kube(format!("listing {}", resolved.resource.plural)))?;
+                let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+                objects.extend(page.items.into_iter().map(|o| (resolved.resource.clone(), o)));
+                match next {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+            Ok::<_, Error>(objects)
+        }
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .try_collect::<Vec<_>>()
+    .await?;
+    let mut live = LiveObjects::new();
+    for (resource, object) in lists.into_iter().flatten() {
+        let key = ObjectKey {
+            group: resource.group.clone(),
+            kind: resource.kind.clone(),
+            namespace: object.metadata.namespace.clone(),
+            name: object.metadata.name.clone().unwrap_or_default(),
+        };
+        live.insert(key, serde_json::to_value(&object).unwrap_or(Value::Null));
+    }
+    Ok(live)
+}
+
+fn key_of(desired: &Value, manifest: &Manifest) -> ObjectKey {
+    ObjectKey {
+        group: manifest.group().to_string(),
+        kind: manifest.kind().to_string(),
+        namespace: desired["metadata"]["namespace"].as_str().map(str::to_string),
+        name: manifest.name().to_string(),
+    }
+}
+
+/// Resolves every manifest of the app; kinds that CRDs of this revision will
+/// add are returned apart, to be resolved once those CRDs are established.
+async fn resolve_app<'a>(
+    cluster: &Cluster,
+    app: &'a App,
+    crd_kinds: &BTreeSet<(String, String)>,
+    instance: &str,
+) -> (Vec<Planned<'a>>, Vec<&'a Manifest>, Vec<Problem>) {
+    let mut planned = Vec::new();
+    let mut pending = Vec::new();
+    let mut problems = Vec::new();
+    for manifest in &app.manifests {
+        match cluster.resolve(manifest.api_version(), manifest.kind()).await {
+            Some(resolved) => {
+                let desired = prepare(manifest, resolved.namespaced, instance);
+                let key = key_of(&desired, manifest);
+                planned.push(Planned {
+                    manifest,
+                    resolved,
+                    desired,
+                    key,
+                });
+            }
+            None if crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string())) => {
+                pending.push(manifest)
+            }
+            None => problems.push(manifest.problem(format!(
+                "unknown kind {} in {}: the API server does not serve it and no CRD in this revision defines it",
+                manifest.kind(),
+                manifest.api_version()
+            ))),
+        }
+    }
+    (planned, pending, problems)
+}
+
+async fn sync_app(
+    cluster: &Cluster,
+    app: &App,
+    crd_kinds: &BTreeSet<(String, String)>,
+    live: &LiveObjects,
+    previous: Option<&AppStatus>,
+    options: &SyncOptions,
+) -> Result<(AppReport, Vec<InventoryEntry>)> {
+    let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
+    let mut report = AppReport {
+        app: app.name.clone(),
+        result: AppResult::Synced,
+        applied: Vec::new(),
+        unchanged: 0,
+        pruned: Vec::new(),
+        drifted: Vec::new(),
+        problems: app.problems.clone(),
+        health: String::new(),
+        duration: Duration::ZERO,
+    };
+    if !report.problems.is_empty() {
+        report.result = AppResult::Invalid;
+        return Ok((report, previous_inventory));
+    }
+    let (mut planned, pending, problems) = resolve_app(cluster, app, crd_kinds, &options.instance).await;
+    if !problems.is_empty() {
+        report.problems = problems;
+        report.result = AppResult::Invalid;
+        return Ok((report, previous_inventory));
+    }
+
+    // Decide what to write: missing, changed in Git, or changed in the cluster.
+    let mut to_apply = Vec::new();
+    let mut results: Vec<Value> = Vec::new();
+    for (index, item) in planned.iter().enumerate() {
+        match live.get(&item.key) {
+            Some(current) if is_subset(&item.desired, current) => {
+                report.unchanged += 1;
+                results.push(current.clone());
+            }
+            Some(current) => {
+                let same_hash = current["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
+                    == item.desired["metadata"]["annotations"][APPLIED_HASH_ANNOTATION];
+                if same_hash {
+                    report.drifted.push(item.key.clone());
+                }
+                to_apply.push(index);
+                results.push(Value::Null);
+            }
+            None => {
+                to_apply.push(index);
+                results.push(Value::Null);
+            }
+        }
+    }
+
+    // The API server validates everything before anything is written.
+    let problems = dry_run(cluster, &planned, &to_apply, options).await?;
+    if !problems.is_empty() {
+        report.problems = problems;
+        report.result = AppResult::Invalid;
+        report.drifted.clear();
+        return Ok((report, previous_inventory));
+    }
+
+    let (first, rest): (Vec<usize>, Vec<usize>) = to_apply.iter().partition(|&&i| planned[i].is_staged_first());
+    let mut failures = Vec::new();
+    for (index, outcome) in apply_all(cluster, &planned, &first, options).await {
+        match outcome {
+            Ok(value) => results[index] = value,
+            Err(problem) => failures.push(problem),
+        }
+    }
+    let crds: Vec<&str> = first
+        .iter()
+        .filter(|&&i| planned[i].manifest.kind() == "CustomResourceDefinition")
+        .map(|&i| planned[i].name())
+        .collect();
+    if !crds.is_empty() {
+        wait_for_crds(cluster, &crds).await?;
+        cluster.refresh_discovery().await?;
+    }
+    // Objects of kinds that the CRDs above just added.
+    let mut rest = rest;
+    for manifest in pending {
+        let Some(resolved) = cluster.resolve(manifest.api_version(), manifest.kind()).await else {
+            failures.push(manifest.problem(format!(
+                "kind {} is still not served after its CRD was applied",
+                manifest.kind()
+            )));
+            continue;
+        };
+        let desired = prepare(manifest, resolved.namespaced, &options.instance);
+        let key = key_of(&desired, manifest);
+        match live.get(&key) {
+            Some(current) if is_subset(&desired, current) => {
+                report.unchanged += 1;
+                results.push(current.clone());
+            }
+            _ => {
+                rest.push(planned.len());
+                results.push(Value::Null);
+            }
+        }
+        planned.push(Planned {
+            manifest,
+            resolved,
+            desired,
+            key,
+        });
+    }
+    for (index, outcome) in apply_all(cluster, &planned, &rest, options).await {
+        match outcome {
+            Ok(value) => results[index] = value,
+            Err(problem) => failures.push(problem),
+        }
+    }
+    for &index in first.iter().chain(rest.iter()) {
+        if !results[index].is_null() {
+            report.applied.push(planned[index].key.clone());
+        }
+    }
+
+    // Inventory: what Git holds now, plus what left Git but was not pruned.
+    let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();
+    let mut inventory: Vec<InventoryEntry> = planned.iter().map(Planned::inventory_entry).collect();
+    let gone: Vec<InventoryEntry> = previous_inventory
+        .into_iter()
+        .filter(|entry| !current.contains(&entry.key()))
+        .collect();
+    if options.prune {
+        let (pruned, kept, prune_failures) = prune(cluster, &app.name, gone, options).await;
+        report.pruned = pruned;
+        inventory.extend(kept);
+        failures.extend(prune_failures);
+    } else {
+        inventory.extend(gone);
+    }
+    inventory.sort();
+
+    report.health = if results.iter().all(is_healthy) {
+        "Healthy".to_string()
+    } else {
+        "Progressing".to_string()
+    };
+    if !failures.is_empty() {
+        report.problems = failures;
+        report.result = AppResult::Failed;
+    }
+    Ok((report, inventory))
+}
+
+async fn dry_run(
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    indices: &[usize],
+    options: &SyncOptions,
+) -> Result<Vec<Problem>> {
+    // Objects in a namespace this revision creates cannot be dry-run before it exists.
+    let mut namespaces: BTreeMap<String, bool> = BTreeMap::new();
+    let ns_api: Api<Namespace> = Api::all(cluster.client.clone());
+    for &i in indices {
+        if let Some(ns) = planned[i].namespace()
+            && !namespaces.contains_key(ns)
+        {
+            let exists = ns_api
+                .get_opt(ns)
+                .await
+                .map_err(Error::kube(format!("reading namespace {ns}")))?
+                .is_some();
+            namespaces.insert(ns.to_string(), exists);
+        }
+    }
+    let checkable: Vec<usize> = indices
+        .iter()
+        .copied()
+        .filter(|&i| {
+            planned[i]
+                .namespace()
+                .is_none_or(|ns| namespaces.get(ns).copied().unwrap_or(false))
+        })
+        .collect();
+    let outcomes = stream::iter(checkable.into_iter().map(|i| async move {
+        let item = &planned[i];
+        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        let api = cluster.api(&item.resolved, item.namespace());
+        api.patch(item.name(), &params, &Patch::Apply(&item.desired))
+            .await
+            .err()
+            .map(|e| {
+                item.manifest
+                    .problem(format!("{} refused by the API server: {}", item.key, api_message(&e)))
+            })
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .collect::<Vec<_>>()
+    .await;
+    let mut problems: Vec<Problem> = outcomes.into_iter().flatten().collect();
+    problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+    Ok(problems)
+}
+
+fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+async fn apply_all(
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    indices: &[usize],
+    options: &SyncOptions,
+) -> Vec<(usize, std::result::Result<Value, Problem>)> {
+    stream::iter(indices.iter().map(|&i| async move {
+        let item = &planned[i];
+        // Conflicts are forced only on objects gitcanary already manages:
+        // someone else's object is not taken over silently.
+        let managed = item.desired["metadata"]["labels"][MANAGED_BY_LABEL].is_string();
+        let mut params = PatchParams::apply(FIELD_MANAGER);
+        if managed {
+            params = params.force();
+        }
+        let api = cluster.api(&item.resolved, item.namespace());
+        let outcome = api
+            .patch(item.name(), &params, &Patch::Apply(&item.desired))
+            .await
+            .map(|applied| serde_json::to_value(applied).unwrap_or(Value::Null))
+            .map_err(|e| {
+                item.manifest
+                    .problem(format!("applying {}: {}", item.key, api_message(&e)))
+            });
+        (i, outcome)
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .collect()
+    .await
+}
+
+async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for name in names {
+        loop {
+            let crd = api
+                .get(name)
+                .await
+                .map_err(Error::kube(format!("reading CRD {name}")))?;
+            let established = crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Object {
+                    object: format!("CustomResourceDefinition {name}"),
+                    message: "not established within 60 s".to_string(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes objects that left Git, but only those this instance manages and
+/// this app applied; workloads first, then CRDs, then Namespaces.
+async fn prune(
+    cluster: &Cluster,
+    app: &str,
+    mut gone: Vec<InventoryEntry>,
+    options: &SyncOptions,
+) -> (Vec<ObjectKey>, Vec<InventoryEntry>, Vec<Problem>) {
+    let rank = |e: &InventoryEntry| match e.kind.as_str() {
+        "Namespace" => 2,
+        "CustomResourceDefinition" => 1,
+        _ => 0,
+    };
+    gone.sort_by_key(rank);
+    let mut pruned = Vec::new();
+    let mut kept = Vec::new();
+    let mut problems = Vec::new();
+    for entry in gone {
+        let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
+            continue; // its kind is gone, so is the object
+        };
+        let api = cluster.api(&resolved, entry.namespace.as_deref());
+        let live = match api.get_opt(&entry.name).await {
+            Ok(live) => live,
+            Err(e) => {
+                problems.push(prune_problem(app, &entry, &api_message(&e)));
+                kept.push(entry);
+                continue;
+            }
+        };
+        let Some(live) = live else { continue };
+        let ours = live.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL)) == Some(&options.instance);
+        if !ours {
+            continue; // someone else owns it now: never delete
+        }
+        match api.delete(&entry.name, &DeleteParams::background()).await {
+            Ok(_) => pruned.push(entry.key()),
+            Err(e) => {
+                problems.push(prune_problem(app, &entry, &api_message(&e)));
+                kept.push(entry);
+            }
+        }
+    }
+    (pruned, kept, problems)
+}
+
+fn prune_problem(app: &str, entry: &InventoryEntry, message: &str) -> Problem {
+    Problem {
+        file: app.to_string(),
+        line: 0,
+        message: format!("pruning {}: {message}", entry.key()),
+    }
+}
+
+/// Workloads are healthy when rolled out and available; other objects when present.
+pub fn is_healthy(object: &Value) -> bool {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    if !matches!(kind, "Deployment" | "StatefulSet") {
+        return true;
+    }
+    let status = &object["status"];
+    let want = object["spec"]["replicas"].as_i64().unwrap_or(1);
+    let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+    let observed = status["observedGeneration"].as_i64().unwrap_or(0);
+    let updated = status["updatedReplicas"].as_i64().unwrap_or(0);
+    let ready = match kind {
+        "Deployment" => status["availableReplicas"].as_i64().unwrap_or(0),
+        _ => status["readyReplicas"].as_i64().unwrap_or(0),
+    };
+    observed >= generation && updated >= want && ready >= want
+}
+
+async fn save_status(
+    cluster: &Cluster,
+    commit: &str,
+    report: &AppReport,
+    inventory: Vec<InventoryEntry>,
+    previous: Option<&AppStatus>,
+    options: &SyncOptions,
+) -> Result<()> {
+    let status = AppStatus {
+        app: report.app.clone(),
+        commit: commit.to_string(),
+        result: report.result.as_str().to_string(),
+        message: report
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        health: report.health.clone(),
+        inventory,
+    };
+    // A no-op resync writes nothing.
+    if previous == Some(&status) {
+        return Ok(());
+    }
+    status.save(cluster, &options.state_namespace).await
+}
+
+/// What the next sync would change, without changing anything.
+pub async fn diff(
+    cluster: &Cluster,
+    revision: &Revision,
+    options: &SyncOptions,
+) -> Result<(Vec<ObjectDiff>, Vec<Problem>)> {
+    let mut manifests = revision.manifests.clone();
+    manifests.validate(&options.allowed_namespaces);
+    let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    let mut diffs = Vec::new();
+    let mut problems: Vec<Problem> = manifests.problems().cloned().collect();
+    for app in manifests.apps.values().filter(|a| a.is_valid()) {
+        let (planned, pending, resolve_problems) = resolve_app(cluster, app, &crd_kinds, &options.instance).await;
+        problems.extend(resolve_problems);
+        for manifest in pending {
+            diffs.push(
+                ObjectDiff::between(manifest.key(), manifest.location(), None, Some(&manifest.object))
+                    .expect("new object differs from nothing"),
+            );
+        }
+        let outcomes = stream::iter(planned.iter().map(|item| async move {
+            let api = cluster.api(&item.resolved, item.namespace());
+            let live = api
+                .get_opt(item.name())
+                .await
+                .map_err(|e| item.manifest.problem(api_message(&e)))?;
+            let live = live.map(|o| serde_json::to_value(o).unwrap_or(Value::Null));
+            let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+            let after = match api.patch(item.name(), &params, &Patch::Apply(&item.desired)).await {
+                Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
+                // A namespace that does not exist yet: show the object as Git has it.
+                Err(kube::Error::Api(status)) if status.code == 404 && live.is_none() => item.desired.clone(),
+                Err(e) => {
+                    return Err(item.manifest.problem(format!(
+                        "{} refused by the API server: {}",
+                        item.key,
+                        api_message(&e)
+                    )));
+                }
+            };
+            Ok(ObjectDiff::between(
+                item.key.clone(),
+                item.manifest.location(),
+                live.as_ref(),
+                Some(&after),
+            ))
+        }))
+        .buffer_unordered(options.concurrency.max(1))
+        .collect::<Vec<_>>()
+        .await;
+        for outcome in outcomes {
+            match outcome {
+                Ok(Some(diff)) => diffs.push(diff),
+                Ok(None) => {}
+                Err(problem) => problems.push(problem),
+            }
+        }
+        if options.prune {
+            let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();
+            let previous = AppStatus::load(cluster, &options.state_namespace, &app.name).await?;
+            for entry in previous.map(|p| p.inventory).unwrap_or_default() {
+                if current.contains(&entry.key()) {
+                    continue;
+                }
+                let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
+                    continue;
+                };
+                let api = cluster.api(&resolved, entry.namespace.as_deref());
+                if let Ok(Some(live)) = api.get_opt(&entry.name).await {
+                    let live = serde_json::to_value(live).unwrap_or(Value::Null);
+                    diffs.extend(ObjectDiff::between(entry.key(), String::new(), Some(&live), None));
+                }
+            }
+        }
+    }
+    diffs.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok((diffs, problems))
+}

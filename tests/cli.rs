@@ -1,0 +1,315 @@
+//! The command line as a user runs it: validate, diff, sync, and the agent
+//! with its webhook, drift healing and secret handling.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use gitcanary::source::webhook::sign;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use support::git_server::GitServer;
+
+fn gitcanary() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gitcanary"));
+    command.env_remove("GITCANARY_GIT_TOKEN").env("NO_COLOR", "1");
+    command
+}
+
+fn cluster_args(ns: &str, kubeconfig: &Path) -> Vec<String> {
+    vec![
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--instance".into(),
+        format!("cli-{ns}"),
+        "--state-namespace".into(),
+        ns.into(),
+        "--cache-dir".into(),
+        std::env::temp_dir()
+            .join(format!("gitcanary-cli-{ns}"))
+            .display()
+            .to_string(),
+    ]
+}
+
+fn output(command: &mut Command) -> (i32, String, String) {
+    let Output { status, stdout, stderr } = command.output().expect("gitcanary runs");
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+fn configmap(ns: &str, name: &str, color: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: {color}\n")
+}
+
+/// Kills the agent when the test ends, however it ends.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    stream.write_all(body).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+#[test]
+fn validate_prints_file_and_line_and_exits_by_outcome() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::write(dir.path().join("web/ok.yaml"), configmap("demo", "ok", "blue")).expect("write");
+    let (code, stdout, _) = output(gitcanary().arg("validate").arg(dir.path()));
+    assert_eq!((code, stdout.as_str()), (0, ""));
+
+    std::fs::write(
+        dir.path().join("web/bad.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  namespace: demo\n",
+    )
+    .expect("write");
+    let (code, stdout, _) = output(gitcanary().arg("validate").arg(dir.path()));
+    assert_eq!(code, 1);
+    assert_eq!(stdout.trim(), "web/bad.yaml:1: missing metadata.name");
+
+    let (code, _, stderr) = output(gitcanary().arg("validate").arg(dir.path().join("missing")));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("is not a directory"), "{stderr}");
+}
+
+#[test]
+fn commands_of_later_issues_say_so_and_fail() {
+    for command in ["status", "promote", "abort", "crd"] {
+        let (code, _, stderr) = output(gitcanary().arg(command));
+        assert_eq!(code, 2, "{command}");
+        assert!(stderr.contains("not available in this build"), "{command}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn diff_shows_the_change_and_exits_one_until_synced() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "cli-diff").await;
+    let server = GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    repo.write("web/settings.yaml", &configmap(&ns, "settings", "blue"));
+    repo.commit_and_push("blue");
+    let args = cluster_args(&ns, support::kubeconfig());
+    let repo_arg = ["--repo".to_string(), repo.file_url()];
+
+    let (code, stdout, stderr) = output(gitcanary().arg("diff").args(&repo_arg).args(&args));
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stdout.starts_with(&format!("create ConfigMap {ns}/settings (web/settings.yaml:1)")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("+  color: blue"), "{stdout}");
+    assert!(
+        !stdout.contains("managedFields") && !stdout.contains("resourceVersion"),
+        "{stdout}"
+    );
+
+    let (code, _, stderr) = output(gitcanary().args(["sync", "--once"]).args(&repo_arg).args(&args));
+    assert_eq!(code, 0, "{stderr}");
+    let (code, stdout, _) = output(gitcanary().arg("diff").args(&repo_arg).args(&args));
+    assert_eq!((code, stdout.as_str()), (0, ""));
+
+    repo.write("web/settings.yaml", &configmap(&ns, "settings", "green"));
+    repo.commit_and_push("green");
+    let (code, stdout, _) = output(gitcanary().arg("diff").args(&repo_arg).args(&args));
+    assert_eq!(code, 1);
+    assert!(
+        stdout.contains("-  color: blue") && stdout.contains("+  color: green"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.starts_with(&format!("update ConfigMap {ns}/settings")),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "cli-hook").await;
+    let server = GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    repo.write("web/settings.yaml", &configmap(&ns, "settings", "blue"));
+    repo.commit_and_push("blue");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _agent = Agent(
+        gitcanary()
+            .args([
+                "run",
+                "--listen",
+                &addr,
+                "--poll-interval",
+                "3600",
+                "--repo",
+                &repo.file_url(),
+            ])
+            .args(cluster_args(&ns, support::kubeconfig()))
+            .env("GITCANARY_WEBHOOK_SECRET", "hook-secret")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts"),
+    );
+    support::eventually("the agent is ready", Duration::from_secs(30), || async {
+        matches!(http(&addr, "GET", "/readyz", &[], b""), Some((200, _))).then_some(())
+    })
+    .await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let color = || async {
+        configmaps
+            .get_opt("settings")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.data)
+            .and_then(|d| d.get("color").cloned())
+    };
+    assert_eq!(color().await.as_deref(), Some("blue"));
+
+    repo.write("web/settings.yaml", &configmap(&ns, "settings", "green"));
+    let commit = repo.commit_and_push("green");
+    let body = format!(r#"{{"ref":"refs/heads/main","after":"{commit}"}}"#);
+    let forged = sign(b"not-the-secret", body.as_bytes());
+    let refused = http(
+        &addr,
+        "POST",
+        "/webhook",
+        &[("X-GitHub-Event", "push"), ("X-Hub-Signature-256", &forged)],
+        body.as_bytes(),
+    );
+    assert_eq!(refused.map(|r| r.0), Some(401));
+    let unsigned = http(
+        &addr,
+        "POST",
+        "/webhook",
+        &[("X-GitHub-Event", "push")],
+        body.as_bytes(),
+    );
+    assert_eq!(unsigned.map(|r| r.0), Some(401));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        color().await.as_deref(),
+        Some("blue"),
+        "a refused webhook syncs nothing"
+    );
+
+    let other_branch = r#"{"ref":"refs/heads/feature"}"#;
+    let ignored = http(
+        &addr,
+        "POST",
+        "/webhook",
+        &[
+            ("X-GitHub-Event", "push"),
+            ("X-Hub-Signature-256", &sign(b"hook-secret", other_branch.as_bytes())),
+        ],
+        other_branch.as_bytes(),
+    );
+    assert_eq!(ignored.map(|r| r.0), Some(200));
+
+    let signed = sign(b"hook-secret", body.as_bytes());
+    let accepted = http(
+        &addr,
+        "POST",
+        "/webhook",
+        &[("X-GitHub-Event", "push"), ("X-Hub-Signature-256", &signed)],
+        body.as_bytes(),
+    );
+    assert_eq!(accepted.map(|r| r.0), Some(202));
+    support::eventually("green applied", Duration::from_secs(15), || async {
+        (color().await.as_deref() == Some("green")).then_some(())
+    })
+    .await;
+
+    // Someone edits a managed field: the agent's watch puts it back.
+    let edit = serde_json::json!({"data": {"color": "hacked"}});
+    configmaps
+        .patch("settings", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("edited");
+    support::eventually("drift healed", Duration::from_secs(15), || async {
+        (color().await.as_deref() == Some("green")).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn git_credentials_never_appear_in_logs_or_errors() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "cli-creds").await;
+    let server = GitServer::start(Some("x-access-token:tok-0123456789")).await;
+    let repo = server.create_repo("apps");
+    repo.write("web/settings.yaml", &configmap(&ns, "settings", "blue"));
+    support::run(
+        repo.path(),
+        "git",
+        &[
+            "remote",
+            "add",
+            "http",
+            &repo.http_url_with("x-access-token:tok-0123456789"),
+        ],
+    );
+    repo.commit_and_push_to("http", "blue");
+    let args = cluster_args(&ns, support::kubeconfig());
+
+    let (code, stdout, stderr) = output(
+        gitcanary()
+            .args(["sync", "--once", "--repo", &repo.http_url()])
+            .args(&args)
+            .env("GITCANARY_GIT_TOKEN", "tok-0123456789")
+            .env("GITCANARY_LOG", "debug"),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stdout.contains("tok-0123456789") && !stderr.contains("tok-0123456789"));
+
+    let (code, stdout, stderr) = output(
+        gitcanary()
+            .args(["sync", "--once", "--repo", &repo.http_url()])
+            .args(&args)
+            .env("GITCANARY_GIT_TOKEN", "tok-wrong-987654")
+            .env("GITCANARY_LOG", "debug"),
+    );
+    assert_eq!(code, 2);
+    assert!(stderr.contains("fetching main"), "{stderr}");
+    assert!(!stdout.contains("tok-wrong-987654") && !stderr.contains("tok-wrong-987654"));
+}

@@ -1,0 +1,100 @@
+//! Shared test support: one real control plane per test run, a fresh
+//! namespace per test, and a local Git server.
+#![allow(dead_code)] // each test binary uses a different part
+
+pub mod git_server;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The kubeconfig of the test control plane: `GITCANARY_TEST_KUBECONFIG`
+/// when the caller started one (the test script does), otherwise one started
+/// now with tests/testenv/up.sh and stopped when this process exits.
+pub fn kubeconfig() -> &'static PathBuf {
+    static KUBECONFIG: OnceLock<PathBuf> = OnceLock::new();
+    KUBECONFIG.get_or_init(|| {
+        if let Some(path) = std::env::var_os("GITCANARY_TEST_KUBECONFIG") {
+            return PathBuf::from(path);
+        }
+        let up = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/testenv/up.sh");
+        let output = Command::new("bash")
+            .arg(&up)
+            .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("tests/testenv/up.sh runs");
+        assert!(output.status.success(), "the test control plane did not start");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("KUBECONFIG="))
+            .expect("up.sh prints KUBECONFIG=<path>");
+        PathBuf::from(line)
+    })
+}
+
+pub async fn client() -> Client {
+    let file = Kubeconfig::read_from(kubeconfig()).expect("the test kubeconfig is readable");
+    let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+        .await
+        .expect("the test kubeconfig is valid");
+    Client::try_from(config).expect("a client for the test control plane")
+}
+
+/// A namespace of its own for one test.
+pub async fn namespace(client: &Client, prefix: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let name = format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("a namespace");
+    api.create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace created");
+    name
+}
+
+/// Polls `check` until it returns Some, or panics with `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs a command and returns its stdout; panics with its stderr on failure.
+pub fn run(dir: &std::path::Path, program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -1,0 +1,347 @@
+//! Git to cluster: sync, skip unchanged, prune, validation that protects
+//! the cluster, server-side dry-run errors with file and line.
+
+mod support;
+
+use std::time::Duration;
+
+use gitcanary::cluster::{AppStatus, Cluster};
+use gitcanary::source::{Credentials, Source};
+use gitcanary::sync::{AppResult, SyncOptions, SyncReport, sync};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use support::git_server::{GitRepo, GitServer};
+
+fn configmap(ns: &str, name: &str, color: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: {color}\n")
+}
+
+fn deployment(ns: &str, name: &str, replicas: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      containers:\n      - name: app\n        image: registry.test/{name}:1\n"
+    )
+}
+
+struct Fixture {
+    _server: GitServer,
+    repo: GitRepo,
+    ns: String,
+    cluster: Cluster,
+    client: kube::Client,
+    cache: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Fixture {
+        let client = support::client().await;
+        let ns = support::namespace(&client, prefix).await;
+        let server = GitServer::start(None).await;
+        let repo = server.create_repo("apps");
+        let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
+        Fixture {
+            _server: server,
+            repo,
+            ns,
+            cluster,
+            client,
+            cache: tempfile::tempdir().expect("cache dir"),
+        }
+    }
+
+    fn options(&self, prune: bool) -> SyncOptions {
+        SyncOptions {
+            instance: format!("test-{}", self.ns),
+            state_namespace: self.ns.clone(),
+            prune,
+            ..SyncOptions::default()
+        }
+    }
+
+    async fn sync(&self, prune: bool) -> SyncReport {
+        let source = Source::open(
+            &self.repo.file_url(),
+            "main",
+            "",
+            Credentials::default(),
+            self.cache.path(),
+        )
+        .expect("source");
+        let revision = tokio::task::spawn_blocking(move || source.fetch())
+            .await
+            .expect("no panic")
+            .expect("fetch");
+        sync(&self.cluster, &revision, &self.options(prune))
+            .await
+            .expect("sync runs")
+    }
+
+    fn configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn color(&self, name: &str) -> Option<String> {
+        let cm = self.configmaps().get_opt(name).await.expect("readable")?;
+        cm.data.and_then(|d| d.get("color").cloned())
+    }
+
+    async fn resource_version(&self, name: &str) -> String {
+        self.configmaps()
+            .get(name)
+            .await
+            .expect("exists")
+            .metadata
+            .resource_version
+            .expect("has a version")
+    }
+}
+
+fn applied_names(report: &SyncReport, app: &str) -> Vec<String> {
+    let mut names: Vec<String> = report
+        .app(app)
+        .expect("app reported")
+        .applied
+        .iter()
+        .map(|k| k.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn two_apps_sync_and_a_change_reapplies_only_that_object() {
+    let f = Fixture::new("sync-two").await;
+    f.repo
+        .write("a/one.yaml", &configmap(&f.ns, "a1", "blue"))
+        .write("a/two.yaml", &configmap(&f.ns, "a2", "blue"))
+        .write(
+            "b/web.yaml",
+            &format!(
+                "{}---\n{}",
+                configmap(&f.ns, "b1", "red"),
+                deployment(&f.ns, "web", "2")
+            ),
+        );
+    let first_commit = f.repo.commit_and_push("two apps");
+
+    let first = f.sync(false).await;
+    assert!(first.is_clean(), "{:?}", first.problems().collect::<Vec<_>>());
+    assert_eq!(applied_names(&first, "a"), vec!["a1", "a2"]);
+    assert_eq!(applied_names(&first, "b"), vec!["b1", "web"]);
+    assert_eq!(f.color("a1").await.as_deref(), Some("blue"));
+
+    // Nothing changed in Git: nothing is written, not even the status.
+    let versions = (
+        f.resource_version("a1").await,
+        f.resource_version("gitcanary-app-a").await,
+    );
+    let again = f.sync(false).await;
+    assert!(applied_names(&again, "a").is_empty() && applied_names(&again, "b").is_empty());
+    assert_eq!(again.app("a").expect("a").unchanged, 2);
+    assert_eq!(
+        versions,
+        (
+            f.resource_version("a1").await,
+            f.resource_version("gitcanary-app-a").await
+        )
+    );
+
+    f.repo.write("a/one.yaml", &configmap(&f.ns, "a1", "green"));
+    let second_commit = f.repo.commit_and_push("a1 goes green");
+    let third = f.sync(false).await;
+    assert_eq!(applied_names(&third, "a"), vec!["a1"]);
+    assert!(applied_names(&third, "b").is_empty());
+    assert_eq!(f.color("a1").await.as_deref(), Some("green"));
+
+    // The cluster says which commit each app is at.
+    let status = AppStatus::load(&f.cluster, &f.ns, "a")
+        .await
+        .expect("readable")
+        .expect("status exists");
+    assert_eq!(status.commit, second_commit);
+    assert_ne!(status.commit, first_commit);
+    assert_eq!(status.result, "Synced");
+    assert_eq!(status.inventory.len(), 2);
+}
+
+#[tokio::test]
+async fn prune_deletes_what_left_git_but_never_an_unmanaged_lookalike() {
+    let f = Fixture::new("sync-prune").await;
+    f.repo
+        .write("a/one.yaml", &configmap(&f.ns, "a1", "blue"))
+        .write("a/two.yaml", &configmap(&f.ns, "a2", "blue"));
+    f.repo.commit_and_push("two objects");
+    assert!(f.sync(true).await.is_clean());
+    let lookalike: ConfigMap = serde_json::from_str(&format!(
+        r#"{{"metadata": {{"name": "a3", "namespace": "{}"}}, "data": {{"color": "mine"}}}}"#,
+        f.ns
+    ))
+    .expect("a ConfigMap");
+    f.configmaps()
+        .create(&PostParams::default(), &lookalike)
+        .await
+        .expect("created by hand");
+
+    f.repo.remove("a/two.yaml");
+    f.repo.commit_and_push("a2 leaves Git");
+    // Without --prune the object stays and stays in the inventory.
+    let kept = f.sync(false).await;
+    assert!(kept.app("a").expect("a").pruned.is_empty());
+    assert_eq!(f.color("a2").await.as_deref(), Some("blue"));
+
+    let pruned = f.sync(true).await;
+    let names: Vec<_> = pruned
+        .app("a")
+        .expect("a")
+        .pruned
+        .iter()
+        .map(|k| k.name.clone())
+        .collect();
+    assert_eq!(names, vec!["a2"]);
+    assert_eq!(f.color("a2").await, None, "a2 is deleted");
+    assert_eq!(
+        f.color("a3").await.as_deref(),
+        Some("mine"),
+        "the hand-made object is untouched"
+    );
+    assert_eq!(f.color("a1").await.as_deref(), Some("blue"));
+}
+
+#[tokio::test]
+async fn an_invalid_app_keeps_what_it_had_while_the_other_app_syncs() {
+    let f = Fixture::new("sync-invalid").await;
+    f.repo
+        .write("a/one.yaml", &configmap(&f.ns, "a1", "blue"))
+        .write("b/one.yaml", &configmap(&f.ns, "b1", "blue"));
+    f.repo.commit_and_push("two apps");
+    assert!(f.sync(false).await.is_clean());
+
+    f.repo
+        .write("a/one.yaml", &configmap(&f.ns, "a1", "green"))
+        .write("b/one.yaml", &configmap(&f.ns, "b1", "green"))
+        .write(
+            "b/broken.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: broken\n  labels: [unclosed\n",
+        );
+    f.repo.commit_and_push("b breaks");
+    let report = f.sync(false).await;
+    assert_eq!(report.app("a").expect("a").result, AppResult::Synced);
+    assert_eq!(f.color("a1").await.as_deref(), Some("green"));
+    let b = report.app("b").expect("b");
+    assert_eq!(b.result, AppResult::Invalid);
+    assert_eq!(
+        f.color("b1").await.as_deref(),
+        Some("blue"),
+        "no object of an invalid app is applied"
+    );
+    let problem = &b.problems[0];
+    assert_eq!(problem.file, "b/broken.yaml");
+    assert!((4..=6).contains(&problem.line), "{problem}");
+    let status = AppStatus::load(&f.cluster, &f.ns, "b")
+        .await
+        .expect("readable")
+        .expect("exists");
+    assert_eq!(status.result, "Invalid");
+    assert!(status.message.starts_with("b/broken.yaml:"), "{}", status.message);
+}
+
+#[tokio::test]
+async fn the_api_server_checks_every_object_before_any_is_applied() {
+    let f = Fixture::new("sync-types").await;
+    f.repo
+        .write("b/settings.yaml", &configmap(&f.ns, "b1", "blue"))
+        .write("b/web.yaml", &deployment(&f.ns, "web", "three"))
+        .write(
+            "c/unknown.yaml",
+            &format!(
+                "apiVersion: example.test/v1\nkind: Widget\nmetadata:\n  name: w\n  namespace: {}\n",
+                f.ns
+            ),
+        );
+    f.repo.commit_and_push("wrong type and unknown kind");
+    let report = f.sync(false).await;
+    let b = report.app("b").expect("b");
+    assert_eq!(b.result, AppResult::Invalid);
+    assert_eq!(b.problems.len(), 1, "{:?}", b.problems);
+    assert_eq!((b.problems[0].file.as_str(), b.problems[0].line), ("b/web.yaml", 1));
+    assert!(b.problems[0].message.contains("replicas"), "{}", b.problems[0]);
+    assert_eq!(
+        f.color("b1").await,
+        None,
+        "the valid ConfigMap of the app is not applied either"
+    );
+    let c = report.app("c").expect("c");
+    assert!(
+        c.problems[0]
+            .to_string()
+            .starts_with("c/unknown.yaml:1: unknown kind Widget"),
+        "{}",
+        c.problems[0]
+    );
+}
+
+#[tokio::test]
+async fn a_crd_and_its_objects_sync_in_one_commit_with_the_namespace_first() {
+    let f = Fixture::new("sync-crd").await;
+    let group = format!("{}.example.test", f.ns);
+    let crd = format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: widgets.{group}\nspec:\n  group: {group}\n  scope: Namespaced\n  names: {{plural: widgets, singular: widget, kind: Widget}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        x-kubernetes-preserve-unknown-fields: true\n"
+    );
+    let extra_ns = format!("{}-extra", f.ns);
+    f.repo
+        .write("platform/crd.yaml", &crd)
+        .write(
+            "platform/ns.yaml",
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {extra_ns}\n"),
+        )
+        .write(
+            "platform/widget.yaml",
+            &format!("apiVersion: {group}/v1\nkind: Widget\nmetadata:\n  name: w\n  namespace: {extra_ns}\nsize: 3\n"),
+        )
+        .write("platform/cm.yaml", &configmap(&extra_ns, "in-new-ns", "blue"));
+    f.repo.commit_and_push("crd, namespace and objects");
+    let report = f.sync(false).await;
+    assert!(report.is_clean(), "{:?}", report.problems().collect::<Vec<_>>());
+    assert_eq!(report.app("platform").expect("app").applied.len(), 4);
+    let again = f.sync(false).await;
+    assert!(
+        again.app("platform").expect("app").applied.is_empty(),
+        "a resync changes nothing"
+    );
+}
+
+#[tokio::test]
+async fn deployments_report_health_once_available() {
+    let f = Fixture::new("sync-health").await;
+    f.repo.write("web/deploy.yaml", &deployment(&f.ns, "web", "2"));
+    f.repo.commit_and_push("web");
+    f.sync(false).await;
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    support::eventually("web available", Duration::from_secs(60), || async {
+        let status = deployments.get("web").await.ok()?.status?;
+        (status.available_replicas == Some(2)).then_some(())
+    })
+    .await;
+    let report = f.sync(false).await;
+    assert_eq!(report.app("web").expect("web").health, "Healthy");
+}
+
+#[tokio::test]
+async fn an_edit_by_someone_else_is_put_back_on_the_next_sync() {
+    let f = Fixture::new("sync-drift").await;
+    f.repo.write("a/one.yaml", &configmap(&f.ns, "a1", "blue"));
+    f.repo.commit_and_push("a1");
+    f.sync(false).await;
+    let edit = serde_json::json!({"data": {"color": "hacked"}});
+    f.configmaps()
+        .patch("a1", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("edited like kubectl edit");
+    let report = f.sync(false).await;
+    let a = report.app("a").expect("a");
+    assert_eq!(
+        a.drifted.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+        vec!["a1"]
+    );
+    assert_eq!(f.color("a1").await.as_deref(), Some("blue"));
+}
