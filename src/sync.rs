@@ -133,8 +133,15 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
     let live = list_live(cluster, &manifests.apps, options).await?;
 
+    // Apps that hold Namespaces or CRDs go first: other apps may use them.
+    let mut apps: Vec<&App> = manifests.apps.values().collect();
+    apps.sort_by_key(|app| {
+        !app.manifests
+            .iter()
+            .any(|m| matches!(m.kind(), "Namespace" | "CustomResourceDefinition"))
+    });
     let mut reports = Vec::new();
-    for app in manifests.apps.values() {
+    for app in apps {
         let started = Instant::now();
         let previous = AppStatus::load(cluster, &options.state_namespace, &app.name).await?;
         let mut report = match sync_app(cluster, app, &crd_kinds, &live, previous.as_ref(), options).await {
@@ -276,7 +283,13 @@ async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &Sy
             namespace: object.metadata.namespace.clone(),
             name: object.metadata.name.clone().unwrap_or_default(),
         };
-        live.insert(key, serde_json::to_value(&object).unwrap_or(Value::Null));
+        let mut value = serde_json::to_value(&object).unwrap_or(Value::Null);
+        // List items carry no type; the desired objects do.
+        if let Some(map) = value.as_object_mut() {
+            map.insert("apiVersion".into(), Value::String(resource.api_version.clone()));
+            map.insert("kind".into(), Value::String(resource.kind.clone()));
+        }
+        live.insert(key, value);
     }
     Ok(live)
 }
@@ -383,7 +396,7 @@ async fn sync_app(
     }
 
     // The API server validates everything before anything is written.
-    let problems = dry_run(cluster, &planned, &to_apply, options).await?;
+    let problems = dry_run(cluster, &planned, &to_apply, live, options).await?;
     if !problems.is_empty() {
         report.problems = problems;
         report.result = AppResult::Invalid;
@@ -393,7 +406,7 @@ async fn sync_app(
 
     let (first, rest): (Vec<usize>, Vec<usize>) = to_apply.iter().partition(|&&i| planned[i].is_staged_first());
     let mut failures = Vec::new();
-    for (index, outcome) in apply_all(cluster, &planned, &first, options).await {
+    for (index, outcome) in apply_all(cluster, &planned, &first, live, options).await {
         match outcome {
             Ok(value) => results[index] = value,
             Err(problem) => failures.push(problem),
@@ -437,7 +450,7 @@ async fn sync_app(
             key,
         });
     }
-    for (index, outcome) in apply_all(cluster, &planned, &rest, options).await {
+    for (index, outcome) in apply_all(cluster, &planned, &rest, live, options).await {
         match outcome {
             Ok(value) => results[index] = value,
             Err(problem) => failures.push(problem),
@@ -482,6 +495,7 @@ async fn dry_run(
     cluster: &Cluster,
     planned: &[Planned<'_>],
     indices: &[usize],
+    live: &LiveObjects,
     options: &SyncOptions,
 ) -> Result<Vec<Problem>> {
     // Objects in a namespace this revision creates cannot be dry-run before it exists.
@@ -510,7 +524,7 @@ async fn dry_run(
         .collect();
     let outcomes = stream::iter(checkable.into_iter().map(|i| async move {
         let item = &planned[i];
-        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+        let params = apply_params(live, &item.key).dry_run();
         let api = cluster.api(&item.resolved, item.namespace());
         api.patch(item.name(), &params, &Patch::Apply(&item.desired))
             .await
@@ -535,21 +549,23 @@ fn api_message(error: &kube::Error) -> String {
     }
 }
 
+/// Conflicts are forced only on objects gitcanary already manages (so a
+/// `kubectl edit` is healed); someone else's object is not taken over.
+fn apply_params(live: &LiveObjects, key: &ObjectKey) -> PatchParams {
+    let params = PatchParams::apply(FIELD_MANAGER);
+    if live.contains_key(key) { params.force() } else { params }
+}
+
 async fn apply_all(
     cluster: &Cluster,
     planned: &[Planned<'_>],
     indices: &[usize],
+    live: &LiveObjects,
     options: &SyncOptions,
 ) -> Vec<(usize, std::result::Result<Value, Problem>)> {
     stream::iter(indices.iter().map(|&i| async move {
         let item = &planned[i];
-        // Conflicts are forced only on objects gitcanary already manages:
-        // someone else's object is not taken over silently.
-        let managed = item.desired["metadata"]["labels"][MANAGED_BY_LABEL].is_string();
-        let mut params = PatchParams::apply(FIELD_MANAGER);
-        if managed {
-            params = params.force();
-        }
+        let params = apply_params(live, &item.key);
         let api = cluster.api(&item.resolved, item.namespace());
         let outcome = api
             .patch(item.name(), &params, &Patch::Apply(&item.desired))
@@ -723,8 +739,14 @@ pub async fn diff(
                 .get_opt(item.name())
                 .await
                 .map_err(|e| item.manifest.problem(api_message(&e)))?;
+            let managed = live
+                .as_ref()
+                .and_then(|o| o.metadata.labels.as_ref()?.get(MANAGED_BY_LABEL).cloned());
+            let mut params = PatchParams::apply(FIELD_MANAGER).dry_run();
+            if managed.as_deref() == Some(options.instance.as_str()) {
+                params = params.force();
+            }
             let live = live.map(|o| serde_json::to_value(o).unwrap_or(Value::Null));
-            let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
             let after = match api.patch(item.name(), &params, &Patch::Apply(&item.desired)).await {
                 Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
                 // A namespace that does not exist yet: show the object as Git has it.

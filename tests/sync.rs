@@ -136,7 +136,12 @@ async fn two_apps_sync_and_a_change_reapplies_only_that_object() {
         f.resource_version("gitcanary-app-a").await,
     );
     let again = f.sync(false).await;
-    assert!(applied_names(&again, "a").is_empty() && applied_names(&again, "b").is_empty());
+    assert!(
+        applied_names(&again, "a").is_empty() && applied_names(&again, "b").is_empty(),
+        "{:?} {:?}",
+        applied_names(&again, "a"),
+        applied_names(&again, "b")
+    );
     assert_eq!(again.app("a").expect("a").unchanged, 2);
     assert_eq!(
         versions,
@@ -344,4 +349,48 @@ async fn an_edit_by_someone_else_is_put_back_on_the_next_sync() {
         vec!["a1"]
     );
     assert_eq!(f.color("a1").await.as_deref(), Some("blue"));
+}
+
+#[tokio::test]
+async fn an_object_someone_else_made_is_not_taken_over() {
+    let f = Fixture::new("sync-conflict").await;
+    let theirs: ConfigMap = serde_json::from_str(&format!(
+        r#"{{"metadata": {{"name": "shared", "namespace": "{}"}}, "data": {{"color": "theirs"}}}}"#,
+        f.ns
+    ))
+    .expect("a ConfigMap");
+    f.configmaps()
+        .create(
+            &PostParams {
+                field_manager: Some("kubectl-create".into()),
+                ..PostParams::default()
+            },
+            &theirs,
+        )
+        .await
+        .expect("created by hand");
+    f.repo.write("a/shared.yaml", &configmap(&f.ns, "shared", "ours"));
+    f.repo.commit_and_push("claims an existing object");
+    let report = f.sync(false).await;
+    let a = report.app("a").expect("a");
+    assert_eq!(a.result, AppResult::Invalid);
+    assert!(a.problems[0].message.contains("conflict"), "{}", a.problems[0]);
+    assert_eq!(f.color("shared").await.as_deref(), Some("theirs"));
+}
+
+#[tokio::test]
+async fn an_app_may_use_the_namespace_another_app_creates() {
+    let f = Fixture::new("sync-order").await;
+    let team_ns = format!("{}-team", f.ns);
+    f.repo
+        .write("a-web/cm.yaml", &configmap(&team_ns, "web", "blue"))
+        .write(
+            "z-platform/ns.yaml",
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {team_ns}\n"),
+        );
+    f.repo.commit_and_push("namespace in one app, its user in another");
+    let report = f.sync(false).await;
+    assert!(report.is_clean(), "{:?}", report.problems().collect::<Vec<_>>());
+    let configmaps: Api<ConfigMap> = Api::namespaced(f.client.clone(), &team_ns);
+    assert!(configmaps.get_opt("web").await.expect("readable").is_some());
 }

@@ -102,8 +102,10 @@ fn parse_file(app_name: &str, path: &str, content: &[u8], app: &mut App) {
     }
 }
 
+/// The parser's message without its snippet, and without its own `error: ` prefix.
 fn first_line(message: &str) -> &str {
-    message.lines().find(|l| !l.trim().is_empty()).unwrap_or(message).trim()
+    let line = message.lines().find(|l| !l.trim().is_empty()).unwrap_or(message).trim();
+    line.strip_prefix("error: ").unwrap_or(line)
 }
 
 struct Document<'a> {

@@ -116,7 +116,7 @@ say "starting kube-controller-manager, kube-scheduler, kwok"
 start kube-controller-manager "$bin/kube-controller-manager" --kubeconfig="$kubeconfig" \
   --leader-elect=false --secure-port=0 \
   --root-ca-file="$pki/ca.crt" --service-account-private-key-file="$pki/sa.key" \
-  --controllers='*,-nodeipam,-nodelifecycle,-service-lb-controller,-cloud-node-lifecycle,-route' \
+  --controllers='*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,-route' \
   --kube-api-qps=1000 --kube-api-burst=2000
 start kube-scheduler "$bin/kube-scheduler" --kubeconfig="$kubeconfig" --leader-elect=false --secure-port=0
 
@@ -153,10 +153,12 @@ say "installing Gateway API CRDs"
 kubectl apply --server-side --field-manager=testenv -f "$cache/crds/gateway-api/" >/dev/null
 kubectl wait --for=condition=Established --timeout=60s crd --all >/dev/null
 
-# The default ServiceAccount is made by the controller manager; nodes by kwok.
+# The default ServiceAccount is made by the controller manager; nodes are
+# made Ready by kwok, and their not-ready taint removed by the node lifecycle controller.
 for _ in $(seq 1 120); do
   if kubectl get serviceaccount default -n default >/dev/null 2>&1 &&
-    kubectl wait --for=condition=Ready --timeout=1s node --all >/dev/null 2>&1; then
+    kubectl wait --for=condition=Ready --timeout=1s node --all >/dev/null 2>&1 &&
+    [ -z "$(kubectl get nodes -o jsonpath='{.items[*].spec.taints}' 2>/dev/null)" ]; then
     ok=1
     break
   fi
