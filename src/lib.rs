@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod manifest;
+pub mod rollout;
 pub mod server;
 pub mod source;
 pub mod sync;

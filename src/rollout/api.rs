@@ -1,0 +1,417 @@
+//! The `Rollout` API (`gitcanary.io/v1alpha1`). Field names follow Kruise
+//! Rollout where the two overlap.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "gitcanary.io";
+pub const API_VERSION: &str = "gitcanary.io/v1alpha1";
+pub const KIND: &str = "Rollout";
+
+/// A canary release policy for one Deployment or StatefulSet.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "gitcanary.io",
+    version = "v1alpha1",
+    kind = "Rollout",
+    namespaced,
+    status = "RolloutStatus",
+    derive = "PartialEq",
+    printcolumn(name = "STATUS", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "STEP",
+        type_ = "integer",
+        json_path = ".status.canaryStatus.currentStepIndex"
+    ),
+    printcolumn(
+        name = "STATE",
+        type_ = "string",
+        json_path = ".status.canaryStatus.currentStepState"
+    ),
+    printcolumn(name = "TRAFFIC", type_ = "string", json_path = ".status.canaryStatus.traffic"),
+    printcolumn(name = "MESSAGE", type_ = "string", json_path = ".status.canaryStatus.message"),
+    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    pub workload_ref: WorkloadRef,
+    /// Names the release; default: the short id of the commit that brought the change.
+    #[serde(default, rename = "rolloutID", skip_serializing_if = "Option::is_none")]
+    pub rollout_id: Option<String>,
+    pub strategy: Strategy,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    #[serde(default = "default_workload_api_version")]
+    pub api_version: String,
+    /// `Deployment` or `StatefulSet`.
+    pub kind: String,
+    pub name: String,
+}
+
+fn default_workload_api_version() -> String {
+    "apps/v1".to_string()
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Strategy {
+    pub canary: CanaryStrategy,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStrategy {
+    pub steps: Vec<CanaryStep>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub traffic_routings: Vec<TrafficRouting>,
+    /// Labels and annotations put on canary pods only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch_pod_template_metadata: Option<PodTemplateMetadata>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_service: Option<CanaryService>,
+    /// Seconds to wait after each route change before the step counts as done (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_seconds: Option<u32>,
+    /// Canary pods must be ready within this (seconds, or "90s", "10m"; default 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_deadline: Option<Duration>,
+    /// `revert` (default) or `hold`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailure>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStep {
+    /// Share of requests sent to the canary, as a percentage ("10%").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<String>,
+    /// Canary pods: a count or a percentage of the workload's replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<IntOrPercent>,
+    /// `{duration: 60}` waits; `{}` waits for promote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<Pause>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<StepAnalysis>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(untagged)]
+pub enum IntOrPercent {
+    Int(i32),
+    Percent(String),
+}
+
+/// Seconds as an integer (as Kruise Rollout) or a string such as "90s", "5m", "1h".
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(untagged)]
+pub enum Duration {
+    Seconds(u64),
+    Text(String),
+}
+
+impl Duration {
+    pub fn to_std(&self) -> Result<std::time::Duration, String> {
+        match self {
+            Duration::Seconds(s) => Ok(std::time::Duration::from_secs(*s)),
+            Duration::Text(text) => parse_duration(text),
+        }
+    }
+}
+
+/// Parses "90", "90s", "5m", "1h30m", "500ms".
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(std::time::Duration::from_secs(seconds));
+    }
+    let mut total = std::time::Duration::ZERO;
+    let mut number = String::new();
+    let mut chars = text.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = if c == 'm' && chars.peek() == Some(&'s') {
+            chars.next();
+            "ms"
+        } else {
+            match c {
+                'h' => "h",
+                'm' => "m",
+                's' => "s",
+                _ => return Err(format!("invalid duration {text:?}: unexpected {c:?}")),
+            }
+        };
+        let value: u64 = number
+            .parse()
+            .map_err(|_| format!("invalid duration {text:?}: a number must come before {unit:?}"))?;
+        number.clear();
+        any = true;
+        total += match unit {
+            "h" => std::time::Duration::from_secs(value * 3600),
+            "m" => std::time::Duration::from_secs(value * 60),
+            "s" => std::time::Duration::from_secs(value),
+            _ => std::time::Duration::from_millis(value),
+        };
+    }
+    if !number.is_empty() || !any {
+        return Err(format!(
+            "invalid duration {text:?}: use seconds or a unit (90s, 5m, 1h)"
+        ));
+    }
+    Ok(total)
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pause {
+    /// Absent: wait for a promote signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<Duration>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepAnalysis {
+    pub template_ref: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficRouting {
+    /// The stable Service; its canary twin is `<service>-canary`.
+    pub service: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayRouting>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressRouting>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayRouting {
+    pub http_route_name: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressRouting {
+    pub name: String,
+    /// Only `nginx` is supported.
+    #[serde(default = "default_ingress_class")]
+    pub class_type: String,
+}
+
+fn default_ingress_class() -> String {
+    "nginx".to_string()
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplateMetadata {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryService {
+    /// No canary Service: traffic is split by replicas through the stable Service.
+    #[serde(default)]
+    pub disabled: bool,
+    #[serde(default)]
+    pub selector: SelectorChange,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectorChange {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub add: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnFailure {
+    #[default]
+    Revert,
+    Hold,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    #[default]
+    Healthy,
+    Progressing,
+    Paused,
+    Promoting,
+    Reverting,
+    Failed,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum StepState {
+    #[default]
+    StepUpgrade,
+    StepTrafficRouting,
+    StepAnalysis,
+    StepPaused,
+    StepReady,
+    Completed,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    pub phase: Phase,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stable_revision: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canary_revision: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stable_commit: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canary_commit: String,
+    /// The release being run (spec.rolloutID or the short canary commit).
+    #[serde(default, rename = "rolloutID", skip_serializing_if = "String::is_empty")]
+    pub rollout_id: String,
+    /// Hash of the Git pod template that is stable.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stable_template_hash: String,
+    /// Hash of the Git pod template being released.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canary_template_hash: String,
+    /// Hash of a template whose release failed; it is not released again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub failed_template_hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_status: Option<CanaryStatus>,
+    /// Releases replaced by a newer commit before they finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub superseded: Vec<SupersededRelease>,
+    /// The last promote and abort signals acted on, so each counts once.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_promote_signal: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_abort_signal: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStatus {
+    /// From 1; 0 before the first step.
+    pub current_step_index: u32,
+    pub current_step_state: StepState,
+    pub canary_ready_replicas: i32,
+    /// Share of requests the canary receives now, e.g. "10%".
+    #[serde(default)]
+    pub traffic: String,
+    #[serde(default)]
+    pub message: String,
+    /// When the current step state began (RFC 3339).
+    #[serde(default)]
+    pub state_started_at: String,
+    #[serde(default)]
+    pub last_update_time: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SupersededRelease {
+    pub commit: String,
+    pub rollout_id: String,
+    pub reason: String,
+    pub at: String,
+}
+
+/// The CustomResourceDefinition as YAML, as `gitcanary crd` prints it.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let crd = Rollout::crd();
+    serde_saphyr::to_string(&crd).expect("the CRD serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_accept_seconds_and_units() {
+        assert_eq!(parse_duration("90").unwrap().as_secs(), 90);
+        assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
+        assert_eq!(parse_duration("5m").unwrap().as_secs(), 300);
+        assert_eq!(parse_duration("1h30m").unwrap().as_secs(), 5400);
+        assert_eq!(parse_duration("500ms").unwrap().as_millis(), 500);
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn the_design_example_parses() {
+        let yaml = r#"
+apiVersion: gitcanary.io/v1alpha1
+kind: Rollout
+metadata: {name: echoserver, namespace: demo}
+spec:
+  workloadRef: {apiVersion: apps/v1, kind: Deployment, name: echoserver}
+  strategy:
+    canary:
+      steps:
+      - traffic: 10%
+        replicas: 1
+        pause: {duration: 60}
+      - traffic: 50%
+        replicas: 50%
+        pause: {duration: 90s}
+      - traffic: 100%
+        pause: {}
+      trafficRoutings:
+      - service: echoserver
+        gateway: {httpRouteName: echoserver}
+      patchPodTemplateMetadata: {labels: {version: canary}}
+      canaryService:
+        selector: {remove: [version]}
+      gracePeriodSeconds: 3
+      progressDeadline: 10m
+      onFailure: hold
+"#;
+        let rollout: Rollout = serde_saphyr::from_str(yaml).expect("parses");
+        let canary = &rollout.spec.strategy.canary;
+        assert_eq!(canary.steps.len(), 3);
+        assert_eq!(canary.steps[1].replicas, Some(IntOrPercent::Percent("50%".into())));
+        assert_eq!(
+            canary.steps[0].pause.as_ref().unwrap().duration,
+            Some(Duration::Seconds(60))
+        );
+        assert_eq!(canary.steps[2].pause, Some(Pause { duration: None }));
+        assert_eq!(canary.on_failure, Some(OnFailure::Hold));
+        assert_eq!(
+            canary.progress_deadline.as_ref().unwrap().to_std().unwrap().as_secs(),
+            600
+        );
+    }
+
+    #[test]
+    fn the_crd_has_status_and_printer_columns() {
+        let yaml = crd_yaml();
+        assert!(yaml.contains("subresources"), "{yaml}");
+        for column in ["STATUS", "STEP", "STATE", "TRAFFIC", "MESSAGE", "AGE"] {
+            assert!(yaml.contains(&format!("name: {column}")), "missing column {column}");
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! Canary releases: the `Rollout` API, the pure planner, and the engine
+//! that feeds the planner from the cluster and applies its intent.
+
+pub mod api;
+pub mod plan;

@@ -1,0 +1,528 @@
+//! The rollout planner: a pure function from (spec, previous status, what
+//! was observed, the clock, signals) to the next status and the intent the
+//! engine turns into objects. Every decision of a release is made here.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::api::{
+    CanaryStatus, IntOrPercent, OnFailure, Phase, RolloutSpec, RolloutStatus, StepState, SupersededRelease,
+};
+
+/// Default wait after a route change (Kruise Rollout's default).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(3);
+/// Default time canary pods have to become ready.
+pub const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
+
+/// What the engine saw in Git and in the cluster for one reconcile.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// The commit being synced.
+    pub commit: String,
+    /// Hash of the workload's pod template as Git has it now.
+    pub git_template_hash: String,
+    /// Whether the workload exists in the cluster.
+    pub workload_exists: bool,
+    /// The stable template hash recorded on the live workload, if any.
+    pub workload_stable_hash: Option<String>,
+    /// Git's template already equals the live one (a workload being adopted).
+    pub git_matches_live: bool,
+    /// Replicas of the workload as Git has them.
+    pub replicas: i32,
+    /// Ready canary pods of the current canary template.
+    pub canary_ready: i32,
+    /// The stable workload runs the canary template on every replica, all available.
+    pub stable_rolled_out: bool,
+    /// Why the canary Service would not select the canary pods, if it would not.
+    pub selector_problem: Option<String>,
+    /// The value of the promote annotation, if set.
+    pub promote_signal: Option<String>,
+    /// The value of the abort annotation, if set.
+    pub abort_signal: Option<String>,
+    pub now: Timestamp,
+}
+
+/// Which pod template the stable workload gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StableTemplate {
+    /// The one it runs now (a release is in flight, or failed).
+    Live,
+    /// Git's.
+    Git,
+}
+
+/// What the cluster should look like after this reconcile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Intent {
+    pub stable_template: StableTemplate,
+    /// Canary pods wanted; `None` removes the canary workload and Service.
+    pub canary_replicas: Option<i32>,
+    /// Percent of requests to the canary; `None` restores the routes Git holds.
+    pub traffic: Option<u32>,
+    /// Pin the stable Service to the stable revision (while traffic is split).
+    pub pin_stable_service: bool,
+    pub rollout_id: String,
+    /// 1-based step whose pods are being created (batch label), 0 when none.
+    pub step: u32,
+}
+
+impl Intent {
+    fn steady(stable_template: StableTemplate) -> Intent {
+        Intent {
+            stable_template,
+            canary_replicas: None,
+            traffic: None,
+            pin_stable_service: false,
+            rollout_id: String::new(),
+            step: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub status: RolloutStatus,
+    pub intent: Intent,
+    /// Reconcile again after this long (a pause, a grace period, a deadline).
+    pub requeue_after: Option<Duration>,
+    /// Human-readable transitions made in this reconcile, in order.
+    pub transitions: Vec<String>,
+    /// Set when the release failed in this reconcile: the cause.
+    pub failed: Option<String>,
+    /// Set when the release was promoted in this reconcile.
+    pub promoted: bool,
+}
+
+/// Parses a percentage such as "10%" (or "10").
+pub fn parse_percent(text: &str) -> Result<u32, String> {
+    let digits = text.trim().trim_end_matches('%').trim();
+    digits
+        .parse::<u32>()
+        .map_err(|_| format!("{text:?} is not a percentage such as \"10%\""))
+}
+
+/// Canary pods for a step: its `replicas` (a count or a percentage of the
+/// workload's, rounded up), or else its traffic share of the replicas
+/// (rounded up, at least one when any traffic goes to the canary).
+pub fn step_replicas(step: &super::api::CanaryStep, replicas: i32) -> i32 {
+    let replicas = replicas.max(0);
+    let percent_of = |p: u32| ((i64::from(replicas) * i64::from(p.min(100)) + 99) / 100) as i32;
+    match &step.replicas {
+        Some(IntOrPercent::Int(n)) => (*n).clamp(0, replicas),
+        Some(IntOrPercent::Percent(p)) => percent_of(parse_percent(p).unwrap_or(0)),
+        None => {
+            let traffic = step.traffic.as_deref().and_then(|t| parse_percent(t).ok()).unwrap_or(0);
+            if replicas == 0 { 0 } else { percent_of(traffic).max(1) }
+        }
+    }
+}
+
+fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<u32> {
+    let step = spec.strategy.canary.steps.get(index.checked_sub(1)? as usize)?;
+    step.traffic.as_deref().and_then(|t| parse_percent(t).ok())
+}
+
+/// Traffic in force at a step: the last step at or before it that sets one.
+fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<u32> {
+    (1..=index).rev().find_map(|i| step_traffic(spec, i))
+}
+
+fn elapsed(since: &str, now: Timestamp) -> Duration {
+    since
+        .parse::<Timestamp>()
+        .ok()
+        .and_then(|start| Duration::try_from(now.duration_since(start)).ok())
+        .unwrap_or(Duration::ZERO)
+}
+
+fn short(commit: &str) -> String {
+    commit.chars().take(7).collect()
+}
+
+struct Planner<'a> {
+    spec: &'a RolloutSpec,
+    observed: &'a Observed,
+    status: RolloutStatus,
+    transitions: Vec<String>,
+    requeue: Option<Duration>,
+    failed: Option<String>,
+    promoted: bool,
+}
+
+/// The next status and intent for one rollout.
+pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -> Plan {
+    let mut planner = Planner {
+        spec,
+        observed,
+        status: previous.clone(),
+        transitions: Vec::new(),
+        requeue: None,
+        failed: None,
+        promoted: false,
+    };
+    let intent = planner.run();
+    let mut status = planner.status;
+    if status != *previous
+        && let Some(canary) = status.canary_status.as_mut()
+    {
+        canary.last_update_time = observed.now.to_string();
+    }
+    Plan {
+        status,
+        intent,
+        requeue_after: planner.requeue,
+        transitions: planner.transitions,
+        failed: planner.failed,
+        promoted: planner.promoted,
+    }
+}
+
+impl Planner<'_> {
+    fn in_release(&self) -> bool {
+        matches!(self.status.phase, Phase::Progressing | Phase::Paused | Phase::Promoting)
+            && !self.status.canary_template_hash.is_empty()
+    }
+
+    fn note(&mut self, text: impl Into<String>) {
+        self.transitions.push(text.into());
+    }
+
+    fn requeue_in(&mut self, after: Duration) {
+        let after = after.max(Duration::from_millis(100));
+        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+    }
+
+    fn canary(&mut self) -> &mut CanaryStatus {
+        self.status.canary_status.get_or_insert_with(CanaryStatus::default)
+    }
+
+    fn enter(&mut self, index: u32, state: StepState) {
+        let now = self.observed.now.to_string();
+        let canary = self.canary();
+        canary.current_step_index = index;
+        canary.current_step_state = state;
+        canary.state_started_at = now;
+    }
+
+    fn run(&mut self) -> Intent {
+        let observed = self.observed;
+        if self.status.stable_template_hash.is_empty() {
+            // First sight of this rollout: adopt what runs, never restart it.
+            self.status.stable_template_hash = match &observed.workload_stable_hash {
+                Some(hash) => hash.clone(),
+                None if !observed.workload_exists || observed.git_matches_live => observed.git_template_hash.clone(),
+                None => String::new(),
+            };
+            if self.status.stable_template_hash == observed.git_template_hash {
+                self.status.stable_commit = observed.commit.clone();
+            }
+        }
+        if self.in_release() {
+            if let Some(intent) = self.follow_git() {
+                return intent;
+            }
+            if let Some(intent) = self.abort_if_asked() {
+                return intent;
+            }
+            return self.advance();
+        }
+        self.idle()
+    }
+
+    /// No release in flight: stay, or start one for a new template.
+    fn idle(&mut self) -> Intent {
+        let observed = self.observed;
+        let git = &observed.git_template_hash;
+        if *git == self.status.stable_template_hash {
+            if self.status.phase != Phase::Healthy {
+                self.note("Healthy: Git holds the stable template");
+            }
+            self.status.phase = Phase::Healthy;
+            self.status.failed_template_hash.clear();
+            self.status.canary_template_hash.clear();
+            self.status.stable_commit = if self.status.stable_commit.is_empty() {
+                observed.commit.clone()
+            } else {
+                self.status.stable_commit.clone()
+            };
+            if let Some(canary) = self.status.canary_status.as_mut() {
+                canary.traffic = "0%".into();
+            }
+            return Intent::steady(StableTemplate::Git);
+        }
+        if *git == self.status.failed_template_hash {
+            // The failed version is still in Git: hold the stable one.
+            return Intent::steady(StableTemplate::Live);
+        }
+        if let Some(problem) = &observed.selector_problem {
+            if self.status.phase != Phase::Failed || self.canary().message != *problem {
+                self.note(format!("release refused: {problem}"));
+            }
+            self.status.phase = Phase::Failed;
+            self.canary().message = problem.clone();
+            return Intent::steady(StableTemplate::Live);
+        }
+        self.start_release()
+    }
+
+    fn start_release(&mut self) -> Intent {
+        let observed = self.observed;
+        self.status.phase = Phase::Progressing;
+        self.status.canary_template_hash = observed.git_template_hash.clone();
+        self.status.canary_commit = observed.commit.clone();
+        self.status.canary_revision.clear();
+        self.status.rollout_id = self.spec.rollout_id.clone().unwrap_or_else(|| short(&observed.commit));
+        self.status.failed_template_hash.clear();
+        self.status.canary_status = Some(CanaryStatus {
+            traffic: "0%".into(),
+            ..CanaryStatus::default()
+        });
+        self.note(format!(
+            "release {} started for commit {}",
+            self.status.rollout_id,
+            short(&observed.commit)
+        ));
+        self.enter(1, StepState::StepUpgrade);
+        self.advance()
+    }
+
+    /// A new commit during a release: back to stable, or restart with the newest.
+    fn follow_git(&mut self) -> Option<Intent> {
+        let observed = self.observed;
+        let git = &observed.git_template_hash;
+        if *git == self.status.canary_template_hash {
+            return None;
+        }
+        let reason = if *git == self.status.stable_template_hash {
+            "Git went back to the stable template"
+        } else {
+            "a newer template arrived"
+        };
+        self.status.superseded.push(SupersededRelease {
+            commit: self.status.canary_commit.clone(),
+            rollout_id: self.status.rollout_id.clone(),
+            reason: reason.to_string(),
+            at: observed.now.to_string(),
+        });
+        // Keep the record short: the last ten releases.
+        let excess = self.status.superseded.len().saturating_sub(10);
+        self.status.superseded.drain(..excess);
+        self.note(format!("release {} superseded: {reason}", self.status.rollout_id));
+        self.status.canary_template_hash.clear();
+        self.status.canary_commit.clear();
+        self.status.phase = Phase::Healthy;
+        if *git == self.status.stable_template_hash {
+            self.status.canary_status = Some(CanaryStatus {
+                message: format!("fast rollback: {reason}"),
+                traffic: "0%".into(),
+                state_started_at: observed.now.to_string(),
+                ..CanaryStatus::default()
+            });
+            return Some(Intent::steady(StableTemplate::Git));
+        }
+        Some(self.start_release())
+    }
+
+    fn abort_if_asked(&mut self) -> Option<Intent> {
+        let signal = self.observed.abort_signal.clone()?;
+        if signal == self.status.last_abort_signal {
+            return None;
+        }
+        self.status.last_abort_signal = signal;
+        Some(self.fail("aborted".to_string()))
+    }
+
+    fn fail(&mut self, cause: String) -> Intent {
+        let on_failure = self.spec.strategy.canary.on_failure.unwrap_or_default();
+        self.note(format!("release {} failed: {cause}", self.status.rollout_id));
+        self.status.phase = Phase::Failed;
+        self.status.failed_template_hash = self.status.canary_template_hash.clone();
+        self.status.canary_template_hash.clear();
+        let message = match on_failure {
+            OnFailure::Revert => format!("{cause}; traffic is back on stable and the canary is removed"),
+            OnFailure::Hold => format!("{cause}; traffic is back on stable; holding for a fix in Git"),
+        };
+        let canary = self.canary();
+        canary.message = message;
+        canary.traffic = "0%".into();
+        self.failed = Some(cause);
+        Intent::steady(StableTemplate::Live)
+    }
+
+    fn steps(&self) -> u32 {
+        self.spec.strategy.canary.steps.len() as u32
+    }
+
+    fn release_intent(&self, stable_template: StableTemplate, canary_replicas: i32, traffic: Option<u32>) -> Intent {
+        let step = self.status.canary_status.as_ref().map_or(0, |c| c.current_step_index);
+        Intent {
+            stable_template,
+            canary_replicas: Some(canary_replicas),
+            traffic,
+            pin_stable_service: traffic.is_some() && stable_template == StableTemplate::Live,
+            rollout_id: self.status.rollout_id.clone(),
+            step,
+        }
+    }
+
+    /// Walks the step states as far as what was observed allows.
+    fn advance(&mut self) -> Intent {
+        let observed = self.observed;
+        let spec = self.spec;
+        let canary_spec = &spec.strategy.canary;
+        let grace = canary_spec
+            .grace_period_seconds
+            .map_or(DEFAULT_GRACE, |s| Duration::from_secs(u64::from(s)));
+        let deadline = canary_spec
+            .progress_deadline
+            .as_ref()
+            .and_then(|d| d.to_std().ok())
+            .unwrap_or(DEFAULT_PROGRESS_DEADLINE);
+        // Bounded: each pass moves one state forward or returns.
+        for _ in 0..(self.steps() as usize * 5 + 5) {
+            let canary = self.canary().clone();
+            let index = canary.current_step_index.clamp(1, self.steps().max(1));
+            let step = canary_spec.steps.get(index as usize - 1).cloned().unwrap_or_default();
+            let wanted = step_replicas(&step, observed.replicas);
+            let in_state = elapsed(&canary.state_started_at, observed.now);
+            self.canary().canary_ready_replicas = observed.canary_ready;
+            if self.status.phase == Phase::Promoting {
+                return self.promote(index);
+            }
+            match canary.current_step_state {
+                StepState::StepUpgrade => {
+                    // Traffic does not rise before the step's pods are ready.
+                    let traffic = traffic_at(spec, index - 1);
+                    self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
+                    if observed.canary_ready >= wanted {
+                        let next = if step_traffic(spec, index).is_some() && !canary_spec.traffic_routings.is_empty() {
+                            StepState::StepTrafficRouting
+                        } else {
+                            StepState::StepPaused
+                        };
+                        self.note(format!("step {index}: {wanted} canary pod(s) ready"));
+                        self.enter(index, next);
+                        continue;
+                    }
+                    if in_state >= deadline {
+                        let cause = format!(
+                            "canary pods not ready within {}s: {}/{} ready at step {index}",
+                            deadline.as_secs(),
+                            observed.canary_ready,
+                            wanted
+                        );
+                        return self.fail(cause);
+                    }
+                    self.status.phase = Phase::Progressing;
+                    self.canary().message = format!("step {index}: waiting for {wanted} canary pod(s) to be ready");
+                    self.requeue_in(deadline - in_state);
+                    return self.release_intent(StableTemplate::Live, wanted, traffic);
+                }
+                StepState::StepTrafficRouting => {
+                    let traffic = step_traffic(spec, index);
+                    self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
+                    if in_state >= grace {
+                        self.note(format!("step {index}: traffic {}% in force", traffic.unwrap_or(0)));
+                        self.enter(index, StepState::StepPaused);
+                        continue;
+                    }
+                    self.status.phase = Phase::Progressing;
+                    self.canary().message = format!(
+                        "step {index}: routing {}% of traffic to the canary",
+                        traffic.unwrap_or(0)
+                    );
+                    self.requeue_in(grace - in_state);
+                    return self.release_intent(StableTemplate::Live, wanted, traffic);
+                }
+                StepState::StepAnalysis | StepState::StepPaused => {
+                    let traffic = traffic_at(spec, index);
+                    let done = match step.pause.as_ref() {
+                        None => true,
+                        Some(pause) => match pause.duration.as_ref().and_then(|d| d.to_std().ok()) {
+                            Some(duration) if in_state >= duration => true,
+                            Some(duration) => {
+                                self.status.phase = Phase::Progressing;
+                                self.canary().message = format!("step {index}: paused for {}s", duration.as_secs());
+                                self.requeue_in(duration - in_state);
+                                false
+                            }
+                            None => self.promote_signal_received(index),
+                        },
+                    };
+                    if !done {
+                        return self.release_intent(StableTemplate::Live, wanted, traffic);
+                    }
+                    self.enter(index, StepState::StepReady);
+                }
+                StepState::StepReady => {
+                    if index < self.steps() {
+                        self.note(format!("step {index} done"));
+                        self.enter(index + 1, StepState::StepUpgrade);
+                    } else {
+                        self.note("last step done: promoting");
+                        self.status.phase = Phase::Promoting;
+                        self.enter(index, StepState::Completed);
+                    }
+                }
+                StepState::Completed => {
+                    self.status.phase = Phase::Promoting;
+                }
+            }
+        }
+        // Unreachable in practice; hold the current state.
+        let traffic = traffic_at(spec, self.canary().current_step_index);
+        self.release_intent(StableTemplate::Live, observed.canary_ready, traffic)
+    }
+
+    fn promote_signal_received(&mut self, index: u32) -> bool {
+        match self.observed.promote_signal.clone() {
+            Some(signal) if signal != self.status.last_promote_signal => {
+                self.status.last_promote_signal = signal;
+                self.note(format!("step {index}: promoted"));
+                true
+            }
+            _ => {
+                self.status.phase = Phase::Paused;
+                self.canary().message = format!("step {index}: waiting for promote");
+                false
+            }
+        }
+    }
+
+    /// The stable workload takes the canary template; once it is rolled
+    /// out, traffic returns to it and the canary is removed.
+    fn promote(&mut self, index: u32) -> Intent {
+        let observed = self.observed;
+        let last = self
+            .spec
+            .strategy
+            .canary
+            .steps
+            .get(index as usize - 1)
+            .cloned()
+            .unwrap_or_default();
+        let wanted = step_replicas(&last, observed.replicas);
+        if !observed.stable_rolled_out {
+            self.canary().message = "promoting: the stable workload is rolling out the new template".into();
+            let traffic = traffic_at(self.spec, index);
+            return self.release_intent(StableTemplate::Git, wanted, traffic);
+        }
+        self.note(format!("release {} promoted", self.status.rollout_id));
+        self.promoted = true;
+        self.status.phase = Phase::Healthy;
+        self.status.stable_template_hash = self.status.canary_template_hash.clone();
+        self.status.canary_template_hash.clear();
+        self.status.stable_commit = self.status.canary_commit.clone();
+        self.status.stable_revision = self.status.canary_revision.clone();
+        let canary = self.canary();
+        canary.current_step_state = StepState::Completed;
+        canary.traffic = "0%".into();
+        canary.message = "promoted".into();
+        canary.state_started_at = observed.now.to_string();
+        Intent::steady(StableTemplate::Git)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,369 @@
+use super::*;
+use crate::rollout::api::{CanaryStep, CanaryStrategy, Pause, Strategy, TrafficRouting, WorkloadRef};
+
+fn step(traffic: Option<&str>, replicas: Option<IntOrPercent>, pause: Option<Option<u64>>) -> CanaryStep {
+    CanaryStep {
+        traffic: traffic.map(str::to_string),
+        replicas,
+        pause: pause.map(|d| Pause {
+            duration: d.map(super::super::api::Duration::Seconds),
+        }),
+        analysis: None,
+    }
+}
+
+/// Three steps: 10% for 60 s, 50% until promoted, 100%.
+fn spec() -> RolloutSpec {
+    RolloutSpec {
+        workload_ref: WorkloadRef {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            name: "echo".into(),
+        },
+        rollout_id: None,
+        strategy: Strategy {
+            canary: CanaryStrategy {
+                steps: vec![
+                    step(Some("10%"), Some(IntOrPercent::Int(1)), Some(Some(60))),
+                    step(Some("50%"), Some(IntOrPercent::Percent("50%".into())), Some(None)),
+                    step(Some("100%"), Some(IntOrPercent::Percent("100%".into())), None),
+                ],
+                traffic_routings: vec![TrafficRouting {
+                    service: "echo".into(),
+                    ..TrafficRouting::default()
+                }],
+                ..CanaryStrategy::default()
+            },
+        },
+    }
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).expect("a valid time")
+}
+
+fn observed(git: &str, now: i64) -> Observed {
+    Observed {
+        commit: format!("{git}-commit-0123456789"),
+        git_template_hash: git.into(),
+        workload_exists: true,
+        workload_stable_hash: Some("v1".into()),
+        git_matches_live: git == "v1",
+        replicas: 4,
+        now: at(now),
+        ..Observed::default()
+    }
+}
+
+/// Runs the planner as the engine would: status carried from one call to the next.
+struct Run {
+    spec: RolloutSpec,
+    status: RolloutStatus,
+}
+
+impl Run {
+    fn new() -> Run {
+        Run::with(spec())
+    }
+    fn with(spec: RolloutSpec) -> Run {
+        Run {
+            spec,
+            status: RolloutStatus::default(),
+        }
+    }
+    fn step(&mut self, observed: &Observed) -> Plan {
+        let plan = plan(&self.spec, &self.status, observed);
+        self.status = plan.status.clone();
+        plan
+    }
+    fn state(&self) -> (Phase, u32, StepState) {
+        let canary = self.status.canary_status.clone().unwrap_or_default();
+        (self.status.phase, canary.current_step_index, canary.current_step_state)
+    }
+}
+
+#[test]
+fn an_unchanged_template_is_healthy_and_adopted_without_a_release() {
+    let mut run = Run::new();
+    let mut seen = observed("v1", 0);
+    seen.workload_stable_hash = None; // a running Deployment gets a Rollout
+    let plan = run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Healthy);
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+    assert_eq!(run.status.stable_template_hash, "v1");
+}
+
+#[test]
+fn a_workload_created_with_its_rollout_starts_no_release() {
+    let mut run = Run::new();
+    let mut seen = observed("v1", 0);
+    seen.workload_exists = false;
+    seen.workload_stable_hash = None;
+    seen.git_matches_live = false;
+    assert_eq!(run.step(&seen).intent.canary_replicas, None);
+    assert_eq!(run.status.phase, Phase::Healthy);
+}
+
+#[test]
+fn a_new_template_walks_every_step_and_promotes() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+
+    // Step 1: canary pods first, no traffic yet.
+    let plan = run.step(&observed("v2", 10));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
+    assert_eq!(plan.intent.stable_template, StableTemplate::Live);
+    assert_eq!(plan.intent.canary_replicas, Some(1));
+    assert_eq!(plan.intent.traffic, None);
+    assert_eq!(run.status.rollout_id, "v2-comm");
+    assert_eq!(run.status.canary_commit, "v2-commit-0123456789");
+
+    // Pods ready: 10% of traffic, then the grace period.
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    assert_eq!(plan.intent.traffic, Some(10));
+    assert!(plan.intent.pin_stable_service);
+    assert_eq!(plan.requeue_after, Some(DEFAULT_GRACE));
+
+    // Grace over: the 60 s pause.
+    seen.now = at(23);
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(60)));
+    assert_eq!(plan.intent.traffic, Some(10));
+
+    // Pause over: step 2 scales the canary to 50% of 4 while traffic stays at 10%.
+    seen.now = at(83);
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 2, StepState::StepUpgrade));
+    assert_eq!(plan.intent.canary_replicas, Some(2));
+    assert_eq!(plan.intent.traffic, Some(10));
+    assert_eq!(plan.intent.step, 2);
+
+    // Ready at 2, routed at 50%, then paused until promoted.
+    seen.canary_ready = 2;
+    seen.now = at(90);
+    run.step(&seen);
+    seen.now = at(94);
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Paused, 2, StepState::StepPaused));
+    assert_eq!(plan.intent.traffic, Some(50));
+    assert_eq!(
+        plan.requeue_after, None,
+        "an indefinite pause waits for a signal, not a timer"
+    );
+    assert!(
+        run.status
+            .canary_status
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("waiting for promote")
+    );
+
+    seen.promote_signal = Some("2026-11-30T10:00:00Z".into());
+    seen.now = at(200);
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 3, StepState::StepUpgrade));
+    assert_eq!(plan.intent.canary_replicas, Some(4));
+
+    // Step 3 (100%) has no pause: straight to promoting once routed.
+    seen.canary_ready = 4;
+    seen.now = at(210);
+    run.step(&seen);
+    seen.now = at(214);
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Promoting, 3, StepState::Completed));
+    assert_eq!(plan.intent.stable_template, StableTemplate::Git);
+    assert_eq!(
+        plan.intent.traffic,
+        Some(100),
+        "traffic stays on the canary while stable rolls out"
+    );
+    assert!(
+        !plan.intent.pin_stable_service,
+        "stable pods change revision while promoting"
+    );
+    assert!(!plan.promoted);
+
+    seen.stable_rolled_out = true;
+    seen.now = at(230);
+    let plan = run.step(&seen);
+    assert!(plan.promoted);
+    assert_eq!(run.status.phase, Phase::Healthy);
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+    assert_eq!(run.status.stable_template_hash, "v2");
+    assert_eq!(run.status.stable_commit, "v2-commit-0123456789");
+    assert!(run.status.canary_template_hash.is_empty());
+}
+
+#[test]
+fn one_promote_signal_passes_one_pause_only() {
+    let mut spec = spec();
+    spec.strategy.canary.steps = vec![
+        step(None, Some(IntOrPercent::Int(1)), Some(None)),
+        step(None, Some(IntOrPercent::Int(2)), Some(None)),
+    ];
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 2;
+    seen.promote_signal = Some("token-1".into());
+    run.step(&seen);
+    assert_eq!(
+        run.state(),
+        (Phase::Paused, 2, StepState::StepPaused),
+        "token-1 passed step 1 only"
+    );
+    seen.now = at(50);
+    run.step(&seen);
+    assert_eq!(
+        run.state(),
+        (Phase::Paused, 2, StepState::StepPaused),
+        "the same token is not used twice"
+    );
+    seen.promote_signal = Some("token-2".into());
+    run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Promoting);
+}
+
+#[test]
+fn canary_pods_not_ready_by_the_deadline_fail_the_release_and_it_is_not_retried() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 0));
+    let plan = run.step(&observed("v2", 599));
+    assert_eq!(plan.failed, None);
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(1)));
+    let plan = run.step(&observed("v2", 600));
+    assert_eq!(run.status.phase, Phase::Failed);
+    let cause = plan.failed.expect("failed");
+    assert!(cause.contains("not ready within 600s: 0/1 ready at step 1"), "{cause}");
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
+    // Git still asks for v2: it stays failed and keeps stable.
+    let plan = run.step(&observed("v2", 700));
+    assert_eq!(run.status.phase, Phase::Failed);
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
+    assert!(plan.failed.is_none() && plan.transitions.is_empty());
+    // A human commit back to v1 makes it healthy.
+    run.step(&observed("v1", 800));
+    assert_eq!(run.status.phase, Phase::Healthy);
+}
+
+#[test]
+fn abort_sends_traffic_back_and_removes_the_canary() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    seen.abort_signal = Some("abort-1".into());
+    let plan = run.step(&seen);
+    assert_eq!(plan.failed.as_deref(), Some("aborted"));
+    assert_eq!(plan.intent.canary_replicas, None);
+    assert_eq!(plan.intent.traffic, None);
+    assert_eq!(run.status.canary_status.as_ref().unwrap().traffic, "0%");
+}
+
+#[test]
+fn a_commit_back_to_stable_mid_release_is_a_fast_rollback() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    let plan = run.step(&observed("v1", 5));
+    assert_eq!(run.status.phase, Phase::Healthy);
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+    assert_eq!(run.status.superseded.len(), 1);
+    assert_eq!(run.status.superseded[0].commit, "v2-commit-0123456789");
+}
+
+#[test]
+fn a_third_template_restarts_from_step_one() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    seen.now = at(10);
+    run.step(&seen);
+    assert_eq!(run.state().1, 1);
+    let mut third = observed("v3", 20);
+    third.canary_ready = 0;
+    let plan = run.step(&third);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
+    assert_eq!(run.status.canary_template_hash, "v3");
+    assert_eq!(run.status.superseded[0].reason, "a newer template arrived");
+    assert_eq!(plan.intent.traffic, None, "traffic waits for the new canary pods");
+}
+
+#[test]
+fn a_selector_conflict_refuses_the_release_until_fixed() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.selector_problem = Some("label version=base is overridden".into());
+    let plan = run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Failed);
+    assert_eq!(plan.intent.canary_replicas, None);
+    assert!(
+        run.status.failed_template_hash.is_empty(),
+        "the template itself did not fail"
+    );
+    seen.selector_problem = None;
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
+}
+
+#[test]
+fn replicas_round_up_and_follow_traffic_when_unset() {
+    let s = |traffic: Option<&str>, replicas: Option<IntOrPercent>| step(traffic, replicas, None);
+    assert_eq!(
+        step_replicas(&s(Some("10%"), None), 1),
+        1,
+        "one replica at 10% is one canary pod"
+    );
+    assert_eq!(
+        step_replicas(&s(Some("10%"), None), 0),
+        0,
+        "a workload of zero replicas has no canary pods"
+    );
+    assert_eq!(step_replicas(&s(None, Some(IntOrPercent::Percent("50%".into()))), 3), 2);
+    assert_eq!(step_replicas(&s(None, Some(IntOrPercent::Percent("34%".into()))), 3), 2);
+    assert_eq!(
+        step_replicas(&s(None, Some(IntOrPercent::Int(9))), 3),
+        3,
+        "never more than the workload"
+    );
+    assert_eq!(step_replicas(&s(Some("0%"), None), 5), 1);
+    assert_eq!(step_replicas(&s(None, None), 5), 1);
+}
+
+#[test]
+fn zero_replicas_and_steps_without_traffic_still_progress() {
+    let mut spec = spec();
+    spec.strategy.canary.steps = vec![step(None, None, None), step(None, None, None)];
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.replicas = 0;
+    let plan = run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Promoting, "{:?}", plan.transitions);
+    assert_eq!(plan.intent.traffic, None, "no step routes traffic");
+}
+
+#[test]
+fn planning_twice_from_the_same_status_gives_the_same_answer() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    let first = plan(&run.spec, &run.status, &seen);
+    let second = plan(&run.spec, &run.status, &seen);
+    assert_eq!(first.status, second.status);
+    assert_eq!(first.intent, second.intent);
+}
