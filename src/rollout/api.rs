@@ -12,6 +12,8 @@ pub const API_VERSION: &str = "gitcanary.io/v1alpha1";
 pub const KIND: &str = "Rollout";
 
 /// A canary release policy for one Deployment or StatefulSet.
+// Printer columns repeat `type_`, which this lint mistakes for a duplicate.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "gitcanary.io",
