@@ -2,4 +2,5 @@
 //! that feeds the planner from the cluster and applies its intent.
 
 pub mod api;
+pub mod overlay;
 pub mod plan;

@@ -1,0 +1,459 @@
+//! Turns the planner's intent into objects: the stable workload's template
+//! and partition, the canary Deployment, the canary Service, the stable
+//! Service's pin, HTTPRoute weights and the nginx canary Ingress. Pure: Git
+//! objects and observed revisions in, desired objects out.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::api::RolloutSpec;
+use super::plan::{Intent, StableTemplate};
+
+pub const ROLLOUT_ID_LABEL: &str = "gitcanary.io/rollout-id";
+pub const BATCH_ID_LABEL: &str = "gitcanary.io/rollout-batch-id";
+/// On the stable workload: the hash of the Git template it runs.
+pub const STABLE_HASH_ANNOTATION: &str = "gitcanary.io/stable-template-hash";
+/// On the canary Deployment: the hash of the Git template it runs.
+pub const CANARY_HASH_ANNOTATION: &str = "gitcanary.io/canary-template-hash";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+}
+
+impl WorkloadKind {
+    pub fn parse(kind: &str) -> Option<WorkloadKind> {
+        match kind {
+            "Deployment" => Some(WorkloadKind::Deployment),
+            "StatefulSet" => Some(WorkloadKind::StatefulSet),
+            _ => None,
+        }
+    }
+    /// The pod label that tells revisions apart.
+    pub fn revision_label(self) -> &'static str {
+        match self {
+            WorkloadKind::Deployment => "pod-template-hash",
+            WorkloadKind::StatefulSet => "controller-revision-hash",
+        }
+    }
+}
+
+pub fn canary_name(name: &str) -> String {
+    format!("{name}-canary")
+}
+
+/// What the overlays need besides Git and the intent.
+#[derive(Debug, Clone, Default)]
+pub struct Revisions {
+    pub stable: String,
+    pub canary: String,
+}
+
+fn labels_of(object: &Value, path: &[&str]) -> BTreeMap<String, String> {
+    let mut node = object;
+    for key in path {
+        node = &node[*key];
+    }
+    node.as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn set_map(object: &mut Value, path: &[&str], entries: &BTreeMap<String, String>) {
+    let mut node = object;
+    for key in path {
+        if !node[*key].is_object() {
+            node[*key] = Value::Object(Map::new());
+        }
+        node = &mut node[*key];
+    }
+    let map = node.as_object_mut().expect("made a mapping above");
+    for (k, v) in entries {
+        map.insert(k.clone(), Value::String(v.clone()));
+    }
+}
+
+/// The labels canary pods carry: Git's, the patched ones, and the rollout id.
+pub fn canary_pod_labels(spec: &RolloutSpec, git_workload: &Value, rollout_id: &str) -> BTreeMap<String, String> {
+    let mut labels = labels_of(git_workload, &["spec", "template", "metadata", "labels"]);
+    if let Some(patch) = &spec.strategy.canary.patch_pod_template_metadata {
+        labels.extend(patch.labels.clone());
+    }
+    labels.insert(ROLLOUT_ID_LABEL.to_string(), rollout_id.to_string());
+    labels
+}
+
+/// The canary Service's selector before the revision label: the stable
+/// selector minus `remove`, plus `add`.
+pub fn canary_selector(spec: &RolloutSpec, stable_service: &Value) -> BTreeMap<String, String> {
+    let mut selector = labels_of(stable_service, &["spec", "selector"]);
+    if let Some(change) = spec.strategy.canary.canary_service.as_ref().map(|c| &c.selector) {
+        for key in &change.remove {
+            selector.remove(key);
+        }
+        selector.extend(change.add.clone());
+    }
+    selector
+}
+
+/// Why the canary Service would select no canary pod, with the fix; checked
+/// before the first canary pod is created.
+pub fn selector_problem(
+    spec: &RolloutSpec,
+    stable_service: &Value,
+    pod_labels: &BTreeMap<String, String>,
+) -> Option<String> {
+    if spec.strategy.canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+        return None;
+    }
+    let service = stable_service["metadata"]["name"].as_str().unwrap_or_default();
+    let patched = spec
+        .strategy
+        .canary
+        .patch_pod_template_metadata
+        .as_ref()
+        .map(|p| p.labels.clone())
+        .unwrap_or_default();
+    for (key, value) in canary_selector(spec, stable_service) {
+        match pod_labels.get(&key) {
+            Some(actual) if *actual == value => {}
+            Some(actual) if patched.contains_key(&key) => {
+                return Some(format!(
+                    "the canary Service {} would select {key}={value}, but patchPodTemplateMetadata sets {key}={actual} on canary pods, so it would select none: add \"{key}\" to canaryService.selector.remove (or set canaryService.selector.add.{key}: {actual})",
+                    canary_name(service)
+                ));
+            }
+            actual => {
+                return Some(format!(
+                    "the canary Service {} would select {key}={value}, but canary pods have {}: fix the Service selector or add \"{key}\" to canaryService.selector.remove",
+                    canary_name(service),
+                    actual.map_or("no such label".to_string(), |a| format!("{key}={a}"))
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The stable workload: Git's, with the stable template kept while a
+/// release is in flight (Deployment) or the partition set (StatefulSet).
+pub fn stable_workload(
+    kind: WorkloadKind,
+    git: &Value,
+    stable_template: Option<&Value>,
+    intent: &Intent,
+    stable_hash: &str,
+) -> Value {
+    let mut desired = git.clone();
+    let replicas = git["spec"]["replicas"].as_i64().unwrap_or(1);
+    match (kind, intent.canary_replicas) {
+        (WorkloadKind::StatefulSet, Some(canary)) => {
+            // Git's template with the highest ordinals updated first.
+            desired["spec"]["updateStrategy"] = json!({
+                "type": "RollingUpdate",
+                "rollingUpdate": {"partition": (replicas - i64::from(canary)).max(0)}
+            });
+        }
+        _ if intent.stable_template == StableTemplate::Live => {
+            if let Some(template) = stable_template {
+                desired["spec"]["template"] = template.clone();
+            }
+        }
+        _ => {}
+    }
+    if !stable_hash.is_empty() {
+        set_map(
+            &mut desired,
+            &["metadata", "annotations"],
+            &BTreeMap::from([(STABLE_HASH_ANNOTATION.to_string(), stable_hash.to_string())]),
+        );
+    }
+    desired
+}
+
+/// The canary Deployment for a Deployment workload.
+pub fn canary_deployment(spec: &RolloutSpec, git: &Value, replicas: i32, rollout_id: &str, canary_hash: &str) -> Value {
+    let mut canary = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": canary_name(git["metadata"]["name"].as_str().unwrap_or_default()),
+            "namespace": git["metadata"]["namespace"].clone(),
+            "labels": git["metadata"]["labels"].clone(),
+            "annotations": {CANARY_HASH_ANNOTATION: canary_hash},
+        },
+        "spec": git["spec"].clone(),
+    });
+    if canary["metadata"]["labels"].is_null() {
+        canary["metadata"].as_object_mut().expect("a mapping").remove("labels");
+    }
+    canary["spec"]["replicas"] = json!(replicas);
+    let id = BTreeMap::from([(ROLLOUT_ID_LABEL.to_string(), rollout_id.to_string())]);
+    set_map(&mut canary, &["spec", "selector", "matchLabels"], &id);
+    let labels = canary_pod_labels(spec, git, rollout_id);
+    set_map(&mut canary, &["spec", "template", "metadata", "labels"], &labels);
+    if let Some(patch) = &spec.strategy.canary.patch_pod_template_metadata
+        && !patch.annotations.is_empty()
+    {
+        set_map(
+            &mut canary,
+            &["spec", "template", "metadata", "annotations"],
+            &patch.annotations,
+        );
+    }
+    canary
+}
+
+/// The canary Service: the stable one's ports, the derived selector and
+/// the canary revision.
+pub fn canary_service(spec: &RolloutSpec, stable: &Value, kind: WorkloadKind, canary_revision: &str) -> Value {
+    let mut selector = canary_selector(spec, stable);
+    selector.insert(kind.revision_label().to_string(), canary_revision.to_string());
+    let ports: Vec<Value> = stable["spec"]["ports"]
+        .as_array()
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| {
+                    let mut p = p.clone();
+                    if let Some(m) = p.as_object_mut() {
+                        m.remove("nodePort");
+                    }
+                    p
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": canary_name(stable["metadata"]["name"].as_str().unwrap_or_default()),
+            "namespace": stable["metadata"]["namespace"].clone(),
+        },
+        "spec": {"type": "ClusterIP", "ports": ports, "selector": selector},
+    })
+}
+
+/// The stable Service pinned to the stable revision while traffic is split.
+pub fn pinned_stable_service(stable: &Value, kind: WorkloadKind, stable_revision: &str) -> Value {
+    let mut pinned = stable.clone();
+    set_map(
+        &mut pinned,
+        &["spec", "selector"],
+        &BTreeMap::from([(kind.revision_label().to_string(), stable_revision.to_string())]),
+    );
+    pinned
+}
+
+/// The HTTPRoute with every rule that sends to the stable Service split
+/// between it and the canary Service; other rules untouched.
+pub fn weighted_route(route: &Value, service: &str, traffic: u32) -> Value {
+    let mut route = route.clone();
+    let canary = canary_name(service);
+    let traffic = traffic.min(100);
+    if let Some(rules) = route["spec"]["rules"].as_array_mut() {
+        for rule in rules {
+            let Some(refs) = rule["backendRefs"].as_array_mut() else {
+                continue;
+            };
+            let Some(stable) = refs
+                .iter()
+                .position(|r| r["name"].as_str() == Some(service) && r["kind"].as_str().is_none_or(|k| k == "Service"))
+            else {
+                continue;
+            };
+            refs.retain(|r| r["name"].as_str() != Some(canary.as_str()));
+            let stable = stable.min(refs.len() - 1);
+            refs[stable]["weight"] = json!(100 - traffic);
+            let mut canary_ref = refs[stable].clone();
+            canary_ref["name"] = json!(canary);
+            canary_ref["weight"] = json!(traffic);
+            refs.insert(stable + 1, canary_ref);
+        }
+    }
+    route
+}
+
+/// The nginx canary Ingress: the stable Ingress's rules pointed at the
+/// canary Service, with nginx's canary annotations.
+pub fn canary_ingress(ingress: &Value, service: &str, traffic: u32) -> Value {
+    let canary_service = canary_name(service);
+    let mut rules = ingress["spec"]["rules"].clone();
+    if let Some(rules) = rules.as_array_mut() {
+        for rule in rules {
+            let Some(paths) = rule["http"]["paths"].as_array_mut() else {
+                continue;
+            };
+            for path in paths {
+                if path["backend"]["service"]["name"].as_str() == Some(service) {
+                    path["backend"]["service"]["name"] = json!(canary_service);
+                }
+            }
+        }
+    }
+    let mut spec = json!({"rules": rules});
+    if let Some(class) = ingress["spec"]["ingressClassName"].as_str() {
+        spec["ingressClassName"] = json!(class);
+    }
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {
+            "name": canary_name(ingress["metadata"]["name"].as_str().unwrap_or_default()),
+            "namespace": ingress["metadata"]["namespace"].clone(),
+            "annotations": {
+                "nginx.ingress.kubernetes.io/canary": "true",
+                "nginx.ingress.kubernetes.io/canary-weight": traffic.min(100).to_string(),
+            },
+        },
+        "spec": spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::api::{CanaryService, PodTemplateMetadata, SelectorChange};
+
+    fn spec_with(patch: Option<(&str, &str)>, remove: &[&str]) -> RolloutSpec {
+        let mut spec = RolloutSpec::default();
+        spec.strategy.canary.patch_pod_template_metadata = patch.map(|(k, v)| PodTemplateMetadata {
+            labels: BTreeMap::from([(k.to_string(), v.to_string())]),
+            annotations: BTreeMap::new(),
+        });
+        spec.strategy.canary.canary_service = Some(CanaryService {
+            disabled: false,
+            selector: SelectorChange {
+                add: BTreeMap::new(),
+                remove: remove.iter().map(|s| s.to_string()).collect(),
+            },
+        });
+        spec
+    }
+
+    fn service() -> Value {
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "demo"},
+               "spec": {"selector": {"app": "echo", "version": "base"}, "ports": [{"port": 80, "nodePort": 30080}]}})
+    }
+
+    fn workload() -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo", "namespace": "demo"},
+               "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "echo"}},
+                        "template": {"metadata": {"labels": {"app": "echo", "version": "base"}},
+                                     "spec": {"containers": [{"name": "echo", "image": "echo:2"}]}}}})
+    }
+
+    #[test]
+    fn canary_service_drops_overridden_label_only_when_told() {
+        let spec = spec_with(Some(("version", "canary")), &[]);
+        let labels = canary_pod_labels(&spec, &workload(), "abc1234");
+        let problem = selector_problem(&spec, &service(), &labels).expect("a conflict");
+        assert!(problem.contains("version=base"), "{problem}");
+        assert!(
+            problem.contains("patchPodTemplateMetadata sets version=canary"),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("add \"version\" to canaryService.selector.remove"),
+            "{problem}"
+        );
+
+        let fixed = spec_with(Some(("version", "canary")), &["version"]);
+        assert_eq!(selector_problem(&fixed, &service(), &labels), None);
+        let canary = canary_service(&fixed, &service(), WorkloadKind::Deployment, "7f9c");
+        assert_eq!(canary["metadata"]["name"], "echo-canary");
+        assert_eq!(
+            canary["spec"]["selector"],
+            json!({"app": "echo", "pod-template-hash": "7f9c"})
+        );
+        assert!(canary["spec"]["ports"][0].get("nodePort").is_none());
+    }
+
+    #[test]
+    fn canary_deployment_carries_patched_labels_and_the_rollout_id() {
+        let spec = spec_with(Some(("version", "canary")), &["version"]);
+        let canary = canary_deployment(&spec, &workload(), 2, "abc1234", "h2");
+        assert_eq!(canary["metadata"]["name"], "echo-canary");
+        assert_eq!(canary["spec"]["replicas"], 2);
+        assert_eq!(canary["spec"]["selector"]["matchLabels"][ROLLOUT_ID_LABEL], "abc1234");
+        let labels = &canary["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(labels["version"], "canary");
+        assert_eq!(labels[ROLLOUT_ID_LABEL], "abc1234");
+        assert_eq!(canary["metadata"]["annotations"][CANARY_HASH_ANNOTATION], "h2");
+    }
+
+    #[test]
+    fn stable_keeps_its_template_while_a_release_runs() {
+        let live_template = json!({"metadata": {"labels": {"app": "echo"}}, "spec": {"containers": [{"name": "echo", "image": "echo:1"}]}});
+        let intent = Intent {
+            stable_template: StableTemplate::Live,
+            canary_replicas: Some(1),
+            traffic: Some(10),
+            pin_stable_service: true,
+            rollout_id: "abc".into(),
+            step: 1,
+        };
+        let stable = stable_workload(
+            WorkloadKind::Deployment,
+            &workload(),
+            Some(&live_template),
+            &intent,
+            "h1",
+        );
+        assert_eq!(stable["spec"]["template"], live_template);
+        assert_eq!(
+            stable["spec"]["replicas"], 4,
+            "other changes to the workload go through"
+        );
+        assert_eq!(stable["metadata"]["annotations"][STABLE_HASH_ANNOTATION], "h1");
+        let sts = stable_workload(
+            WorkloadKind::StatefulSet,
+            &workload(),
+            Some(&live_template),
+            &intent,
+            "h1",
+        );
+        assert_eq!(sts["spec"]["template"]["spec"]["containers"][0]["image"], "echo:2");
+        assert_eq!(sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"], 3);
+    }
+
+    #[test]
+    fn route_weights_touch_only_rules_of_the_stable_service() {
+        let route = json!({"spec": {"rules": [
+            {"backendRefs": [{"name": "echo", "port": 80}]},
+            {"backendRefs": [{"name": "other", "port": 80}]}
+        ]}});
+        let weighted = weighted_route(&route, "echo", 30);
+        assert_eq!(
+            weighted["spec"]["rules"][0]["backendRefs"],
+            json!([{"name": "echo", "port": 80, "weight": 70}, {"name": "echo-canary", "port": 80, "weight": 30}])
+        );
+        assert_eq!(weighted["spec"]["rules"][1], route["spec"]["rules"][1]);
+        // Applying twice gives the same route.
+        assert_eq!(weighted_route(&weighted, "echo", 30), weighted);
+    }
+
+    #[test]
+    fn nginx_canary_ingress_points_at_the_canary_service() {
+        let ingress = json!({"metadata": {"name": "echo", "namespace": "demo"}, "spec": {"ingressClassName": "nginx", "rules": [
+            {"host": "echo.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "echo", "port": {"number": 80}}}}]}}
+        ]}});
+        let canary = canary_ingress(&ingress, "echo", 20);
+        assert_eq!(canary["metadata"]["name"], "echo-canary");
+        assert_eq!(
+            canary["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary-weight"],
+            "20"
+        );
+        assert_eq!(
+            canary["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"],
+            "echo-canary"
+        );
+    }
+}
