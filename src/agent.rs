@@ -25,6 +25,8 @@ pub enum Trigger {
     FileChange,
     Webhook,
     Drift,
+    /// A rollout asked to be looked at again (a pause or grace period ends).
+    Timer,
 }
 
 pub struct Agent {
@@ -38,7 +40,7 @@ pub struct Agent {
 /// Capacity of the trigger queue; more pending triggers add nothing.
 const TRIGGER_QUEUE: usize = 64;
 /// Quiet time that coalesces bursts of triggers into one sync.
-const DEBOUNCE: Duration = Duration::from_millis(300);
+const DEBOUNCE: Duration = Duration::from_millis(100);
 
 pub fn trigger_channel() -> (mpsc::Sender<Trigger>, mpsc::Receiver<Trigger>) {
     mpsc::channel(TRIGGER_QUEUE)
@@ -76,6 +78,13 @@ impl Agent {
                     drift
                         .follow(&self.cluster, &report.kinds, &self.options, &triggers)
                         .await;
+                    if let Some(after) = report.requeue_after() {
+                        let triggers = triggers.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(after).await;
+                            let _ = triggers.try_send(Trigger::Timer);
+                        });
+                    }
                     if !report.is_clean() {
                         info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
                     }

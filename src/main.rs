@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitcanary::agent::{Agent, trigger_channel};
 use gitcanary::cluster::{Cluster, render_diff};
+use gitcanary::rollout::cli::{Signal, send_signal};
 use gitcanary::server::{ServerState, serve};
 use gitcanary::source::{Credentials, Source};
 use gitcanary::sync::{SyncOptions, diff, sync};
@@ -47,13 +48,45 @@ enum Command {
     /// Show what the next sync would change; exit 1 when the cluster differs.
     Diff(SourceArgs),
     /// Show rollouts: phase, step, traffic, what each waits for.
-    Status,
-    /// Pass the current pause of a rollout.
-    Promote,
+    Status {
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Output: text or json.
+        #[arg(short, long, default_value = "text")]
+        output: String,
+        /// Redraw until every release has ended.
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Pass the current indefinite pause of a rollout.
+    Promote {
+        name: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Abort a rollout: traffic back to stable, canary removed.
-    Abort,
+    Abort {
+        name: String,
+        #[arg(short, long, default_value = "default")]
+        namespace: String,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Print the Rollout CustomResourceDefinition.
     Crd,
+}
+
+#[derive(Args, Clone)]
+struct ClusterArgs {
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    #[arg(long)]
+    context: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -142,10 +175,75 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
         Command::Diff(args) => run_diff(args).await,
         Command::Sync(args) => run_sync(args, None).await,
         Command::Run(args) => run_sync(args.sync, Some(args.listen)).await,
-        Command::Status | Command::Promote | Command::Abort | Command::Crd => {
-            eprintln!("gitcanary: this command arrives with the rollout engine and is not available in this build");
-            Ok(ExitCode::from(2))
+        Command::Crd => {
+            print!("{}", gitcanary::rollout::api::crd_yaml());
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Promote {
+            name,
+            namespace,
+            cluster,
+        } => signal(&cluster, &namespace, &name, Signal::Promote).await,
+        Command::Abort {
+            name,
+            namespace,
+            cluster,
+        } => signal(&cluster, &namespace, &name, Signal::Abort).await,
+        Command::Status {
+            name,
+            namespace,
+            output,
+            watch,
+            cluster,
+        } => status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await,
+    }
+}
+
+async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Signal) -> Result<ExitCode, Error> {
+    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    send_signal(&cluster, namespace, name, signal).await?;
+    let verb = match signal {
+        Signal::Promote => "promote",
+        Signal::Abort => "abort",
+    };
+    println!("rollout {namespace}/{name}: {verb} requested");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn status(
+    args: &ClusterArgs,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    output: &str,
+    watch: bool,
+) -> Result<ExitCode, Error> {
+    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    loop {
+        let rollouts = gitcanary::rollout::cli::list(&cluster, namespace, name).await?;
+        if output == "json" {
+            println!("{}", serde_json::to_string_pretty(&rollouts).unwrap_or_default());
+        } else {
+            let text = gitcanary::rollout::cli::render(&rollouts, jiff::Timestamp::now());
+            if watch {
+                // Redraw in place: clear the screen, cursor home.
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{text}");
+        }
+        let releasing = rollouts.iter().any(|r| {
+            r.status.as_ref().is_some_and(|s| {
+                matches!(
+                    s.phase,
+                    gitcanary::rollout::api::Phase::Progressing
+                        | gitcanary::rollout::api::Phase::Paused
+                        | gitcanary::rollout::api::Phase::Promoting
+                )
+            })
+        });
+        if !watch || !releasing {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use crate::cluster::{AppStatus, Cluster, InventoryEntry, ObjectDiff, Resolved, ensure_namespace, is_subset, prepare};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
+use crate::rollout;
 use crate::source::Revision;
 use crate::{APPLIED_HASH_ANNOTATION, Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result};
 
@@ -72,6 +73,8 @@ pub struct AppReport {
     pub problems: Vec<Problem>,
     pub health: String,
     pub duration: Duration,
+    /// Sync this app again after this long: a rollout waits for time to pass.
+    pub requeue_after: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,21 +95,25 @@ impl SyncReport {
     pub fn problems(&self) -> impl Iterator<Item = &Problem> {
         self.apps.iter().flat_map(|a| a.problems.iter())
     }
+    /// The soonest any app asked to be synced again.
+    pub fn requeue_after(&self) -> Option<Duration> {
+        self.apps.iter().filter_map(|a| a.requeue_after).min()
+    }
 }
 
 /// An object of the revision, resolved against the API server.
-struct Planned<'a> {
-    manifest: &'a Manifest,
-    resolved: Resolved,
-    desired: Value,
-    key: ObjectKey,
+pub(crate) struct Planned<'a> {
+    pub(crate) manifest: &'a Manifest,
+    pub(crate) resolved: Resolved,
+    pub(crate) desired: Value,
+    pub(crate) key: ObjectKey,
 }
 
 impl Planned<'_> {
-    fn namespace(&self) -> Option<&str> {
+    pub(crate) fn namespace(&self) -> Option<&str> {
         self.desired["metadata"]["namespace"].as_str()
     }
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.manifest.name()
     }
     fn is_staged_first(&self) -> bool {
@@ -144,7 +151,17 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
     for app in apps {
         let started = Instant::now();
         let previous = AppStatus::load(cluster, &options.state_namespace, &app.name).await?;
-        let mut report = match sync_app(cluster, app, &crd_kinds, &live, previous.as_ref(), options).await {
+        let mut report = match sync_app(
+            cluster,
+            app,
+            &revision.commit,
+            &crd_kinds,
+            &live,
+            previous.as_ref(),
+            options,
+        )
+        .await
+        {
             Ok((report, inventory)) => {
                 save_status(
                     cluster,
@@ -204,6 +221,7 @@ fn failed_report(app: &App, message: &str) -> AppReport {
         }],
         health: String::new(),
         duration: Duration::ZERO,
+        requeue_after: None,
     }
 }
 
@@ -329,6 +347,11 @@ async fn resolve_app<'a>(
             None if crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string())) => {
                 pending.push(manifest)
             }
+            None if manifest.group() == rollout::api::GROUP => problems.push(manifest.problem(format!(
+                "kind {} in {} is not installed: apply the CRD first (gitcanary crd | kubectl apply -f -, or deploy/)",
+                manifest.kind(),
+                manifest.api_version()
+            ))),
             None => problems.push(manifest.problem(format!(
                 "unknown kind {} in {}: the API server does not serve it and no CRD in this revision defines it",
                 manifest.kind(),
@@ -342,6 +365,7 @@ async fn resolve_app<'a>(
 async fn sync_app(
     cluster: &Cluster,
     app: &App,
+    commit: &str,
     crd_kinds: &BTreeSet<(String, String)>,
     live: &LiveObjects,
     previous: Option<&AppStatus>,
@@ -358,12 +382,21 @@ async fn sync_app(
         problems: app.problems.clone(),
         health: String::new(),
         duration: Duration::ZERO,
+        requeue_after: None,
     };
     if !report.problems.is_empty() {
         report.result = AppResult::Invalid;
         return Ok((report, previous_inventory));
     }
     let (mut planned, pending, problems) = resolve_app(cluster, app, crd_kinds, &options.instance).await;
+    if !problems.is_empty() {
+        report.problems = problems;
+        report.result = AppResult::Invalid;
+        return Ok((report, previous_inventory));
+    }
+
+    // Rollouts overlay the objects they govern before anything is compared.
+    let (rollouts, problems) = rollout::engine::prepare(cluster, &mut planned, commit, &options.instance).await?;
     if !problems.is_empty() {
         report.problems = problems;
         report.result = AppResult::Invalid;
@@ -461,6 +494,17 @@ async fn sync_app(
             report.applied.push(planned[index].key.clone());
         }
     }
+
+    for work in &rollouts {
+        if let Err(error) = rollout::engine::finish(cluster, work).await {
+            failures.push(Problem {
+                file: app.name.clone(),
+                line: 0,
+                message: format!("rollout {}/{}: {error}", work.namespace, work.name),
+            });
+        }
+    }
+    report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
 
     // Inventory: what Git holds now, plus what left Git but was not pruned.
     let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();

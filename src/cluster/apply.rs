@@ -33,6 +33,17 @@ pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str) -> Value {
     object
 }
 
+/// Records the hash of an object changed after [`prepare`] (by a rollout overlay).
+pub fn rehash(object: &mut Value) {
+    if let Some(annotations) = object["metadata"]["annotations"].as_object_mut() {
+        annotations.remove(APPLIED_HASH_ANNOTATION);
+    }
+    let hash = canonical_hash(object);
+    if let Some(metadata) = object["metadata"].as_object_mut() {
+        ensure_map(metadata, "annotations").insert(APPLIED_HASH_ANNOTATION.to_string(), Value::String(hash));
+    }
+}
+
 fn ensure_map<'a>(parent: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
     let slot = parent.entry(key).or_insert_with(|| Value::Object(Map::new()));
     if !slot.is_object() {

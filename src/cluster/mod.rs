@@ -4,7 +4,7 @@ mod apply;
 mod diff;
 mod inventory;
 
-pub use apply::{canonical_hash, is_subset, prepare};
+pub use apply::{canonical_hash, is_subset, prepare, rehash};
 pub use diff::{ObjectDiff, render_diff};
 pub use inventory::{APP_STATUS_LABEL, AppStatus, InventoryEntry, ensure_namespace};
 

@@ -79,6 +79,7 @@ pub struct CanaryStrategy {
     pub canary_service: Option<CanaryService>,
     /// Seconds to wait after each route change before the step counts as done (default 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
     pub grace_period_seconds: Option<u32>,
     /// Canary pods must be ready within this (seconds, or "90s", "10m"; default 10m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,7 +105,7 @@ pub struct CanaryStep {
     pub analysis: Option<StepAnalysis>,
 }
 
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 pub enum IntOrPercent {
     Int(i32),
@@ -112,11 +113,37 @@ pub enum IntOrPercent {
 }
 
 /// Seconds as an integer (as Kruise Rollout) or a string such as "90s", "5m", "1h".
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 pub enum Duration {
     Seconds(u64),
     Text(String),
+}
+
+/// Both are int-or-string in the CRD schema, as Kubernetes' own IntOrString.
+fn int_or_string_schema() -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer"}, {"type": "string"}]
+    })
+}
+
+impl JsonSchema for IntOrPercent {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IntOrPercent".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        int_or_string_schema()
+    }
+}
+
+impl JsonSchema for Duration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        int_or_string_schema()
+    }
 }
 
 impl Duration {
@@ -316,6 +343,7 @@ pub struct RolloutStatus {
 #[serde(rename_all = "camelCase")]
 pub struct CanaryStatus {
     /// From 1; 0 before the first step.
+    #[schemars(with = "i32")]
     pub current_step_index: u32,
     pub current_step_state: StepState,
     pub canary_ready_replicas: i32,
@@ -405,6 +433,15 @@ spec:
         assert_eq!(
             canary.progress_deadline.as_ref().unwrap().to_std().unwrap().as_secs(),
             600
+        );
+    }
+
+    #[test]
+    fn deploy_holds_the_crd_the_rust_types_generate() {
+        let shipped = include_str!("../../deploy/crd.yaml");
+        assert!(
+            shipped == crd_yaml(),
+            "deploy/crd.yaml is out of date: run `cargo run -- crd > deploy/crd.yaml`"
         );
     }
 

@@ -2,5 +2,7 @@
 //! that feeds the planner from the cluster and applies its intent.
 
 pub mod api;
+pub mod cli;
+pub mod engine;
 pub mod overlay;
 pub mod plan;

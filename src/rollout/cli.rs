@@ -1,0 +1,134 @@
+//! What `gitcanary promote`, `abort` and `status` do.
+
+use jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::api::{IntOrPercent, Phase, Rollout, StepState};
+use super::engine::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::plan::parse_percent;
+use crate::cluster::Cluster;
+use crate::{Error, Result};
+
+#[derive(Debug, Clone, Copy)]
+pub enum Signal {
+    Promote,
+    Abort,
+}
+
+/// Sets the signal annotation to a fresh token; the engine acts on each token once.
+pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
+    let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
+    api.get(name)
+        .await
+        .map_err(Error::kube(format!("Rollout {namespace}/{name}")))?;
+    let key = match signal {
+        Signal::Promote => PROMOTE_ANNOTATION,
+        Signal::Abort => ABORT_ANNOTATION,
+    };
+    let token = Timestamp::now().to_string();
+    let patch = json!({"metadata": {"annotations": {key: token}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))?;
+    Ok(())
+}
+
+pub async fn list(cluster: &Cluster, namespace: Option<&str>, name: Option<&str>) -> Result<Vec<Rollout>> {
+    let api: Api<Rollout> = match namespace {
+        Some(ns) => Api::namespaced(cluster.client.clone(), ns),
+        None => Api::all(cluster.client.clone()),
+    };
+    let mut rollouts = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing Rollouts"))?
+        .items;
+    if let Some(name) = name {
+        rollouts.retain(|r| r.metadata.name.as_deref() == Some(name));
+    }
+    rollouts.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
+    Ok(rollouts)
+}
+
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(7)]
+}
+
+/// What a person reads in `gitcanary status`: phase, step, traffic, pods,
+/// commits, how long in the step and what it waits for.
+pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
+    let mut out = String::new();
+    if rollouts.is_empty() {
+        out.push_str("no rollouts\n");
+    }
+    for rollout in rollouts {
+        let namespace = rollout.metadata.namespace.clone().unwrap_or_default();
+        let name = rollout.metadata.name.clone().unwrap_or_default();
+        let status = rollout.status.clone().unwrap_or_default();
+        let canary = status.canary_status.clone().unwrap_or_default();
+        let steps = &rollout.spec.strategy.canary.steps;
+        out.push_str(&format!("{namespace}/{name}: {:?}\n", status.phase));
+        let releasing = matches!(status.phase, Phase::Progressing | Phase::Paused | Phase::Promoting);
+        if releasing {
+            out.push_str(&format!(
+                "  release {}: step {}/{} {:?}, traffic {}, canary pods ready {}\n",
+                status.rollout_id,
+                canary.current_step_index,
+                steps.len(),
+                canary.current_step_state,
+                if canary.traffic.is_empty() {
+                    "0%"
+                } else {
+                    &canary.traffic
+                },
+                canary.canary_ready_replicas
+            ));
+            for (i, step) in steps.iter().enumerate() {
+                let index = i as u32 + 1;
+                let marker = if index == canary.current_step_index { ">" } else { " " };
+                let traffic = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
+                let pause = match &step.pause {
+                    None => String::new(),
+                    Some(p) => match &p.duration {
+                        Some(d) => format!(
+                            ", pause {}",
+                            d.to_std().map(|d| format!("{}s", d.as_secs())).unwrap_or_default()
+                        ),
+                        None => ", pause until promoted".to_string(),
+                    },
+                };
+                out.push_str(&format!(
+                    "  {marker} step {index}: traffic {}, replicas {}{pause}\n",
+                    traffic.map_or("-".to_string(), |t| format!("{t}%")),
+                    match &step.replicas {
+                        Some(IntOrPercent::Int(n)) => n.to_string(),
+                        Some(IntOrPercent::Percent(p)) => p.clone(),
+                        None => "as traffic".to_string(),
+                    }
+                ));
+            }
+        }
+        if !status.stable_commit.is_empty() {
+            out.push_str(&format!("  stable commit {}", short(&status.stable_commit)));
+            if !status.canary_commit.is_empty() {
+                out.push_str(&format!(", canary commit {}", short(&status.canary_commit)));
+            }
+            out.push('\n');
+        }
+        if let Ok(started) = canary.state_started_at.parse::<Timestamp>()
+            && releasing
+        {
+            let seconds = now.duration_since(started).as_secs().max(0);
+            out.push_str(&format!("  in this state for {seconds}s\n"));
+        }
+        if status.phase == Phase::Paused && canary.current_step_state == StepState::StepPaused {
+            out.push_str(&format!(
+                "  waiting for promote: approve the promotion pull request or run `gitcanary promote {name} -n {namespace}`\n"
+            ));
+        } else if !canary.message.is_empty() {
+            out.push_str(&format!("  {}\n", canary.message));
+        }
+    }
+    out
+}

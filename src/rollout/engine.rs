@@ -1,0 +1,593 @@
+//! The rollout engine: reads what the planner needs from the cluster, asks
+//! the planner, and turns its intent into overlays on the app's desired
+//! objects (applied by the one sync path), plus the canary objects, pod
+//! batch labels and the Rollout's status, written after the app is applied.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::api::{API_VERSION, GROUP, KIND, Phase, Rollout, RolloutSpec, RolloutStatus};
+use super::overlay::{
+    self, BATCH_ID_LABEL, CANARY_HASH_ANNOTATION, ROLLOUT_ID_LABEL, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind,
+    canary_name,
+};
+use super::plan::{self, Intent, Observed, Plan};
+use crate::cluster::{Cluster, canonical_hash, is_subset, rehash};
+use crate::manifest::Problem;
+use crate::sync::Planned;
+use crate::{Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result, SOURCE_ANNOTATION};
+
+/// Annotations that carry a signal; each value is acted on once.
+pub const PROMOTE_ANNOTATION: &str = "gitcanary.io/promote";
+pub const ABORT_ANNOTATION: &str = "gitcanary.io/abort";
+
+/// What remains to do for one rollout once its app has been applied.
+#[derive(Debug)]
+pub struct RolloutWork {
+    pub namespace: String,
+    pub name: String,
+    pub kind: WorkloadKind,
+    pub workload: String,
+    pub plan: Plan,
+    previous: Option<RolloutStatus>,
+    extras: Vec<Value>,
+    deletions: Vec<(&'static str, &'static str, String)>,
+    revisions: Revisions,
+}
+
+impl RolloutWork {
+    pub fn requeue_after(&self) -> Option<Duration> {
+        self.plan.requeue_after
+    }
+}
+
+pub(crate) fn is_rollout(planned: &Planned<'_>) -> bool {
+    planned.manifest.group() == GROUP && planned.manifest.kind() == KIND
+}
+
+fn find<'p, 'a>(planned: &'p [Planned<'a>], kind: &str, namespace: &str, name: &str) -> Option<usize> {
+    planned
+        .iter()
+        .position(|p| p.manifest.kind() == kind && p.name() == name && p.namespace() == Some(namespace))
+}
+
+async fn get_value(
+    cluster: &Cluster,
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Value>> {
+    let Some(resolved) = cluster.resolve(api_version, kind).await else {
+        return Ok(None);
+    };
+    let api: Api<DynamicObject> = cluster.api(&resolved, Some(namespace));
+    let object = api
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading {kind} {namespace}/{name}")))?;
+    Ok(object.map(|o| {
+        let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
+        value["apiVersion"] = json!(api_version);
+        value["kind"] = json!(kind);
+        value
+    }))
+}
+
+/// Plans every Rollout of an app and overlays the app's desired objects.
+/// Problems (a Rollout naming a workload the app does not hold) keep the
+/// app from being applied, like any invalid manifest.
+pub(crate) async fn prepare(
+    cluster: &Cluster,
+    planned: &mut [Planned<'_>],
+    commit: &str,
+    instance: &str,
+) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
+    let mut work = Vec::new();
+    let mut problems = Vec::new();
+    let rollouts: Vec<usize> = (0..planned.len()).filter(|&i| is_rollout(&planned[i])).collect();
+    for index in rollouts {
+        match prepare_one(cluster, planned, index, commit, instance).await? {
+            Ok(item) => work.push(item),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    Ok((work, problems))
+}
+
+async fn prepare_one(
+    cluster: &Cluster,
+    planned: &mut [Planned<'_>],
+    index: usize,
+    commit: &str,
+    instance: &str,
+) -> Result<std::result::Result<RolloutWork, Problem>> {
+    let manifest = planned[index].manifest;
+    let spec: RolloutSpec = match serde_json::from_value(manifest.object["spec"].clone()) {
+        Ok(spec) => spec,
+        Err(e) => return Ok(Err(manifest.problem(format!("invalid Rollout spec: {e}")))),
+    };
+    let namespace = planned[index].namespace().unwrap_or("default").to_string();
+    let name = manifest.name().to_string();
+    let target = &spec.workload_ref;
+    let Some(kind) = WorkloadKind::parse(&target.kind) else {
+        return Ok(Err(manifest.problem(format!(
+            "workloadRef.kind {:?} is not supported: use Deployment or StatefulSet",
+            target.kind
+        ))));
+    };
+    let Some(workload_index) = find(planned, &target.kind, &namespace, &target.name) else {
+        return Ok(Err(manifest.problem(format!(
+            "workloadRef names {} {namespace}/{}, which this app does not hold",
+            target.kind, target.name
+        ))));
+    };
+
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &namespace);
+    let live_rollout = rollouts
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
+    let previous = live_rollout.as_ref().and_then(|r| r.status.clone());
+    let annotation = |key: &str| {
+        live_rollout
+            .as_ref()
+            .and_then(|r| r.metadata.annotations.as_ref()?.get(key).cloned())
+    };
+
+    let git_workload = planned[workload_index].desired.clone();
+    let git_template = manifest_template(planned[workload_index].manifest);
+    let git_hash = canonical_hash(&git_template);
+    let live = get_value(cluster, &target.api_version, &target.kind, &namespace, &target.name).await?;
+    let status = previous.clone().unwrap_or_default();
+    let replicas = git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32;
+
+    let mut observed = Observed {
+        commit: commit.to_string(),
+        git_template_hash: git_hash.clone(),
+        workload_exists: live.is_some(),
+        workload_stable_hash: live.as_ref().and_then(|l| {
+            l["metadata"]["annotations"][STABLE_HASH_ANNOTATION]
+                .as_str()
+                .map(str::to_string)
+        }),
+        git_matches_live: live
+            .as_ref()
+            .is_some_and(|l| is_subset(&git_template, &l["spec"]["template"])),
+        replicas,
+        promote_signal: annotation(PROMOTE_ANNOTATION),
+        abort_signal: annotation(ABORT_ANNOTATION),
+        now: Timestamp::now(),
+        ..Observed::default()
+    };
+
+    // The canary Service check, before any canary pod exists.
+    let rollout_id = if status.rollout_id.is_empty() {
+        spec.rollout_id.clone().unwrap_or_default()
+    } else {
+        status.rollout_id.clone()
+    };
+    let pod_labels = overlay::canary_pod_labels(&spec, &git_workload, &rollout_id);
+    for routing in &spec.strategy.canary.traffic_routings {
+        match find(planned, "Service", &namespace, &routing.service) {
+            Some(i) => {
+                if let Some(problem) = overlay::selector_problem(&spec, &planned[i].desired, &pod_labels) {
+                    observed.selector_problem = Some(problem);
+                }
+            }
+            None => {
+                return Ok(Err(manifest.problem(format!(
+                    "trafficRoutings names Service {namespace}/{}, which this app does not hold",
+                    routing.service
+                ))));
+            }
+        }
+    }
+
+    let (revisions, stable_template) = match kind {
+        WorkloadKind::Deployment => {
+            observe_deployment(
+                cluster,
+                &mut observed,
+                &status,
+                live.as_ref(),
+                &git_template,
+                &namespace,
+                &target.name,
+            )
+            .await?
+        }
+        WorkloadKind::StatefulSet => {
+            observe_statefulset(cluster, &mut observed, live.as_ref(), &git_template, &namespace).await?
+        }
+    };
+
+    let mut plan = plan::plan(&spec, &status, &observed);
+    plan.status.stable_revision = if plan.status.stable_revision.is_empty() || plan.status.phase != Phase::Healthy {
+        revisions.stable.clone()
+    } else {
+        plan.status.stable_revision.clone()
+    };
+    plan.status.canary_revision = if plan.intent.canary_replicas.is_some() {
+        revisions.canary.clone()
+    } else {
+        String::new()
+    };
+    let intent = plan.intent.clone();
+
+    // Overlays on Git's objects.
+    let stable = overlay::stable_workload(
+        kind,
+        &git_workload,
+        stable_template.as_ref(),
+        &intent,
+        &plan.status.stable_template_hash,
+    );
+    set_desired(&mut planned[workload_index], stable);
+    let mut extras = Vec::new();
+    let mut deletions = Vec::new();
+    let disabled = spec.strategy.canary.canary_service.as_ref().is_some_and(|c| c.disabled);
+    if let (WorkloadKind::Deployment, Some(replicas)) = (kind, intent.canary_replicas) {
+        let canary_hash = plan.status.canary_template_hash.clone();
+        extras.push(overlay::canary_deployment(
+            &spec,
+            &git_workload,
+            replicas,
+            &intent.rollout_id,
+            &canary_hash,
+        ));
+    } else if kind == WorkloadKind::Deployment && intent.canary_replicas.is_none() {
+        deletions.push(("apps/v1", "Deployment", canary_name(&target.name)));
+    }
+    for routing in &spec.strategy.canary.traffic_routings {
+        let Some(service_index) = find(planned, "Service", &namespace, &routing.service) else {
+            continue;
+        };
+        let canary_ready_to_route = intent.canary_replicas.is_some() && !revisions.canary.is_empty() && !disabled;
+        if canary_ready_to_route {
+            extras.push(overlay::canary_service(
+                &spec,
+                &planned[service_index].desired,
+                kind,
+                &revisions.canary,
+            ));
+        } else if intent.canary_replicas.is_none() {
+            deletions.push(("v1", "Service", canary_name(&routing.service)));
+        }
+        if intent.pin_stable_service && !revisions.stable.is_empty() && canary_ready_to_route {
+            let pinned = overlay::pinned_stable_service(&planned[service_index].desired, kind, &revisions.stable);
+            set_desired(&mut planned[service_index], pinned);
+        }
+        let traffic = intent.traffic.filter(|_| canary_ready_to_route);
+        if let Some(gateway) = &routing.gateway {
+            match find(planned, "HTTPRoute", &namespace, &gateway.http_route_name) {
+                Some(route_index) => {
+                    if let Some(traffic) = traffic {
+                        let weighted =
+                            overlay::weighted_route(&planned[route_index].desired, &routing.service, traffic);
+                        set_desired(&mut planned[route_index], weighted);
+                    }
+                }
+                None => {
+                    return Ok(Err(manifest.problem(format!(
+                        "trafficRoutings names HTTPRoute {namespace}/{}, which this app does not hold",
+                        gateway.http_route_name
+                    ))));
+                }
+            }
+        }
+        if let Some(ingress) = &routing.ingress {
+            let Some(ingress_index) = find(planned, "Ingress", &namespace, &ingress.name) else {
+                return Ok(Err(manifest.problem(format!(
+                    "trafficRoutings names Ingress {namespace}/{}, which this app does not hold",
+                    ingress.name
+                ))));
+            };
+            match traffic {
+                Some(traffic) => extras.push(overlay::canary_ingress(
+                    &planned[ingress_index].desired,
+                    &routing.service,
+                    traffic,
+                )),
+                None => deletions.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
+            }
+        }
+    }
+    for extra in &mut extras {
+        mark_managed(extra, instance, &manifest.location());
+    }
+    Ok(Ok(RolloutWork {
+        namespace,
+        name,
+        kind,
+        workload: target.name.clone(),
+        plan,
+        previous,
+        extras,
+        deletions,
+        revisions,
+    }))
+}
+
+/// The pod template exactly as Git has it (before gitcanary's own metadata).
+fn manifest_template(manifest: &crate::manifest::Manifest) -> Value {
+    manifest.object["spec"]["template"].clone()
+}
+
+fn set_desired(planned: &mut Planned<'_>, mut desired: Value) {
+    rehash(&mut desired);
+    planned.desired = desired;
+}
+
+fn mark_managed(object: &mut Value, instance: &str, source: &str) {
+    if !object["metadata"]["labels"].is_object() {
+        object["metadata"]["labels"] = json!({});
+    }
+    object["metadata"]["labels"][MANAGED_BY_LABEL] = json!(instance);
+    if !object["metadata"]["annotations"].is_object() {
+        object["metadata"]["annotations"] = json!({});
+    }
+    object["metadata"]["annotations"][SOURCE_ANNOTATION] = json!(source);
+}
+
+fn int(value: &Value) -> i64 {
+    value.as_i64().unwrap_or(0)
+}
+
+/// Ready pods of the current template: counted only once the controller
+/// has seen the latest spec.
+fn ready_of_current(workload: &Value, ready_field: &str) -> i32 {
+    let status = &workload["status"];
+    if int(&status["observedGeneration"]) < int(&workload["metadata"]["generation"]) {
+        return 0;
+    }
+    int(&status["updatedReplicas"]).min(int(&status[ready_field])) as i32
+}
+
+fn rolled_out(workload: &Value, git_template: &Value, ready_field: &str) -> bool {
+    let want = workload["spec"]["replicas"].as_i64().unwrap_or(1);
+    let status = &workload["status"];
+    is_subset(git_template, &workload["spec"]["template"])
+        && int(&status["observedGeneration"]) >= int(&workload["metadata"]["generation"])
+        && int(&status["updatedReplicas"]) == want
+        && int(&status[ready_field]) == want
+        && int(&status["replicas"]) == want
+}
+
+async fn observe_deployment(
+    cluster: &Cluster,
+    observed: &mut Observed,
+    status: &RolloutStatus,
+    live: Option<&Value>,
+    git_template: &Value,
+    namespace: &str,
+    name: &str,
+) -> Result<(Revisions, Option<Value>)> {
+    let canary = get_value(cluster, "apps/v1", "Deployment", namespace, &canary_name(name)).await?;
+    let canary_hash = if status.canary_template_hash.is_empty() {
+        &observed.git_template_hash
+    } else {
+        &status.canary_template_hash
+    };
+    if let Some(canary) = &canary
+        && canary["metadata"]["annotations"][CANARY_HASH_ANNOTATION].as_str() == Some(canary_hash.as_str())
+    {
+        observed.canary_ready = ready_of_current(canary, "availableReplicas");
+    }
+    observed.stable_rolled_out = live.is_some_and(|l| rolled_out(l, git_template, "availableReplicas"));
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(cluster.client.clone(), namespace);
+    let sets = replica_sets
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing ReplicaSets in {namespace}")))?;
+    let current_hash = |owner: Option<&Value>| -> String {
+        let Some(owner) = owner else { return String::new() };
+        let uid = owner["metadata"]["uid"].as_str().unwrap_or_default();
+        let revision = owner["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str();
+        sets.items
+            .iter()
+            .filter(|rs| rs.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
+            .find(|rs| {
+                rs.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("deployment.kubernetes.io/revision"))
+                    .map(String::as_str)
+                    == revision
+            })
+            .and_then(|rs| rs.metadata.labels.as_ref()?.get("pod-template-hash").cloned())
+            .unwrap_or_default()
+    };
+    let revisions = Revisions {
+        stable: current_hash(live),
+        canary: current_hash(canary.as_ref()),
+    };
+    Ok((revisions, live.map(|l| l["spec"]["template"].clone())))
+}
+
+async fn observe_statefulset(
+    cluster: &Cluster,
+    observed: &mut Observed,
+    live: Option<&Value>,
+    git_template: &Value,
+    namespace: &str,
+) -> Result<(Revisions, Option<Value>)> {
+    let Some(live) = live else {
+        return Ok((Revisions::default(), None));
+    };
+    let status = &live["status"];
+    let current = status["currentRevision"].as_str().unwrap_or_default().to_string();
+    let update = status["updateRevision"].as_str().unwrap_or_default().to_string();
+    observed.stable_rolled_out = rolled_out(live, git_template, "readyReplicas") && current == update;
+    if current != update && is_subset(git_template, &live["spec"]["template"]) {
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+        let list = pods
+            .list(&ListParams::default().labels(&format!("controller-revision-hash={update}")))
+            .await
+            .map_err(Error::kube(format!("listing pods in {namespace}")))?;
+        observed.canary_ready = list.items.iter().filter(|p| pod_ready(p)).count() as i32;
+    }
+    // The stable template lives in the ControllerRevision of the current revision.
+    let revisions: Api<ControllerRevision> = Api::namespaced(cluster.client.clone(), namespace);
+    let stable_template = match revisions.get_opt(&current).await {
+        Ok(Some(revision)) => revision.data.map(|d| {
+            let mut template = d.0["spec"]["template"].clone();
+            if let Some(map) = template.as_object_mut() {
+                map.remove("$patch");
+            }
+            template
+        }),
+        _ => None,
+    };
+    let revisions = Revisions {
+        stable: current,
+        canary: if update != status["currentRevision"].as_str().unwrap_or_default() {
+            update
+        } else {
+            String::new()
+        },
+    };
+    Ok((
+        revisions,
+        stable_template.or_else(|| Some(live["spec"]["template"].clone())),
+    ))
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// After the app is applied: canary objects, deletions, batch labels, status.
+pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+    let intent = &work.plan.intent;
+    for extra in &work.extras {
+        apply_extra(cluster, extra).await?;
+    }
+    for (api_version, kind, name) in &work.deletions {
+        delete_if_present(cluster, api_version, kind, &work.namespace, name).await?;
+    }
+    if intent.canary_replicas.is_some() && intent.step > 0 {
+        label_batch(cluster, work, intent).await?;
+    }
+    write_status(cluster, work).await?;
+    for transition in &work.plan.transitions {
+        info!(namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id, "{transition}");
+    }
+    if let Some(cause) = &work.plan.failed {
+        warn!(namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id, %cause, "release failed: traffic back on stable, canary removed");
+    }
+    Ok(())
+}
+
+async fn apply_extra(cluster: &Cluster, object: &Value) -> Result<()> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let namespace = object["metadata"]["namespace"].as_str().unwrap_or("default");
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    if let Some(live) = get_value(cluster, api_version, kind, namespace, name).await?
+        && is_subset(object, &live)
+    {
+        return Ok(());
+    }
+    let resolved = cluster.resolve(api_version, kind).await.ok_or_else(|| Error::Object {
+        object: format!("{kind} {namespace}/{name}"),
+        message: "kind not served".into(),
+    })?;
+    cluster
+        .api(&resolved, Some(namespace))
+        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))
+        .await
+        .map_err(Error::kube(format!("applying {kind} {namespace}/{name}")))?;
+    Ok(())
+}
+
+async fn delete_if_present(
+    cluster: &Cluster,
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<()> {
+    let Some(resolved) = cluster.resolve(api_version, kind).await else {
+        return Ok(());
+    };
+    match cluster
+        .api(&resolved, Some(namespace))
+        .delete(name, &DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting {kind} {namespace}/{name}"))(e)),
+    }
+}
+
+/// Canary pods carry the release's id and the step that created them.
+async fn label_batch(cluster: &Cluster, work: &RolloutWork, intent: &Intent) -> Result<()> {
+    if work.revisions.canary.is_empty() {
+        return Ok(());
+    }
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &work.namespace);
+    let selector = format!("{}={}", work.kind.revision_label(), work.revisions.canary);
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::kube(format!("listing canary pods in {}", work.namespace)))?;
+    for pod in list.items {
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        if labels.contains_key(BATCH_ID_LABEL) {
+            continue;
+        }
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let patch = json!({"metadata": {"labels": {
+            BATCH_ID_LABEL: intent.step.to_string(),
+            ROLLOUT_ID_LABEL: intent.rollout_id,
+        }}});
+        match pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(Error::kube(format!("labelling pod {}/{name}", work.namespace))(e)),
+        }
+    }
+    Ok(())
+}
+
+async fn write_status(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+    let mut status = work.plan.status.clone();
+    if let (Some(previous), Some(canary)) = (&work.previous, status.canary_status.as_mut()) {
+        // Only a real change moves lastUpdateTime.
+        let mut same = work.plan.status.clone();
+        if let (Some(prev_canary), Some(same_canary)) = (&previous.canary_status, same.canary_status.as_mut()) {
+            same_canary.last_update_time = prev_canary.last_update_time.clone();
+        }
+        if same == *previous {
+            return Ok(());
+        }
+        if canary.last_update_time.is_empty() {
+            canary.last_update_time = Timestamp::now().to_string();
+        }
+    }
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
+    let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
+    rollouts
+        .patch_status(
+            &work.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "writing the status of Rollout {}/{}",
+            work.namespace, work.name
+        )))?;
+    Ok(())
+}
