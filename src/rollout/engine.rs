@@ -17,7 +17,7 @@ use super::overlay::{
     self, BATCH_ID_LABEL, CANARY_HASH_ANNOTATION, ROLLOUT_ID_LABEL, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind,
     canary_name,
 };
-use super::plan::{self, Intent, Observed, Plan};
+use super::plan::{self, Observed, Plan};
 use crate::cluster::{Cluster, canonical_hash, is_subset, rehash};
 use crate::manifest::Problem;
 use crate::sync::Planned;
@@ -425,10 +425,17 @@ async fn observe_statefulset(
     let current = status["currentRevision"].as_str().unwrap_or_default().to_string();
     let update = status["updateRevision"].as_str().unwrap_or_default().to_string();
     observed.stable_rolled_out = rolled_out(live, git_template, "readyReplicas") && current == update;
-    if current != update && is_subset(git_template, &live["spec"]["template"]) {
+    // Once the controller has seen Git's template, its update revision is the canary.
+    let seen_latest = int(&status["observedGeneration"]) >= int(&live["metadata"]["generation"]);
+    let canary_revision = if seen_latest && is_subset(git_template, &live["spec"]["template"]) {
+        update.clone()
+    } else {
+        String::new()
+    };
+    if !canary_revision.is_empty() {
         let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
         let list = pods
-            .list(&ListParams::default().labels(&format!("controller-revision-hash={update}")))
+            .list(&ListParams::default().labels(&format!("controller-revision-hash={canary_revision}")))
             .await
             .map_err(Error::kube(format!("listing pods in {namespace}")))?;
         observed.canary_ready = list.items.iter().filter(|p| pod_ready(p)).count() as i32;
@@ -447,11 +454,7 @@ async fn observe_statefulset(
     };
     let revisions = Revisions {
         stable: current,
-        canary: if update != status["currentRevision"].as_str().unwrap_or_default() {
-            update
-        } else {
-            String::new()
-        },
+        canary: canary_revision,
     };
     Ok((
         revisions,
@@ -475,8 +478,15 @@ pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
     for (api_version, kind, name) in &work.deletions {
         delete_if_present(cluster, api_version, kind, &work.namespace, name).await?;
     }
-    if intent.canary_replicas.is_some() && intent.step > 0 {
-        label_batch(cluster, work, intent).await?;
+    // Pods of the last batch may become ready in the same moment as the promotion.
+    let step = work
+        .plan
+        .status
+        .canary_status
+        .as_ref()
+        .map_or(0, |c| c.current_step_index);
+    if (intent.canary_replicas.is_some() || work.plan.promoted) && step > 0 {
+        label_batch(cluster, work, step, &work.plan.status.rollout_id).await?;
     }
     write_status(cluster, work).await?;
     for transition in &work.plan.transitions {
@@ -532,7 +542,7 @@ async fn delete_if_present(
 }
 
 /// Canary pods carry the release's id and the step that created them.
-async fn label_batch(cluster: &Cluster, work: &RolloutWork, intent: &Intent) -> Result<()> {
+async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_id: &str) -> Result<()> {
     if work.revisions.canary.is_empty() {
         return Ok(());
     }
@@ -549,8 +559,8 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, intent: &Intent) -> 
         }
         let name = pod.metadata.name.clone().unwrap_or_default();
         let patch = json!({"metadata": {"labels": {
-            BATCH_ID_LABEL: intent.step.to_string(),
-            ROLLOUT_ID_LABEL: intent.rollout_id,
+            BATCH_ID_LABEL: step.to_string(),
+            ROLLOUT_ID_LABEL: rollout_id,
         }}});
         match pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}

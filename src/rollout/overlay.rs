@@ -11,6 +11,9 @@ use super::api::RolloutSpec;
 use super::plan::{Intent, StableTemplate};
 
 pub const ROLLOUT_ID_LABEL: &str = "gitcanary.io/rollout-id";
+/// On canary pods and in the canary Deployment's selector, which (being
+/// immutable) must not change when a newer release restarts the canary.
+pub const CANARY_LABEL: &str = "gitcanary.io/canary";
 pub const BATCH_ID_LABEL: &str = "gitcanary.io/rollout-batch-id";
 /// On the stable workload: the hash of the Git template it runs.
 pub const STABLE_HASH_ANNOTATION: &str = "gitcanary.io/stable-template-hash";
@@ -194,9 +197,10 @@ pub fn canary_deployment(spec: &RolloutSpec, git: &Value, replicas: i32, rollout
         canary["metadata"].as_object_mut().expect("a mapping").remove("labels");
     }
     canary["spec"]["replicas"] = json!(replicas);
-    let id = BTreeMap::from([(ROLLOUT_ID_LABEL.to_string(), rollout_id.to_string())]);
-    set_map(&mut canary, &["spec", "selector", "matchLabels"], &id);
-    let labels = canary_pod_labels(spec, git, rollout_id);
+    let marker = BTreeMap::from([(CANARY_LABEL.to_string(), "true".to_string())]);
+    set_map(&mut canary, &["spec", "selector", "matchLabels"], &marker);
+    let mut labels = canary_pod_labels(spec, git, rollout_id);
+    labels.extend(marker);
     set_map(&mut canary, &["spec", "template", "metadata", "labels"], &labels);
     if let Some(patch) = &spec.strategy.canary.patch_pod_template_metadata
         && !patch.annotations.is_empty()
@@ -382,7 +386,7 @@ mod tests {
         let canary = canary_deployment(&spec, &workload(), 2, "abc1234", "h2");
         assert_eq!(canary["metadata"]["name"], "echo-canary");
         assert_eq!(canary["spec"]["replicas"], 2);
-        assert_eq!(canary["spec"]["selector"]["matchLabels"][ROLLOUT_ID_LABEL], "abc1234");
+        assert_eq!(canary["spec"]["selector"]["matchLabels"][CANARY_LABEL], "true");
         let labels = &canary["spec"]["template"]["metadata"]["labels"];
         assert_eq!(labels["version"], "canary");
         assert_eq!(labels[ROLLOUT_ID_LABEL], "abc1234");

@@ -513,10 +513,11 @@ impl Planner<'_> {
         self.status.phase = Phase::Healthy;
         self.status.stable_template_hash = self.status.canary_template_hash.clone();
         self.status.canary_template_hash.clear();
-        self.status.stable_commit = self.status.canary_commit.clone();
+        self.status.stable_commit = std::mem::take(&mut self.status.canary_commit);
         self.status.stable_revision = self.status.canary_revision.clone();
         let canary = self.canary();
         canary.current_step_state = StepState::Completed;
+        canary.canary_ready_replicas = 0;
         canary.traffic = "0%".into();
         canary.message = "promoted".into();
         canary.state_started_at = observed.now.to_string();

@@ -2,6 +2,7 @@
 //! namespace per test, and a local Git server.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod agent;
 pub mod git_server;
 
 use std::path::PathBuf;

@@ -1,0 +1,674 @@
+//! Canary releases end to end: the agent runs against a pushed repository
+//! on the real control plane, and each test watches what a user would see.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gitcanary::rollout::api::{Phase, Rollout};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::Ingress;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::discovery::ApiResource;
+use support::agent::Scenario;
+use support::eventually;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+struct App<'a> {
+    ns: &'a str,
+    image: &'a str,
+    replicas: u32,
+    extra_pod_labels: &'a str,
+    service_selector: &'a str,
+    route: bool,
+    ingress: bool,
+    strategy: &'a str,
+}
+
+impl<'a> App<'a> {
+    fn new(ns: &'a str, image: &'a str, strategy: &'a str) -> App<'a> {
+        App {
+            ns,
+            image,
+            replicas: 4,
+            extra_pod_labels: "",
+            service_selector: "{app: echo}",
+            route: true,
+            ingress: false,
+            strategy,
+        }
+    }
+
+    fn write(&self, scenario: &Scenario) {
+        let App {
+            ns,
+            image,
+            replicas,
+            extra_pod_labels,
+            service_selector,
+            strategy,
+            ..
+        } = self;
+        let mut files = vec![(
+            "echo/deployment.yaml",
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo, version: base{extra_pod_labels}}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"
+            ),
+        )];
+        files.push((
+            "echo/service.yaml",
+            format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  selector: {service_selector}\n  ports:\n  - port: 80\n    targetPort: 8080\n"),
+        ));
+        if self.route {
+            files.push((
+                "echo/route.yaml",
+                format!("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - backendRefs:\n    - {{name: echo, port: 80}}\n"),
+            ));
+        }
+        if self.ingress {
+            files.push((
+                "echo/ingress.yaml",
+                format!("apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  ingressClassName: nginx\n  rules:\n  - host: echo.example\n    http:\n      paths:\n      - path: /\n        pathType: Prefix\n        backend:\n          service: {{name: echo, port: {{number: 80}}}}\n"),
+            ));
+        }
+        files.push((
+            "echo/rollout.yaml",
+            format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n{strategy}"),
+        ));
+        for (path, content) in files {
+            scenario.repo.write(path, &content);
+        }
+    }
+}
+
+const GATEWAY: &str = "      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 60\n";
+
+struct Cluster {
+    client: kube::Client,
+    ns: String,
+}
+
+impl Cluster {
+    fn of(scenario: &Scenario) -> Cluster {
+        Cluster {
+            client: scenario.client.clone(),
+            ns: scenario.ns.clone(),
+        }
+    }
+
+    async fn rollout(&self) -> Option<Rollout> {
+        Api::<Rollout>::namespaced(self.client.clone(), &self.ns)
+            .get_opt("echo")
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn phase_and_step(&self) -> Option<(Phase, u32)> {
+        let status = self.rollout().await?.status?;
+        Some((status.phase, status.canary_status.map_or(0, |c| c.current_step_index)))
+    }
+
+    async fn deployment(&self, name: &str) -> Option<Deployment> {
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn image(&self, name: &str) -> Option<String> {
+        self.deployment(name).await?.spec?.template.spec?.containers[0]
+            .image
+            .clone()
+    }
+
+    async fn available(&self, name: &str) -> i32 {
+        self.deployment(name)
+            .await
+            .and_then(|d| d.status?.available_replicas)
+            .unwrap_or(0)
+    }
+
+    async fn service_selector(&self, name: &str) -> Option<BTreeMap<String, String>> {
+        Api::<Service>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()?
+            .spec?
+            .selector
+    }
+
+    /// (backend, weight) of the route's first rule.
+    async fn weights(&self) -> Vec<(String, Option<i64>)> {
+        let resource = ApiResource {
+            group: "gateway.networking.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "gateway.networking.k8s.io/v1".into(),
+            kind: "HTTPRoute".into(),
+            plural: "httproutes".into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &self.ns, &resource);
+        let Ok(route) = api.get("echo").await else {
+            return Vec::new();
+        };
+        route.data["spec"]["rules"][0]["backendRefs"]
+            .as_array()
+            .map(|refs| {
+                refs.iter()
+                    .map(|r| (r["name"].as_str().unwrap_or_default().to_string(), r["weight"].as_i64()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    async fn wait_for(&self, what: &str, phase: Phase, step: u32) {
+        eventually(what, WAIT, || async {
+            (self.phase_and_step().await == Some((phase, step))).then_some(())
+        })
+        .await;
+    }
+
+    async fn canary_pods(&self) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default().labels("gitcanary.io/rollout-id"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+    }
+}
+
+/// The route as Git has it: one backend, whose weight the API server defaults to 1.
+fn restored() -> Vec<(String, Option<i64>)> {
+    vec![w("echo", 1)]
+}
+
+fn w(name: &str, weight: i64) -> (String, Option<i64>) {
+    (name.to_string(), Some(weight))
+}
+
+async fn healthy_with(scenario: &Scenario, cluster: &Cluster, image: &str) {
+    eventually("the stable Deployment serves the image", WAIT, || async {
+        let ok = cluster.image("echo").await.as_deref() == Some(&format!("registry.test/echo:{image}") as &str)
+            && cluster.available("echo").await == 4
+            && cluster.rollout().await?.status?.phase == Phase::Healthy;
+        ok.then_some(())
+    })
+    .await;
+    let _ = scenario;
+}
+
+#[tokio::test]
+async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() {
+    let scenario = Scenario::new("ro-gateway").await;
+    let strategy = format!(
+        "      steps:\n      - {{traffic: 25%, replicas: 1, pause: {{duration: 1}}}}\n      - {{traffic: 50%, replicas: 50%, pause: {{}}}}\n      - {{traffic: 100%, replicas: 100%}}\n{GATEWAY}"
+    );
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    assert!(
+        cluster.deployment("echo-canary").await.is_none(),
+        "no release for the first version"
+    );
+
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+
+    // Step 1: one canary pod, 25% of requests, stable untouched.
+    eventually("25% to the canary", WAIT, || async {
+        (cluster.weights().await == vec![w("echo", 75), w("echo-canary", 25)]).then_some(())
+    })
+    .await;
+    assert_eq!(cluster.image("echo").await.as_deref(), Some("registry.test/echo:1.0"));
+    assert_eq!(
+        cluster.image("echo-canary").await.as_deref(),
+        Some("registry.test/echo:2.0")
+    );
+    let stable_selector = cluster.service_selector("echo").await.expect("stable service");
+    assert!(
+        stable_selector.contains_key("pod-template-hash"),
+        "stable Service pinned: {stable_selector:?}"
+    );
+    let canary_selector = cluster.service_selector("echo-canary").await.expect("canary service");
+    assert_eq!(canary_selector.get("app").map(String::as_str), Some("echo"));
+    assert_ne!(
+        canary_selector.get("pod-template-hash"),
+        stable_selector.get("pod-template-hash")
+    );
+
+    // Step 2: half the pods and half the requests, then a pause until promoted.
+    cluster.wait_for("paused at step 2", Phase::Paused, 2).await;
+    assert_eq!(cluster.weights().await, vec![w("echo", 50), w("echo-canary", 50)]);
+    let canary = cluster.deployment("echo-canary").await.expect("canary");
+    assert_eq!(canary.spec.and_then(|s| s.replicas), Some(2));
+    let rollout = cluster.rollout().await.expect("rollout");
+    let status = rollout.status.expect("status");
+    assert_eq!(status.canary_commit, commit);
+    assert_eq!(status.rollout_id, commit[..7]);
+
+    // Each canary pod says which release and which step created it.
+    let batches = eventually("both batches labelled", WAIT, || async {
+        let pods = cluster.canary_pods().await;
+        let mut batches: Vec<String> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| {
+                p.metadata
+                    .labels
+                    .as_ref()?
+                    .get("gitcanary.io/rollout-batch-id")
+                    .cloned()
+            })
+            .collect();
+        batches.sort();
+        (batches.len() == 2).then_some(batches)
+    })
+    .await;
+    assert_eq!(batches, vec!["1", "2"]);
+    for pod in cluster.canary_pods().await {
+        assert_eq!(
+            pod.metadata.labels.expect("labels")["gitcanary.io/rollout-id"],
+            commit[..7]
+        );
+    }
+
+    let (code, stdout, _) = scenario.run_cli(&["status", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("step 2/3"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("gitcanary promote echo -n {}", scenario.ns)),
+        "{stdout}"
+    );
+
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+
+    // Promoted: stable runs 2.0, routes and Services as Git has them, canary gone.
+    healthy_with(&scenario, &cluster, "2.0").await;
+    eventually("canary removed and routes restored", WAIT, || async {
+        let clean = cluster.deployment("echo-canary").await.is_none()
+            && cluster.service_selector("echo-canary").await.is_none()
+            && cluster.weights().await == restored();
+        clean.then_some(())
+    })
+    .await;
+    let selector = cluster.service_selector("echo").await.expect("stable service");
+    assert_eq!(selector, BTreeMap::from([("app".to_string(), "echo".to_string())]));
+    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    assert_eq!(status.stable_commit, commit);
+}
+
+#[tokio::test]
+async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_returns() {
+    let scenario = Scenario::new("ro-deadline").await;
+    let strategy = "      steps:\n      - {traffic: 20%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 4s\n";
+    App::new(&scenario.ns, "1.0", strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+
+    let mut broken = App::new(&scenario.ns, "2.0-broken", strategy);
+    broken.extra_pod_labels = ", gitcanary.test/never-ready: \"true\"";
+    broken.write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0, broken");
+    eventually("a canary pod exists", WAIT, || async {
+        cluster.deployment("echo-canary").await.map(|_| ())
+    })
+    .await;
+    eventually("the release fails", WAIT, || async {
+        (cluster.phase_and_step().await?.0 == Phase::Failed).then_some(())
+    })
+    .await;
+    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    let message = status.canary_status.expect("canary status").message;
+    assert!(
+        message.contains("not ready within 4s: 0/1 ready at step 1"),
+        "{message}"
+    );
+    eventually("canary removed", WAIT, || async {
+        cluster.deployment("echo-canary").await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(cluster.weights().await, restored());
+    assert_eq!(cluster.image("echo").await.as_deref(), Some("registry.test/echo:1.0"));
+    // It stays failed (no second attempt) while Git still asks for the broken version.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(cluster.deployment("echo-canary").await.is_none());
+    assert_eq!(cluster.phase_and_step().await.map(|p| p.0), Some(Phase::Failed));
+}
+
+#[tokio::test]
+async fn the_seed_selector_conflict_is_refused_with_the_fix_and_then_runs() {
+    let scenario = Scenario::new("ro-selector").await;
+    let conflicting = format!(
+        "      steps:\n      - {{traffic: 10%, replicas: 1, pause: {{}}}}\n      patchPodTemplateMetadata: {{labels: {{version: canary}}}}\n{GATEWAY}"
+    );
+    let mut app = App::new(&scenario.ns, "1.0", &conflicting);
+    app.service_selector = "{app: echo, version: base}";
+    app.write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+
+    app.image = "2.0";
+    app.write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    let message = eventually("the release is refused", WAIT, || async {
+        let status = cluster.rollout().await?.status?;
+        (status.phase == Phase::Failed).then(|| status.canary_status.map(|c| c.message).unwrap_or_default())
+    })
+    .await;
+    assert!(message.contains("version=base"), "{message}");
+    assert!(
+        message.contains("add \"version\" to canaryService.selector.remove"),
+        "{message}"
+    );
+    assert!(
+        cluster.deployment("echo-canary").await.is_none(),
+        "no canary pod before the check passes"
+    );
+
+    let fixed = format!("{conflicting}      canaryService:\n        selector: {{remove: [version]}}\n");
+    app.strategy = &fixed;
+    app.write(&scenario);
+    scenario.repo.commit_and_push("drop version from the canary selector");
+    cluster.wait_for("the release runs", Phase::Paused, 1).await;
+    let selector = cluster.service_selector("echo-canary").await.expect("canary service");
+    assert!(!selector.contains_key("version"), "{selector:?}");
+    let pods = cluster.canary_pods().await;
+    assert!(
+        pods.iter()
+            .all(|p| p.metadata.labels.as_ref().expect("labels")["version"] == "canary")
+    );
+}
+
+#[tokio::test]
+async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
+    let scenario = Scenario::new("ro-abort").await;
+    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    assert_eq!(cluster.weights().await, vec![w("echo", 70), w("echo-canary", 30)]);
+
+    let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("aborted and cleaned up", WAIT, || async {
+        let done = cluster.phase_and_step().await?.0 == Phase::Failed
+            && cluster.deployment("echo-canary").await.is_none()
+            && cluster.weights().await == restored();
+        done.then_some(())
+    })
+    .await;
+    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    assert!(status.canary_status.expect("canary").message.starts_with("aborted"));
+    assert_eq!(cluster.image("echo").await.as_deref(), Some("registry.test/echo:1.0"));
+    let (code, _, stderr) = scenario.run_cli(&["promote", "missing", "-n", &scenario.ns]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("Rollout") && stderr.contains("missing"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_commit_back_to_stable_rolls_back_at_once_and_a_third_template_restarts() {
+    let scenario = Scenario::new("ro-newcommit").await;
+    let strategy = format!(
+        "      steps:\n      - {{traffic: 10%, replicas: 1, pause: {{}}}}\n      - {{traffic: 100%}}\n{GATEWAY}"
+    );
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    let v2 = scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    App::new(&scenario.ns, "3.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 3.0");
+    eventually("the canary runs 3.0", WAIT, || async {
+        (cluster.image("echo-canary").await.as_deref() == Some("registry.test/echo:3.0")).then_some(())
+    })
+    .await;
+    cluster.wait_for("3.0 paused at step 1", Phase::Paused, 1).await;
+    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    assert_eq!(status.superseded.len(), 1);
+    assert_eq!(status.superseded[0].commit, v2);
+
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("back to 1.0");
+    eventually("fast rollback", WAIT, || async {
+        let done = cluster.phase_and_step().await?.0 == Phase::Healthy
+            && cluster.deployment("echo-canary").await.is_none()
+            && cluster.weights().await == restored();
+        done.then_some(())
+    })
+    .await;
+    assert_eq!(cluster.image("echo").await.as_deref(), Some("registry.test/echo:1.0"));
+    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    assert_eq!(status.superseded.len(), 2);
+}
+
+#[tokio::test]
+async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
+    let scenario = Scenario::new("ro-kill").await;
+    let strategy = format!(
+        "      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: 4}}}}\n      - {{traffic: 60%, replicas: 2, pause: {{}}}}\n{GATEWAY}"
+    );
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let mut agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    eventually("step 1 routed", WAIT, || async {
+        (cluster.weights().await == vec![w("echo", 80), w("echo-canary", 20)]).then_some(())
+    })
+    .await;
+    let canary_uid = cluster.deployment("echo-canary").await.expect("canary").metadata.uid;
+    agent.kill();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Nothing moves while no agent runs.
+    assert_eq!(cluster.weights().await, vec![w("echo", 80), w("echo-canary", 20)]);
+
+    let _agent = scenario.start_agent();
+    let seen = std::cell::RefCell::new(Vec::new());
+    eventually("paused at step 2 after the restart", WAIT, || async {
+        let weights = cluster.weights().await;
+        if let Some((_, Some(canary))) = weights.get(1) {
+            seen.borrow_mut().push(*canary);
+        }
+        (cluster.phase_and_step().await == Some((Phase::Paused, 2))).then_some(())
+    })
+    .await;
+    let seen = seen.into_inner();
+    assert!(seen.iter().all(|w| *w >= 20), "traffic never went backwards: {seen:?}");
+    assert_eq!(cluster.weights().await, vec![w("echo", 40), w("echo-canary", 60)]);
+    let canary = cluster.deployment("echo-canary").await.expect("canary");
+    assert_eq!(
+        canary.metadata.uid, canary_uid,
+        "the same canary Deployment, not a second one"
+    );
+}
+
+#[tokio::test]
+async fn putting_a_rollout_on_a_running_deployment_restarts_no_pod() {
+    let scenario = Scenario::new("ro-adopt").await;
+    let cluster = Cluster::of(&scenario);
+    let app = App::new(&scenario.ns, "1.0", "      steps:\n      - {replicas: 1, pause: {}}\n");
+    app.write(&scenario);
+    // The Deployment already runs, created by someone else from the same manifest.
+    let manifest = std::fs::read_to_string(scenario.repo.path().join("echo/deployment.yaml")).expect("manifest");
+    let deployment: Deployment = serde_saphyr::from_str(&manifest).expect("a Deployment");
+    Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("created by hand");
+    eventually("running", WAIT, || async {
+        (cluster.available("echo").await == 4).then_some(())
+    })
+    .await;
+    let pods = |cluster: &Cluster| {
+        let api = Api::<Pod>::namespaced(cluster.client.clone(), &cluster.ns);
+        async move {
+            let mut uids: Vec<String> = api
+                .list(&ListParams::default().labels("app=echo"))
+                .await
+                .expect("pods")
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.uid)
+                .collect();
+            uids.sort();
+            uids
+        }
+    };
+    let before = pods(&cluster).await;
+
+    scenario.repo.commit_and_push("echo under gitcanary");
+    let _agent = scenario.start_agent();
+    eventually("adopted", WAIT, || async {
+        (cluster.phase_and_step().await.map(|p| p.0) == Some(Phase::Healthy)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pods(&cluster).await, before, "no pod was replaced");
+    assert!(cluster.deployment("echo-canary").await.is_none());
+}
+
+#[tokio::test]
+async fn nginx_ingress_gets_a_weighted_canary_ingress_during_the_release() {
+    let scenario = Scenario::new("ro-nginx").await;
+    let strategy = "      steps:\n      - {traffic: 40%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        ingress: {name: echo, classType: nginx}\n      gracePeriodSeconds: 1\n";
+    let mut app = App::new(&scenario.ns, "1.0", strategy);
+    app.route = false;
+    app.ingress = true;
+    app.write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    app.image = "2.0";
+    app.write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let ingresses: Api<Ingress> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let canary = ingresses.get("echo-canary").await.expect("canary ingress");
+    let annotations = canary.metadata.annotations.expect("annotations");
+    assert_eq!(annotations["nginx.ingress.kubernetes.io/canary"], "true");
+    assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-weight"], "40");
+    let rules = canary.spec.expect("spec").rules.expect("rules");
+    let backend = &rules[0].http.as_ref().expect("http").paths[0].backend;
+    assert_eq!(backend.service.as_ref().expect("service").name, "echo-canary");
+
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    healthy_with(&scenario, &cluster, "2.0").await;
+    eventually("canary ingress removed", WAIT, || async {
+        ingresses.get_opt("echo-canary").await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
+    let scenario = Scenario::new("ro-sts").await;
+    let ns = scenario.ns.clone();
+    let write = |image: &str| {
+        scenario.repo.write(
+            "db/statefulset.yaml",
+            &format!("apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: db\n  namespace: {ns}\nspec:\n  replicas: 3\n  serviceName: db\n  podManagementPolicy: Parallel\n  selector:\n    matchLabels: {{app: db}}\n  template:\n    metadata:\n      labels: {{app: db}}\n    spec:\n      containers:\n      - name: db\n        image: registry.test/db:{image}\n"),
+        );
+        scenario.repo.write(
+            "db/rollout.yaml",
+            &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: db\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: StatefulSet, name: db}}\n  strategy:\n    canary:\n      steps:\n      - {{replicas: 1, pause: {{duration: 2}}}}\n      - {{replicas: 2, pause: {{duration: 2}}}}\n      - {{replicas: 3}}\n"),
+        );
+    };
+    write("1");
+    scenario.repo.commit_and_push("db 1");
+    let _agent = scenario.start_agent();
+    let sts: Api<StatefulSet> = Api::namespaced(scenario.client.clone(), &ns);
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &ns);
+    eventually("db ready", WAIT, || async {
+        let ready = sts.get("db").await.ok()?.status?.ready_replicas == Some(3);
+        let healthy = rollouts.get("db").await.ok()?.status?.phase == Phase::Healthy;
+        (ready && healthy).then_some(())
+    })
+    .await;
+
+    write("2");
+    scenario.repo.commit_and_push("db 2");
+    let partitions = std::cell::RefCell::new(Vec::new());
+    eventually("all batches released", WAIT, || async {
+        let set = sts.get("db").await.ok()?;
+        let phase = rollouts.get("db").await.ok()?.status?.phase;
+        let partition = set
+            .spec
+            .as_ref()?
+            .update_strategy
+            .as_ref()?
+            .rolling_update
+            .as_ref()?
+            .partition
+            .unwrap_or(0);
+        if phase != Phase::Healthy {
+            let mut seen = partitions.borrow_mut();
+            if seen.last() != Some(&partition) {
+                seen.push(partition);
+            }
+        }
+        let image = set.spec.as_ref()?.template.spec.as_ref()?.containers[0].image.clone();
+        let status = set.status?;
+        let done = phase == Phase::Healthy
+            && image.as_deref() == Some("registry.test/db:2")
+            && status.updated_replicas == Some(3)
+            && status.current_revision == status.update_revision;
+        done.then_some(())
+    })
+    .await;
+    let partitions = partitions.into_inner();
+    assert!(
+        partitions[0] >= 2,
+        "the first batch holds back at least two pods: {partitions:?}"
+    );
+    assert!(
+        partitions.windows(2).all(|p| p[1] < p[0]),
+        "the partition only goes down: {partitions:?}"
+    );
+    assert!(partitions.contains(&1), "{partitions:?}");
+    let pods: Api<Pod> = Api::namespaced(scenario.client.clone(), &ns);
+    let mut batches = BTreeMap::new();
+    for pod in pods
+        .list(&ListParams::default().labels("app=db"))
+        .await
+        .expect("pods")
+        .items
+    {
+        let labels = pod.metadata.labels.unwrap_or_default();
+        batches.insert(
+            pod.metadata.name.unwrap_or_default(),
+            labels.get("gitcanary.io/rollout-batch-id").cloned().unwrap_or_default(),
+        );
+        assert_eq!(
+            pod.spec.expect("spec").containers[0].image.as_deref(),
+            Some("registry.test/db:2")
+        );
+    }
+    assert_eq!(batches["db-2"], "1", "{batches:?}");
+    assert_eq!(batches["db-1"], "2", "{batches:?}");
+    assert_eq!(batches["db-0"], "3", "{batches:?}");
+}

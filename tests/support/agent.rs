@@ -1,0 +1,146 @@
+//! The agent binary run against a pushed repository, as a user runs it.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+
+use super::git_server::{GitRepo, GitServer};
+
+pub fn gitcanary() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gitcanary"));
+    command.env_remove("GITCANARY_GIT_TOKEN").env("NO_COLOR", "1");
+    command
+}
+
+/// Installs the Rollout CRD (once per test binary) and waits until it is served.
+pub async fn install_rollout_crd(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+            let crd = gitcanary::rollout::api::Rollout::crd();
+            api.patch(
+                "rollouts.gitcanary.io",
+                &PatchParams::apply("gitcanary-tests").force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .expect("the Rollout CRD installs");
+            super::eventually("the Rollout CRD is established", Duration::from_secs(30), || async {
+                let crd = api.get("rollouts.gitcanary.io").await.ok()?;
+                let established = crd
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                established.then_some(())
+            })
+            .await;
+        })
+        .await;
+}
+
+/// A running agent; killed when dropped.
+pub struct AgentProcess {
+    child: Child,
+    pub log: std::path::PathBuf,
+}
+
+impl AgentProcess {
+    pub fn start(repo: &GitRepo, namespace: &str, cache: &Path) -> AgentProcess {
+        let log = cache.join("agent.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("agent log file");
+        let child = gitcanary()
+            .args([
+                "run",
+                "--listen",
+                "127.0.0.1:0",
+                "--poll-interval",
+                "2",
+                "--repo",
+                &repo.file_url(),
+            ])
+            .args([
+                "--instance",
+                &format!("e2e-{namespace}"),
+                "--state-namespace",
+                namespace,
+            ])
+            .args(["--kubeconfig", &super::kubeconfig().display().to_string()])
+            .args(["--cache-dir", &cache.display().to_string()])
+            .env("GITCANARY_LOG", "gitcanary=debug")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("the agent starts");
+        AgentProcess { child, log }
+    }
+
+    /// SIGKILL: no chance to clean up, as when a node dies.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A namespace, a repository and a cache directory for one end-to-end test.
+pub struct Scenario {
+    pub client: Client,
+    pub ns: String,
+    pub _server: GitServer,
+    pub repo: GitRepo,
+    pub cache: tempfile::TempDir,
+}
+
+impl Scenario {
+    pub async fn new(prefix: &str) -> Scenario {
+        let client = super::client().await;
+        install_rollout_crd(&client).await;
+        let ns = super::namespace(&client, prefix).await;
+        let server = GitServer::start(None).await;
+        let repo = server.create_repo("apps");
+        Scenario {
+            client,
+            ns,
+            _server: server,
+            repo,
+            cache: tempfile::tempdir().expect("cache dir"),
+        }
+    }
+
+    pub fn start_agent(&self) -> AgentProcess {
+        AgentProcess::start(&self.repo, &self.ns, self.cache.path())
+    }
+
+    pub fn run_cli(&self, args: &[&str]) -> (i32, String, String) {
+        let output = gitcanary()
+            .args(args)
+            .args(["--kubeconfig", &super::kubeconfig().display().to_string()])
+            .output()
+            .expect("gitcanary runs");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
