@@ -20,6 +20,7 @@ gitcanary="$root/target/debug/gitcanary"
 work=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-demo.XXXXXX")
 agent_pid=""
 cleanup() {
+  [ -n "${GITCANARY_DEMO_LOG:-}" ] && cp "$work/agent.log" "$GITCANARY_DEMO_LOG" 2>/dev/null
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
   tests/testenv/down.sh "$work/cluster" >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -42,6 +43,9 @@ git -C "$work/clone" push -q origin HEAD:main
 (cd "$work/clone" && find . -name '*.yaml' -not -path './.git/*' | sort | sed 's/^/   /')
 "$gitcanary" validate "$work/clone" && say "gitcanary validate: every manifest is valid"
 
+"$gitcanary" crd | k apply --server-side -f - >/dev/null
+say "installed the Rollout CRD (gitcanary crd | kubectl apply -f -)"
+
 bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback)"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 secret="demo-webhook-secret"
@@ -62,15 +66,59 @@ webhook() { # the signed push GitHub would send
 }
 image() { k -n demo get deployment echoserver -o jsonpath='{.spec.template.spec.containers[0].image}'; }
 
-bold "Pushing a new image tag; the webhook tells the agent at once"
+weights() {
+  k -n demo get httproute echoserver -o jsonpath='{range .spec.rules[0].backendRefs[*]}{.name}={.weight} {end}'
+}
+rollout_line() {
+  k -n demo get rollout echoserver -o jsonpath='{.status.phase} step {.status.canaryStatus.currentStepIndex} {.status.canaryStatus.currentStepState} traffic {.status.canaryStatus.traffic}'
+}
+# Prints each new state of the rollout with the route weights read from the cluster.
+follow_until() { # phase to stop at
+  local last="" line phase
+  for _ in $(seq 1 300); do
+    phase=$(k -n demo get rollout echoserver -o jsonpath='{.status.phase}')
+    line="$(rollout_line) | route: $(weights)| canary pods ready: $(k -n demo get deployment echoserver-canary -o jsonpath='{.status.readyReplicas}' 2>/dev/null || echo -)"
+    [ "$line" != "$last" ] && say "$line" && last="$line"
+    [ "$phase" = "$1" ] && return 0
+    sleep 0.3
+  done
+  say "(still not $1 after 90 s; see the agent log)"
+}
+push() { # message
+  git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qam "$1"
+  git -C "$work/clone" push -q origin HEAD:main
+}
+
+bold "Pushing image 1.1.0; the webhook tells the agent at once, and a canary release starts"
 sed -i 's/echoserver:1.0.0/echoserver:1.1.0/' "$work/clone/echoserver/deployment.yaml"
-git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qam "echoserver 1.1.0"
-git -C "$work/clone" push -q origin HEAD:main
+push "echoserver 1.1.0"
 say "a forged webhook is refused: HTTP $(secret=wrong webhook)"
 say "the signed webhook is accepted: HTTP $(webhook)"
-for _ in $(seq 1 50); do [ "$(image)" = "registry.example/echoserver:1.1.0" ] && break; sleep 0.2; done
-say "live image: $(image)"
-say "(the canary release of this change arrives with the rollout engine; today the change is applied directly)"
+follow_until Paused
+say "stable still runs: $(image); the canary runs: $(k -n demo get deployment echoserver-canary -o jsonpath='{.spec.template.spec.containers[0].image}')"
+say "canary pods carry their release and batch:"
+k -n demo get pods -l gitcanary.io/rollout-id -L gitcanary.io/rollout-id,gitcanary.io/rollout-batch-id,version | sed 's/^/     /'
+"$gitcanary" status echoserver -n demo | sed 's/^/   /'
+
+bold "Promoting (gitcanary promote); the last step takes all traffic, then stable takes the new version"
+"$gitcanary" promote echoserver -n demo | sed 's/^/   /'
+follow_until Healthy
+for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
+say "stable now runs: $(image); route: $(weights); canary Deployment: $(k -n demo get deployment echoserver-canary -o name 2>/dev/null || echo removed)"
+
+bold "Pushing a broken image whose pods never become ready"
+sed -i 's/echoserver:1.1.0/echoserver:1.2.0-broken/; s/version: base/version: base\n        gitcanary.test\/never-ready: "true"/' "$work/clone/echoserver/deployment.yaml"
+push "echoserver 1.2.0 (broken)"
+webhook >/dev/null
+follow_until Failed
+say "$(k -n demo get rollout echoserver -o jsonpath='{.status.canaryStatus.message}')"
+for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
+say "stable still runs: $(image); route: $(weights)"
+say "(writing the revert commit to Git is the next step of gitcanary; here Alice reverts by hand)"
+git -C "$work/clone" revert --no-edit HEAD >/dev/null
+git -C "$work/clone" push -q origin HEAD:main
+webhook >/dev/null
+follow_until Healthy
 
 bold "Someone scales the Deployment by hand; the agent puts Git's value back"
 k -n demo scale deployment echoserver --replicas=7 >/dev/null
@@ -80,14 +128,14 @@ say "replicas a moment later: $(k -n demo get deployment echoserver -o jsonpath=
 
 bold "Pushing a broken manifest: refused with its file and line, the cluster keeps what it had"
 printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: demo\ndata: [unclosed\n' >"$work/clone/echoserver/settings.yaml"
-sed -i 's/echoserver:1.1.0/echoserver:1.2.0/' "$work/clone/echoserver/deployment.yaml"
+sed -i 's/replicas: 3/replicas: 4/' "$work/clone/echoserver/deployment.yaml"
 git -C "$work/clone" add -A
-git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "settings (broken) and 1.2.0"
+git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "settings (broken) and 4 replicas"
 git -C "$work/clone" push -q origin HEAD:main
 "$gitcanary" validate "$work/clone" | sed 's/^/   gitcanary validate: /' || true
 webhook >/dev/null
 sleep 2
-say "live image is still: $(image)"
+say "live replicas are still: $(k -n demo get deployment echoserver -o jsonpath='{.spec.replicas}')"
 say "the app's status in the cluster:"
 k -n gitcanary-system get configmap gitcanary-app-echoserver -o jsonpath='{.data.result}: {.data.message}{"\n"}' | sed 's/^/   /'
 
@@ -97,8 +145,8 @@ git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit 
 git -C "$work/clone" push -q origin HEAD:main
 "$gitcanary" diff --repo "file://$work/apps.git" --cache-dir "$work/cache-diff" --color always | sed 's/^/   /' || true
 webhook >/dev/null
-for _ in $(seq 1 50); do [ "$(image)" = "registry.example/echoserver:1.2.0" ] && break; sleep 0.2; done
-say "live image: $(image)"
+for _ in $(seq 1 50); do [ "$(k -n demo get deployment echoserver -o jsonpath='{.spec.replicas}')" = 4 ] && break; sleep 0.2; done
+say "live replicas: $(k -n demo get deployment echoserver -o jsonpath='{.spec.replicas}') (not a template change: applied directly, no canary)"
 if "$gitcanary" diff --repo "file://$work/apps.git" --cache-dir "$work/cache-diff" >/dev/null; then
   say "gitcanary diff: the cluster matches Git (exit 0)"
 fi

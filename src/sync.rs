@@ -769,8 +769,12 @@ pub async fn diff(
     let mut diffs = Vec::new();
     let mut problems: Vec<Problem> = manifests.problems().cloned().collect();
     for app in manifests.apps.values().filter(|a| a.is_valid()) {
-        let (planned, pending, resolve_problems) = resolve_app(cluster, app, &crd_kinds, &options.instance).await;
+        let (mut planned, pending, resolve_problems) = resolve_app(cluster, app, &crd_kinds, &options.instance).await;
         problems.extend(resolve_problems);
+        // What a rollout would keep or change (the stable template, routes, Service pins).
+        let (_, rollout_problems) =
+            rollout::engine::prepare(cluster, &mut planned, &revision.commit, &options.instance).await?;
+        problems.extend(rollout_problems);
         for manifest in pending {
             diffs.push(
                 ObjectDiff::between(manifest.key(), manifest.location(), None, Some(&manifest.object))

@@ -404,6 +404,20 @@ async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
     scenario.repo.commit_and_push("echo 2.0");
     cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
     assert_eq!(cluster.weights().await, vec![w("echo", 70), w("echo-canary", 30)]);
+    // Mid-release the cluster is what Git plus the rollout asks for: diff sees no change.
+    let diff_args = [
+        "diff",
+        "--repo",
+        &scenario.repo.file_url(),
+        "--instance",
+        &format!("e2e-{}", scenario.ns),
+        "--state-namespace",
+        &scenario.ns,
+        "--cache-dir",
+        &scenario.cache.path().join("diff").display().to_string(),
+    ];
+    let (code, stdout, stderr) = scenario.run_cli(&diff_args);
+    assert_eq!(code, 0, "diff mid-release: {stdout}{stderr}");
 
     let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
@@ -671,4 +685,36 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
     assert_eq!(batches["db-2"], "1", "{batches:?}");
     assert_eq!(batches["db-1"], "2", "{batches:?}");
     assert_eq!(batches["db-0"], "3", "{batches:?}");
+}
+
+#[tokio::test]
+async fn git_back_on_the_promoted_version_after_a_failure_is_healthy_again() {
+    let scenario = Scenario::new("ro-revert").await;
+    let strategy = "      steps:\n      - {traffic: 50%, replicas: 1}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 3s\n";
+    App::new(&scenario.ns, "1.0", strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    App::new(&scenario.ns, "2.0", strategy).write(&scenario);
+    let promoted = scenario.repo.commit_and_push("echo 2.0");
+    healthy_with(&scenario, &cluster, "2.0").await;
+
+    let mut broken = App::new(&scenario.ns, "3.0", strategy);
+    broken.extra_pod_labels = ", gitcanary.test/never-ready: \"true\"";
+    broken.write(&scenario);
+    scenario.repo.commit_and_push("echo 3.0, broken");
+    eventually("the release fails", WAIT, || async {
+        (cluster.phase_and_step().await?.0 == Phase::Failed).then_some(())
+    })
+    .await;
+    App::new(&scenario.ns, "2.0", strategy).write(&scenario);
+    scenario.repo.commit_and_push("back to 2.0");
+    eventually("healthy on 2.0 again", WAIT, || async {
+        (cluster.phase_and_step().await?.0 == Phase::Healthy).then_some(())
+    })
+    .await;
+    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    assert_eq!(status.stable_commit, promoted);
+    assert!(cluster.deployment("echo-canary").await.is_none());
 }

@@ -147,6 +147,9 @@ impl ManifestSet {
                     seen.insert(key, (app.name.clone(), manifest.location()));
                 }
             }
+            if problems.is_empty() {
+                problems.extend(crate::rollout::validate::problems(app));
+            }
             app.problems.extend(problems);
         }
     }

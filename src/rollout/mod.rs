@@ -6,3 +6,4 @@ pub mod cli;
 pub mod engine;
 pub mod overlay;
 pub mod plan;
+pub mod validate;
