@@ -11,11 +11,13 @@ use futures::StreamExt;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::cluster::Cluster;
+use crate::rollout::engine;
 use crate::source::Source;
 use crate::sync::{SyncOptions, SyncReport, sync};
+use crate::writeback::{Author, Outcome, Writer};
 use crate::{MANAGED_BY_LABEL, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +37,69 @@ pub struct Agent {
     pub options: SyncOptions,
     pub poll_interval: Duration,
     pub ready: Arc<AtomicBool>,
+    pub writeback: WritebackConfig,
+}
+
+/// How promotes and reverts are written to Git.
+#[derive(Debug, Clone, Default)]
+pub struct WritebackConfig {
+    pub author: Author,
+    /// Branch for status files; default the tracked branch.
+    pub status_branch: Option<String>,
+}
+
+/// Writes every pending promote and revert of the report to Git, then marks
+/// each done in its Rollout's status. Returns how many commits were pushed.
+/// A failed write-back stays pending and is tried again after the next sync.
+pub async fn write_back(
+    cluster: &Cluster,
+    source: &Arc<Source>,
+    config: &WritebackConfig,
+    report: &SyncReport,
+) -> usize {
+    let mut pushed = 0;
+    for request in report.writebacks() {
+        if source.git().is_none() {
+            warn!(namespace = %request.namespace, rollout = %request.name, "the source is not a Git repository: nothing to write back");
+            continue;
+        }
+        let (source, config, job) = (source.clone(), config.clone(), request.clone());
+        let outcome = tokio::task::spawn_blocking(move || {
+            let git = source.git().expect("checked above");
+            let writer = Writer {
+                git,
+                author: config.author.clone(),
+                status_branch: config.status_branch.clone(),
+            };
+            writer.write(&job)
+        })
+        .await
+        .expect("the write-back task does not panic");
+        let fields = (&request.namespace, &request.name, &request.pending.rollout_id);
+        match outcome {
+            Ok(outcome) => {
+                match &outcome {
+                    Outcome::Committed { commit, attempts } => {
+                        pushed += 1;
+                        info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, attempts, action = ?request.pending.action, "written to Git");
+                    }
+                    Outcome::AlreadyInGit { commit } => {
+                        info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, "already in Git: not committed again");
+                    }
+                    Outcome::NothingToChange => {
+                        info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "Git already holds it: nothing to commit");
+                    }
+                }
+                if let Err(error) = engine::clear_writeback(cluster, request).await {
+                    warn!(%error, "written to Git, but the Rollout status could not be updated; the commit is found again next time");
+                }
+            }
+            Err(error) => {
+                warn!(namespace = %fields.0, rollout = %fields.1, %error, "write-back to Git failed; retried after the next sync")
+            }
+        }
+    }
+    pushed
 }
 
 /// Capacity of the trigger queue; more pending triggers add nothing.
@@ -75,6 +140,10 @@ impl Agent {
             match self.sync_once().await {
                 Ok(report) => {
                     self.ready.store(true, Ordering::Relaxed);
+                    if write_back(&self.cluster, &self.source, &self.writeback, &report).await > 0 {
+                        // Sync the commit just pushed.
+                        let _ = triggers.try_send(Trigger::Timer);
+                    }
                     drift
                         .follow(&self.cluster, &report.kinds, &self.options, &triggers)
                         .await;

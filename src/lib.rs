@@ -9,6 +9,7 @@ pub mod rollout;
 pub mod server;
 pub mod source;
 pub mod sync;
+pub mod writeback;
 
 /// The field manager for every server-side apply gitcanary sends.
 pub const FIELD_MANAGER: &str = "gitcanary";

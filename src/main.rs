@@ -6,12 +6,13 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use gitcanary::agent::{Agent, trigger_channel};
+use gitcanary::agent::{Agent, WritebackConfig, trigger_channel, write_back};
 use gitcanary::cluster::{Cluster, render_diff};
 use gitcanary::rollout::cli::{Signal, send_signal};
 use gitcanary::server::{ServerState, serve};
 use gitcanary::source::{Credentials, Source};
 use gitcanary::sync::{SyncOptions, diff, sync};
+use gitcanary::writeback::Author;
 use gitcanary::{Error, manifest};
 
 /// GitOps progressive delivery: canary releases driven by Git.
@@ -133,6 +134,12 @@ struct SyncArgs {
     /// Seconds between polls of the branch.
     #[arg(long, default_value_t = 60)]
     poll_interval: u64,
+    /// Author of gitcanary's own commits (promote status, reverts).
+    #[arg(long, default_value = "gitcanary <gitcanary@localhost>")]
+    git_author: String,
+    /// Branch for promote status files; default the tracked branch.
+    #[arg(long)]
+    status_branch: Option<String>,
 }
 
 #[derive(Args)]
@@ -318,12 +325,17 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
     let source = Arc::new(open_source(&args.source)?);
     let cluster = Arc::new(connect(&args.source).await?);
     let options = options(&args.source);
+    let writeback = WritebackConfig {
+        author: Author::parse(&args.git_author).map_err(Error::Usage)?,
+        status_branch: args.status_branch.clone(),
+    };
     if args.once {
         let fetch_source = source.clone();
         let revision = tokio::task::spawn_blocking(move || fetch_source.fetch())
             .await
             .expect("fetch does not panic")?;
         let report = sync(&cluster, &revision, &options).await?;
+        write_back(&cluster, &source, &writeback, &report).await;
         for problem in report.problems() {
             println!("{problem}");
         }
@@ -355,6 +367,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         options,
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
         ready,
+        writeback,
     };
     tokio::select! {
         _ = agent.run(triggers, queue) => {}

@@ -75,6 +75,8 @@ pub struct AppReport {
     pub duration: Duration,
     /// Sync this app again after this long: a rollout waits for time to pass.
     pub requeue_after: Option<Duration>,
+    /// Promotes and reverts of this app's rollouts still to be written to Git.
+    pub writebacks: Vec<crate::writeback::Request>,
 }
 
 #[derive(Debug, Clone)]
@@ -95,6 +97,11 @@ impl SyncReport {
     pub fn problems(&self) -> impl Iterator<Item = &Problem> {
         self.apps.iter().flat_map(|a| a.problems.iter())
     }
+    /// Every promote and revert still to be written to Git.
+    pub fn writebacks(&self) -> impl Iterator<Item = &crate::writeback::Request> {
+        self.apps.iter().flat_map(|a| a.writebacks.iter())
+    }
+
     /// The soonest any app asked to be synced again.
     pub fn requeue_after(&self) -> Option<Duration> {
         self.apps.iter().filter_map(|a| a.requeue_after).min()
@@ -222,6 +229,7 @@ fn failed_report(app: &App, message: &str) -> AppReport {
         health: String::new(),
         duration: Duration::ZERO,
         requeue_after: None,
+        writebacks: Vec::new(),
     }
 }
 
@@ -383,6 +391,7 @@ async fn sync_app(
         health: String::new(),
         duration: Duration::ZERO,
         requeue_after: None,
+        writebacks: Vec::new(),
     };
     if !report.problems.is_empty() {
         report.result = AppResult::Invalid;
@@ -505,6 +514,7 @@ async fn sync_app(
         }
     }
     report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
+    report.writebacks = rollouts.iter().filter_map(|w| w.writeback()).collect();
 
     // Inventory: what Git holds now, plus what left Git but was not pruned.
     let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();

@@ -337,6 +337,48 @@ pub struct RolloutStatus {
     pub last_promote_signal: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub last_abort_signal: String,
+    /// Each step of the current (or last) release: when it ran and what passed it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub step_history: Vec<StepRecord>,
+    /// A promote or revert that must still be written to Git; cleared once pushed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_writeback: Option<PendingWriteback>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRecord {
+    #[schemars(with = "i32")]
+    pub step: u32,
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub finished_at: String,
+    /// What ended its pause: a timer, or who promoted it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub passed_by: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingWriteback {
+    pub action: WritebackAction,
+    #[serde(rename = "rolloutID")]
+    pub rollout_id: String,
+    /// The commit that was stable when the release began.
+    pub stable_commit: String,
+    /// The commit the release was for.
+    pub canary_commit: String,
+    /// Why it failed (revert only).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cause: String,
+    pub at: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WritebackAction {
+    #[default]
+    Promote,
+    Revert,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

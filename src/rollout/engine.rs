@@ -32,6 +32,10 @@ pub const ABORT_ANNOTATION: &str = "gitcanary.io/abort";
 pub struct RolloutWork {
     pub namespace: String,
     pub name: String,
+    /// The app the Rollout belongs to.
+    pub app: String,
+    /// Images of the template in Git, for the status written on promote.
+    pub images: Vec<String>,
     pub kind: WorkloadKind,
     pub workload: String,
     pub plan: Plan,
@@ -45,6 +49,39 @@ impl RolloutWork {
     pub fn requeue_after(&self) -> Option<Duration> {
         self.plan.requeue_after
     }
+
+    /// The promote or revert still to be written to Git, if any.
+    pub fn writeback(&self) -> Option<crate::writeback::Request> {
+        let pending = self.plan.status.pending_writeback.clone()?;
+        Some(crate::writeback::Request {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            app: self.app.clone(),
+            pending,
+            status: self.plan.status.clone(),
+            images: self.images.clone(),
+        })
+    }
+}
+
+/// Marks a write-back done: the status without its pending entry.
+pub async fn clear_writeback(cluster: &Cluster, request: &crate::writeback::Request) -> Result<()> {
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &request.namespace);
+    let mut status = request.status.clone();
+    status.pending_writeback = None;
+    let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
+    rollouts
+        .patch_status(
+            &request.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "writing the status of Rollout {}/{}",
+            request.namespace, request.name
+        )))?;
+    Ok(())
 }
 
 pub(crate) fn is_rollout(planned: &Planned<'_>) -> bool {
@@ -302,9 +339,19 @@ async fn prepare_one(
     for extra in &mut extras {
         mark_managed(extra, instance, &manifest.location());
     }
+    let images = git_workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["image"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Ok(RolloutWork {
         namespace,
         name,
+        app: manifest.app.clone(),
+        images,
         kind,
         workload: target.name.clone(),
         plan,

@@ -7,7 +7,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::api::{
-    CanaryStatus, IntOrPercent, OnFailure, Phase, RolloutSpec, RolloutStatus, StepState, SupersededRelease,
+    CanaryStatus, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec, RolloutStatus, StepRecord, StepState,
+    SupersededRelease, WritebackAction,
 };
 
 /// Default wait after a route change (Kruise Rollout's default).
@@ -199,6 +200,16 @@ impl Planner<'_> {
 
     fn enter(&mut self, index: u32, state: StepState) {
         let now = self.observed.now.to_string();
+        if self.status.step_history.last().map(|r| r.step) != Some(index) {
+            if let Some(last) = self.status.step_history.last_mut() {
+                last.finished_at = now.clone();
+            }
+            self.status.step_history.push(StepRecord {
+                step: index,
+                started_at: now.clone(),
+                ..StepRecord::default()
+            });
+        }
         let canary = self.canary();
         canary.current_step_index = index;
         canary.current_step_state = state;
@@ -278,6 +289,7 @@ impl Planner<'_> {
             traffic: "0%".into(),
             ..CanaryStatus::default()
         });
+        self.status.step_history.clear();
         self.note(format!(
             "release {} started for commit {}",
             self.status.rollout_id,
@@ -346,6 +358,16 @@ impl Planner<'_> {
         let canary = self.canary();
         canary.message = message;
         canary.traffic = "0%".into();
+        if on_failure == OnFailure::Revert && !self.status.canary_commit.is_empty() {
+            self.status.pending_writeback = Some(PendingWriteback {
+                action: WritebackAction::Revert,
+                rollout_id: self.status.rollout_id.clone(),
+                stable_commit: self.status.stable_commit.clone(),
+                canary_commit: self.status.canary_commit.clone(),
+                cause: cause.clone(),
+                at: self.observed.now.to_string(),
+            });
+        }
         self.failed = Some(cause);
         Intent::steady(StableTemplate::Live)
     }
@@ -440,7 +462,10 @@ impl Planner<'_> {
                     let done = match step.pause.as_ref() {
                         None => true,
                         Some(pause) => match pause.duration.as_ref().and_then(|d| d.to_std().ok()) {
-                            Some(duration) if in_state >= duration => true,
+                            Some(duration) if in_state >= duration => {
+                                self.passed_by(format!("pause of {}s", duration.as_secs()));
+                                true
+                            }
                             Some(duration) => {
                                 self.status.phase = Phase::Progressing;
                                 self.canary().message = format!("step {index}: paused for {}s", duration.as_secs());
@@ -475,9 +500,16 @@ impl Planner<'_> {
         self.release_intent(StableTemplate::Live, observed.canary_ready, traffic)
     }
 
+    fn passed_by(&mut self, by: String) {
+        if let Some(last) = self.status.step_history.last_mut() {
+            last.passed_by = by;
+        }
+    }
+
     fn promote_signal_received(&mut self, index: u32) -> bool {
         match self.observed.promote_signal.clone() {
             Some(signal) if signal != self.status.last_promote_signal => {
+                self.passed_by(format!("promote signal {signal}"));
                 self.status.last_promote_signal = signal;
                 self.note(format!("step {index}: promoted"));
                 true
@@ -510,6 +542,17 @@ impl Planner<'_> {
         }
         self.note(format!("release {} promoted", self.status.rollout_id));
         self.promoted = true;
+        if let Some(last) = self.status.step_history.last_mut() {
+            last.finished_at = observed.now.to_string();
+        }
+        self.status.pending_writeback = Some(PendingWriteback {
+            action: WritebackAction::Promote,
+            rollout_id: self.status.rollout_id.clone(),
+            stable_commit: self.status.stable_commit.clone(),
+            canary_commit: self.status.canary_commit.clone(),
+            cause: String::new(),
+            at: observed.now.to_string(),
+        });
         self.status.phase = Phase::Healthy;
         self.status.stable_template_hash = self.status.canary_template_hash.clone();
         self.status.canary_template_hash.clear();

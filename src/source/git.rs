@@ -83,7 +83,12 @@ impl GitSource {
         &self.branch
     }
 
-    fn open_mirror(&self) -> Result<Repository> {
+    /// The sub-path of the repository that holds the apps ("" for the root).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub(crate) fn open_mirror(&self) -> Result<Repository> {
         match Repository::open_bare(&self.mirror) {
             Ok(repo) => Ok(repo),
             Err(_) => {
@@ -165,6 +170,23 @@ impl GitSource {
     }
 
     fn fetch_options(&self) -> FetchOptions<'_> {
+        let mut options = FetchOptions::new();
+        options.remote_callbacks(self.callbacks());
+        options
+    }
+
+    /// Fetches `refspecs` (branches or commit ids) into the mirror, in full.
+    pub(crate) fn fetch_refs(&self, repo: &Repository, refspecs: &[&str]) -> Result<()> {
+        let mut remote = repo
+            .remote_anonymous(&self.url)
+            .map_err(Error::git(format!("opening remote {}", redact_url(&self.url))))?;
+        remote
+            .fetch(refspecs, Some(&mut self.fetch_options()), None)
+            .map_err(Error::git(format!("fetching from {}", redact_url(&self.url))))
+    }
+
+    /// Callbacks that answer the remote's credential requests once.
+    pub(crate) fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut callbacks = RemoteCallbacks::new();
         let mut attempts = 0;
         callbacks.credentials(move |_url, username_from_url, allowed| {
@@ -189,9 +211,7 @@ impl GitSource {
                 "the remote asks for credentials and none are configured",
             ))
         });
-        let mut options = FetchOptions::new();
-        options.remote_callbacks(callbacks);
-        options
+        callbacks
     }
 }
 

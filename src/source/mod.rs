@@ -58,6 +58,14 @@ impl Source {
         }
     }
 
+    /// The Git source, when it is one (write-back needs it).
+    pub fn git(&self) -> Option<&GitSource> {
+        match self {
+            Source::Git(git) => Some(git),
+            Source::Dir { .. } => None,
+        }
+    }
+
     /// The local directory to watch for file events, when the source is one.
     pub fn local_dir(&self) -> Option<&Path> {
         match self {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::rollout::api::{CanaryStep, CanaryStrategy, Pause, Strategy, TrafficRouting, WorkloadRef};
+use crate::rollout::api::{CanaryStep, CanaryStrategy, Pause, Strategy, TrafficRouting, WorkloadRef, WritebackAction};
 
 fn step(traffic: Option<&str>, replicas: Option<IntOrPercent>, pause: Option<Option<u64>>) -> CanaryStep {
     CanaryStep {
@@ -197,6 +197,21 @@ fn a_new_template_walks_every_step_and_promotes() {
     assert_eq!(run.status.stable_template_hash, "v2");
     assert_eq!(run.status.stable_commit, "v2-commit-0123456789");
     assert!(run.status.canary_template_hash.is_empty());
+    let pending = run.status.pending_writeback.clone().expect("a promote to write to Git");
+    assert_eq!(pending.action, WritebackAction::Promote);
+    assert_eq!(pending.canary_commit, "v2-commit-0123456789");
+    assert_eq!(pending.stable_commit, "v1-commit-0123456789");
+    let history: Vec<(u32, &str)> = run
+        .status
+        .step_history
+        .iter()
+        .map(|r| (r.step, r.passed_by.as_str()))
+        .collect();
+    assert_eq!(
+        history,
+        vec![(1, "pause of 60s"), (2, "promote signal 2026-11-30T10:00:00Z"), (3, "")]
+    );
+    assert!(run.status.step_history.iter().all(|r| !r.finished_at.is_empty()));
 }
 
 #[test]
@@ -240,6 +255,11 @@ fn canary_pods_not_ready_by_the_deadline_fail_the_release_and_it_is_not_retried(
     let plan = run.step(&observed("v2", 600));
     assert_eq!(run.status.phase, Phase::Failed);
     let cause = plan.failed.expect("failed");
+    let pending = run.status.pending_writeback.clone().expect("a revert to write to Git");
+    assert_eq!(
+        (pending.action, pending.cause.as_str()),
+        (WritebackAction::Revert, cause.as_str())
+    );
     assert!(cause.contains("not ready within 600s: 0/1 ready at step 1"), "{cause}");
     assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
     // Git still asks for v2: it stays failed and keeps stable.

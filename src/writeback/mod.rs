@@ -1,0 +1,421 @@
+//! Writing a release's outcome back to Git: a status file on promote, a
+//! revert commit on failure. Commits are idempotent (found again by their
+//! trailers), and a push that races another is rebuilt on the new head and
+//! retried with backoff, never forced.
+
+use std::time::Duration;
+
+use git2::{Commit, Oid, Repository, Signature};
+use serde::Serialize;
+
+use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction};
+use crate::source::{GitSource, redact_url};
+use crate::{Error, Result};
+
+pub const ROLLOUT_TRAILER: &str = "Gitcanary-Rollout";
+pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
+pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
+
+/// Pushes tried before giving up until the next sync.
+const MAX_ATTEMPTS: u32 = 8;
+/// Commits searched for an earlier identical write-back.
+const TRAILER_SEARCH_DEPTH: usize = 200;
+
+#[derive(Debug, Clone)]
+pub struct Author {
+    pub name: String,
+    pub email: String,
+}
+
+impl Author {
+    /// Parses `Name <email>`.
+    pub fn parse(text: &str) -> std::result::Result<Author, String> {
+        let (name, rest) = text
+            .split_once('<')
+            .ok_or_else(|| format!("author {text:?} is not `Name <email>`"))?;
+        let email = rest
+            .strip_suffix('>')
+            .ok_or_else(|| format!("author {text:?} is not `Name <email>`"))?;
+        Ok(Author {
+            name: name.trim().to_string(),
+            email: email.trim().to_string(),
+        })
+    }
+}
+
+impl Default for Author {
+    fn default() -> Self {
+        Author {
+            name: "gitcanary".into(),
+            email: "gitcanary@localhost".into(),
+        }
+    }
+}
+
+/// What happened to a write-back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A new commit was pushed.
+    Committed { commit: String, attempts: u32 },
+    /// An earlier run already pushed it (found by its trailers).
+    AlreadyInGit { commit: String },
+    /// Git already holds the result; nothing to commit.
+    NothingToChange,
+}
+
+/// One Rollout's pending write-back, as the sync found it.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub namespace: String,
+    pub name: String,
+    /// The app (top-level directory of the source path; `root` for files directly in it).
+    pub app: String,
+    pub pending: PendingWriteback,
+    pub status: RolloutStatus,
+    /// Container images of the released template.
+    pub images: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusFile<'a> {
+    rollout: String,
+    outcome: &'static str,
+    #[serde(rename = "rolloutID")]
+    rollout_id: &'a str,
+    stable_commit: &'a str,
+    previous_stable_commit: &'a str,
+    stable_revision: &'a str,
+    images: &'a [String],
+    promoted_at: &'a str,
+    steps: &'a [StepRecord],
+}
+
+pub struct Writer<'a> {
+    pub git: &'a GitSource,
+    pub author: Author,
+    /// Where status files go; default the tracked branch.
+    pub status_branch: Option<String>,
+}
+
+type FileChanges = Vec<(String, Option<Vec<u8>>)>;
+
+impl Writer<'_> {
+    pub fn write(&self, request: &Request) -> Result<Outcome> {
+        match request.pending.action {
+            WritebackAction::Promote => self.promote(request),
+            WritebackAction::Revert => self.revert(request),
+        }
+    }
+
+    fn promote(&self, request: &Request) -> Result<Outcome> {
+        let pending = &request.pending;
+        let key = format!("{}/{}", request.namespace, request.name);
+        let file = StatusFile {
+            rollout: key.clone(),
+            outcome: "promoted",
+            rollout_id: &pending.rollout_id,
+            stable_commit: &pending.canary_commit,
+            previous_stable_commit: &pending.stable_commit,
+            stable_revision: &request.status.stable_revision,
+            images: &request.images,
+            promoted_at: &pending.at,
+            steps: &request.status.step_history,
+        };
+        let content = serde_saphyr::to_string(&file).map_err(|e| Error::Object {
+            object: format!("status of {key}"),
+            message: e.to_string(),
+        })?;
+        let path = format!(".gitcanary/status/{}/{}.yaml", request.namespace, request.name);
+        let message = format!(
+            "promote({key}): release {} of {}\n\nAll steps passed; {} is now stable.\n\n{ROLLOUT_TRAILER}: {key}\n{PROMOTES_TRAILER}: {}\n",
+            pending.rollout_id,
+            short(&pending.canary_commit),
+            short(&pending.canary_commit),
+            pending.canary_commit
+        );
+        let branch = self
+            .status_branch
+            .clone()
+            .unwrap_or_else(|| self.git.branch().to_string());
+        let trailers = [
+            (ROLLOUT_TRAILER, key.clone()),
+            (PROMOTES_TRAILER, pending.canary_commit.clone()),
+        ];
+        self.commit_with_retry(&branch, &trailers, |_, _| {
+            Ok((
+                message.clone(),
+                vec![(path.clone(), Some(content.clone().into_bytes()))],
+            ))
+        })
+    }
+
+    fn revert(&self, request: &Request) -> Result<Outcome> {
+        let pending = &request.pending;
+        let key = format!("{}/{}", request.namespace, request.name);
+        let trailers = [
+            (ROLLOUT_TRAILER, key.clone()),
+            (REVERTS_TRAILER, pending.canary_commit.clone()),
+        ];
+        let branch = self.git.branch().to_string();
+        self.commit_with_retry(&branch, &trailers, |repo, head| {
+            let stable = self.commit_present(repo, &pending.stable_commit)?;
+            let canary = self.commit_present(repo, &pending.canary_commit)?;
+            let (dir, top_level_only) = app_dir(self.git.path(), &request.app);
+            let (files, later) = revert_changes(repo, &stable, &canary, head, &dir, top_level_only)?;
+            let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+            let mut message = format!(
+                "revert({key}): {}\n\nRelease {} of {} failed: {}.\nTraffic is back on stable and the canary is removed; this commit\nrestores {} to their content at {}.\n",
+                pending.cause,
+                pending.rollout_id,
+                short(&pending.canary_commit),
+                pending.cause,
+                names.join(", "),
+                short(&pending.stable_commit)
+            );
+            if !later.is_empty() {
+                message.push_str(&format!(
+                    "\nLater commits changed {} too; they are reset to the stable version as well.\n",
+                    later.join(", ")
+                ));
+            }
+            message.push_str(&format!("\n{ROLLOUT_TRAILER}: {key}\n{REVERTS_TRAILER}: {}\n", pending.canary_commit));
+            Ok((message, files))
+        })
+    }
+
+    /// A commit the mirror may lack after a shallow fetch is fetched by id.
+    fn commit_present<'r>(&self, repo: &'r Repository, sha: &str) -> Result<Commit<'r>> {
+        let oid = Oid::from_str(sha).map_err(Error::git(format!("commit id {sha}")))?;
+        if let Ok(commit) = repo.find_commit(oid) {
+            return Ok(commit);
+        }
+        self.git.fetch_refs(repo, &[sha])?;
+        repo.find_commit(oid)
+            .map_err(Error::git(format!("commit {sha} is not in the repository")))
+    }
+
+    /// Builds the commit on the branch head and pushes it; when the push
+    /// loses a race, fetches and builds it again on the new head.
+    fn commit_with_retry<F>(&self, branch: &str, trailers: &[(&str, String)], changes: F) -> Result<Outcome>
+    where
+        F: Fn(&Repository, &Commit<'_>) -> Result<(String, FileChanges)>,
+    {
+        let repo = self.git.open_mirror()?;
+        let tracking = format!("refs/remotes/origin/{branch}");
+        let base_tracking = format!("refs/remotes/origin/{}", self.git.branch());
+        for attempt in 1..=MAX_ATTEMPTS {
+            let refspec = format!("+refs/heads/{branch}:{tracking}");
+            let base_refspec = format!("+refs/heads/{0}:{base_tracking}", self.git.branch());
+            // A status branch that does not exist yet starts at the tracked branch.
+            if self.git.fetch_refs(&repo, &[&refspec]).is_err() || repo.find_reference(&tracking).is_err() {
+                self.git.fetch_refs(&repo, &[&base_refspec])?;
+            }
+            let head = repo
+                .find_reference(&tracking)
+                .or_else(|_| repo.find_reference(&base_tracking))
+                .and_then(|r| r.peel_to_commit())
+                .map_err(Error::git(format!("branch {branch} not found")))?;
+            if let Some(existing) = find_by_trailers(&repo, &head, trailers) {
+                return Ok(Outcome::AlreadyInGit { commit: existing });
+            }
+            let (message, files) = changes(&repo, &head)?;
+            let tree = updated_tree(&repo, &head, &files)?;
+            if tree == head.tree_id() {
+                return Ok(Outcome::NothingToChange);
+            }
+            let tree = repo.find_tree(tree).map_err(Error::git("reading the new tree"))?;
+            let signature =
+                Signature::now(&self.author.name, &self.author.email).map_err(Error::git("the commit author"))?;
+            let commit = repo
+                .commit(None, &signature, &signature, &message, &tree, &[&head])
+                .map_err(Error::git("creating the commit"))?;
+            match self.push(&repo, commit, branch) {
+                Ok(()) => {
+                    let _ = repo.reference(&tracking, commit, true, "gitcanary write-back");
+                    return Ok(Outcome::Committed {
+                        commit: commit.to_string(),
+                        attempts: attempt,
+                    });
+                }
+                Err(rejection) => {
+                    tracing::info!(attempt, branch, reason = %rejection, "push rejected; fetching and retrying");
+                    std::thread::sleep(backoff(attempt));
+                }
+            }
+        }
+        Err(Error::Object {
+            object: format!("branch {branch} of {}", redact_url(self.git.url())),
+            message: format!("the push was rejected {MAX_ATTEMPTS} times; it is retried on the next sync"),
+        })
+    }
+
+    fn push(&self, repo: &Repository, commit: Oid, branch: &str) -> std::result::Result<(), String> {
+        let outgoing = "refs/gitcanary/outgoing";
+        repo.reference(outgoing, commit, true, "gitcanary write-back")
+            .map_err(|e| e.message().to_string())?;
+        let mut remote = repo
+            .remote_anonymous(self.git.url())
+            .map_err(|e| e.message().to_string())?;
+        let rejected = std::cell::RefCell::new(None::<String>);
+        let mut callbacks = self.git.callbacks();
+        callbacks.push_update_reference(|_, status| {
+            if let Some(status) = status {
+                *rejected.borrow_mut() = Some(status.to_string());
+            }
+            Ok(())
+        });
+        let mut options = git2::PushOptions::new();
+        options.remote_callbacks(callbacks);
+        // No leading '+': never a forced push.
+        let refspec = format!("{outgoing}:refs/heads/{branch}");
+        let result = remote.push(&[&refspec], Some(&mut options));
+        drop(options);
+        if let Some(status) = rejected.into_inner() {
+            return Err(status);
+        }
+        result.map_err(|e| e.message().to_string())
+    }
+}
+
+/// The app's directory in the repository, and whether only its top-level
+/// files belong to it (the root app shares its directory with the others).
+fn app_dir(source_path: &str, app: &str) -> (String, bool) {
+    let base = source_path.trim_matches('/');
+    if app == crate::manifest::ROOT_APP {
+        return (base.to_string(), true);
+    }
+    if base.is_empty() {
+        (app.to_string(), false)
+    } else {
+        (format!("{base}/{app}"), false)
+    }
+}
+
+fn short(sha: &str) -> &str {
+    &sha[..sha.len().min(7)]
+}
+
+/// Exponential backoff with jitter: 100 ms, 200 ms, … capped at 5 s.
+fn backoff(attempt: u32) -> Duration {
+    let base = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()) % (base / 2 + 1))
+        .unwrap_or(0);
+    Duration::from_millis(base / 2 + jitter)
+}
+
+/// An earlier commit carrying all these trailers, if any.
+fn find_by_trailers(repo: &Repository, head: &Commit<'_>, trailers: &[(&str, String)]) -> Option<String> {
+    let mut walk = repo.revwalk().ok()?;
+    walk.push(head.id()).ok()?;
+    for oid in walk.take(TRAILER_SEARCH_DEPTH).flatten() {
+        let Ok(commit) = repo.find_commit(oid) else { continue };
+        let message = commit.message().unwrap_or_default();
+        if trailers
+            .iter()
+            .all(|(key, value)| message.lines().any(|l| l.trim() == format!("{key}: {value}")))
+        {
+            return Some(oid.to_string());
+        }
+    }
+    None
+}
+
+/// The head tree with the given files written (Some) or removed (None).
+fn updated_tree(repo: &Repository, head: &Commit<'_>, files: &FileChanges) -> Result<Oid> {
+    let base = head.tree().map_err(Error::git("reading the head tree"))?;
+    let mut update = git2::build::TreeUpdateBuilder::new();
+    for (path, content) in files {
+        match content {
+            Some(bytes) => {
+                let blob = repo.blob(bytes).map_err(Error::git(format!("writing {path}")))?;
+                update.upsert(path.as_str(), blob, git2::FileMode::Blob);
+            }
+            None => {
+                if base.get_path(std::path::Path::new(path)).is_ok() {
+                    update.remove(path.as_str());
+                }
+            }
+        }
+    }
+    update
+        .create_updated(repo, &base)
+        .map_err(Error::git("building the new tree"))
+}
+
+/// For each file under `dir` that changed between stable and canary: its
+/// stable content (None: it did not exist). Also the files among them that
+/// later commits (canary..head) changed again.
+fn revert_changes(
+    repo: &Repository,
+    stable: &Commit<'_>,
+    canary: &Commit<'_>,
+    head: &Commit<'_>,
+    dir: &str,
+    top_level_only: bool,
+) -> Result<(FileChanges, Vec<String>)> {
+    let stable_tree = stable.tree().map_err(Error::git("reading the stable tree"))?;
+    let canary_tree = canary.tree().map_err(Error::git("reading the canary tree"))?;
+    let head_tree = head.tree().map_err(Error::git("reading the head tree"))?;
+    let mut options = git2::DiffOptions::new();
+    if !dir.is_empty() {
+        options.pathspec(format!("{dir}/"));
+    }
+    let diff = repo
+        .diff_tree_to_tree(Some(&stable_tree), Some(&canary_tree), Some(&mut options))
+        .map_err(Error::git("comparing the stable and canary commits"))?;
+    let mut files = Vec::new();
+    for delta in diff.deltas() {
+        let Some(path) = delta.new_file().path().or_else(|| delta.old_file().path()) else {
+            continue;
+        };
+        let path = path.to_string_lossy().to_string();
+        let rest = path.strip_prefix(dir).unwrap_or(&path).trim_start_matches('/');
+        if top_level_only && rest.contains('/') {
+            continue;
+        }
+        let stable_content = match stable_tree.get_path(std::path::Path::new(&path)) {
+            Ok(entry) => Some(
+                repo.find_blob(entry.id())
+                    .map_err(Error::git(format!("reading {path} at the stable commit")))?
+                    .content()
+                    .to_vec(),
+            ),
+            Err(_) => None,
+        };
+        files.push((path, stable_content));
+    }
+    let mut later = Vec::new();
+    for (path, _) in &files {
+        let at_canary = canary_tree.get_path(std::path::Path::new(path)).map(|e| e.id()).ok();
+        let at_head = head_tree.get_path(std::path::Path::new(path)).map(|e| e.id()).ok();
+        if at_canary != at_head {
+            later.push(path.clone());
+        }
+    }
+    Ok((files, later))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authors_parse_from_name_and_email() {
+        let author = Author::parse("Release Bot <bot@example.test>").expect("valid");
+        assert_eq!(
+            (author.name.as_str(), author.email.as_str()),
+            ("Release Bot", "bot@example.test")
+        );
+        assert!(Author::parse("no email").is_err());
+    }
+
+    #[test]
+    fn backoff_grows_and_is_bounded() {
+        assert!(backoff(1) <= Duration::from_millis(200));
+        assert!(backoff(8) <= Duration::from_secs(5));
+        assert!(backoff(8) >= Duration::from_millis(1_600));
+    }
+}
