@@ -73,19 +73,21 @@ rollout_line() {
   k -n demo get rollout echoserver -o jsonpath='{.status.phase} step {.status.canaryStatus.currentStepIndex} {.status.canaryStatus.currentStepState} traffic {.status.canaryStatus.traffic}'
 }
 # Prints each new state of the rollout with the route weights read from the cluster.
-follow_until() { # phase to stop at
+follow_until() { # phases to stop at, e.g. Paused or "Failed|Healthy"
   local last="" line phase
   for _ in $(seq 1 300); do
     phase=$(k -n demo get rollout echoserver -o jsonpath='{.status.phase}')
     line="$(rollout_line) | route: $(weights)| canary pods ready: $(k -n demo get deployment echoserver-canary -o jsonpath='{.status.readyReplicas}' 2>/dev/null || echo -)"
     [ "$line" != "$last" ] && say "$line" && last="$line"
-    [ "$phase" = "$1" ] && return 0
+    [[ "$phase" =~ ^($1)$ ]] && return 0
     sleep 0.3
   done
   say "(still not $1 after 90 s; see the agent log)"
 }
-push() { # message
-  git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qam "$1"
+push() { # message; gitcanary writes to the branch too, so pull first as anyone would
+  git -C "$work/clone" add -A
+  git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "$1"
+  git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test pull -q --rebase origin main
   git -C "$work/clone" push -q origin HEAD:main
 }
 
@@ -103,6 +105,9 @@ k -n demo get pods -l gitcanary.io/rollout-id -L gitcanary.io/rollout-id,gitcana
 bold "Promoting (gitcanary promote); the last step takes all traffic, then stable takes the new version"
 "$gitcanary" promote echoserver -n demo | sed 's/^/   /'
 follow_until Healthy
+for _ in $(seq 1 50); do git -C "$work/clone" pull -q --rebase origin main; [ -f "$work/clone/.gitcanary/status/demo/echoserver.yaml" ] && break; sleep 0.2; done
+say "gitcanary recorded the promotion in Git ($(git -C "$work/clone" log -1 --format=%s)):"
+sed 's/^/     /' "$work/clone/.gitcanary/status/demo/echoserver.yaml" | head -12
 for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
 say "stable now runs: $(image); route: $(weights); canary Deployment: $(k -n demo get deployment echoserver-canary -o name 2>/dev/null || echo removed)"
 
@@ -110,15 +115,17 @@ bold "Pushing a broken image whose pods never become ready"
 sed -i 's/echoserver:1.1.0/echoserver:1.2.0-broken/; s/version: base/version: base\n        gitcanary.test\/never-ready: "true"/' "$work/clone/echoserver/deployment.yaml"
 push "echoserver 1.2.0 (broken)"
 webhook >/dev/null
-follow_until Failed
+follow_until Progressing
+# Failed lasts only until the revert commit is synced.
+follow_until "Failed|Healthy"
 say "$(k -n demo get rollout echoserver -o jsonpath='{.status.canaryStatus.message}')"
 for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
 say "stable still runs: $(image); route: $(weights)"
-say "(writing the revert commit to Git is the next step of gitcanary; here Alice reverts by hand)"
-git -C "$work/clone" revert --no-edit HEAD >/dev/null
-git -C "$work/clone" push -q origin HEAD:main
-webhook >/dev/null
+say "gitcanary now reverts the change in Git, so the repository never asks for the failed version:"
 follow_until Healthy
+git -C "$work/clone" pull -q --rebase origin main
+git -C "$work/clone" log -1 --format='%an: %B' | sed 's/^/     /'
+git -C "$work/clone" show --stat --format= HEAD | sed 's/^/     /'
 
 bold "Someone scales the Deployment by hand; the agent puts Git's value back"
 k -n demo scale deployment echoserver --replicas=7 >/dev/null
@@ -129,9 +136,7 @@ say "replicas a moment later: $(k -n demo get deployment echoserver -o jsonpath=
 bold "Pushing a broken manifest: refused with its file and line, the cluster keeps what it had"
 printf 'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: demo\ndata: [unclosed\n' >"$work/clone/echoserver/settings.yaml"
 sed -i 's/replicas: 3/replicas: 4/' "$work/clone/echoserver/deployment.yaml"
-git -C "$work/clone" add -A
-git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "settings (broken) and 4 replicas"
-git -C "$work/clone" push -q origin HEAD:main
+push "settings (broken) and 4 replicas"
 "$gitcanary" validate "$work/clone" | sed 's/^/   gitcanary validate: /' || true
 webhook >/dev/null
 sleep 2
@@ -141,8 +146,7 @@ k -n gitcanary-system get configmap gitcanary-app-echoserver -o jsonpath='{.data
 
 bold "Fixing it; gitcanary diff shows what the next sync will do"
 git -C "$work/clone" rm -q echoserver/settings.yaml
-git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "drop the broken settings"
-git -C "$work/clone" push -q origin HEAD:main
+push "drop the broken settings"
 "$gitcanary" diff --repo "file://$work/apps.git" --cache-dir "$work/cache-diff" --color always | sed 's/^/   /' || true
 webhook >/dev/null
 for _ in $(seq 1 50); do [ "$(k -n demo get deployment echoserver -o jsonpath='{.spec.replicas}')" = 4 ] && break; sleep 0.2; done

@@ -448,6 +448,15 @@ async fn sync_app(
 
     let (first, rest): (Vec<usize>, Vec<usize>) = to_apply.iter().partition(|&&i| planned[i].is_staged_first());
     let mut failures = Vec::new();
+    for work in &rollouts {
+        if let Err(error) = rollout::engine::apply_canary_objects(cluster, work).await {
+            failures.push(Problem {
+                file: app.name.clone(),
+                line: 0,
+                message: format!("rollout {}/{}: {error}", work.namespace, work.name),
+            });
+        }
+    }
     for (index, outcome) in apply_all(cluster, &planned, &first, live, options).await {
         match outcome {
             Ok(value) => results[index] = value,

@@ -308,7 +308,8 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
 #[tokio::test]
 async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_returns() {
     let scenario = Scenario::new("ro-deadline").await;
-    let strategy = "      steps:\n      - {traffic: 20%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 4s\n";
+    // hold: no revert commit, so the failed version stays in Git and must not be retried.
+    let strategy = "      steps:\n      - {traffic: 20%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 4s\n      onFailure: hold\n";
     App::new(&scenario.ns, "1.0", strategy).write(&scenario);
     scenario.repo.commit_and_push("echo 1.0");
     let _agent = scenario.start_agent();

@@ -179,7 +179,23 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
         message.starts_with(&format!("revert({key}): canary pods not ready within 3s")),
         "{message}"
     );
-    assert!(message.contains(&format!("Gitcanary-Reverts: {broken}")), "{message}");
+    // The release is of the head the agent synced: the broken commit, or one of Bob's on top of it.
+    let reverted = message
+        .lines()
+        .find_map(|l| l.strip_prefix("Gitcanary-Reverts: "))
+        .expect("a Gitcanary-Reverts trailer")
+        .to_string();
+    let descends = std::process::Command::new("git")
+        .args([
+            &format!("--git-dir={}", scenario.repo.bare.display()),
+            "merge-base",
+            "--is-ancestor",
+            &broken,
+            &reverted,
+        ])
+        .status()
+        .expect("git runs");
+    assert!(descends.success(), "{reverted} does not contain {broken}");
     assert!(message.contains(&format!("Gitcanary-Rollout: {key}")), "{message}");
     assert_eq!(
         git(&scenario, &["show", &format!("{revert}:echo/deployment.yaml")]),

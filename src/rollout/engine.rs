@@ -516,12 +516,19 @@ fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// After the app is applied: canary objects, deletions, batch labels, status.
-pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
-    let intent = &work.plan.intent;
+/// Before the app is applied: the canary objects, so that a route never
+/// names a canary Service that does not exist yet.
+pub async fn apply_canary_objects(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
     for extra in &work.extras {
         apply_extra(cluster, extra).await?;
     }
+    Ok(())
+}
+
+/// After the app is applied: deletions (routes are already back on stable),
+/// batch labels, status.
+pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+    let intent = &work.plan.intent;
     for (api_version, kind, name) in &work.deletions {
         delete_if_present(cluster, api_version, kind, &work.namespace, name).await?;
     }

@@ -135,6 +135,11 @@ impl GitRepo {
         let dir = self.work.path();
         run(dir, "git", &["add", "-A"]);
         run(dir, "git", &["commit", "-q", "--allow-empty", "-m", message]);
+        // gitcanary may have pushed (a status or revert commit): take it first, as a user would.
+        let _ = std::process::Command::new("git")
+            .args(["pull", "-q", "--rebase", remote, "main"])
+            .current_dir(dir)
+            .output();
         run(dir, "git", &["push", "-q", remote, "HEAD:main"]);
         run(dir, "git", &["rev-parse", "HEAD"]).trim().to_string()
     }
