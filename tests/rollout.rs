@@ -453,14 +453,19 @@ async fn a_commit_back_to_stable_rolls_back_at_once_and_a_third_template_restart
     let v2 = scenario.repo.commit_and_push("echo 2.0");
     cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
     App::new(&scenario.ns, "3.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 3.0");
+    let v3 = scenario.repo.commit_and_push("echo 3.0");
     eventually("the canary runs 3.0", WAIT, || async {
         (cluster.image("echo-canary").await.as_deref() == Some("registry.test/echo:3.0")).then_some(())
     })
     .await;
-    cluster.wait_for("3.0 paused at step 1", Phase::Paused, 1).await;
-    let status = cluster.rollout().await.expect("rollout").status.expect("status");
-    assert_eq!(status.superseded.len(), 1);
+    // The canary Deployment is written before the status: wait for the status of the 3.0 release.
+    let status = eventually("3.0 paused at step 1", WAIT, || async {
+        let status = cluster.rollout().await?.status?;
+        let step = status.canary_status.as_ref()?.current_step_index;
+        (status.canary_commit == v3 && status.phase == Phase::Paused && step == 1).then_some(status)
+    })
+    .await;
+    assert_eq!(status.superseded.len(), 1, "{status:#?}");
     assert_eq!(status.superseded[0].commit, v2);
 
     App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
