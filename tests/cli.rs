@@ -314,3 +314,51 @@ async fn git_credentials_never_appear_in_logs_or_errors() {
     assert!(stderr.contains("fetching main"), "{stderr}");
     assert!(!stdout.contains("tok-wrong-987654") && !stderr.contains("tok-wrong-987654"));
 }
+
+#[tokio::test]
+async fn a_plain_directory_is_followed_through_file_events() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "cli-dir").await;
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::write(dir.path().join("web/settings.yaml"), configmap(&ns, "settings", "blue")).expect("write");
+    // Polling is an hour away: only a file event can bring the change in time.
+    let _agent = Agent(
+        gitcanary()
+            .args([
+                "sync",
+                "--poll-interval",
+                "3600",
+                "--repo",
+                &dir.path().display().to_string(),
+            ])
+            .args(cluster_args(&ns, support::kubeconfig()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent starts"),
+    );
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let color = || async {
+        configmaps
+            .get_opt("settings")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.data)
+            .and_then(|d| d.get("color").cloned())
+    };
+    support::eventually("first sync", Duration::from_secs(30), || async {
+        (color().await.as_deref() == Some("blue")).then_some(())
+    })
+    .await;
+    std::fs::write(
+        dir.path().join("web/settings.yaml"),
+        configmap(&ns, "settings", "green"),
+    )
+    .expect("write");
+    support::eventually("the edit applied", Duration::from_secs(10), || async {
+        (color().await.as_deref() == Some("green")).then_some(())
+    })
+    .await;
+}
