@@ -213,6 +213,14 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
     })
 }
 
+fn rollout_problem(app: &App, work: &rollout::engine::RolloutWork, error: &Error) -> Problem {
+    Problem {
+        file: app.name.clone(),
+        line: 0,
+        message: format!("rollout {}/{}: {error}", work.namespace, work.name),
+    }
+}
+
 fn failed_report(app: &App, message: &str) -> AppReport {
     AppReport {
         app: app.name.clone(),
@@ -450,11 +458,7 @@ async fn sync_app(
     let mut failures = Vec::new();
     for work in &rollouts {
         if let Err(error) = rollout::engine::apply_canary_objects(cluster, work).await {
-            failures.push(Problem {
-                file: app.name.clone(),
-                line: 0,
-                message: format!("rollout {}/{}: {error}", work.namespace, work.name),
-            });
+            failures.push(rollout_problem(app, work, &error));
         }
     }
     for (index, outcome) in apply_all(cluster, &planned, &first, live, options).await {
@@ -515,11 +519,7 @@ async fn sync_app(
 
     for work in &rollouts {
         if let Err(error) = rollout::engine::finish(cluster, work).await {
-            failures.push(Problem {
-                file: app.name.clone(),
-                line: 0,
-                message: format!("rollout {}/{}: {error}", work.namespace, work.name),
-            });
+            failures.push(rollout_problem(app, work, &error));
         }
     }
     report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();

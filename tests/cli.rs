@@ -82,6 +82,17 @@ fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[
     Some((status, body))
 }
 
+async fn color_of(configmaps: &Api<ConfigMap>, name: &str) -> Option<String> {
+    configmaps
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .get("color")
+        .cloned()
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -196,15 +207,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     })
     .await;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let color = || async {
-        configmaps
-            .get_opt("settings")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|c| c.data)
-            .and_then(|d| d.get("color").cloned())
-    };
+    let color = || color_of(&configmaps, "settings");
     assert_eq!(color().await.as_deref(), Some("blue"));
 
     repo.write("web/settings.yaml", &configmap(&ns, "settings", "green"));
@@ -339,15 +342,7 @@ async fn a_plain_directory_is_followed_through_file_events() {
             .expect("agent starts"),
     );
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let color = || async {
-        configmaps
-            .get_opt("settings")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|c| c.data)
-            .and_then(|d| d.get("color").cloned())
-    };
+    let color = || color_of(&configmaps, "settings");
     support::eventually("first sync", Duration::from_secs(30), || async {
         (color().await.as_deref() == Some("blue")).then_some(())
     })

@@ -191,6 +191,16 @@ fn w(name: &str, weight: i64) -> (String, Option<i64>) {
     (name.to_string(), Some(weight))
 }
 
+/// Version 1.0 pushed and running under a started agent.
+async fn running_on_1_0(scenario: &Scenario, strategy: &str) -> (support::agent::AgentProcess, Cluster) {
+    App::new(&scenario.ns, "1.0", strategy).write(scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let agent = scenario.start_agent();
+    let cluster = Cluster::of(scenario);
+    healthy_with(scenario, &cluster, "1.0").await;
+    (agent, cluster)
+}
+
 async fn healthy_with(scenario: &Scenario, cluster: &Cluster, image: &str) {
     eventually("the stable Deployment serves the image", WAIT, || async {
         let ok = cluster.image("echo").await.as_deref() == Some(&format!("registry.test/echo:{image}") as &str)
@@ -208,11 +218,7 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
     let strategy = format!(
         "      steps:\n      - {{traffic: 25%, replicas: 1, pause: {{duration: 1}}}}\n      - {{traffic: 50%, replicas: 50%, pause: {{}}}}\n      - {{traffic: 100%, replicas: 100%}}\n{GATEWAY}"
     );
-    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running_on_1_0(&scenario, &strategy).await;
     assert!(
         cluster.deployment("echo-canary").await.is_none(),
         "no release for the first version"
@@ -310,11 +316,7 @@ async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_ret
     let scenario = Scenario::new("ro-deadline").await;
     // hold: no revert commit, so the failed version stays in Git and must not be retried.
     let strategy = "      steps:\n      - {traffic: 20%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 4s\n      onFailure: hold\n";
-    App::new(&scenario.ns, "1.0", strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
 
     let mut broken = App::new(&scenario.ns, "2.0-broken", strategy);
     broken.extra_pod_labels = ", gitcanary.test/never-ready: \"true\"";
@@ -396,28 +398,13 @@ async fn the_seed_selector_conflict_is_refused_with_the_fix_and_then_runs() {
 async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
     let scenario = Scenario::new("ro-abort").await;
     let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
-    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running_on_1_0(&scenario, &strategy).await;
     App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
     scenario.repo.commit_and_push("echo 2.0");
     cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
     assert_eq!(cluster.weights().await, vec![w("echo", 70), w("echo-canary", 30)]);
     // Mid-release the cluster is what Git plus the rollout asks for: diff sees no change.
-    let diff_args = [
-        "diff",
-        "--repo",
-        &scenario.repo.file_url(),
-        "--instance",
-        &format!("e2e-{}", scenario.ns),
-        "--state-namespace",
-        &scenario.ns,
-        "--cache-dir",
-        &scenario.cache.path().join("diff").display().to_string(),
-    ];
-    let (code, stdout, stderr) = scenario.run_cli(&diff_args);
+    let (code, stdout, stderr) = scenario.diff();
     assert_eq!(code, 0, "diff mid-release: {stdout}{stderr}");
 
     let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
@@ -443,11 +430,7 @@ async fn a_commit_back_to_stable_rolls_back_at_once_and_a_third_template_restart
     let strategy = format!(
         "      steps:\n      - {{traffic: 10%, replicas: 1, pause: {{}}}}\n      - {{traffic: 100%}}\n{GATEWAY}"
     );
-    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running_on_1_0(&scenario, &strategy).await;
 
     App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
     let v2 = scenario.repo.commit_and_push("echo 2.0");
@@ -488,11 +471,7 @@ async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
     let strategy = format!(
         "      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: 4}}}}\n      - {{traffic: 60%, replicas: 2, pause: {{}}}}\n{GATEWAY}"
     );
-    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let mut agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (mut agent, cluster) = running_on_1_0(&scenario, &strategy).await;
     App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
     scenario.repo.commit_and_push("echo 2.0");
     eventually("step 1 routed", WAIT, || async {
@@ -697,11 +676,7 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
 async fn git_back_on_the_promoted_version_after_a_failure_is_healthy_again() {
     let scenario = Scenario::new("ro-revert").await;
     let strategy = "      steps:\n      - {traffic: 50%, replicas: 1}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 3s\n";
-    App::new(&scenario.ns, "1.0", strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
     App::new(&scenario.ns, "2.0", strategy).write(&scenario);
     let promoted = scenario.repo.commit_and_push("echo 2.0");
     healthy_with(&scenario, &cluster, "2.0").await;

@@ -223,17 +223,7 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
         .filter(|(_, m)| m.starts_with("revert("))
         .count();
     assert_eq!(reverts, 1);
-    let (code, stdout, stderr) = scenario.run_cli(&[
-        "diff",
-        "--repo",
-        &scenario.repo.file_url(),
-        "--instance",
-        &format!("e2e-{}", scenario.ns),
-        "--state-namespace",
-        &scenario.ns,
-        "--cache-dir",
-        &scenario.cache.path().join("diff").display().to_string(),
-    ]);
+    let (code, stdout, stderr) = scenario.diff();
     assert_eq!(code, 0, "{stdout}{stderr}");
 }
 

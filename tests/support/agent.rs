@@ -131,6 +131,21 @@ impl Scenario {
         AgentProcess::start(&self.repo, &self.ns, self.cache.path())
     }
 
+    /// `gitcanary diff` as this scenario's agent sees the repository.
+    pub fn diff(&self) -> (i32, String, String) {
+        self.run_cli(&[
+            "diff",
+            "--repo",
+            &self.repo.file_url(),
+            "--instance",
+            &format!("e2e-{}", self.ns),
+            "--state-namespace",
+            &self.ns,
+            "--cache-dir",
+            &self.cache.path().join("diff").display().to_string(),
+        ])
+    }
+
     pub fn run_cli(&self, args: &[&str]) -> (i32, String, String) {
         let output = gitcanary()
             .args(args)
