@@ -14,7 +14,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::cluster::Cluster;
-use crate::rollout::engine;
+use crate::github::{self, Command, GitHub};
+use crate::rollout::api::Phase;
+use crate::rollout::cli::{Signal, send_signal_token};
+use crate::rollout::engine::{self, RolloutSummary};
 use crate::source::Source;
 use crate::sync::{SyncOptions, SyncReport, sync};
 use crate::writeback::{Author, Outcome, Writer};
@@ -38,6 +41,121 @@ pub struct Agent {
     pub poll_interval: Duration,
     pub ready: Arc<AtomicBool>,
     pub writeback: WritebackConfig,
+    /// Pull-request comments, commit statuses and commands; off without a token.
+    pub github: Option<Arc<GitHub>>,
+}
+
+/// How often open pauses look for `/gitcanary` commands when GitHub is on.
+const COMMAND_POLL: Duration = Duration::from_secs(3);
+
+/// Reports each rollout to GitHub: the release comment and the commit status
+/// when its status changed, and commands while a release waits. GitHub being
+/// down delays the comment, never the release. Returns whether a command was
+/// handed to a rollout.
+pub async fn report_to_github(github: &GitHub, cluster: &Cluster, report: &SyncReport) -> bool {
+    let mut signalled = false;
+    for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
+        let status = &rollout.status;
+        let commit = if status.canary_commit.is_empty() {
+            &status.stable_commit
+        } else {
+            &status.canary_commit
+        };
+        if commit.is_empty() || status.rollout_id.is_empty() {
+            continue;
+        }
+        let pulls = match github.pulls_for_commit(commit).await {
+            Ok(pulls) => pulls,
+            Err(error) => {
+                warn!(%error, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: cannot find the pull request");
+                continue;
+            }
+        };
+        if rollout.changed {
+            let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
+            let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status);
+            for pull in &pulls {
+                if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
+                    warn!(%error, pull, "GitHub: the release comment waits for the next change");
+                }
+            }
+            let (state, description) = github::commit_status(status);
+            let context = format!("gitcanary/{}/{}", rollout.namespace, rollout.name);
+            if let Err(error) = github.set_status(commit, &context, state, &description).await {
+                warn!(%error, "GitHub: the commit status waits for the next change");
+            }
+        }
+        if matches!(status.phase, Phase::Paused | Phase::Progressing) {
+            signalled |= handle_commands(github, cluster, rollout, &pulls).await;
+        }
+    }
+    signalled
+}
+
+async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSummary, pulls: &[u64]) -> bool {
+    let mut last = rollout.last_command_comment;
+    let mut signalled = false;
+    for pull in pulls {
+        let commands = match github.commands(*pull, rollout.last_command_comment).await {
+            Ok(commands) => commands,
+            Err(error) => {
+                warn!(%error, pull, "GitHub: cannot read commands");
+                continue;
+            }
+        };
+        for comment in commands {
+            last = last.max(comment.id);
+            let allowed = match github.can_write(&comment.user).await {
+                Ok(allowed) => allowed,
+                Err(error) => {
+                    warn!(%error, user = %comment.user, "GitHub: cannot check permission; the command is ignored");
+                    false
+                }
+            };
+            let verb = match comment.command {
+                Command::Promote => "promote",
+                Command::Abort => "abort",
+            };
+            if !allowed {
+                info!(user = %comment.user, verb, "GitHub: command from a user without write access ignored");
+                let reply = format!(
+                    "@{} `/gitcanary {verb}` needs write, maintain or admin permission on this repository; nothing was changed.",
+                    comment.user
+                );
+                let _ = github.reply(*pull, &reply).await;
+                continue;
+            }
+            let signal = match comment.command {
+                Command::Promote => Signal::Promote,
+                Command::Abort => Signal::Abort,
+            };
+            let token = format!("github-comment-{}", comment.id);
+            match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
+                Ok(()) => {
+                    info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
+                    signalled = true;
+                }
+                Err(error) => warn!(%error, "GitHub: the command could not be passed on"),
+            }
+        }
+    }
+    if last > rollout.last_command_comment {
+        let rollouts: kube::Api<crate::rollout::api::Rollout> =
+            kube::Api::namespaced(cluster.client.clone(), &rollout.namespace);
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {engine::LAST_COMMENT_ANNOTATION: last.to_string()}}});
+        if let Err(error) = rollouts
+            .patch(
+                &rollout.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            warn!(%error, "cannot record the last handled comment");
+        }
+    }
+    signalled
 }
 
 /// How promotes and reverts are written to Git.
@@ -143,6 +261,21 @@ impl Agent {
                     if write_back(&self.cluster, &self.source, &self.writeback, &report).await > 0 {
                         // Sync the commit just pushed.
                         let _ = triggers.try_send(Trigger::Timer);
+                    }
+                    if let Some(github) = &self.github {
+                        report_to_github(github, &self.cluster, &report).await;
+                        let waiting = report
+                            .apps
+                            .iter()
+                            .flat_map(|a| a.rollouts.iter())
+                            .any(|r| r.status.phase == Phase::Paused);
+                        if waiting {
+                            let triggers = triggers.clone();
+                            tokio::spawn(async move {
+                                tokio::time::sleep(COMMAND_POLL).await;
+                                let _ = triggers.try_send(Trigger::Timer);
+                            });
+                        }
                     }
                     drift
                         .follow(&self.cluster, &report.kinds, &self.options, &triggers)

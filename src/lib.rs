@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod github;
 pub mod manifest;
 pub mod rollout;
 pub mod server;

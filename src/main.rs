@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitcanary::agent::{Agent, WritebackConfig, trigger_channel, write_back};
 use gitcanary::cluster::{Cluster, render_diff};
+use gitcanary::github::GitHub;
 use gitcanary::rollout::cli::{Signal, send_signal};
 use gitcanary::server::{ServerState, serve};
 use gitcanary::source::{Credentials, Source};
@@ -140,6 +141,13 @@ struct SyncArgs {
     /// Branch for promote status files; default the tracked branch.
     #[arg(long)]
     status_branch: Option<String>,
+    /// GitHub API URL (GitHub Enterprise: https://HOST/api/v3).
+    #[arg(long, default_value = "https://api.github.com")]
+    github_url: String,
+    /// The repository on GitHub, owner/name; with GITCANARY_GITHUB_TOKEN (or _FILE) it turns on
+    /// pull-request comments, commit statuses and /gitcanary commands.
+    #[arg(long)]
+    github_repo: Option<String>,
 }
 
 #[derive(Args)]
@@ -368,6 +376,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
         ready,
         writeback,
+        github: github_client(&args)?.map(Arc::new),
     };
     tokio::select! {
         _ = agent.run(triggers, queue) => {}
@@ -383,6 +392,29 @@ async fn terminate() {
             signal.recv().await;
         }
         Err(_) => std::future::pending().await,
+    }
+}
+
+fn github_client(args: &SyncArgs) -> Result<Option<GitHub>, Error> {
+    let Some(repo) = &args.github_repo else { return Ok(None) };
+    let token = match std::env::var("GITCANARY_GITHUB_TOKEN") {
+        Ok(token) => Some(token),
+        Err(_) => match std::env::var("GITCANARY_GITHUB_TOKEN_FILE") {
+            Ok(path) => Some(
+                std::fs::read_to_string(&path)
+                    .map_err(|source| Error::Read { path, source })?
+                    .trim_end()
+                    .to_string(),
+            ),
+            Err(_) => None,
+        },
+    };
+    match token {
+        Some(token) => Ok(Some(GitHub::new(&args.github_url, &token, repo)?)),
+        None => {
+            tracing::warn!("--github-repo is set but no GITCANARY_GITHUB_TOKEN: GitHub reporting is off");
+            Ok(None)
+        }
     }
 }
 

@@ -77,6 +77,8 @@ pub struct AppReport {
     pub requeue_after: Option<Duration>,
     /// Promotes and reverts of this app's rollouts still to be written to Git.
     pub writebacks: Vec<crate::writeback::Request>,
+    /// The app's rollouts as this sync left them.
+    pub rollouts: Vec<rollout::engine::RolloutSummary>,
 }
 
 #[derive(Debug, Clone)]
@@ -238,6 +240,7 @@ fn failed_report(app: &App, message: &str) -> AppReport {
         duration: Duration::ZERO,
         requeue_after: None,
         writebacks: Vec::new(),
+        rollouts: Vec::new(),
     }
 }
 
@@ -400,6 +403,7 @@ async fn sync_app(
         duration: Duration::ZERO,
         requeue_after: None,
         writebacks: Vec::new(),
+        rollouts: Vec::new(),
     };
     if !report.problems.is_empty() {
         report.result = AppResult::Invalid;
@@ -524,6 +528,7 @@ async fn sync_app(
     }
     report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
     report.writebacks = rollouts.iter().filter_map(|w| w.writeback()).collect();
+    report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
 
     // Inventory: what Git holds now, plus what left Git but was not pruned.
     let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();

@@ -18,6 +18,17 @@ pub enum Signal {
 
 /// Sets the signal annotation to a fresh token; the engine acts on each token once.
 pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
+    send_signal_token(cluster, namespace, name, signal, &Timestamp::now().to_string()).await
+}
+
+/// Sets the signal annotation to `token` (a pull-request comment's id, say).
+pub async fn send_signal_token(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    signal: Signal,
+    token: &str,
+) -> Result<()> {
     let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     api.get(name)
         .await
@@ -26,7 +37,6 @@ pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal:
         Signal::Promote => PROMOTE_ANNOTATION,
         Signal::Abort => ABORT_ANNOTATION,
     };
-    let token = Timestamp::now().to_string();
     let patch = json!({"metadata": {"annotations": {key: token}}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

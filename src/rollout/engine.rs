@@ -26,6 +26,8 @@ use crate::{Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result, SOURCE_ANNOTATION};
 /// Annotations that carry a signal; each value is acted on once.
 pub const PROMOTE_ANNOTATION: &str = "gitcanary.io/promote";
 pub const ABORT_ANNOTATION: &str = "gitcanary.io/abort";
+/// The last pull-request comment whose `/gitcanary` command was handled.
+pub const LAST_COMMENT_ANNOTATION: &str = "gitcanary.io/github-last-comment";
 
 /// What remains to do for one rollout once its app has been applied.
 #[derive(Debug)]
@@ -36,6 +38,9 @@ pub struct RolloutWork {
     pub app: String,
     /// Images of the template in Git, for the status written on promote.
     pub images: Vec<String>,
+    pub spec: RolloutSpec,
+    /// The last GitHub comment whose command was handled.
+    pub last_command_comment: u64,
     pub kind: WorkloadKind,
     pub workload: String,
     pub plan: Plan,
@@ -50,6 +55,18 @@ impl RolloutWork {
         self.plan.requeue_after
     }
 
+    /// What GitHub reporting needs to know of this rollout.
+    pub fn summary(&self) -> RolloutSummary {
+        RolloutSummary {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            spec: self.spec.clone(),
+            status: self.plan.status.clone(),
+            changed: self.previous.as_ref() != Some(&self.plan.status),
+            last_command_comment: self.last_command_comment,
+        }
+    }
+
     /// The promote or revert still to be written to Git, if any.
     pub fn writeback(&self) -> Option<crate::writeback::Request> {
         let pending = self.plan.status.pending_writeback.clone()?;
@@ -62,6 +79,18 @@ impl RolloutWork {
             images: self.images.clone(),
         })
     }
+}
+
+/// A rollout after a sync, for reporting.
+#[derive(Debug, Clone)]
+pub struct RolloutSummary {
+    pub namespace: String,
+    pub name: String,
+    pub spec: RolloutSpec,
+    pub status: RolloutStatus,
+    /// The status changed in this sync.
+    pub changed: bool,
+    pub last_command_comment: u64,
 }
 
 /// Marks a write-back done: the status without its pending entry.
@@ -347,11 +376,16 @@ async fn prepare_one(
                 .collect()
         })
         .unwrap_or_default();
+    let last_command_comment = annotation(LAST_COMMENT_ANNOTATION)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     Ok(Ok(RolloutWork {
         namespace,
         name,
         app: manifest.app.clone(),
         images,
+        spec: spec.clone(),
+        last_command_comment,
         kind,
         workload: target.name.clone(),
         plan,

@@ -53,6 +53,16 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn start(repo: &GitRepo, namespace: &str, cache: &Path) -> AgentProcess {
+        AgentProcess::start_with(repo, namespace, cache, &[], &[])
+    }
+
+    pub fn start_with(
+        repo: &GitRepo,
+        namespace: &str,
+        cache: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> AgentProcess {
         let log = cache.join("agent.log");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -77,6 +87,8 @@ impl AgentProcess {
             ])
             .args(["--kubeconfig", &super::kubeconfig().display().to_string()])
             .args(["--cache-dir", &cache.display().to_string()])
+            .args(args)
+            .envs(env.iter().copied())
             .env("GITCANARY_LOG", "gitcanary=debug")
             .stdout(Stdio::null())
             .stderr(file)

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod git_server;
+pub mod github;
 
 use std::path::PathBuf;
 use std::process::Command;
