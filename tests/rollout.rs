@@ -675,7 +675,8 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
 #[tokio::test]
 async fn git_back_on_the_promoted_version_after_a_failure_is_healthy_again() {
     let scenario = Scenario::new("ro-revert").await;
-    let strategy = "      steps:\n      - {traffic: 50%, replicas: 1}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 3s\n";
+    // hold: the human commit below is what brings Git back (gitcanary's own revert is tested in writeback.rs).
+    let strategy = "      steps:\n      - {traffic: 50%, replicas: 1}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 3s\n      onFailure: hold\n";
     let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
     App::new(&scenario.ns, "2.0", strategy).write(&scenario);
     let promoted = scenario.repo.commit_and_push("echo 2.0");
