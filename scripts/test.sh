@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 
 step() { echo "==> $*" >&2; }
 
+# Build artefacts are shared by every clone on this machine (CI clones afresh),
+# so a run after the first compiles only what changed.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gitcanary/target}"
+
 step "checking the tools this needs"
 scripts/setup.sh
 
