@@ -309,6 +309,25 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
     assert_eq!(selector, BTreeMap::from([("app".to_string(), "echo".to_string())]));
     let status = cluster.rollout().await.expect("rollout").status.expect("status");
     assert_eq!(status.stable_commit, commit);
+
+    // `kubectl describe rollout` tells the story through Events.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some("Rollout"))
+        })
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["ReleaseStarted", "StepChanged", "GatePassed", "Promoted"] {
+        assert!(reasons.iter().any(|r| r == reason), "no {reason} Event in {reasons:?}");
+    }
 }
 
 #[tokio::test]
@@ -336,6 +355,18 @@ async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_ret
         message.contains("not ready within 4s: 0/1 ready at step 1"),
         "{message}"
     );
+    assert!(message.contains("holding for a fix in Git"), "{message}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let failed = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("ReleaseFailed"))
+        .expect("a ReleaseFailed Event");
+    assert_eq!(failed.type_.as_deref(), Some("Warning"));
+    assert!(failed.note.unwrap_or_default().contains("not ready within 4s"));
     eventually("canary removed", WAIT, || async {
         cluster.deployment("echo-canary").await.is_none().then_some(())
     })

@@ -580,10 +580,56 @@ pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
     for transition in &work.plan.transitions {
         info!(namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id, "{transition}");
     }
+    if !work.plan.transitions.is_empty() {
+        record_events(cluster, work).await;
+    }
     if let Some(cause) = &work.plan.failed {
         warn!(namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id, %cause, "release failed: traffic back on stable, canary removed");
     }
     Ok(())
+}
+
+/// Kubernetes Events on the Rollout, one per transition, so that
+/// `kubectl describe rollout` tells the story. Best effort: a lost Event
+/// never holds a release back.
+async fn record_events(cluster: &Cluster, work: &RolloutWork) {
+    use kube::Resource;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
+    let Ok(rollout) = rollouts.get(&work.name).await else {
+        return;
+    };
+    let reference = rollout.object_ref(&());
+    let recorder = Recorder::new(
+        cluster.client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: std::env::var("HOSTNAME").ok(),
+        },
+    );
+    for transition in &work.plan.transitions {
+        let (type_, reason) = if transition.contains("failed") || transition.contains("refused") {
+            (EventType::Warning, "ReleaseFailed")
+        } else if transition.starts_with("release") && transition.contains("promoted") {
+            (EventType::Normal, "Promoted")
+        } else if transition.contains("promoted") {
+            (EventType::Normal, "GatePassed")
+        } else if transition.contains("started") {
+            (EventType::Normal, "ReleaseStarted")
+        } else {
+            (EventType::Normal, "StepChanged")
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(transition.chars().take(1000).collect()),
+            action: "Reconcile".to_string(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            warn!(%error, "cannot record an Event on the Rollout");
+        }
+    }
 }
 
 async fn apply_extra(cluster: &Cluster, object: &Value) -> Result<()> {
