@@ -20,6 +20,7 @@ use crate::rollout::cli::{Signal, send_signal_token};
 use crate::rollout::engine::{self, RolloutSummary};
 use crate::source::Source;
 use crate::sync::{SyncOptions, SyncReport, sync};
+use crate::telemetry::Metrics;
 use crate::writeback::{Author, Outcome, Writer};
 use crate::{MANAGED_BY_LABEL, Result};
 
@@ -43,6 +44,7 @@ pub struct Agent {
     pub writeback: WritebackConfig,
     /// Pull-request comments, commit statuses and commands; off without a token.
     pub github: Option<Arc<GitHub>>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// How often open pauses look for `/gitcanary` commands when GitHub is on.
@@ -255,10 +257,22 @@ impl Agent {
                 reasons.insert(format!("{next:?}"));
             }
             debug!(?reasons, "sync triggered");
-            match self.sync_once().await {
+            let timer = self.metrics.sync_duration.start_timer();
+            let outcome = self.sync_once().await;
+            drop(timer);
+            match outcome {
                 Ok(report) => {
                     self.ready.store(true, Ordering::Relaxed);
-                    if write_back(&self.cluster, &self.source, &self.writeback, &report).await > 0 {
+                    self.metrics.record_sync(&report);
+                    let pushed = write_back(&self.cluster, &self.source, &self.writeback, &report).await;
+                    self.metrics
+                        .writeback_commits
+                        .fetch_add(pushed as u64, Ordering::Relaxed);
+                    let pending = report.writebacks().count().saturating_sub(pushed);
+                    self.metrics
+                        .writeback_failures
+                        .fetch_add(pending as u64, Ordering::Relaxed);
+                    if pushed > 0 {
                         // Sync the commit just pushed.
                         let _ = triggers.try_send(Trigger::Timer);
                     }
@@ -291,7 +305,10 @@ impl Agent {
                         info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
                     }
                 }
-                Err(error) => error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had"),
+                Err(error) => {
+                    self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
+                    error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
+                }
             }
         }
     }

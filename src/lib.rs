@@ -10,6 +10,7 @@ pub mod rollout;
 pub mod server;
 pub mod source;
 pub mod sync;
+pub mod telemetry;
 pub mod writeback;
 
 /// The field manager for every server-side apply gitcanary sends.

@@ -354,6 +354,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         });
     }
     let ready = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(gitcanary::telemetry::Metrics::default());
     let (triggers, queue) = trigger_channel();
     if let Some(addr) = listen {
         let secret = webhook_secret()?;
@@ -362,6 +363,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
             branch: args.source.branch.clone(),
             triggers: triggers.clone(),
             ready: ready.clone(),
+            metrics: metrics.clone(),
         };
         let bound = serve(addr, state).await.map_err(|source| Error::Read {
             path: format!("listen address {addr}"),
@@ -377,6 +379,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         ready,
         writeback,
         github: github_client(&args)?.map(Arc::new),
+        metrics,
     };
     tokio::select! {
         _ = agent.run(triggers, queue) => {}

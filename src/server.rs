@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::agent::Trigger;
 use crate::source::webhook::{self, PushEvent};
+use crate::telemetry::Metrics;
 
 #[derive(Clone)]
 pub struct ServerState {
@@ -22,6 +23,7 @@ pub struct ServerState {
     pub triggers: mpsc::Sender<Trigger>,
     /// Set once the first sync has finished.
     pub ready: Arc<AtomicBool>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub fn router(state: ServerState) -> Router {
@@ -29,6 +31,7 @@ pub fn router(state: ServerState) -> Router {
         .route("/webhook", post(github_webhook))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(webhook::MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -43,6 +46,10 @@ pub async fn serve(addr: SocketAddr, state: ServerState) -> std::io::Result<Sock
         }
     });
     Ok(bound)
+}
+
+async fn metrics(State(state): State<ServerState>) -> ([(&'static str, &'static str); 1], String) {
+    ([("content-type", "text/plain; version=0.0.4")], state.metrics.render())
 }
 
 async fn readyz(State(state): State<ServerState>) -> (StatusCode, &'static str) {

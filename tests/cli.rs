@@ -274,6 +274,24 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
         (color().await.as_deref() == Some("green")).then_some(())
     })
     .await;
+
+    // What happened is counted at /metrics.
+    let (status, metrics) = http(&addr, "GET", "/metrics", &[], b"").expect("metrics answer");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("# TYPE gitcanary_sync_duration_seconds histogram"),
+        "{metrics}"
+    );
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(value("gitcanary_objects_applied_total") >= 2, "{metrics}");
+    assert!(value("gitcanary_objects_drifted_total") >= 1, "{metrics}");
+    assert!(value("gitcanary_sync_duration_seconds_count") >= 3, "{metrics}");
 }
 
 #[tokio::test]

@@ -1,0 +1,208 @@
+//! Prometheus metrics, kept in atomics and rendered in the text format at
+//! `/metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::sync::SyncReport;
+
+const BUCKETS: [f64; 10] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// A histogram with fixed buckets (seconds).
+#[derive(Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, duration: Duration) {
+        let seconds = duration.as_secs_f64();
+        for (bucket, bound) in self.buckets.iter().zip(BUCKETS) {
+            if seconds <= bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Records the time until the returned guard is dropped.
+    pub fn start_timer(&self) -> Timer<'_> {
+        Timer {
+            histogram: self,
+            started: Instant::now(),
+        }
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (bucket, bound) in self.buckets.iter().zip(BUCKETS) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+/// Observes its histogram when dropped, so no path forgets to.
+pub struct Timer<'a> {
+    histogram: &'a Histogram,
+    started: Instant,
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        self.histogram.observe(self.started.elapsed());
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub sync_duration: Histogram,
+    pub syncs_ok: AtomicU64,
+    pub syncs_failed: AtomicU64,
+    pub objects_applied: AtomicU64,
+    pub objects_unchanged: AtomicU64,
+    pub objects_pruned: AtomicU64,
+    pub objects_drifted: AtomicU64,
+    pub rollout_transitions: AtomicU64,
+    pub writeback_commits: AtomicU64,
+    pub writeback_failures: AtomicU64,
+    /// (namespace, rollout) -> phase, as last seen.
+    phases: Mutex<BTreeMap<(String, String), String>>,
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        value.load(Ordering::Relaxed)
+    );
+}
+
+impl Metrics {
+    /// Counts what one sync did.
+    pub fn record_sync(&self, report: &SyncReport) {
+        self.syncs_ok.fetch_add(1, Ordering::Relaxed);
+        let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        for app in &report.apps {
+            self.objects_applied
+                .fetch_add(app.applied.len() as u64, Ordering::Relaxed);
+            self.objects_unchanged
+                .fetch_add(app.unchanged as u64, Ordering::Relaxed);
+            self.objects_pruned
+                .fetch_add(app.pruned.len() as u64, Ordering::Relaxed);
+            self.objects_drifted
+                .fetch_add(app.drifted.len() as u64, Ordering::Relaxed);
+            for rollout in &app.rollouts {
+                let phase = format!("{:?}", rollout.status.phase);
+                let key = (rollout.namespace.clone(), rollout.name.clone());
+                if phases.get(&key) != Some(&phase) {
+                    self.rollout_transitions.fetch_add(1, Ordering::Relaxed);
+                    phases.insert(key, phase);
+                }
+            }
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.sync_duration.render(
+            "gitcanary_sync_duration_seconds",
+            "Time of one fetch and sync.",
+            &mut out,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_syncs_total Syncs by result.\n# TYPE gitcanary_syncs_total counter\ngitcanary_syncs_total{{result=\"ok\"}} {}\ngitcanary_syncs_total{{result=\"error\"}} {}",
+            self.syncs_ok.load(Ordering::Relaxed),
+            self.syncs_failed.load(Ordering::Relaxed)
+        );
+        counter(
+            &mut out,
+            "gitcanary_objects_applied_total",
+            "Objects written by server-side apply.",
+            &self.objects_applied,
+        );
+        counter(
+            &mut out,
+            "gitcanary_objects_unchanged_total",
+            "Objects found in place and not written.",
+            &self.objects_unchanged,
+        );
+        counter(
+            &mut out,
+            "gitcanary_objects_pruned_total",
+            "Objects deleted because they left Git.",
+            &self.objects_pruned,
+        );
+        counter(
+            &mut out,
+            "gitcanary_objects_drifted_total",
+            "Objects changed by someone else and put back.",
+            &self.objects_drifted,
+        );
+        counter(
+            &mut out,
+            "gitcanary_rollout_phase_changes_total",
+            "Rollout phase changes seen.",
+            &self.rollout_transitions,
+        );
+        counter(
+            &mut out,
+            "gitcanary_writeback_commits_total",
+            "Promote and revert commits pushed.",
+            &self.writeback_commits,
+        );
+        counter(
+            &mut out,
+            "gitcanary_writeback_failures_total",
+            "Write-backs that failed and wait for the next sync.",
+            &self.writeback_failures,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_rollout_phase The phase of each rollout (1 for its current phase).\n# TYPE gitcanary_rollout_phase gauge"
+        );
+        let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
+        for ((namespace, name), phase) in phases.iter() {
+            let _ = writeln!(
+                out,
+                "gitcanary_rollout_phase{{namespace=\"{namespace}\",rollout=\"{name}\",phase=\"{phase}\"}} 1"
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timer_records_when_dropped() {
+        let metrics = Metrics::default();
+        {
+            let _timer = metrics.sync_duration.start_timer();
+        }
+        let text = metrics.render();
+        assert!(text.contains("gitcanary_sync_duration_seconds_count 1"), "{text}");
+        assert!(
+            text.contains("gitcanary_sync_duration_seconds_bucket{le=\"+Inf\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE gitcanary_objects_applied_total counter"));
+    }
+}
