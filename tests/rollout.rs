@@ -193,7 +193,12 @@ fn w(name: &str, weight: i64) -> (String, Option<i64>) {
 
 /// Version 1.0 pushed and running under a started agent.
 async fn running_on_1_0(scenario: &Scenario, strategy: &str) -> (support::agent::AgentProcess, Cluster) {
-    App::new(&scenario.ns, "1.0", strategy).write(scenario);
+    running(scenario, &App::new(&scenario.ns, "1.0", strategy)).await
+}
+
+/// `app` (at 1.0) pushed and running under a started agent.
+async fn running(scenario: &Scenario, app: &App<'_>) -> (support::agent::AgentProcess, Cluster) {
+    app.write(scenario);
     scenario.repo.commit_and_push("echo 1.0");
     let agent = scenario.start_agent();
     let cluster = Cluster::of(scenario);
@@ -387,11 +392,7 @@ async fn the_seed_selector_conflict_is_refused_with_the_fix_and_then_runs() {
     );
     let mut app = App::new(&scenario.ns, "1.0", &conflicting);
     app.service_selector = "{app: echo, version: base}";
-    app.write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running(&scenario, &app).await;
 
     app.image = "2.0";
     app.write(&scenario);
@@ -587,11 +588,7 @@ async fn nginx_ingress_gets_a_weighted_canary_ingress_during_the_release() {
     let mut app = App::new(&scenario.ns, "1.0", strategy);
     app.route = false;
     app.ingress = true;
-    app.write(&scenario);
-    scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
-    let cluster = Cluster::of(&scenario);
-    healthy_with(&scenario, &cluster, "1.0").await;
+    let (_agent, cluster) = running(&scenario, &app).await;
     app.image = "2.0";
     app.write(&scenario);
     scenario.repo.commit_and_push("echo 2.0");

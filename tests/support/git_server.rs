@@ -39,25 +39,7 @@ impl GitServer {
             .fallback(handle)
             .layer(DefaultBodyLimit::disable())
             .with_state(config);
-        // Its own thread and runtime: tests run the git CLI synchronously,
-        // which must not block the server that answers it.
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for the Git server");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind loopback");
-                sender
-                    .send(listener.local_addr().expect("bound address"))
-                    .expect("address sent");
-                let _ = axum::serve(listener, app).await;
-            });
-        });
-        let addr = receiver.recv().expect("the Git server starts");
+        let addr = super::serve_on_own_thread(app, "Git server");
         GitServer { root, addr }
     }
 

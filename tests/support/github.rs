@@ -68,19 +68,7 @@ impl GitHubFake {
             .route("/repos/{owner}/{repo}/collaborators/{user}/permission", get(permission))
             .layer(axum::middleware::from_fn_with_state(data.clone(), record))
             .with_state(data.clone());
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for the GitHub fake");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                sender.send(listener.local_addr().expect("address")).expect("sent");
-                let _ = axum::serve(listener, app).await;
-            });
-        });
-        let addr = receiver.recv().expect("the fake starts");
+        let addr = super::serve_on_own_thread(app, "GitHub fake");
         GitHubFake {
             url: format!("http://{addr}"),
             data,
