@@ -148,6 +148,7 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
     ensure_namespace(cluster, &options.state_namespace).await?;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
     let live = list_live(cluster, &manifests.apps, options).await?;
+    let statuses = AppStatus::load_all(cluster, &options.state_namespace).await?;
 
     // Apps that hold Namespaces or CRDs go first: other apps may use them.
     let mut apps: Vec<&App> = manifests.apps.values().collect();
@@ -159,42 +160,16 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
     let mut reports = Vec::new();
     for app in apps {
         let started = Instant::now();
-        let previous = AppStatus::load(cluster, &options.state_namespace, &app.name).await?;
-        let mut report = match sync_app(
-            cluster,
-            app,
-            &revision.commit,
-            &crd_kinds,
-            &live,
-            previous.as_ref(),
-            options,
-        )
-        .await
-        {
+        let previous = statuses.get(&app.name);
+        let mut report = match sync_app(cluster, app, &revision.commit, &crd_kinds, &live, previous, options).await {
             Ok((report, inventory)) => {
-                save_status(
-                    cluster,
-                    &revision.commit,
-                    &report,
-                    inventory,
-                    previous.as_ref(),
-                    options,
-                )
-                .await?;
+                save_status(cluster, &revision.commit, &report, inventory, previous, options).await?;
                 report
             }
             Err(error) => {
                 let report = failed_report(app, &error.to_string());
-                let inventory = previous.as_ref().map(|p| p.inventory.clone()).unwrap_or_default();
-                save_status(
-                    cluster,
-                    &revision.commit,
-                    &report,
-                    inventory,
-                    previous.as_ref(),
-                    options,
-                )
-                .await?;
+                let inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
+                save_status(cluster, &revision.commit, &report, inventory, previous, options).await?;
                 report
             }
         };

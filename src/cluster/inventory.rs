@@ -72,23 +72,41 @@ fn configmap_name(app: &str) -> String {
 impl AppStatus {
     pub async fn load(cluster: &Cluster, namespace: &str, app: &str) -> Result<Option<AppStatus>> {
         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
-        let Some(cm) = api
+        let cm = api
             .get_opt(&configmap_name(app))
             .await
-            .map_err(Error::kube(format!("reading the status of app {app}")))?
-        else {
-            return Ok(None);
-        };
+            .map_err(Error::kube(format!("reading the status of app {app}")))?;
+        Ok(cm.map(|cm| AppStatus::from_configmap(app, cm)))
+    }
+
+    /// Every app's status in one list call, keyed by app.
+    pub async fn load_all(cluster: &Cluster, namespace: &str) -> Result<BTreeMap<String, AppStatus>> {
+        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
+        let list = api
+            .list(&kube::api::ListParams::default().labels(&format!("{APP_STATUS_LABEL}=true")))
+            .await
+            .map_err(Error::kube("listing app statuses"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|cm| {
+                let app = cm.data.as_ref()?.get("app")?.clone();
+                Some((app.clone(), AppStatus::from_configmap(&app, cm)))
+            })
+            .collect())
+    }
+
+    fn from_configmap(app: &str, cm: ConfigMap) -> AppStatus {
         let data = cm.data.unwrap_or_default();
         let field = |k: &str| data.get(k).cloned().unwrap_or_default();
-        Ok(Some(AppStatus {
+        AppStatus {
             app: app.to_string(),
             commit: field("commit"),
             result: field("result"),
             message: field("message"),
             health: field("health"),
             inventory: serde_json::from_str(&field("inventory")).unwrap_or_default(),
-        }))
+        }
     }
 
     pub async fn save(&self, cluster: &Cluster, namespace: &str) -> Result<()> {
