@@ -14,7 +14,7 @@ use crate::cluster::{AppStatus, Cluster, InventoryEntry, ObjectDiff, Resolved, e
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
 use crate::rollout;
 use crate::source::Revision;
-use crate::{APPLIED_HASH_ANNOTATION, Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result};
+use crate::{APPLIED_HASH_ANNOTATION, Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result, SOURCE_ANNOTATION};
 
 #[derive(Debug, Clone)]
 pub struct SyncOptions {
@@ -691,6 +691,15 @@ async fn prune(
         if !ours {
             continue; // someone else owns it now: never delete
         }
+        // An object that moved to another app in the same commit now names that app's file.
+        let source = live
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SOURCE_ANNOTATION));
+        if source.is_some_and(|file| !belongs_to(file, app)) {
+            continue;
+        }
         match api.delete(&entry.name, &DeleteParams::background()).await {
             Ok(_) => pruned.push(entry.key()),
             Err(e) => {
@@ -700,6 +709,15 @@ async fn prune(
         }
     }
     (pruned, kept, problems)
+}
+
+/// Whether a `file:line` source annotation names a file of `app`.
+fn belongs_to(source: &str, app: &str) -> bool {
+    let file = source.rsplit_once(':').map_or(source, |(file, _)| file);
+    match file.split_once('/') {
+        Some((dir, _)) => dir == app,
+        None => app == crate::manifest::ROOT_APP,
+    }
 }
 
 fn prune_problem(app: &str, entry: &InventoryEntry, message: &str) -> Problem {

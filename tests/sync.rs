@@ -394,3 +394,25 @@ async fn an_app_may_use_the_namespace_another_app_creates() {
     let configmaps: Api<ConfigMap> = Api::namespaced(f.client.clone(), &team_ns);
     assert!(configmaps.get_opt("web").await.expect("readable").is_some());
 }
+
+#[tokio::test]
+async fn an_object_moved_to_another_app_is_not_pruned() {
+    let f = Fixture::new("sync-move").await;
+    f.repo.write("m/shared.yaml", &configmap(&f.ns, "shared", "blue"));
+    f.repo.write("z/other.yaml", &configmap(&f.ns, "other", "blue"));
+    f.repo.commit_and_push("shared lives in m");
+    assert!(f.sync(true).await.is_clean());
+
+    // One commit moves it from app m to app b; b syncs before m.
+    f.repo.remove("m/shared.yaml");
+    f.repo.write("m/keep.yaml", &configmap(&f.ns, "keep", "blue"));
+    f.repo.write("b/shared.yaml", &configmap(&f.ns, "shared", "green"));
+    f.repo.commit_and_push("shared moves to b");
+    let report = f.sync(true).await;
+    assert!(report.is_clean(), "{:?}", report.problems().collect::<Vec<_>>());
+    assert_eq!(
+        f.color("shared").await.as_deref(),
+        Some("green"),
+        "b's object survives m's prune"
+    );
+}
