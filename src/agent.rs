@@ -241,8 +241,14 @@ impl Agent {
         sync(&self.cluster, &revision, &self.options).await
     }
 
-    /// Runs until the trigger channel closes.
-    pub async fn run(&self, triggers: mpsc::Sender<Trigger>, mut queue: mpsc::Receiver<Trigger>) {
+    /// Runs until the trigger channel closes or `stop` turns true; a sync in
+    /// progress (and its write-back) is finished first.
+    pub async fn run(
+        &self,
+        triggers: mpsc::Sender<Trigger>,
+        mut queue: mpsc::Receiver<Trigger>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
         let _poller = spawn_poller(triggers.clone(), self.poll_interval);
         let _file_watcher = self
             .source
@@ -250,7 +256,14 @@ impl Agent {
             .and_then(|dir| watch_files(dir, triggers.clone()));
         let mut drift = DriftWatch::default();
         let _ = triggers.try_send(Trigger::Start);
-        while let Some(first) = queue.recv().await {
+        loop {
+            let first = tokio::select! {
+                _ = stop.wait_for(|stop| *stop) => break,
+                first = queue.recv() => match first {
+                    Some(first) => first,
+                    None => break,
+                },
+            };
             let mut reasons = BTreeSet::from([format!("{first:?}")]);
             // Merge what arrives during the quiet period.
             while let Ok(Some(next)) = tokio::time::timeout(DEBOUNCE, queue.recv()).await {

@@ -381,10 +381,17 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         github: github_client(&args)?.map(Arc::new),
         metrics,
     };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = agent.run(triggers, queue, stopped);
+    tokio::pin!(running);
     tokio::select! {
-        _ = agent.run(triggers, queue) => {}
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
-        _ = terminate() => tracing::info!("SIGTERM; stopping"),
+        _ = &mut running => return Ok(ExitCode::SUCCESS),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing the sync in progress"),
+        _ = terminate() => tracing::info!("SIGTERM; finishing the sync in progress"),
+    }
+    let _ = stop.send(true);
+    if tokio::time::timeout(Duration::from_secs(30), running).await.is_err() {
+        tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -375,3 +375,46 @@ async fn a_plain_directory_is_followed_through_file_events() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn sigterm_stops_the_agent_cleanly() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "cli-term").await;
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::write(dir.path().join("web/settings.yaml"), configmap(&ns, "settings", "blue")).expect("write");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut agent = gitcanary()
+        .args(["run", "--listen", &addr, "--repo", &dir.path().display().to_string()])
+        .args(cluster_args(&ns, support::kubeconfig()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("agent starts");
+    support::eventually("the agent is ready", Duration::from_secs(30), || async {
+        matches!(http(&addr, "GET", "/readyz", &[], b""), Some((200, _))).then_some(())
+    })
+    .await;
+    let pid = agent.id().to_string();
+    support::run(dir.path(), "kill", &["-TERM", &pid]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = agent.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not stop within 10 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    agent
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut log)
+        .expect("log");
+    assert!(log.contains("SIGTERM; finishing the sync in progress"), "{log}");
+}
