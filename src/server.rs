@@ -91,6 +91,65 @@ async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, bo
             ),
             Err(message) => (StatusCode::BAD_REQUEST, message),
         },
+        // A comment or review may carry a `/gitcanary` command or an approval:
+        // look at the open releases now rather than at the next poll.
+        "issue_comment" | "pull_request_review" | "pull_request" => {
+            if serde_json::from_slice::<serde_json::Value>(&body).is_err() {
+                return (StatusCode::BAD_REQUEST, format!("malformed {event} event"));
+            }
+            let _ = state.triggers.try_send(Trigger::Webhook);
+            (StatusCode::ACCEPTED, "releases will be looked at".into())
+        }
         other => (StatusCode::OK, format!("ignored event {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn post(addr: SocketAddr, event: &str, body: &[u8], signature: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST /webhook HTTP/1.1\r\nHost: test\r\nConnection: close\r\nX-GitHub-Event: {event}\r\nX-Hub-Signature-256: {signature}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.expect("write");
+        stream.write_all(body).await.expect("write");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("read");
+        response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_signed_comment_event_wakes_the_agent_and_a_forged_one_does_not() {
+        let (triggers, mut queue) = crate::agent::trigger_channel();
+        let state = ServerState {
+            webhook_secret: Some(Arc::from(&b"s3cret"[..])),
+            branch: "main".into(),
+            triggers,
+            ready: Arc::new(AtomicBool::new(true)),
+            metrics: Arc::new(Metrics::default()),
+        };
+        let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
+            .await
+            .expect("serves");
+        let body = br#"{"action":"created","comment":{"id":1,"body":"/gitcanary promote","user":{"login":"alice"}},"issue":{"number":7}}"#;
+        let forged = webhook::sign(b"wrong", body);
+        assert_eq!(post(addr, "issue_comment", body, &forged).await, 401);
+        assert!(queue.try_recv().is_err(), "a refused event wakes nothing");
+        let signed = webhook::sign(b"s3cret", body);
+        assert_eq!(post(addr, "issue_comment", body, &signed).await, 202);
+        assert_eq!(queue.recv().await, Some(Trigger::Webhook));
+        let junk = b"{not json";
+        assert_eq!(
+            post(addr, "issue_comment", junk, &webhook::sign(b"s3cret", junk)).await,
+            400
+        );
     }
 }
