@@ -235,10 +235,15 @@ impl Agent {
     /// Fetches and syncs once.
     pub async fn sync_once(&self) -> Result<SyncReport> {
         let source = self.source.clone();
-        let revision = tokio::task::spawn_blocking(move || source.fetch())
+        let timer = self.metrics.fetch_duration.start_timer();
+        let fetched = tokio::task::spawn_blocking(move || source.fetch())
             .await
-            .expect("the fetch task does not panic")?;
-        sync(&self.cluster, &revision, &self.options).await
+            .expect("the fetch task does not panic");
+        drop(timer);
+        if fetched.is_err() {
+            self.metrics.fetch_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        sync(&self.cluster, &fetched?, &self.options).await
     }
 
     /// Runs until the trigger channel closes or `stop` turns true; a sync in

@@ -71,6 +71,8 @@ impl Drop for Timer<'_> {
 #[derive(Default)]
 pub struct Metrics {
     pub sync_duration: Histogram,
+    pub fetch_duration: Histogram,
+    pub fetch_errors: AtomicU64,
     pub syncs_ok: AtomicU64,
     pub syncs_failed: AtomicU64,
     pub objects_applied: AtomicU64,
@@ -123,6 +125,17 @@ impl Metrics {
             "gitcanary_sync_duration_seconds",
             "Time of one fetch and sync.",
             &mut out,
+        );
+        self.fetch_duration.render(
+            "gitcanary_git_fetch_duration_seconds",
+            "Time of one fetch of the source.",
+            &mut out,
+        );
+        counter(
+            &mut out,
+            "gitcanary_git_fetch_errors_total",
+            "Fetches of the source that failed.",
+            &self.fetch_errors,
         );
         let _ = writeln!(
             out,

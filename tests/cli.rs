@@ -292,6 +292,8 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     assert!(value("gitcanary_objects_applied_total") >= 2, "{metrics}");
     assert!(value("gitcanary_objects_drifted_total") >= 1, "{metrics}");
     assert!(value("gitcanary_sync_duration_seconds_count") >= 3, "{metrics}");
+    assert!(value("gitcanary_git_fetch_duration_seconds_count") >= 3, "{metrics}");
+    assert_eq!(value("gitcanary_git_fetch_errors_total"), 0, "{metrics}");
 }
 
 #[tokio::test]
