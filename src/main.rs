@@ -85,7 +85,8 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct ClusterArgs {
-    #[arg(long, env = "KUBECONFIG")]
+    /// Default: as kubectl finds it (KUBECONFIG, possibly several files; ~/.kube/config; in-cluster).
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     #[arg(long)]
     context: Option<String>,
@@ -113,7 +114,8 @@ struct SourceArgs {
     /// Namespace for the per-app status ConfigMaps.
     #[arg(long, default_value = "gitcanary-system")]
     state_namespace: String,
-    #[arg(long, env = "KUBECONFIG")]
+    /// Default: as kubectl finds it (KUBECONFIG, possibly several files; ~/.kube/config; in-cluster).
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     #[arg(long)]
     context: Option<String>,

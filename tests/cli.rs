@@ -420,3 +420,16 @@ async fn sigterm_stops_the_agent_cleanly() {
         .expect("log");
     assert!(log.contains("SIGTERM; finishing the sync in progress"), "{log}");
 }
+
+#[tokio::test]
+async fn kubeconfig_is_found_as_kubectl_finds_it_even_across_several_files() {
+    let client = support::client().await;
+    support::agent::install_rollout_crd(&client).await;
+    let ns = support::namespace(&client, "cli-kubeconfig").await;
+    let empty = tempfile::NamedTempFile::new().expect("file");
+    std::fs::write(empty.path(), "apiVersion: v1\nkind: Config\n").expect("write");
+    let joined = format!("{}:{}", empty.path().display(), support::kubeconfig().display());
+    let (code, stdout, stderr) = output(gitcanary().args(["status", "-n", &ns]).env("KUBECONFIG", joined));
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "no rollouts\n");
+}
