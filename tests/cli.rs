@@ -93,6 +93,14 @@ async fn color_of(configmaps: &Api<ConfigMap>, name: &str) -> Option<String> {
         .cloned()
 }
 
+/// A plain directory holding one app, `web`, with a blue ConfigMap `settings`.
+fn web_dir(ns: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::write(dir.path().join("web/settings.yaml"), configmap(ns, "settings", "blue")).expect("write");
+    dir
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -342,9 +350,7 @@ async fn git_credentials_never_appear_in_logs_or_errors() {
 async fn a_plain_directory_is_followed_through_file_events() {
     let client = support::client().await;
     let ns = support::namespace(&client, "cli-dir").await;
-    let dir = tempfile::tempdir().expect("dir");
-    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
-    std::fs::write(dir.path().join("web/settings.yaml"), configmap(&ns, "settings", "blue")).expect("write");
+    let dir = web_dir(&ns);
     // Polling is an hour away: only a file event can bring the change in time.
     let _agent = Agent(
         gitcanary()
@@ -382,9 +388,7 @@ async fn a_plain_directory_is_followed_through_file_events() {
 async fn sigterm_stops_the_agent_cleanly() {
     let client = support::client().await;
     let ns = support::namespace(&client, "cli-term").await;
-    let dir = tempfile::tempdir().expect("dir");
-    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
-    std::fs::write(dir.path().join("web/settings.yaml"), configmap(&ns, "settings", "blue")).expect("write");
+    let dir = web_dir(&ns);
     let addr = format!("127.0.0.1:{}", free_port());
     let mut agent = gitcanary()
         .args(["run", "--listen", &addr, "--repo", &dir.path().display().to_string()])

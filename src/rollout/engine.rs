@@ -95,21 +95,19 @@ pub struct RolloutSummary {
 
 /// Marks a write-back done: the status without its pending entry.
 pub async fn clear_writeback(cluster: &Cluster, request: &crate::writeback::Request) -> Result<()> {
-    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &request.namespace);
     let mut status = request.status.clone();
     status.pending_writeback = None;
+    apply_status(cluster, &request.namespace, &request.name, &status).await
+}
+
+/// Writes a Rollout's whole status with gitcanary's field manager.
+async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
     rollouts
-        .patch_status(
-            &request.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
+        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
         .await
-        .map_err(Error::kube(format!(
-            "writing the status of Rollout {}/{}",
-            request.namespace, request.name
-        )))?;
+        .map_err(Error::kube(format!("writing the status of Rollout {namespace}/{name}")))?;
     Ok(())
 }
 
@@ -720,18 +718,5 @@ async fn write_status(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
             canary.last_update_time = Timestamp::now().to_string();
         }
     }
-    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
-    let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
-    rollouts
-        .patch_status(
-            &work.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(Error::kube(format!(
-            "writing the status of Rollout {}/{}",
-            work.namespace, work.name
-        )))?;
-    Ok(())
+    apply_status(cluster, &work.namespace, &work.name, &status).await
 }
