@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::cluster::Cluster;
-use crate::github::{self, Command, GitHub};
+use crate::github::{self, Command, GitHub, gate};
 use crate::rollout::api::Phase;
 use crate::rollout::cli::{Signal, send_signal_token};
 use crate::rollout::engine::{self, RolloutSummary};
@@ -42,56 +42,142 @@ pub struct Agent {
     pub poll_interval: Duration,
     pub ready: Arc<AtomicBool>,
     pub writeback: WritebackConfig,
-    /// Pull-request comments, commit statuses and commands; off without a token.
-    pub github: Option<Arc<GitHub>>,
+    /// Pull-request comments, commit statuses, gates and commands; off without a token.
+    pub github: Option<GitHubReporter>,
     pub metrics: Arc<Metrics>,
 }
 
 /// How often open pauses look for `/gitcanary` commands when GitHub is on.
 const COMMAND_POLL: Duration = Duration::from_secs(3);
 
-/// Reports each rollout to GitHub: the release comment and the commit status
-/// when its status changed, and commands while a release waits. GitHub being
-/// down delays the comment, never the release. Returns whether a command was
-/// handed to a rollout.
-pub async fn report_to_github(github: &GitHub, cluster: &Cluster, report: &SyncReport) -> bool {
-    let mut signalled = false;
-    for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
-        let status = &rollout.status;
-        let commit = if status.canary_commit.is_empty() {
-            &status.stable_commit
-        } else {
-            &status.canary_commit
-        };
-        if commit.is_empty() || status.rollout_id.is_empty() {
-            continue;
-        }
-        let pulls = match github.pulls_for_commit(commit).await {
-            Ok(pulls) => pulls,
-            Err(error) => {
-                warn!(%error, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: cannot find the pull request");
+/// What reporting to GitHub needs besides the API: the source to push gate
+/// branches to, and the author of their commits.
+pub struct GitHubReporter {
+    pub github: Arc<GitHub>,
+    pub source: Arc<Source>,
+    pub author: Author,
+}
+
+impl GitHubReporter {
+    /// Reports each rollout to GitHub: the release comment and the commit
+    /// status when its status changed; while a release waits at a gate, its
+    /// promotion pull request and the commands. GitHub being down or rate
+    /// limited delays the comment, never the release. Returns whether a
+    /// decision was handed to a rollout.
+    pub async fn report(&self, cluster: &Cluster, report: &SyncReport) -> bool {
+        let github = &*self.github;
+        let mut signalled = false;
+        for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
+            let status = &rollout.status;
+            let commit = if status.canary_commit.is_empty() {
+                &status.stable_commit
+            } else {
+                &status.canary_commit
+            };
+            if commit.is_empty() || status.rollout_id.is_empty() {
                 continue;
             }
-        };
-        if rollout.changed {
-            let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
-            let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status);
-            for pull in &pulls {
-                if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
-                    warn!(%error, pull, "GitHub: the release comment waits for the next change");
+            let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);
+            let pulls = match github.pulls_for_commit(commit).await {
+                Ok(pulls) => pulls,
+                Err(error) => {
+                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: cannot find the pull request");
+                    continue;
+                }
+            };
+            let mut command_pulls = pulls.clone();
+            let waiting = gate::waiting_step(&rollout.spec, status);
+            let mut gate_pull = None;
+            if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
+                let request = gate::GateRequest {
+                    rollout,
+                    step,
+                    base: &base,
+                    carried_by: &pulls,
+                };
+                match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
+                    Ok((pull, verdict)) => {
+                        command_pulls.push(pull.number);
+                        gate_pull = Some(pull.number);
+                        signalled |= pass_verdict(cluster, rollout, verdict).await;
+                    }
+                    Err(error) => {
+                        warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands and the CLI still work")
+                    }
                 }
             }
-            let (state, description) = github::commit_status(status);
-            let context = format!("gitcanary/{}/{}", rollout.namespace, rollout.name);
-            if let Err(error) = github.set_status(commit, &context, state, &description).await {
-                warn!(%error, "GitHub: the commit status waits for the next change");
+            if rollout.changed {
+                let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
+                let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status, gate_pull);
+                for pull in &pulls {
+                    if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
+                        warn!(%error, pull, "GitHub: the release comment waits for the next change");
+                    }
+                }
+                let (state, description) = github::commit_status(status);
+                let context = format!("gitcanary/{}/{}", rollout.namespace, rollout.name);
+                if let Err(error) = github.set_status(commit, &context, state, &description).await {
+                    warn!(%error, "GitHub: the commit status waits for the next change");
+                }
+                if let Some(git) = self.source.git() {
+                    let keep = waiting.map(|step| {
+                        crate::writeback::gate_branch(&rollout.namespace, &rollout.name, &status.rollout_id, step)
+                    });
+                    if let Err(error) = gate::close_others(github, git.branch(), rollout, keep.as_deref()).await {
+                        warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
+                    }
+                }
+            }
+            if matches!(status.phase, Phase::Paused | Phase::Progressing) {
+                signalled |= handle_commands(github, cluster, rollout, &command_pulls).await;
             }
         }
-        if matches!(status.phase, Phase::Paused | Phase::Progressing) {
-            signalled |= handle_commands(github, cluster, rollout, &pulls).await;
+        signalled
+    }
+
+    async fn push_gate(&self, request: &gate::GateRequest<'_>, branch: String) -> Result<()> {
+        let source = self.source.clone();
+        let author = self.author.clone();
+        let file = request.file(&jiff::Timestamp::now().to_string());
+        let outcome = tokio::task::spawn_blocking(move || {
+            let git = source.git().ok_or_else(|| crate::Error::Usage("gates need a Git source".into()))?;
+            let writer = Writer {
+                git,
+                author,
+                status_branch: None,
+            };
+            writer.open_gate(&branch, &file)
+        })
+        .await
+        .expect("the gate task does not panic")?;
+        debug!(?outcome, "gate branch pushed");
+        Ok(())
+    }
+}
+
+/// Hands a promotion pull request's decision to its rollout (once: the token
+/// names the decision).
+async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate::Verdict) -> bool {
+    let (signal, token, by) = match verdict {
+        gate::Verdict::Waiting => return false,
+        gate::Verdict::Promote { token, by } => (Signal::Promote, token, by),
+        gate::Verdict::Abort { token } => (Signal::Abort, token, "promotion pull request closed unmerged".to_string()),
+    };
+    if signal == Signal::Promote && rollout.status.last_promote_signal == token
+        || signal == Signal::Abort && rollout.status.last_abort_signal == token
+    {
+        return false;
+    }
+    match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
+        Ok(()) => {
+            info!(namespace = %rollout.namespace, rollout = %rollout.name, rollout_id = %rollout.status.rollout_id, %by, ?signal, "gate decided on GitHub");
+            true
+        }
+        Err(error) => {
+            warn!(%error, "the gate's decision could not be passed on; tried again next time");
+            false
         }
     }
-    signalled
 }
 
 async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSummary, pulls: &[u64]) -> bool {
@@ -131,7 +217,7 @@ async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSu
                 Command::Promote => Signal::Promote,
                 Command::Abort => Signal::Abort,
             };
-            let token = format!("github-comment-{}", comment.id);
+            let token = format!("comment {} by @{}", comment.id, comment.user);
             match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
                 Ok(()) => {
                     info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
@@ -169,16 +255,18 @@ pub struct WritebackConfig {
 }
 
 /// Writes every pending promote and revert of the report to Git, then marks
-/// each done in its Rollout's status. Returns how many commits were pushed.
-/// A failed write-back stays pending and is tried again after the next sync.
+/// each done in its Rollout's status, and in the report (so the pull request
+/// hears of the commit). Returns how many commits were pushed. A failed
+/// write-back stays pending and is tried again after the next sync.
 pub async fn write_back(
     cluster: &Cluster,
     source: &Arc<Source>,
     config: &WritebackConfig,
-    report: &SyncReport,
+    report: &mut SyncReport,
 ) -> usize {
     let mut pushed = 0;
-    for request in report.writebacks() {
+    let requests: Vec<_> = report.writebacks().cloned().collect();
+    for request in requests {
         if source.git().is_none() {
             warn!(namespace = %request.namespace, rollout = %request.name, "the source is not a Git repository: nothing to write back");
             continue;
@@ -196,26 +284,39 @@ pub async fn write_back(
         .await
         .expect("the write-back task does not panic");
         let fields = (&request.namespace, &request.name, &request.pending.rollout_id);
-        match outcome {
-            Ok(outcome) => {
-                match &outcome {
-                    Outcome::Committed { commit, attempts } => {
-                        pushed += 1;
-                        info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, attempts, action = ?request.pending.action, "written to Git");
-                    }
-                    Outcome::AlreadyInGit { commit } => {
-                        info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, "already in Git: not committed again");
-                    }
-                    Outcome::NothingToChange => {
-                        info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "Git already holds it: nothing to commit");
-                    }
-                }
-                if let Err(error) = engine::clear_writeback(cluster, request).await {
-                    warn!(%error, "written to Git, but the Rollout status could not be updated; the commit is found again next time");
+        let (commit, note) = match outcome {
+            Ok(Outcome::Committed { commit, attempts, note }) => {
+                pushed += 1;
+                info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, attempts, action = ?request.pending.action, "written to Git");
+                (Some(commit), note)
+            }
+            Ok(Outcome::AlreadyInGit { commit }) => {
+                info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, "already in Git: not committed again");
+                (Some(commit), String::new())
+            }
+            Ok(Outcome::NothingToChange) => {
+                info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "Git already holds it: nothing to commit");
+                (None, String::new())
+            }
+            Err(error) => {
+                warn!(namespace = %fields.0, rollout = %fields.1, %error, "write-back to Git failed; retried after the next sync");
+                continue;
+            }
+        };
+        match engine::clear_writeback(cluster, &request, commit.as_deref(), &note).await {
+            Ok(status) => {
+                let summary = report
+                    .apps
+                    .iter_mut()
+                    .flat_map(|a| a.rollouts.iter_mut())
+                    .find(|r| r.namespace == request.namespace && r.name == request.name);
+                if let Some(summary) = summary {
+                    summary.status = status;
+                    summary.changed = true;
                 }
             }
             Err(error) => {
-                warn!(namespace = %fields.0, rollout = %fields.1, %error, "write-back to Git failed; retried after the next sync")
+                warn!(%error, "written to Git, but the Rollout status could not be updated; the commit is found again next time")
             }
         }
     }
@@ -279,10 +380,10 @@ impl Agent {
             let outcome = self.sync_once().await;
             drop(timer);
             match outcome {
-                Ok(report) => {
+                Ok(mut report) => {
                     self.ready.store(true, Ordering::Relaxed);
                     self.metrics.record_sync(&report);
-                    let pushed = write_back(&self.cluster, &self.source, &self.writeback, &report).await;
+                    let pushed = write_back(&self.cluster, &self.source, &self.writeback, &mut report).await;
                     self.metrics
                         .writeback_commits
                         .fetch_add(pushed as u64, Ordering::Relaxed);
@@ -295,7 +396,7 @@ impl Agent {
                         let _ = triggers.try_send(Trigger::Timer);
                     }
                     if let Some(github) = &self.github {
-                        report_to_github(github, &self.cluster, &report).await;
+                        github.report(&self.cluster, &report).await;
                         let waiting = report
                             .apps
                             .iter()

@@ -56,6 +56,14 @@ pub enum Error {
 
     #[error("{object}: {message}")]
     Object { object: String, message: String },
+
+    /// A GitHub API call failed; `status` is the HTTP status when there was an answer.
+    #[error("GitHub: {context}: {message}")]
+    GitHub {
+        context: String,
+        status: Option<u16>,
+        message: String,
+    },
 }
 
 impl Error {
@@ -69,6 +77,7 @@ impl Error {
             Error::Kube { .. } => "kubernetes",
             Error::Kubeconfig(_) => "kubeconfig",
             Error::Object { .. } => "object",
+            Error::GitHub { .. } => "github",
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use gitcanary::agent::{Agent, WritebackConfig, trigger_channel, write_back};
+use gitcanary::agent::{Agent, GitHubReporter, WritebackConfig, trigger_channel, write_back};
 use gitcanary::cluster::{Cluster, render_diff};
 use gitcanary::github::GitHub;
 use gitcanary::rollout::cli::{Signal, send_signal};
@@ -344,8 +344,8 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         let revision = tokio::task::spawn_blocking(move || fetch_source.fetch())
             .await
             .expect("fetch does not panic")?;
-        let report = sync(&cluster, &revision, &options).await?;
-        write_back(&cluster, &source, &writeback, &report).await;
+        let mut report = sync(&cluster, &revision, &options).await?;
+        write_back(&cluster, &source, &writeback, &mut report).await;
         for problem in report.problems() {
             println!("{problem}");
         }
@@ -375,12 +375,16 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
     }
     let agent = Agent {
         cluster,
-        source,
+        source: source.clone(),
         options,
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
         ready,
-        writeback,
-        github: github_client(&args)?.map(Arc::new),
+        writeback: writeback.clone(),
+        github: github_client(&args, metrics.clone())?.map(|github| GitHubReporter {
+            github: Arc::new(github),
+            source: source.clone(),
+            author: writeback.author.clone(),
+        }),
         metrics,
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -407,7 +411,7 @@ async fn terminate() {
     }
 }
 
-fn github_client(args: &SyncArgs) -> Result<Option<GitHub>, Error> {
+fn github_client(args: &SyncArgs, metrics: Arc<gitcanary::telemetry::Metrics>) -> Result<Option<GitHub>, Error> {
     let Some(repo) = &args.github_repo else { return Ok(None) };
     let token = match std::env::var("GITCANARY_GITHUB_TOKEN") {
         Ok(token) => Some(token),
@@ -422,7 +426,7 @@ fn github_client(args: &SyncArgs) -> Result<Option<GitHub>, Error> {
         },
     };
     match token {
-        Some(token) => Ok(Some(GitHub::new(&args.github_url, &token, repo)?)),
+        Some(token) => Ok(Some(GitHub::new(&args.github_url, &token, repo, metrics)?)),
         None => {
             tracing::warn!("--github-repo is set but no GITCANARY_GITHUB_TOKEN: GitHub reporting is off");
             Ok(None)

@@ -82,6 +82,9 @@ pub struct Metrics {
     pub rollout_transitions: AtomicU64,
     pub writeback_commits: AtomicU64,
     pub writeback_failures: AtomicU64,
+    pub github_requests: AtomicU64,
+    pub github_errors: AtomicU64,
+    pub github_rate_limited: AtomicU64,
     /// (namespace, rollout) -> phase, as last seen.
     phases: Mutex<BTreeMap<(String, String), String>>,
 }
@@ -184,6 +187,24 @@ impl Metrics {
             "gitcanary_writeback_failures_total",
             "Write-backs that failed and wait for the next sync.",
             &self.writeback_failures,
+        );
+        counter(
+            &mut out,
+            "gitcanary_github_requests_total",
+            "GitHub API requests sent.",
+            &self.github_requests,
+        );
+        counter(
+            &mut out,
+            "gitcanary_github_errors_total",
+            "GitHub API requests that failed (no answer or an error status).",
+            &self.github_errors,
+        );
+        counter(
+            &mut out,
+            "gitcanary_github_rate_limited_total",
+            "GitHub answers that asked the agent to back off (403/429 rate limits).",
+            &self.github_rate_limited,
         );
         let _ = writeln!(
             out,

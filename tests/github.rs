@@ -1,6 +1,7 @@
 //! The release told on the pull request that carried it, through octocrab
-//! against a GitHub fake: one comment edited in place, a commit status, and
-//! `/gitcanary` commands that count only from writers.
+//! against a GitHub fake: one comment edited in place, a commit status,
+//! `/gitcanary` commands that count only from writers, promotion pull
+//! requests that merge into the real Git repository, and rate limits.
 
 mod support;
 
@@ -10,11 +11,15 @@ use gitcanary::rollout::api::{Phase, Rollout};
 use kube::api::Api;
 use support::agent::{AgentProcess, Scenario};
 use support::eventually;
-use support::github::GitHubFake;
+use support::github::{FakePull, GitHubFake};
 
 const WAIT: Duration = Duration::from_secs(90);
 
 fn write_app(scenario: &Scenario, image: &str) {
+    write_app_with_steps(scenario, image, "      - {replicas: 1, pause: {}}\n");
+}
+
+fn write_app_with_steps(scenario: &Scenario, image: &str, steps: &str) {
     let ns = &scenario.ns;
     scenario.repo.write(
         "echo/deployment.yaml",
@@ -22,7 +27,7 @@ fn write_app(scenario: &Scenario, image: &str) {
     );
     scenario.repo.write(
         "echo/rollout.yaml",
-        &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {{replicas: 1, pause: {{}}}}\n"),
+        &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n{steps}"),
     );
 }
 
@@ -34,6 +39,39 @@ fn start_agent(scenario: &Scenario, fake: &GitHubFake) -> AgentProcess {
         &["--github-url", &fake.url, "--github-repo", "acme/apps"],
         &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
     )
+}
+
+async fn phase(scenario: &Scenario) -> Option<Phase> {
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    rollouts.get_opt("echo").await.ok().flatten()?.status.map(|s| s.phase)
+}
+
+async fn current_step(scenario: &Scenario) -> u32 {
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    rollouts
+        .get_opt("echo")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| r.status?.canary_status)
+        .map_or(0, |c| c.current_step_index)
+}
+
+async fn wait_for_phase(scenario: &Scenario, wanted: Phase) {
+    eventually(&format!("phase {wanted:?}"), WAIT, || async {
+        (phase(scenario).await == Some(wanted)).then_some(())
+    })
+    .await;
+}
+
+/// The promotion pull request of a step, once the agent opened it.
+async fn promotion_pull(fake: &GitHubFake, step: u32) -> FakePull {
+    eventually(&format!("the promotion pull request of step {step}"), WAIT, || async {
+        fake.pulls()
+            .into_iter()
+            .find(|p| p.head.starts_with("gitcanary/promote/") && p.head.ends_with(&format!("-{step}")))
+    })
+    .await
 }
 
 #[tokio::test]
@@ -121,4 +159,269 @@ async fn the_pull_request_follows_the_release_and_only_writers_can_promote() {
         "one release comment and one reply to mallory"
     );
     assert!(fake.count("PATCH", "/issues/comments/") >= 1);
+}
+
+#[tokio::test]
+async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
+    let scenario = Scenario::new("gh-gate").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    fake.grant("mallory", "read");
+    let steps = "      - {replicas: 1, pause: {}}\n      - {replicas: 2, pause: {}}\n";
+    write_app_with_steps(&scenario, "1.0", steps);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+
+    write_app_with_steps(&scenario, "2.0", steps);
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let gate = promotion_pull(&fake, 1).await;
+    let namespace = &scenario.ns;
+    assert!(
+        gate.head.starts_with(&format!("gitcanary/promote/{namespace}/echo/")),
+        "{}",
+        gate.head
+    );
+    assert!(gate.body.contains("#7"), "the gate links the change: {}", gate.body);
+    let gate_file = format!(".gitcanary/gates/{namespace}/echo.yaml");
+    let on_branch = scenario.git(&["show", &format!("{}:{gate_file}", gate.head)]);
+    assert!(on_branch.contains("step: 1"), "{on_branch}");
+    assert!(on_branch.contains(&commit), "the gate names the canary commit: {on_branch}");
+    eventually("the release comment names the gate", WAIT, || async {
+        fake.comments_on(7)
+            .iter()
+            .any(|(_, _, b)| b.contains(&format!("promotion pull request #{}", gate.number)))
+            .then_some(())
+    })
+    .await;
+
+    // A reader's approval and a reader's command change nothing.
+    fake.review(gate.number, "mallory", "APPROVED");
+    fake.comment(gate.number, "mallory", "/gitcanary promote");
+    eventually("mallory is told", WAIT, || async {
+        fake.comments_on(gate.number)
+            .iter()
+            .any(|(_, _, b)| b.starts_with("@mallory"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    assert_eq!(current_step(&scenario).await, 1);
+    assert!(fake.pulls().iter().all(|p| p.open), "nothing merged yet");
+
+    // A writer's approval passes the gate: the agent merges it into Git.
+    fake.review(gate.number, "alice", "APPROVED");
+    eventually("step 2", WAIT, || async { (current_step(&scenario).await == 2).then_some(()) }).await;
+    let merged = fake.pulls().into_iter().find(|p| p.number == gate.number).expect("gate 1");
+    assert_eq!(merged.merged_by.as_deref(), Some("gitcanary[bot]"));
+    let merge_commit = merged.merge_commit.expect("a merge commit");
+    assert!(
+        scenario.history().iter().any(|(sha, _)| *sha == merge_commit),
+        "the gate decision is a commit on main"
+    );
+    assert!(scenario.git(&["show", &format!("main:{gate_file}")]).contains("step: 1"));
+
+    // The second gate is passed by a human merge.
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let second = promotion_pull(&fake, 2).await;
+    fake.merge_as(second.number, "alice");
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    let status_file = format!("main:.gitcanary/status/{namespace}/echo.yaml");
+    let promoted = eventually("the promote commit", WAIT, || async {
+        let status = scenario.git(&["show", &status_file]);
+        status.contains(&commit).then_some(status)
+    })
+    .await;
+    assert!(promoted.contains("promoted"), "{promoted}");
+    assert!(
+        promoted.contains(&format!("promoted by promotion pull request #{}", gate.number)),
+        "what passed each gate is recorded: {promoted}"
+    );
+    eventually("success status", WAIT, || async {
+        fake.statuses_for(&commit)
+            .iter()
+            .any(|(state, _, _)| state == "success")
+            .then_some(())
+    })
+    .await;
+    let gates: Vec<FakePull> = fake
+        .pulls()
+        .into_iter()
+        .filter(|p| p.head.starts_with("gitcanary/promote/"))
+        .collect();
+    assert_eq!(gates.len(), 2, "one promotion pull request per gate: {gates:?}");
+    assert!(gates.iter().all(|p| p.merged_by.is_some()));
+    // The gate commits started no release.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Healthy));
+}
+
+#[tokio::test]
+async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second_one() {
+    let scenario = Scenario::new("gh-gate-close").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let mut agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 8);
+    let gate = promotion_pull(&fake, 1).await;
+    agent.kill();
+    let _agent = start_agent(&scenario, &fake);
+    // Several command polls of the new agent.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    assert_eq!(fake.pulls().len(), 1, "a restarted agent finds its promotion pull request");
+
+    fake.close(gate.number);
+    wait_for_phase(&scenario, Phase::Failed).await;
+    let revert = eventually("the revert commit", WAIT, || async {
+        scenario
+            .history()
+            .into_iter()
+            .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {commit}")))
+    })
+    .await;
+    assert!(revert.1.starts_with("revert("), "{}", revert.1);
+    let deployment = scenario.git(&["show", "main:echo/deployment.yaml"]);
+    assert!(deployment.contains("echo:1.0"), "Git asks for stable again: {deployment}");
+    eventually("failure status", WAIT, || async {
+        fake.statuses_for(&commit)
+            .iter()
+            .any(|(state, _, _)| state == "failure")
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_superseded_release_closes_its_promotion_pull_request() {
+    let scenario = Scenario::new("gh-gate-super").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    scenario.repo.commit_and_push("echo 2.0");
+    let first = promotion_pull(&fake, 1).await;
+    write_app(&scenario, "3.0");
+    scenario.repo.commit_and_push("echo 3.0");
+    let closed = eventually("the first gate closed", WAIT, || async {
+        fake.pulls().into_iter().find(|p| p.number == first.number && !p.open)
+    })
+    .await;
+    assert!(closed.merged_by.is_none());
+    assert!(
+        fake.comments_on(first.number)
+            .iter()
+            .any(|(_, _, b)| b.contains("gitcanary closes this promotion pull request")),
+        "it says why"
+    );
+    // The new release has its own gate, and the closed one aborted nothing.
+    let second = eventually("the new gate", WAIT, || async {
+        fake.pulls().into_iter().find(|p| p.open && p.number != first.number)
+    })
+    .await;
+    assert!(second.head.ends_with("-1"));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+}
+
+#[tokio::test]
+async fn a_rate_limited_github_is_left_alone_until_its_reset() {
+    let fake = GitHubFake::start().await;
+    fake.carry("abc123", 5);
+    let metrics = std::sync::Arc::new(gitcanary::telemetry::Metrics::default());
+    let github = gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone())
+        .expect("client");
+    fake.rate_limit_next(1);
+    let refused = github.pulls_for_commit("abc123").await.expect_err("rate limited");
+    assert!(refused.to_string().contains("rate limit"), "{refused}");
+    assert!(github.backing_off().is_some());
+    let sent = fake.count("GET", "/commits/abc123/pulls");
+    // Within the window no request reaches GitHub.
+    assert!(github.pulls_for_commit("abc123").await.is_err());
+    assert_eq!(fake.count("GET", "/commits/abc123/pulls"), sent);
+    // After the reset (the fake says 3 s), calls go through again.
+    let pulls = eventually("the limit resets", Duration::from_secs(10), || async {
+        github.pulls_for_commit("abc123").await.ok()
+    })
+    .await;
+    assert_eq!(pulls, vec![5]);
+    let text = metrics.render();
+    assert!(text.contains("gitcanary_github_rate_limited_total 1"), "{text}");
+    assert!(text.contains("gitcanary_github_errors_total 1"), "{text}");
+}
+
+#[tokio::test]
+async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_reset() {
+    let scenario = Scenario::new("gh-revert").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    let steps = "      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 10s\n";
+    write_app_with_steps(&scenario, "1.0", steps);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+
+    write_app_with_steps(&scenario, "2.0", steps);
+    let deployment = scenario.repo.path().join("echo/deployment.yaml");
+    let never_ready = std::fs::read_to_string(&deployment)
+        .expect("deployment")
+        .replace("labels: {app: echo}\n    spec", "labels: {app: echo, gitcanary.test/never-ready: \"true\"}\n    spec");
+    assert!(never_ready.contains("never-ready"));
+    scenario.repo.write("echo/deployment.yaml", &never_ready);
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 9);
+    wait_for_phase(&scenario, Phase::Progressing).await;
+    // A later commit touches the same file without changing the release.
+    scenario
+        .repo
+        .write("echo/deployment.yaml", &format!("# owned by the echo team\n{never_ready}"));
+    scenario.repo.commit_and_push("a comment in the deployment");
+    wait_for_phase(&scenario, Phase::Failed).await;
+
+    let comment = eventually("the release comment tells of the revert", WAIT, || async {
+        fake.comments_on(9)
+            .into_iter()
+            .map(|(_, _, body)| body)
+            .find(|b| b.contains("Reverted in Git by commit"))
+    })
+    .await;
+    assert!(comment.contains("**Failed**"), "{comment}");
+    assert!(
+        comment.contains("Later commits changed echo/deployment.yaml too"),
+        "{comment}"
+    );
+    let revert = scenario
+        .history()
+        .into_iter()
+        .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {commit}")))
+        .expect("the revert commit");
+    assert!(comment.contains(&revert.0), "the comment names the revert commit: {comment}");
+    assert!(scenario.git(&["show", "main:echo/deployment.yaml"]).contains("echo:1.0"));
+    assert!(
+        fake.statuses_for(&commit)
+            .iter()
+            .any(|(state, _, description)| state == "failure" && description.contains("not ready")),
+        "{:?}",
+        fake.statuses_for(&commit)
+    );
+    assert_eq!(
+        fake.comments_on(9)
+            .iter()
+            .filter(|(_, _, b)| b.contains("<!-- gitcanary:release"))
+            .count(),
+        1
+    );
+    // Git now asks for what runs: nothing to change.
+    let (code, out, err) = scenario.diff();
+    assert_eq!(code, 0, "{out}{err}");
 }

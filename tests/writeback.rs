@@ -30,26 +30,6 @@ fn app(scenario: &Scenario, image: &str, never_ready: bool) {
     );
 }
 
-fn git(scenario: &Scenario, args: &[&str]) -> String {
-    let bare = format!("--git-dir={}", scenario.repo.bare.display());
-    let mut all = vec![bare.as_str()];
-    all.extend_from_slice(args);
-    run(scenario.repo.path(), "git", &all)
-}
-
-/// (commit, full message) of the branch, newest first.
-fn history(scenario: &Scenario) -> Vec<(String, String)> {
-    git(scenario, &["log", "--format=%H%n%B%x00", "main"])
-        .split('\0')
-        .filter(|c| !c.trim().is_empty())
-        .map(|c| {
-            let c = c.trim_start();
-            let (sha, message) = c.split_once('\n').unwrap_or((c, ""));
-            (sha.to_string(), message.trim().to_string())
-        })
-        .collect()
-}
-
 async fn status(scenario: &Scenario) -> Option<gitcanary::rollout::api::RolloutStatus> {
     Api::<Rollout>::namespaced(scenario.client.clone(), &scenario.ns)
         .get_opt("echo")
@@ -95,7 +75,7 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
 
     let key = format!("{}/echo", scenario.ns);
     let (commit, message) = eventually("the promote commit", WAIT, || async {
-        history(&scenario)
+        scenario.history()
             .into_iter()
             .find(|(_, m)| m.starts_with(&format!("promote({key})")))
     })
@@ -105,12 +85,9 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
         message.contains(&format!("Gitcanary-Promotes: {released}")),
         "{message}"
     );
-    let author = git(&scenario, &["log", "-1", "--format=%an <%ae>", &commit]);
+    let author = scenario.git(&["log", "-1", "--format=%an <%ae>", &commit]);
     assert_eq!(author.trim(), "gitcanary <gitcanary@localhost>");
-    let file = git(
-        &scenario,
-        &["show", &format!("main:.gitcanary/status/{}/echo.yaml", scenario.ns)],
-    );
+    let file = scenario.git(&["show", &format!("main:.gitcanary/status/{}/echo.yaml", scenario.ns)]);
     assert!(file.contains("outcome: promoted"), "{file}");
     assert!(file.contains(&format!("stableCommit: {released}")), "{file}");
     assert!(file.contains("registry.test/echo:2.0"), "{file}");
@@ -125,7 +102,7 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
     let status = status(&scenario).await.expect("status");
     assert_eq!(status.phase, Phase::Healthy);
     assert_eq!(status.stable_commit, released);
-    let promotes = history(&scenario)
+    let promotes = scenario.history()
         .iter()
         .filter(|(_, m)| m.starts_with("promote("))
         .count();
@@ -139,7 +116,7 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
     let stable = scenario.repo.commit_and_push("echo 1.0");
     let _agent = scenario.start_agent();
     healthy_on(&scenario, "1.0").await;
-    let stable_manifest = git(&scenario, &["show", "main:echo/deployment.yaml"]);
+    let stable_manifest = scenario.git(&["show", "main:echo/deployment.yaml"]);
 
     app(&scenario, "2.0-broken", true);
     let broken = scenario.repo.commit_and_push("echo 2.0 (broken)");
@@ -170,7 +147,7 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
 
     let key = format!("{}/echo", scenario.ns);
     let (revert, message) = eventually("the revert commit", WAIT, || async {
-        history(&scenario)
+        scenario.history()
             .into_iter()
             .find(|(_, m)| m.starts_with(&format!("revert({key})")))
     })
@@ -198,12 +175,12 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
     assert!(descends.success(), "{reverted} does not contain {broken}");
     assert!(message.contains(&format!("Gitcanary-Rollout: {key}")), "{message}");
     assert_eq!(
-        git(&scenario, &["show", &format!("{revert}:echo/deployment.yaml")]),
+        scenario.git(&["show", &format!("{revert}:echo/deployment.yaml")]),
         stable_manifest
     );
 
     // Every commit survives: nothing was forced.
-    let messages: Vec<String> = history(&scenario).into_iter().map(|(_, m)| m).collect();
+    let messages: Vec<String> = scenario.history().into_iter().map(|(_, m)| m).collect();
     for note in &theirs {
         assert!(messages.iter().any(|m| m == note), "{note} was lost");
     }
@@ -218,7 +195,7 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
 
     // Git asks for the stable version again: healthy, and nothing more to roll back.
     healthy_on(&scenario, "1.0").await;
-    let reverts = history(&scenario)
+    let reverts = scenario.history()
         .iter()
         .filter(|(_, m)| m.starts_with("revert("))
         .count();
@@ -238,7 +215,7 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
     scenario.repo.commit_and_push("echo 2.0 (broken)");
     let key = format!("{}/echo", scenario.ns);
     eventually("the revert commit", WAIT, || async {
-        history(&scenario)
+        scenario.history()
             .into_iter()
             .find(|(_, m)| m.starts_with(&format!("revert({key})")))
     })
@@ -256,7 +233,7 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
         action: gitcanary::rollout::api::WritebackAction::Revert,
         rollout_id: "again".into(),
         stable_commit: String::new(),
-        canary_commit: history(&scenario)
+        canary_commit: scenario.history()
             .iter()
             .find(|(_, m)| m == "echo 2.0 (broken)")
             .expect("broken commit")
@@ -277,7 +254,7 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
         status.pending_writeback.is_none().then_some(())
     })
     .await;
-    let reverts = history(&scenario)
+    let reverts = scenario.history()
         .iter()
         .filter(|(_, m)| m.starts_with("revert("))
         .count();
@@ -348,7 +325,7 @@ async fn a_push_that_loses_the_race_is_rebuilt_on_the_new_head_and_never_forced(
     })
     .await
     .expect("no panic");
-    let Outcome::Committed { commit, attempts } = outcome.expect("written") else {
+    let Outcome::Committed { commit, attempts, .. } = outcome.expect("written") else {
         panic!("expected a commit")
     };
     assert_eq!(attempts, 2, "the first push lost the race");

@@ -3,17 +3,28 @@
 //! per rollout, and `/gitcanary promote|abort` commands from writers. All
 //! through octocrab, with a configurable base URL (Enterprise, tests).
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use http::Method;
 use octocrab::Octocrab;
 use serde_json::{Value, json};
 
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::plan::parse_percent;
+use crate::telemetry::Metrics;
 use crate::{Error, Result};
+
+pub mod gate;
 
 pub struct GitHub {
     client: Octocrab,
     owner: String,
     repo: String,
+    metrics: Arc<Metrics>,
+    /// GitHub asked for no calls before this instant (rate limit).
+    quiet_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// A command found in a comment.
@@ -31,54 +42,165 @@ pub struct CommandComment {
     pub command: Command,
 }
 
-fn github_error(context: &str) -> impl FnOnce(octocrab::Error) -> Error + '_ {
-    move |e| Error::Object {
-        object: format!("GitHub: {context}"),
-        message: match &e {
-            octocrab::Error::GitHub { source, .. } => source.message.clone(),
-            other => other.to_string(),
-        },
+/// The fields of a pull request gitcanary reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    pub number: u64,
+    pub open: bool,
+    pub merged: bool,
+    pub head_ref: String,
+    pub head_sha: String,
+}
+
+impl PullRequest {
+    fn from_json(value: &Value) -> Option<PullRequest> {
+        Some(PullRequest {
+            number: value["number"].as_u64()?,
+            open: value["state"].as_str() == Some("open"),
+            merged: value["merged_at"].as_str().is_some() || value["merged"].as_bool() == Some(true),
+            head_ref: value["head"]["ref"].as_str().unwrap_or_default().to_string(),
+            head_sha: value["head"]["sha"].as_str().unwrap_or_default().to_string(),
+        })
     }
+}
+
+/// The wait a rate-limited answer asks for: `Retry-After` (seconds), else
+/// `X-RateLimit-Reset` (epoch seconds) when no requests remain. `None` for an
+/// answer that is not a rate limit.
+pub fn rate_limit_wait(status: u16, headers: &http::HeaderMap, now_epoch: u64) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let retry_after = header("retry-after").and_then(|v| v.parse::<u64>().ok());
+    let exhausted = header("x-ratelimit-remaining") == Some("0");
+    if status != 429 && !(status == 403 && (exhausted || retry_after.is_some())) {
+        return None;
+    }
+    let seconds = retry_after
+        .or_else(|| {
+            header("x-ratelimit-reset")
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|reset| reset.saturating_sub(now_epoch))
+        })
+        // GitHub's advice when it names no time: wait a minute.
+        .unwrap_or(60);
+    Some(Duration::from_secs(seconds.clamp(1, 3600)))
 }
 
 impl GitHub {
     /// `repository` is `owner/name`; `base_url` is `https://api.github.com` or an Enterprise or test URL.
-    pub fn new(base_url: &str, token: &str, repository: &str) -> Result<GitHub> {
+    pub fn new(base_url: &str, token: &str, repository: &str, metrics: Arc<Metrics>) -> Result<GitHub> {
         let (owner, repo) = repository
             .split_once('/')
             .ok_or_else(|| Error::Usage(format!("--github-repo {repository:?} is not owner/name")))?;
+        let setup = |e: octocrab::Error| Error::GitHub {
+            context: "client".into(),
+            status: None,
+            message: e.to_string(),
+        };
         let client = Octocrab::builder()
             .base_uri(base_url)
-            .map_err(github_error("base URL"))?
+            .map_err(setup)?
             .personal_token(token.to_string())
             .build()
-            .map_err(github_error("client"))?;
+            .map_err(setup)?;
         Ok(GitHub {
             client,
             owner: owner.to_string(),
             repo: repo.to_string(),
+            metrics,
+            quiet_until: std::sync::Mutex::new(None),
         })
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 
     fn path(&self, rest: &str) -> String {
         format!("/repos/{}/{}/{rest}", self.owner, self.repo)
     }
 
+    /// Until when GitHub asked for quiet, if it did.
+    pub fn backing_off(&self) -> Option<Instant> {
+        let until = *self.quiet_until.lock().unwrap_or_else(|e| e.into_inner());
+        until.filter(|until| *until > Instant::now())
+    }
+
+    /// Every GitHub call goes through here: counted, refused locally while
+    /// GitHub asked for quiet, and backed off as the rate-limit headers say.
+    async fn call(&self, method: Method, rest: &str, body: Option<&Value>, context: &str) -> Result<Value> {
+        let error = |status: Option<u16>, message: String| Error::GitHub {
+            context: context.to_string(),
+            status,
+            message,
+        };
+        if let Some(until) = self.backing_off() {
+            let wait = until.saturating_duration_since(Instant::now()).as_secs();
+            return Err(error(
+                None,
+                format!("rate limited; GitHub asked to wait {wait} s more"),
+            ));
+        }
+        self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
+        let uri = self.path(rest);
+        let sent = match method {
+            Method::GET => self.client._get(uri).await,
+            Method::POST => self.client._post(uri, body).await,
+            Method::PATCH => self.client._patch(uri, body).await,
+            Method::PUT => self.client._put(uri, body).await,
+            _ => self.client._delete(uri, body).await,
+        };
+        let response = sent.map_err(|e| {
+            self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+            error(None, e.to_string())
+        })?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let text = self.client.body_to_string(response).await.map_err(|e| {
+            self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+            error(Some(status), e.to_string())
+        })?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if (200..300).contains(&status) {
+            return Ok(value);
+        }
+        self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+        let now_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Some(wait) = rate_limit_wait(status, &headers, now_epoch) {
+            self.metrics.github_rate_limited.fetch_add(1, Ordering::Relaxed);
+            *self.quiet_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + wait);
+            tracing::warn!(
+                status,
+                wait_seconds = wait.as_secs(),
+                "GitHub rate limit: no GitHub calls until it resets; releases go on"
+            );
+        }
+        let message = value["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| text.chars().take(200).collect());
+        Err(error(Some(status), message))
+    }
+
     /// Pull requests that carried a commit.
     pub async fn pulls_for_commit(&self, sha: &str) -> Result<Vec<u64>> {
-        let pulls: Vec<Value> = self
-            .client
-            .get(self.path(&format!("commits/{sha}/pulls")), None::<&()>)
-            .await
-            .map_err(github_error("pull requests of a commit"))?;
-        Ok(pulls.iter().filter_map(|p| p["number"].as_u64()).collect())
+        let pulls = self
+            .call(Method::GET, &format!("commits/{sha}/pulls"), None, "pull requests of a commit")
+            .await?;
+        Ok(array(&pulls).iter().filter_map(|p| p["number"].as_u64()).collect())
     }
 
     async fn comments(&self, pull: u64) -> Result<Vec<Value>> {
-        self.client
-            .get(self.path(&format!("issues/{pull}/comments?per_page=100")), None::<&()>)
-            .await
-            .map_err(github_error("comments"))
+        let comments = self
+            .call(
+                Method::GET,
+                &format!("issues/{pull}/comments?per_page=100"),
+                None,
+                "comments",
+            )
+            .await?;
+        Ok(array(&comments).to_vec())
     }
 
     /// Creates the comment holding `marker`, or edits it in place.
@@ -89,40 +211,40 @@ impl GitHub {
             .into_iter()
             .find(|c| c["body"].as_str().is_some_and(|b| b.contains(marker)));
         let full = format!("{marker}\n{body}");
-        let comment: Value = match existing {
+        let comment = match existing {
             Some(comment) if comment["body"].as_str() == Some(full.as_str()) => comment,
             Some(comment) => {
                 let id = comment["id"].as_u64().unwrap_or_default();
-                self.client
-                    .patch(
-                        self.path(&format!("issues/comments/{id}")),
-                        Some(&json!({"body": full})),
-                    )
-                    .await
-                    .map_err(github_error("editing the release comment"))?
-            }
-            None => self
-                .client
-                .post(
-                    self.path(&format!("issues/{pull}/comments")),
+                self.call(
+                    Method::PATCH,
+                    &format!("issues/comments/{id}"),
                     Some(&json!({"body": full})),
+                    "editing a comment",
                 )
-                .await
-                .map_err(github_error("creating the release comment"))?,
+                .await?
+            }
+            None => {
+                self.call(
+                    Method::POST,
+                    &format!("issues/{pull}/comments"),
+                    Some(&json!({"body": full})),
+                    "creating a comment",
+                )
+                .await?
+            }
         };
         Ok(comment["id"].as_u64().unwrap_or_default())
     }
 
     pub async fn set_status(&self, sha: &str, context: &str, state: &str, description: &str) -> Result<()> {
         let description: String = description.chars().take(140).collect();
-        let _: Value = self
-            .client
-            .post(
-                self.path(&format!("statuses/{sha}")),
-                Some(&json!({"state": state, "context": context, "description": description})),
-            )
-            .await
-            .map_err(github_error("setting the commit status"))?;
+        self.call(
+            Method::POST,
+            &format!("statuses/{sha}"),
+            Some(&json!({"state": state, "context": context, "description": description})),
+            "setting the commit status",
+        )
+        .await?;
         Ok(())
     }
 
@@ -148,11 +270,14 @@ impl GitHub {
 
     /// Whether the user may act on releases: write, maintain or admin.
     pub async fn can_write(&self, user: &str) -> Result<bool> {
-        let answer: Value = self
-            .client
-            .get(self.path(&format!("collaborators/{user}/permission")), None::<&()>)
-            .await
-            .map_err(github_error("a collaborator's permission"))?;
+        let answer = self
+            .call(
+                Method::GET,
+                &format!("collaborators/{user}/permission"),
+                None,
+                "a collaborator's permission",
+            )
+            .await?;
         let permission = answer["role_name"]
             .as_str()
             .or(answer["permission"].as_str())
@@ -161,16 +286,116 @@ impl GitHub {
     }
 
     pub async fn reply(&self, pull: u64, body: &str) -> Result<()> {
-        let _: Value = self
-            .client
-            .post(
-                self.path(&format!("issues/{pull}/comments")),
-                Some(&json!({"body": body})),
-            )
-            .await
-            .map_err(github_error("replying"))?;
+        self.call(
+            Method::POST,
+            &format!("issues/{pull}/comments"),
+            Some(&json!({"body": body})),
+            "replying",
+        )
+        .await?;
         Ok(())
     }
+
+    /// The newest pull request (open or closed) from `branch` of this repository.
+    pub async fn pull_for_branch(&self, branch: &str) -> Result<Option<PullRequest>> {
+        let pulls = self
+            .call(
+                Method::GET,
+                &format!("pulls?state=all&head={}:{branch}&per_page=100", self.owner),
+                None,
+                "pull requests of a branch",
+            )
+            .await?;
+        Ok(array(&pulls)
+            .iter()
+            .filter_map(PullRequest::from_json)
+            .filter(|p| p.head_ref == branch)
+            .max_by_key(|p| p.number))
+    }
+
+    /// Open pull requests against `base`.
+    pub async fn open_pulls(&self, base: &str) -> Result<Vec<PullRequest>> {
+        let pulls = self
+            .call(
+                Method::GET,
+                &format!("pulls?state=open&base={base}&per_page=100"),
+                None,
+                "open pull requests",
+            )
+            .await?;
+        Ok(array(&pulls).iter().filter_map(PullRequest::from_json).collect())
+    }
+
+    pub async fn create_pull(&self, head: &str, base: &str, title: &str, body: &str) -> Result<PullRequest> {
+        let created = self
+            .call(
+                Method::POST,
+                "pulls",
+                Some(&json!({"title": title, "head": head, "base": base, "body": body, "maintainer_can_modify": false})),
+                "opening a pull request",
+            )
+            .await?;
+        PullRequest::from_json(&created).ok_or_else(|| Error::GitHub {
+            context: "opening a pull request".into(),
+            status: None,
+            message: "the answer has no number".into(),
+        })
+    }
+
+    /// Users whose latest review of the pull request approves it.
+    pub async fn approvers(&self, pull: u64) -> Result<Vec<String>> {
+        let reviews = self
+            .call(
+                Method::GET,
+                &format!("pulls/{pull}/reviews?per_page=100"),
+                None,
+                "reviews",
+            )
+            .await?;
+        let mut latest: Vec<(String, String)> = Vec::new();
+        for review in array(&reviews) {
+            let user = review["user"]["login"].as_str().unwrap_or_default().to_string();
+            let state = review["state"].as_str().unwrap_or_default().to_string();
+            // A comment-only review does not change a verdict.
+            if user.is_empty() || state == "COMMENTED" || state == "PENDING" {
+                continue;
+            }
+            latest.retain(|(u, _)| *u != user);
+            latest.push((user, state));
+        }
+        Ok(latest
+            .into_iter()
+            .filter(|(_, state)| state == "APPROVED")
+            .map(|(user, _)| user)
+            .collect())
+    }
+
+    /// Merges the pull request if its head is still `sha`.
+    pub async fn merge(&self, pull: u64, sha: &str, title: &str) -> Result<()> {
+        self.call(
+            Method::PUT,
+            &format!("pulls/{pull}/merge"),
+            Some(&json!({"sha": sha, "merge_method": "merge", "commit_title": title})),
+            "merging a pull request",
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn close_pull(&self, pull: u64) -> Result<()> {
+        self.call(
+            Method::PATCH,
+            &format!("pulls/{pull}"),
+            Some(&json!({"state": "closed"})),
+            "closing a pull request",
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+fn array(value: &Value) -> &[Value] {
+    value.as_array().map_or(&[], Vec::as_slice)
 }
 
 /// A command is a line that is exactly `/gitcanary promote` or
@@ -216,7 +441,13 @@ pub fn commit_status(status: &RolloutStatus) -> (&'static str, String) {
 
 /// The release comment: phase, what it waits for, a table of steps and a
 /// mermaid chart of traffic over the steps.
-pub fn render_comment(namespace: &str, name: &str, spec: &RolloutSpec, status: &RolloutStatus) -> String {
+pub fn render_comment(
+    namespace: &str,
+    name: &str,
+    spec: &RolloutSpec,
+    status: &RolloutStatus,
+    gate_pull: Option<u64>,
+) -> String {
     let canary = status.canary_status.clone().unwrap_or_default();
     let mut out = format!(
         "### gitcanary: release `{}` of `{namespace}/{name}`\n\n**{:?}**",
@@ -227,9 +458,26 @@ pub fn render_comment(namespace: &str, name: &str, spec: &RolloutSpec, status: &
     }
     out.push_str("\n\n");
     if status.phase == Phase::Paused && canary.current_step_state == StepState::StepPaused {
+        let gate = gate_pull.map_or(String::new(), |n| {
+            format!("approve the promotion pull request #{n} (closing it aborts), or ")
+        });
         out.push_str(&format!(
-            "Waiting for promote: comment `/gitcanary promote` (writers only) or run `gitcanary promote {name} -n {namespace}`; `/gitcanary abort` reverts.\n\n"
+            "Waiting for promote: {gate}comment `/gitcanary promote` (writers only) or run `gitcanary promote {name} -n {namespace}`; `/gitcanary abort` reverts.\n\n"
         ));
+    }
+    if let Some(written) = status.written_back.as_ref().filter(|w| w.rollout_id == status.rollout_id) {
+        let what = match written.action {
+            crate::rollout::api::WritebackAction::Promote => "Promote recorded in Git",
+            crate::rollout::api::WritebackAction::Revert => "Reverted in Git",
+        };
+        if written.commit.is_empty() {
+            out.push_str(&format!("{what}: Git already held it.\n\n"));
+        } else {
+            out.push_str(&format!("{what} by commit {}.\n\n", written.commit));
+        }
+        if !written.note.is_empty() {
+            out.push_str(&format!("> [!WARNING]\n> {}\n\n", written.note));
+        }
     }
     out.push_str("| step | traffic | replicas | state | started | finished |\n|---|---|---|---|---|---|\n");
     let mut weights = Vec::new();
@@ -294,13 +542,14 @@ mod tests {
             "stepHistory": [{"step": 1, "startedAt": "2026-11-30T10:00:00Z"}]
         }))
         .expect("status");
-        let comment = render_comment("demo", "echo", &spec, &status);
+        let comment = render_comment("demo", "echo", &spec, &status, Some(12));
         assert!(comment.contains("release `abc1234` of `demo/echo`"), "{comment}");
         assert!(
             comment.contains("| 1 | 20% | 1 | StepPaused | 2026-11-30T10:00:00Z |  |"),
             "{comment}"
         );
         assert!(comment.contains("/gitcanary promote"), "{comment}");
+        assert!(comment.contains("promotion pull request #12"), "{comment}");
         assert!(comment.contains("bar [20, 100]"), "{comment}");
         assert_eq!(commit_status(&status).0, "pending");
     }

@@ -343,6 +343,23 @@ pub struct RolloutStatus {
     /// A promote or revert that must still be written to Git; cleared once pushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_writeback: Option<PendingWriteback>,
+    /// The last promote or revert pushed to Git.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub written_back: Option<WrittenBack>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WrittenBack {
+    pub action: WritebackAction,
+    #[serde(rename = "rolloutID")]
+    pub rollout_id: String,
+    /// The commit in Git (gitcanary's own, or an earlier identical one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit: String,
+    /// What a reader should know, such as later commits the revert also reset.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

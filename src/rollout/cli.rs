@@ -10,7 +10,7 @@ use super::plan::parse_percent;
 use crate::cluster::Cluster;
 use crate::{Error, Result};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Signal {
     Promote,
     Abort,
@@ -18,7 +18,7 @@ pub enum Signal {
 
 /// Sets the signal annotation to a fresh token; the engine acts on each token once.
 pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
-    send_signal_token(cluster, namespace, name, signal, &Timestamp::now().to_string()).await
+    send_signal_token(cluster, namespace, name, signal, &format!("the CLI at {}", Timestamp::now())).await
 }
 
 /// Sets the signal annotation to `token` (a pull-request comment's id, say).

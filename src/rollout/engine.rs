@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::api::{API_VERSION, GROUP, KIND, Phase, Rollout, RolloutSpec, RolloutStatus};
+use super::api::{API_VERSION, GROUP, KIND, Phase, Rollout, RolloutSpec, RolloutStatus, WrittenBack};
 use super::overlay::{
     self, BATCH_ID_LABEL, CANARY_HASH_ANNOTATION, ROLLOUT_ID_LABEL, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind,
     canary_name,
@@ -93,11 +93,24 @@ pub struct RolloutSummary {
     pub last_command_comment: u64,
 }
 
-/// Marks a write-back done: the status without its pending entry.
-pub async fn clear_writeback(cluster: &Cluster, request: &crate::writeback::Request) -> Result<()> {
+/// Marks a write-back done: the status without its pending entry, and with
+/// the commit that holds it. Returns the status written.
+pub async fn clear_writeback(
+    cluster: &Cluster,
+    request: &crate::writeback::Request,
+    commit: Option<&str>,
+    note: &str,
+) -> Result<RolloutStatus> {
     let mut status = request.status.clone();
     status.pending_writeback = None;
-    apply_status(cluster, &request.namespace, &request.name, &status).await
+    status.written_back = Some(WrittenBack {
+        action: request.pending.action,
+        rollout_id: request.pending.rollout_id.clone(),
+        commit: commit.unwrap_or_default().to_string(),
+        note: note.to_string(),
+    });
+    apply_status(cluster, &request.namespace, &request.name, &status).await?;
+    Ok(status)
 }
 
 /// Writes a Rollout's whole status with gitcanary's field manager.

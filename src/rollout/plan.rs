@@ -341,8 +341,9 @@ impl Planner<'_> {
         if signal == self.status.last_abort_signal {
             return None;
         }
+        let cause = format!("aborted by {signal}");
         self.status.last_abort_signal = signal;
-        Some(self.fail("aborted".to_string()))
+        Some(self.fail(cause))
     }
 
     fn fail(&mut self, cause: String) -> Intent {
@@ -509,7 +510,7 @@ impl Planner<'_> {
     fn promote_signal_received(&mut self, index: u32) -> bool {
         match self.observed.promote_signal.clone() {
             Some(signal) if signal != self.status.last_promote_signal => {
-                self.passed_by(format!("promote signal {signal}"));
+                self.passed_by(format!("promoted by {signal}"));
                 self.status.last_promote_signal = signal;
                 self.note(format!("step {index}: promoted"));
                 true

@@ -15,6 +15,7 @@ use crate::{Error, Result};
 pub const ROLLOUT_TRAILER: &str = "Gitcanary-Rollout";
 pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
 pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
+pub const GATE_TRAILER: &str = "Gitcanary-Gate";
 
 /// Pushes tried before giving up until the next sync.
 const MAX_ATTEMPTS: u32 = 8;
@@ -56,7 +57,12 @@ impl Default for Author {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// A new commit was pushed.
-    Committed { commit: String, attempts: u32 },
+    Committed {
+        commit: String,
+        attempts: u32,
+        /// What a reader of the release should know (a revert that also reset later commits).
+        note: String,
+    },
     /// An earlier run already pushed it (found by its trailers).
     AlreadyInGit { commit: String },
     /// Git already holds the result; nothing to commit.
@@ -174,10 +180,7 @@ impl Writer<'_> {
                 short(&pending.stable_commit)
             );
             if !later.is_empty() {
-                message.push_str(&format!(
-                    "\nLater commits changed {} too; they are reset to the stable version as well.\n",
-                    later.join(", ")
-                ));
+                message.push_str(&format!("\n{LATER_NOTE_PREFIX} {}{LATER_NOTE_SUFFIX}\n", later.join(", ")));
             }
             message.push_str(&format!("\n{ROLLOUT_TRAILER}: {key}\n{REVERTS_TRAILER}: {}\n", pending.canary_commit));
             Ok((message, files))
@@ -236,6 +239,7 @@ impl Writer<'_> {
                     return Ok(Outcome::Committed {
                         commit: commit.to_string(),
                         attempts: attempt,
+                        note: note_of(&message),
                     });
                 }
                 Err(rejection) => {
@@ -275,6 +279,60 @@ impl Writer<'_> {
             return Err(status);
         }
         result.map_err(|e| e.message().to_string())
+    }
+}
+
+const LATER_NOTE_PREFIX: &str = "Later commits changed";
+const LATER_NOTE_SUFFIX: &str = " too; they are reset to the stable version as well.";
+
+/// The line of a commit message a pull request should repeat, if any.
+fn note_of(message: &str) -> String {
+    message
+        .lines()
+        .find(|l| l.starts_with(LATER_NOTE_PREFIX))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The branch of a promotion pull request: one per release and step.
+pub fn gate_branch(namespace: &str, name: &str, rollout_id: &str, step: u32) -> String {
+    format!("gitcanary/promote/{namespace}/{name}/{rollout_id}-{step}")
+}
+
+/// What a promotion pull request commits to its branch.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateFile {
+    pub rollout: String,
+    #[serde(rename = "rolloutID")]
+    pub rollout_id: String,
+    pub step: u32,
+    pub stable_commit: String,
+    pub canary_commit: String,
+    pub canary_ready_replicas: i32,
+    pub opened_at: String,
+    pub steps: Vec<StepRecord>,
+}
+
+impl Writer<'_> {
+    /// Pushes the gate branch with `.gitcanary/gates/<namespace>/<name>.yaml`,
+    /// started from the tracked branch; a branch that already holds it is left as is.
+    pub fn open_gate(&self, branch: &str, gate: &GateFile) -> Result<Outcome> {
+        let (namespace, name) = gate.rollout.split_once('/').unwrap_or(("", &gate.rollout));
+        let path = format!(".gitcanary/gates/{namespace}/{name}.yaml");
+        let content = serde_saphyr::to_string(gate).map_err(|e| Error::Object {
+            object: format!("gate of {}", gate.rollout),
+            message: e.to_string(),
+        })?;
+        let gate_id = format!("{}-{}", gate.rollout_id, gate.step);
+        let message = format!(
+            "gate({}): promote release {} past step {}\n\nMerging this passes the gate; closing it unmerged aborts the release.\n\n{ROLLOUT_TRAILER}: {}\n{GATE_TRAILER}: {gate_id}\n",
+            gate.rollout, gate.rollout_id, gate.step, gate.rollout
+        );
+        let trailers = [(ROLLOUT_TRAILER, gate.rollout.clone()), (GATE_TRAILER, gate_id)];
+        self.commit_with_retry(branch, &trailers, |_, _| {
+            Ok((message.clone(), vec![(path.clone(), Some(content.clone().into_bytes()))]))
+        })
     }
 }
 

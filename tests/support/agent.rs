@@ -139,6 +139,27 @@ impl Scenario {
         }
     }
 
+    /// git on the bare repository (what the remote holds).
+    pub fn git(&self, args: &[&str]) -> String {
+        let bare = format!("--git-dir={}", self.repo.bare.display());
+        let mut all = vec![bare.as_str()];
+        all.extend_from_slice(args);
+        super::run(self.repo.path(), "git", &all)
+    }
+
+    /// (commit, full message) of `main` on the remote, newest first.
+    pub fn history(&self) -> Vec<(String, String)> {
+        self.git(&["log", "--format=%H%n%B%x00", "main"])
+            .split('\0')
+            .filter(|c| !c.trim().is_empty())
+            .map(|c| {
+                let c = c.trim_start();
+                let (sha, message) = c.split_once('\n').unwrap_or((c, ""));
+                (sha.to_string(), message.trim().to_string())
+            })
+            .collect()
+    }
+
     pub fn start_agent(&self) -> AgentProcess {
         AgentProcess::start(&self.repo, &self.ns, self.cache.path())
     }

@@ -2,13 +2,15 @@
 //! JSON shaped like GitHub's own responses, and recording every request.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{Method, StatusCode, Uri};
-use axum::routing::{get, patch, post};
+use axum::response::IntoResponse;
+use axum::routing::{get, patch, post, put};
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -23,7 +25,29 @@ pub struct Data {
     pub permissions: BTreeMap<String, String>,
     /// (method, path) of every request.
     pub requests: Vec<(String, String)>,
+    /// Pull requests opened through the API.
+    pub pull_requests: Vec<FakePull>,
+    /// Approving reviews a merge needs (branch protection).
+    pub required_approvals: usize,
+    /// The next this many requests are refused as rate limited.
+    pub rate_limited: usize,
+    /// The repository pull requests merge into.
+    pub bare: Option<PathBuf>,
     next_id: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct FakePull {
+    pub number: u64,
+    pub head: String,
+    pub base: String,
+    pub title: String,
+    pub body: String,
+    pub open: bool,
+    pub merged_by: Option<String>,
+    pub merge_commit: Option<String>,
+    /// (id, user, state) in the order submitted.
+    pub reviews: Vec<(u64, String, String)>,
 }
 
 #[derive(Clone)]
@@ -66,6 +90,10 @@ impl GitHubFake {
             .route("/repos/{owner}/{repo}/issues/comments/{id}", patch(edit_comment))
             .route("/repos/{owner}/{repo}/statuses/{sha}", post(create_status))
             .route("/repos/{owner}/{repo}/collaborators/{user}/permission", get(permission))
+            .route("/repos/{owner}/{repo}/pulls", get(list_pulls).post(create_pull))
+            .route("/repos/{owner}/{repo}/pulls/{pull}", get(get_pull).patch(edit_pull))
+            .route("/repos/{owner}/{repo}/pulls/{pull}/reviews", get(list_reviews))
+            .route("/repos/{owner}/{repo}/pulls/{pull}/merge", put(merge_pull))
             .layer(axum::middleware::from_fn_with_state(data.clone(), record))
             .with_state(data.clone());
         let addr = super::serve_on_own_thread(app, "GitHub fake");
@@ -73,6 +101,50 @@ impl GitHubFake {
             url: format!("http://{addr}"),
             data,
         }
+    }
+
+    /// A fake whose pull requests merge into `bare` for real.
+    pub async fn start_for(bare: &std::path::Path) -> GitHubFake {
+        let fake = GitHubFake::start().await;
+        fake.data.lock().expect("lock").bare = Some(bare.to_path_buf());
+        fake
+    }
+
+    pub fn pulls(&self) -> Vec<FakePull> {
+        self.data.lock().expect("lock").pull_requests.clone()
+    }
+
+    /// A review as if `user` submitted it ("APPROVED", "CHANGES_REQUESTED", "COMMENTED").
+    pub fn review(&self, pull: u64, user: &str, state: &str) {
+        let mut data = self.data.lock().expect("lock");
+        data.next_id += 1;
+        let id = data.next_id;
+        let pull = data
+            .pull_requests
+            .iter_mut()
+            .find(|p| p.number == pull)
+            .expect("the pull request exists");
+        pull.reviews.push((id, user.to_string(), state.to_string()));
+    }
+
+    /// Closes a pull request unmerged, as a user would in the web UI.
+    pub fn close(&self, pull: u64) {
+        let mut data = self.data.lock().expect("lock");
+        let pull = data
+            .pull_requests
+            .iter_mut()
+            .find(|p| p.number == pull)
+            .expect("the pull request exists");
+        pull.open = false;
+    }
+
+    /// Merges a pull request as `user` would with the merge button.
+    pub fn merge_as(&self, pull: u64, user: &str) -> String {
+        merge_into_bare(&self.data, pull, user).expect("the merge succeeds")
+    }
+
+    pub fn rate_limit_next(&self, requests: usize) {
+        self.data.lock().expect("lock").rate_limited = requests;
     }
 
     pub fn carry(&self, sha: &str, pull: u64) {
@@ -136,11 +208,269 @@ async fn record(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    data.lock()
-        .expect("lock")
-        .requests
-        .push((method.to_string(), uri.path().to_string()));
+    {
+        let mut data = data.lock().expect("lock");
+        data.requests.push((method.to_string(), uri.path().to_string()));
+        if data.rate_limited > 0 {
+            data.rate_limited -= 1;
+            let reset = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs()
+                + 3;
+            // GitHub's primary rate limit answer.
+            return (
+                StatusCode::FORBIDDEN,
+                [
+                    ("x-ratelimit-limit", "5000".to_string()),
+                    ("x-ratelimit-remaining", "0".to_string()),
+                    ("x-ratelimit-reset", reset.to_string()),
+                    ("x-ratelimit-resource", "core".to_string()),
+                ],
+                Json(json!({"message": "API rate limit exceeded for user ID 1007.",
+                    "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"})),
+            )
+                .into_response();
+        }
+    }
     next.run(request).await
+}
+
+fn unprocessable(message: &str) -> axum::response::Response {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        Json(json!({"message": "Validation Failed", "errors": [{"resource": "PullRequest", "code": "custom", "message": message}],
+            "documentation_url": "https://docs.github.com/rest/pulls/pulls#create-a-pull-request", "status": "422"})),
+    )
+        .into_response()
+}
+
+fn git_in(dir: &std::path::Path, args: &[&str]) -> Result<String, String> {
+    let output = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).to_string())
+    }
+}
+
+fn branch_sha(data: &Data, branch: &str) -> Option<String> {
+    git_in(data.bare.as_ref()?, &["rev-parse", "--verify", "-q", &format!("refs/heads/{branch}")]).ok()
+}
+
+fn pull_json(owner: &str, repo: &str, pull: &FakePull, data: &Data) -> Value {
+    let head_sha = branch_sha(data, &pull.head).unwrap_or_default();
+    let base_sha = branch_sha(data, &pull.base).unwrap_or_default();
+    let n = pull.number;
+    json!({
+        "url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{n}"),
+        "id": 9000 + n, "node_id": "PR_kwDOA", "number": n,
+        "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{n}"),
+        "state": if pull.open { "open" } else { "closed" }, "locked": false, "draft": false,
+        "title": pull.title, "body": pull.body, "user": user("gitcanary[bot]"),
+        "created_at": "2026-11-30T12:00:00Z", "updated_at": "2026-11-30T12:00:00Z",
+        "closed_at": if pull.open { Value::Null } else { json!("2026-11-30T12:30:00Z") },
+        "merged_at": if pull.merged_by.is_some() { json!("2026-11-30T12:30:00Z") } else { Value::Null },
+        "merge_commit_sha": pull.merge_commit,
+        "merged": pull.merged_by.is_some(),
+        "merged_by": pull.merged_by.as_deref().map(user),
+        "head": {"label": format!("{owner}:{}", pull.head), "ref": pull.head, "sha": head_sha, "user": user(owner)},
+        "base": {"label": format!("{owner}:{}", pull.base), "ref": pull.base, "sha": base_sha, "user": user(owner)},
+        "author_association": "NONE"
+    })
+}
+
+async fn list_pulls(
+    State(data): State<Shared>,
+    Path((owner, repo)): Path<(String, String)>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Json<Value> {
+    let data = data.lock().expect("lock");
+    let state = query.get("state").map_or("open", String::as_str);
+    let head = query.get("head").map(|h| h.split_once(':').map_or(h.as_str(), |(_, b)| b));
+    let pulls: Vec<Value> = data
+        .pull_requests
+        .iter()
+        .rev()
+        .filter(|p| state == "all" || (state == "open") == p.open)
+        .filter(|p| head.is_none_or(|h| h == p.head))
+        .filter(|p| query.get("base").is_none_or(|b| *b == p.base))
+        .map(|p| pull_json(&owner, &repo, p, &data))
+        .collect();
+    Json(Value::Array(pulls))
+}
+
+async fn create_pull(
+    State(data): State<Shared>,
+    Path((owner, repo)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> axum::response::Response {
+    let mut data = data.lock().expect("lock");
+    let field = |k: &str| body[k].as_str().unwrap_or_default().to_string();
+    let (head, base) = (field("head"), field("base"));
+    if branch_sha(&data, &head).is_none() {
+        return unprocessable(&format!("head {head} does not exist"));
+    }
+    if data.pull_requests.iter().any(|p| p.open && p.head == head && p.base == base) {
+        return unprocessable(&format!("A pull request already exists for {owner}:{head}."));
+    }
+    data.next_id += 1;
+    let pull = FakePull {
+        number: data.next_id,
+        head,
+        base,
+        title: field("title"),
+        body: field("body"),
+        open: true,
+        merged_by: None,
+        merge_commit: None,
+        reviews: Vec::new(),
+    };
+    let answer = pull_json(&owner, &repo, &pull, &data);
+    data.pull_requests.push(pull);
+    (StatusCode::CREATED, Json(answer)).into_response()
+}
+
+async fn get_pull(
+    State(data): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
+) -> Result<Json<Value>, StatusCode> {
+    let data = data.lock().expect("lock");
+    let pull = data
+        .pull_requests
+        .iter()
+        .find(|p| p.number == number)
+        .ok_or(StatusCode::NOT_FOUND)?;
+    Ok(Json(pull_json(&owner, &repo, pull, &data)))
+}
+
+async fn edit_pull(
+    State(data): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
+    Json(body): Json<Value>,
+) -> Result<Json<Value>, StatusCode> {
+    let mut data = data.lock().expect("lock");
+    let pull = data
+        .pull_requests
+        .iter_mut()
+        .find(|p| p.number == number)
+        .ok_or(StatusCode::NOT_FOUND)?;
+    match body["state"].as_str() {
+        Some("closed") if pull.merged_by.is_none() => pull.open = false,
+        Some("open") if pull.merged_by.is_none() => pull.open = true,
+        _ => {}
+    }
+    let pull = pull.clone();
+    Ok(Json(pull_json(&owner, &repo, &pull, &data)))
+}
+
+async fn list_reviews(
+    State(data): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
+) -> Result<Json<Value>, StatusCode> {
+    let data = data.lock().expect("lock");
+    let pull = data
+        .pull_requests
+        .iter()
+        .find(|p| p.number == number)
+        .ok_or(StatusCode::NOT_FOUND)?;
+    let head_sha = branch_sha(&data, &pull.head).unwrap_or_default();
+    let reviews: Vec<Value> = pull
+        .reviews
+        .iter()
+        .map(|(id, login, state)| {
+            json!({"id": id, "node_id": "PRR_kwDOA", "user": user(login), "body": "", "state": state,
+                "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{number}#pullrequestreview-{id}"),
+                "pull_request_url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{number}"),
+                "submitted_at": "2026-11-30T12:10:00Z", "commit_id": head_sha, "author_association": "COLLABORATOR"})
+        })
+        .collect();
+    Ok(Json(Value::Array(reviews)))
+}
+
+async fn merge_pull(
+    State(data): State<Shared>,
+    Path((_owner, _repo, number)): Path<(String, String, u64)>,
+    Json(body): Json<Value>,
+) -> axum::response::Response {
+    {
+        let guard = data.lock().expect("lock");
+        let Some(pull) = guard.pull_requests.iter().find(|p| p.number == number) else {
+            return StatusCode::NOT_FOUND.into_response();
+        };
+        let approvals = pull.reviews.iter().filter(|r| r.2 == "APPROVED").count();
+        let refusal = if !pull.open {
+            Some("Pull Request is not mergeable".to_string())
+        } else if approvals < guard.required_approvals {
+            Some(format!(
+                "At least {} approving reviews are required by reviewers with write access.",
+                guard.required_approvals
+            ))
+        } else if body["sha"]
+            .as_str()
+            .is_some_and(|sha| Some(sha.to_string()) != branch_sha(&guard, &pull.head))
+        {
+            return (StatusCode::CONFLICT, Json(json!({"message": "Head branch was modified. Review and try the merge again."}))).into_response();
+        } else {
+            None
+        };
+        if let Some(message) = refusal {
+            return (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Json(json!({"message": message, "documentation_url": "https://docs.github.com/rest/pulls/pulls#merge-a-pull-request"})),
+            )
+                .into_response();
+        }
+    }
+    match merge_into_bare(&data, number, "gitcanary[bot]") {
+        Ok(sha) => Json(json!({"sha": sha, "merged": true, "message": "Pull Request successfully merged"})).into_response(),
+        Err(message) => (StatusCode::METHOD_NOT_ALLOWED, Json(json!({"message": message}))).into_response(),
+    }
+}
+
+/// Merges the pull request's head into its base in the bare repository, as
+/// GitHub's merge button does (a merge commit), and marks it merged.
+fn merge_into_bare(data: &Shared, number: u64, by: &str) -> Result<String, String> {
+    let (bare, pull) = {
+        let data = data.lock().expect("lock");
+        let pull = data
+            .pull_requests
+            .iter()
+            .find(|p| p.number == number)
+            .cloned()
+            .ok_or("no such pull request")?;
+        (data.bare.clone().ok_or("the fake has no repository")?, pull)
+    };
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = work.path();
+    let bare = bare.to_string_lossy().to_string();
+    let mut merged = Err("not tried".to_string());
+    // The base may move while merging; try again as GitHub would.
+    for _ in 0..5 {
+        let _ = std::fs::remove_dir_all(dir.join("w"));
+        git_in(dir, &["clone", "-q", "-b", &pull.base, &bare, "w"])?;
+        let w = dir.join("w");
+        git_in(&w, &["config", "user.name", by])?;
+        git_in(&w, &["config", "user.email", "noreply@github.example.test"])?;
+        let message = format!("Merge pull request #{number} from acme/{}\n\n{}", pull.head, pull.title);
+        git_in(&w, &["merge", "-q", "--no-ff", "-m", &message, &format!("origin/{}", pull.head)])?;
+        merged = git_in(&w, &["push", "-q", "origin", &format!("HEAD:{}", pull.base)]).and_then(|_| git_in(&w, &["rev-parse", "HEAD"]));
+        if merged.is_ok() {
+            break;
+        }
+    }
+    let sha = merged?;
+    let mut data = data.lock().expect("lock");
+    if let Some(pull) = data.pull_requests.iter_mut().find(|p| p.number == number) {
+        pull.open = false;
+        pull.merged_by = Some(by.to_string());
+        pull.merge_commit = Some(sha.clone());
+    }
+    Ok(sha)
 }
 
 async fn pulls_for_commit(

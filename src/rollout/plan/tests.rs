@@ -209,7 +209,7 @@ fn a_new_template_walks_every_step_and_promotes() {
         .collect();
     assert_eq!(
         history,
-        vec![(1, "pause of 60s"), (2, "promote signal 2026-11-30T10:00:00Z"), (3, "")]
+        vec![(1, "pause of 60s"), (2, "promoted by 2026-11-30T10:00:00Z"), (3, "")]
     );
     assert!(run.status.step_history.iter().all(|r| !r.finished_at.is_empty()));
 }
@@ -281,7 +281,7 @@ fn abort_sends_traffic_back_and_removes_the_canary() {
     run.step(&seen);
     seen.abort_signal = Some("abort-1".into());
     let plan = run.step(&seen);
-    assert_eq!(plan.failed.as_deref(), Some("aborted"));
+    assert_eq!(plan.failed.as_deref(), Some("aborted by abort-1"));
     assert_eq!(plan.intent.canary_replicas, None);
     assert_eq!(plan.intent.traffic, None);
     assert_eq!(run.status.canary_status.as_ref().unwrap().traffic, "0%");
