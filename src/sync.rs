@@ -161,7 +161,8 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
     for app in apps {
         let started = Instant::now();
         let previous = statuses.get(&app.name);
-        let mut report = match sync_app(cluster, app, &revision.commit, &crd_kinds, &live, previous, options).await {
+        let app_commit = revision.commit_for(&app.name);
+        let mut report = match sync_app(cluster, app, app_commit, &crd_kinds, &live, previous, options).await {
             Ok((report, inventory)) => {
                 save_status(cluster, &revision.commit, &report, inventory, previous, options).await?;
                 report
@@ -790,7 +791,7 @@ pub async fn diff(
         problems.extend(resolve_problems);
         // What a rollout would keep or change (the stable template, routes, Service pins).
         let (_, rollout_problems) =
-            rollout::engine::prepare(cluster, &mut planned, &revision.commit, &options.instance).await?;
+            rollout::engine::prepare(cluster, &mut planned, revision.commit_for(&app.name), &options.instance).await?;
         problems.extend(rollout_problems);
         for manifest in pending {
             diffs.push(

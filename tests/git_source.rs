@@ -95,3 +95,32 @@ async fn later_pushes_are_seen_and_sub_paths_are_honoured() {
         "green"
     );
 }
+
+/// A release is for the commit that changed its app, not for whatever the
+/// branch head was when the agent looked (over HTTP, where fetches are shallow).
+#[tokio::test]
+async fn each_app_knows_the_commit_that_last_changed_it() {
+    let server = GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    repo.write("web/settings.yaml", CONFIGMAP);
+    repo.write("api/settings.yaml", CONFIGMAP);
+    repo.write("namespace.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n");
+    let first = repo.commit_and_push("web, api and the namespace");
+    repo.write("web/settings.yaml", &CONFIGMAP.replace("blue", "green"));
+    let web_change = repo.commit_and_push("web goes green");
+    repo.write("api/extra.yaml", &CONFIGMAP.replace("settings", "extra"));
+    let api_change = repo.commit_and_push("api gets more settings");
+    repo.write(".gitcanary/status/shop/web.yaml", "outcome: promoted\n");
+    let head = repo.commit_and_push("a status file");
+
+    let cache = tempfile::tempdir().expect("cache dir");
+    let source = Source::open(&repo.http_url(), "main", "", Credentials::default(), cache.path()).expect("source");
+    let revision = tokio::task::spawn_blocking(move || source.fetch())
+        .await
+        .expect("no panic")
+        .expect("fetch");
+    assert_eq!(revision.commit, head);
+    assert_eq!(revision.commit_for("web"), web_change);
+    assert_eq!(revision.commit_for("api"), api_change);
+    assert_eq!(revision.commit_for("root"), first);
+}

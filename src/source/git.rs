@@ -1,4 +1,5 @@
 use std::fmt;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use git2::{Cred, CredentialType, FetchOptions, RemoteCallbacks, Repository};
@@ -109,9 +110,10 @@ impl GitSource {
             .map_err(Error::git(format!("opening remote {}", redact_url(&self.url))))?;
         let refspec = format!("+refs/heads/{0}:refs/remotes/origin/{0}", self.branch);
         let mut options = self.fetch_options();
-        // Local clones cannot be shallow in libgit2; remote ones fetch one commit.
+        // Local clones cannot be shallow in libgit2; remote ones fetch the
+        // recent history, enough to find the commit that changed each app.
         if !self.url.starts_with("file://") {
-            options.depth(1);
+            options.depth(APP_HISTORY as i32 + 1);
         }
         remote
             .fetch(&[&refspec], Some(&mut options), None)
@@ -125,10 +127,47 @@ impl GitSource {
             .and_then(|r| r.peel_to_commit())
             .map_err(Error::git(format!("branch {} not found", self.branch)))?;
         let manifests = self.read_tree(&repo, &commit)?;
+        let app_commits = self.app_commits(&repo, &commit);
         Ok(Revision {
             commit: commit.id().to_string(),
             manifests,
+            app_commits,
         })
+    }
+
+    /// For each app, the newest commit (within `APP_HISTORY` of the head)
+    /// whose first-parent diff changed the app's files. An app whose change
+    /// lies beyond the fetched history is left out (the head stands for it).
+    fn app_commits(&self, repo: &Repository, head: &git2::Commit<'_>) -> BTreeMap<String, String> {
+        let mut found = BTreeMap::new();
+        let Some(mut unresolved) = app_fingerprints(repo, head, &self.path) else {
+            return found;
+        };
+        let mut current = head.clone();
+        for _ in 0..APP_HISTORY {
+            let Ok(parent) = current.parent(0) else {
+                // The root commit introduced whatever is left; a shallow boundary says nothing.
+                if current.parent_count() == 0 {
+                    for app in unresolved.into_keys() {
+                        found.insert(app, current.id().to_string());
+                    }
+                }
+                break;
+            };
+            let before = app_fingerprints(repo, &parent, &self.path).unwrap_or_default();
+            unresolved.retain(|app, fingerprint| {
+                let changed = before.get(app) != Some(fingerprint);
+                if changed {
+                    found.insert(app.clone(), current.id().to_string());
+                }
+                !changed
+            });
+            if unresolved.is_empty() {
+                break;
+            }
+            current = parent;
+        }
+        found
     }
 
     fn read_tree(&self, repo: &Repository, commit: &git2::Commit<'_>) -> Result<manifest::ManifestSet> {
@@ -227,6 +266,39 @@ pub fn redact_url(url: &str) -> String {
         },
         None => url.to_string(),
     }
+}
+
+/// Commits searched for the one that last changed an app.
+const APP_HISTORY: usize = 50;
+
+/// App -> an id of its files at `commit`: the tree id of its directory, or for
+/// the root app the ids of the top-level files. `None` when the path is absent.
+fn app_fingerprints(repo: &Repository, commit: &git2::Commit<'_>, path: &str) -> Option<BTreeMap<String, String>> {
+    let root = commit.tree().ok()?;
+    let tree = if path.is_empty() {
+        root
+    } else {
+        repo.find_tree(root.get_path(Path::new(path)).ok()?.id()).ok()?
+    };
+    let mut apps = BTreeMap::new();
+    let mut top_level = String::new();
+    for entry in tree.iter() {
+        let name = entry.name().unwrap_or_default();
+        if name.starts_with('.') {
+            continue;
+        }
+        match entry.kind() {
+            Some(git2::ObjectType::Tree) => {
+                apps.insert(name.to_string(), entry.id().to_string());
+            }
+            Some(git2::ObjectType::Blob) if is_yaml(name) => {
+                top_level.push_str(&format!("{name}={};", entry.id()));
+            }
+            _ => {}
+        }
+    }
+    apps.insert(manifest::ROOT_APP.to_string(), top_level);
+    Some(apps)
 }
 
 #[cfg(test)]

@@ -17,6 +17,16 @@ pub struct Revision {
     /// The commit id, or `local` for a directory that is not a Git repository.
     pub commit: String,
     pub manifests: ManifestSet,
+    /// App -> the newest commit that changed its files, where history says
+    /// (apps missing here: `commit`).
+    pub app_commits: std::collections::BTreeMap<String, String>,
+}
+
+impl Revision {
+    /// The commit that last changed the app: what a release of it is for.
+    pub fn commit_for(&self, app: &str) -> &str {
+        self.app_commits.get(app).map_or(&self.commit, String::as_str)
+    }
 }
 
 pub enum Source {
@@ -54,6 +64,7 @@ impl Source {
             Source::Dir { root } => Ok(Revision {
                 commit: "local".to_string(),
                 manifests: manifest::load_dir(root)?,
+                app_commits: Default::default(),
             }),
         }
     }
