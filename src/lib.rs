@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod github;
+pub mod lease;
 pub mod manifest;
 pub mod rollout;
 pub mod server;

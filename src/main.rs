@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitcanary::agent::{Agent, GitHubReporter, WritebackConfig, trigger_channel, write_back};
-use gitcanary::cluster::{Cluster, render_diff};
+use gitcanary::cluster::{Cluster, ensure_namespace, render_diff};
 use gitcanary::github::GitHub;
 use gitcanary::rollout::cli::{Signal, send_signal};
 use gitcanary::server::{ServerState, serve};
@@ -15,6 +15,7 @@ use gitcanary::source::{Credentials, Source};
 use gitcanary::sync::{SyncOptions, diff, sync};
 use gitcanary::writeback::Author;
 use gitcanary::{Error, manifest};
+use gitcanary::lease::{LeaseConfig, Leadership};
 
 /// GitOps progressive delivery: canary releases driven by Git.
 #[derive(Parser)]
@@ -159,6 +160,21 @@ struct RunArgs {
     /// Address for the webhook, /healthz and /readyz endpoints.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    #[command(flatten)]
+    leader: LeaderArgs,
+}
+
+#[derive(Args)]
+struct LeaderArgs {
+    /// Act without holding the Lease (only when no other agent can run).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// Seconds a Lease lasts without renewal before another agent may take it.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// Who holds the Lease; default POD_NAME, else hostname-pid.
+    #[arg(long)]
+    leader_identity: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -190,8 +206,8 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
     match command {
         Command::Validate { dir, namespaces } => validate(dir, namespaces),
         Command::Diff(args) => run_diff(args).await,
-        Command::Sync(args) => run_sync(args, None).await,
-        Command::Run(args) => run_sync(args.sync, Some(args.listen)).await,
+        Command::Sync(args) => run_sync(args, None, None).await,
+        Command::Run(args) => run_sync(args.sync, Some(args.listen), Some(args.leader)).await,
         Command::Crd => {
             print!("{}", gitcanary::rollout::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
@@ -331,7 +347,7 @@ async fn run_diff(args: SourceArgs) -> Result<ExitCode, Error> {
     })
 }
 
-async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode, Error> {
+async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<LeaderArgs>) -> Result<ExitCode, Error> {
     let source = Arc::new(open_source(&args.source)?);
     let cluster = Arc::new(connect(&args.source).await?);
     let options = options(&args.source);
@@ -387,19 +403,74 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>) -> Result<ExitCode
         }),
         metrics,
     };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let running = agent.run(triggers, queue, stopped);
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let signals = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing the sync in progress"),
+                _ = terminate() => tracing::info!("SIGTERM; finishing the sync in progress"),
+            }
+            let _ = stop.send(true);
+        })
+    };
+    let leadership = match leader.filter(|l| !l.no_leader_election) {
+        Some(leader) => {
+            ensure_namespace(&agent.cluster, &args.source.state_namespace).await?;
+            let leadership = Leadership::new(&agent.cluster, lease_config(&args.source, &leader));
+            if !leadership.acquire(&mut stopped).await {
+                return Ok(ExitCode::SUCCESS);
+            }
+            tracing::info!(identity = %leadership.config().identity, "leading: this agent acts");
+            Some(leadership)
+        }
+        None => None,
+    };
+    let running = agent.run(triggers, queue, stopped.clone());
     tokio::pin!(running);
+    let lost = async {
+        match &leadership {
+            Some(leadership) => leadership.keep().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        _ = &mut running => return Ok(ExitCode::SUCCESS),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing the sync in progress"),
-        _ = terminate() => tracing::info!("SIGTERM; finishing the sync in progress"),
+        _ = &mut running => {}
+        _ = stopped.wait_for(|s| *s) => {
+            if tokio::time::timeout(Duration::from_secs(30), &mut running).await.is_err() {
+                tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
+            }
+        }
+        _ = lost => {
+            // Another agent may act from now on: stop at once, and let the
+            // restart rejoin as a follower.
+            tracing::error!("leadership lost; exiting so that only one agent acts");
+            return Ok(ExitCode::from(3));
+        }
     }
-    let _ = stop.send(true);
-    if tokio::time::timeout(Duration::from_secs(30), running).await.is_err() {
-        tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
+    signals.abort();
+    if let Some(leadership) = leadership {
+        leadership.release().await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn lease_config(source: &SourceArgs, leader: &LeaderArgs) -> LeaseConfig {
+    let identity = leader.leader_identity.clone().unwrap_or_else(|| match std::env::var("POD_NAME") {
+        Ok(pod) if !pod.is_empty() => pod,
+        _ => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "agent".into());
+            format!("{host}-{}", std::process::id())
+        }
+    });
+    LeaseConfig {
+        namespace: source.state_namespace.clone(),
+        name: format!("{}-leader", source.instance),
+        identity,
+        duration: Duration::from_secs(leader.lease_duration.max(3)),
+    }
 }
 
 async fn terminate() {

@@ -87,6 +87,12 @@ impl AgentProcess {
             ])
             .args(["--kubeconfig", &super::kubeconfig().display().to_string()])
             .args(["--cache-dir", &cache.display().to_string()])
+            // One identity per scenario: a restarted agent takes its Lease back at once.
+            .args(if args.contains(&"--leader-identity") {
+                vec![]
+            } else {
+                vec!["--leader-identity".to_string(), format!("e2e-{namespace}")]
+            })
             .args(args)
             .envs(env.iter().copied())
             .env("GITCANARY_LOG", "gitcanary=debug")
@@ -101,6 +107,19 @@ impl AgentProcess {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits (at most 40 s) for a clean exit; returns whether it exited 0.
+    pub fn terminate(&mut self) -> bool {
+        super::run(Path::new("/"), "kill", &["-TERM", &self.child.id().to_string()]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        false
     }
 
     pub fn log_text(&self) -> String {
