@@ -140,7 +140,9 @@ impl GitHubReporter {
         let author = self.author.clone();
         let file = request.file(&jiff::Timestamp::now().to_string());
         let outcome = tokio::task::spawn_blocking(move || {
-            let git = source.git().ok_or_else(|| crate::Error::Usage("gates need a Git source".into()))?;
+            let git = source
+                .git()
+                .ok_or_else(|| crate::Error::Usage("gates need a Git source".into()))?;
             let writer = Writer {
                 git,
                 author,
@@ -161,7 +163,11 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
     let (signal, token, by) = match verdict {
         gate::Verdict::Waiting => return false,
         gate::Verdict::Promote { token, by } => (Signal::Promote, token, by),
-        gate::Verdict::Abort { token } => (Signal::Abort, token, "promotion pull request closed unmerged".to_string()),
+        gate::Verdict::Abort { token } => (
+            Signal::Abort,
+            token,
+            "promotion pull request closed unmerged".to_string(),
+        ),
     };
     if signal == Signal::Promote && rollout.status.last_promote_signal == token
         || signal == Signal::Abort && rollout.status.last_abort_signal == token

@@ -125,13 +125,21 @@ impl Leadership {
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(me.clone()),
             lease_duration_seconds: Some(duration_seconds),
-            acquire_time: if holder == *me { spec.acquire_time } else { Some(now.clone()) },
+            acquire_time: if holder == *me {
+                spec.acquire_time
+            } else {
+                Some(now.clone())
+            },
             renew_time: Some(now),
             lease_transitions: Some(transitions),
             ..spec
         });
         // The resourceVersion makes this a compare-and-swap: a racing agent gets a conflict.
-        match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => {
                 if holder != *me {
                     info!(lease = %self.config.name, previous = %holder, "lease acquired");
@@ -196,7 +204,11 @@ impl Leadership {
         }
         spec.holder_identity = None;
         spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
-        match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => info!(lease = %self.config.name, "lease released"),
             Err(error) => warn!(%error, "cannot release the lease; it expires on its own"),
         }

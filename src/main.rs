@@ -9,13 +9,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use gitcanary::agent::{Agent, GitHubReporter, WritebackConfig, trigger_channel, write_back};
 use gitcanary::cluster::{Cluster, ensure_namespace, render_diff};
 use gitcanary::github::GitHub;
+use gitcanary::lease::{Leadership, LeaseConfig};
 use gitcanary::rollout::cli::{Signal, send_signal};
 use gitcanary::server::{ServerState, serve};
 use gitcanary::source::{Credentials, Source};
 use gitcanary::sync::{SyncOptions, diff, sync};
 use gitcanary::writeback::Author;
 use gitcanary::{Error, manifest};
-use gitcanary::lease::{LeaseConfig, Leadership};
 
 /// GitOps progressive delivery: canary releases driven by Git.
 #[derive(Parser)]
@@ -96,12 +96,12 @@ struct ClusterArgs {
 #[derive(Args, Clone)]
 struct SourceArgs {
     /// Git URL (https://, ssh://, file://), path to a Git repository, or a plain directory.
-    #[arg(long)]
+    #[arg(long, env = "GITCANARY_REPO")]
     repo: String,
-    #[arg(long, default_value = "main")]
+    #[arg(long, env = "GITCANARY_BRANCH", default_value = "main")]
     branch: String,
     /// Sub-directory of the repository that holds the apps.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "GITCANARY_PATH", default_value = "")]
     path: String,
     /// Delete managed objects that left Git.
     #[arg(long)]
@@ -145,11 +145,11 @@ struct SyncArgs {
     #[arg(long)]
     status_branch: Option<String>,
     /// GitHub API URL (GitHub Enterprise: https://HOST/api/v3).
-    #[arg(long, default_value = "https://api.github.com")]
+    #[arg(long, env = "GITCANARY_GITHUB_URL", default_value = "https://api.github.com")]
     github_url: String,
     /// The repository on GitHub, owner/name; with GITCANARY_GITHUB_TOKEN (or _FILE) it turns on
     /// pull-request comments, commit statuses and /gitcanary commands.
-    #[arg(long)]
+    #[arg(long, env = "GITCANARY_GITHUB_REPO")]
     github_repo: Option<String>,
 }
 
@@ -456,15 +456,18 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
 }
 
 fn lease_config(source: &SourceArgs, leader: &LeaderArgs) -> LeaseConfig {
-    let identity = leader.leader_identity.clone().unwrap_or_else(|| match std::env::var("POD_NAME") {
-        Ok(pod) if !pod.is_empty() => pod,
-        _ => {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "agent".into());
-            format!("{host}-{}", std::process::id())
-        }
-    });
+    let identity = leader
+        .leader_identity
+        .clone()
+        .unwrap_or_else(|| match std::env::var("POD_NAME") {
+            Ok(pod) if !pod.is_empty() => pod,
+            _ => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "agent".into());
+                format!("{host}-{}", std::process::id())
+            }
+        });
     LeaseConfig {
         namespace: source.state_namespace.clone(),
         name: format!("{}-leader", source.instance),

@@ -104,7 +104,10 @@ async fn each_app_knows_the_commit_that_last_changed_it() {
     let repo = server.create_repo("apps");
     repo.write("web/settings.yaml", CONFIGMAP);
     repo.write("api/settings.yaml", CONFIGMAP);
-    repo.write("namespace.yaml", "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n");
+    repo.write(
+        "namespace.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n",
+    );
     let first = repo.commit_and_push("web, api and the namespace");
     repo.write("web/settings.yaml", &CONFIGMAP.replace("blue", "green"));
     let web_change = repo.commit_and_push("web goes green");

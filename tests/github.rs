@@ -188,7 +188,10 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     let gate_file = format!(".gitcanary/gates/{namespace}/echo.yaml");
     let on_branch = scenario.git(&["show", &format!("{}:{gate_file}", gate.head)]);
     assert!(on_branch.contains("step: 1"), "{on_branch}");
-    assert!(on_branch.contains(&commit), "the gate names the canary commit: {on_branch}");
+    assert!(
+        on_branch.contains(&commit),
+        "the gate names the canary commit: {on_branch}"
+    );
     eventually("the release comment names the gate", WAIT, || async {
         fake.comments_on(7)
             .iter()
@@ -214,15 +217,26 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
 
     // A writer's approval passes the gate: the agent merges it into Git.
     fake.review(gate.number, "alice", "APPROVED");
-    eventually("step 2", WAIT, || async { (current_step(&scenario).await == 2).then_some(()) }).await;
-    let merged = fake.pulls().into_iter().find(|p| p.number == gate.number).expect("gate 1");
+    eventually("step 2", WAIT, || async {
+        (current_step(&scenario).await == 2).then_some(())
+    })
+    .await;
+    let merged = fake
+        .pulls()
+        .into_iter()
+        .find(|p| p.number == gate.number)
+        .expect("gate 1");
     assert_eq!(merged.merged_by.as_deref(), Some("gitcanary[bot]"));
     let merge_commit = merged.merge_commit.expect("a merge commit");
     assert!(
         scenario.history().iter().any(|(sha, _)| *sha == merge_commit),
         "the gate decision is a commit on main"
     );
-    assert!(scenario.git(&["show", &format!("main:{gate_file}")]).contains("step: 1"));
+    assert!(
+        scenario
+            .git(&["show", &format!("main:{gate_file}")])
+            .contains("step: 1")
+    );
 
     // The second gate is passed by a human merge.
     wait_for_phase(&scenario, Phase::Paused).await;
@@ -278,7 +292,11 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
     // Several command polls of the new agent.
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(phase(&scenario).await, Some(Phase::Paused));
-    assert_eq!(fake.pulls().len(), 1, "a restarted agent finds its promotion pull request");
+    assert_eq!(
+        fake.pulls().len(),
+        1,
+        "a restarted agent finds its promotion pull request"
+    );
 
     fake.close(gate.number);
     wait_for_phase(&scenario, Phase::Failed).await;
@@ -291,7 +309,10 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
     .await;
     assert!(revert.1.starts_with("revert("), "{}", revert.1);
     let deployment = scenario.git(&["show", "main:echo/deployment.yaml"]);
-    assert!(deployment.contains("echo:1.0"), "Git asks for stable again: {deployment}");
+    assert!(
+        deployment.contains("echo:1.0"),
+        "Git asks for stable again: {deployment}"
+    );
     eventually("failure status", WAIT, || async {
         fake.statuses_for(&commit)
             .iter()
@@ -340,8 +361,8 @@ async fn a_rate_limited_github_is_left_alone_until_its_reset() {
     let fake = GitHubFake::start().await;
     fake.carry("abc123", 5);
     let metrics = std::sync::Arc::new(gitcanary::telemetry::Metrics::default());
-    let github = gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone())
-        .expect("client");
+    let github =
+        gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone()).expect("client");
     fake.rate_limit_next(1);
     let refused = github.pulls_for_commit("abc123").await.expect_err("rate limited");
     assert!(refused.to_string().contains("rate limit"), "{refused}");
@@ -373,18 +394,20 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
 
     write_app_with_steps(&scenario, "2.0", steps);
     let deployment = scenario.repo.path().join("echo/deployment.yaml");
-    let never_ready = std::fs::read_to_string(&deployment)
-        .expect("deployment")
-        .replace("labels: {app: echo}\n    spec", "labels: {app: echo, gitcanary.test/never-ready: \"true\"}\n    spec");
+    let never_ready = std::fs::read_to_string(&deployment).expect("deployment").replace(
+        "labels: {app: echo}\n    spec",
+        "labels: {app: echo, gitcanary.test/never-ready: \"true\"}\n    spec",
+    );
     assert!(never_ready.contains("never-ready"));
     scenario.repo.write("echo/deployment.yaml", &never_ready);
     let commit = scenario.repo.commit_and_push("echo 2.0");
     fake.carry(&commit, 9);
     wait_for_phase(&scenario, Phase::Progressing).await;
     // A later commit touches the same file without changing the release.
-    scenario
-        .repo
-        .write("echo/deployment.yaml", &format!("# owned by the echo team\n{never_ready}"));
+    scenario.repo.write(
+        "echo/deployment.yaml",
+        &format!("# owned by the echo team\n{never_ready}"),
+    );
     scenario.repo.commit_and_push("a comment in the deployment");
     wait_for_phase(&scenario, Phase::Failed).await;
 
@@ -405,8 +428,15 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
         .into_iter()
         .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {commit}")))
         .expect("the revert commit");
-    assert!(comment.contains(&revert.0), "the comment names the revert commit: {comment}");
-    assert!(scenario.git(&["show", "main:echo/deployment.yaml"]).contains("echo:1.0"));
+    assert!(
+        comment.contains(&revert.0),
+        "the comment names the revert commit: {comment}"
+    );
+    assert!(
+        scenario
+            .git(&["show", "main:echo/deployment.yaml"])
+            .contains("echo:1.0")
+    );
     assert!(
         fake.statuses_for(&commit)
             .iter()

@@ -49,7 +49,11 @@ async fn status(scenario: &Scenario) -> Option<gitcanary::rollout::api::RolloutS
 
 async fn holder(scenario: &Scenario) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    let lease = leases.get_opt(&format!("e2e-{}-leader", scenario.ns)).await.ok().flatten()?;
+    let lease = leases
+        .get_opt(&format!("e2e-{}-leader", scenario.ns))
+        .await
+        .ok()
+        .flatten()?;
     lease.spec?.holder_identity
 }
 

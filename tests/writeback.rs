@@ -75,7 +75,8 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
 
     let key = format!("{}/echo", scenario.ns);
     let (commit, message) = eventually("the promote commit", WAIT, || async {
-        scenario.history()
+        scenario
+            .history()
             .into_iter()
             .find(|(_, m)| m.starts_with(&format!("promote({key})")))
     })
@@ -102,7 +103,8 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
     let status = status(&scenario).await.expect("status");
     assert_eq!(status.phase, Phase::Healthy);
     assert_eq!(status.stable_commit, released);
-    let promotes = scenario.history()
+    let promotes = scenario
+        .history()
         .iter()
         .filter(|(_, m)| m.starts_with("promote("))
         .count();
@@ -147,7 +149,8 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
 
     let key = format!("{}/echo", scenario.ns);
     let (revert, message) = eventually("the revert commit", WAIT, || async {
-        scenario.history()
+        scenario
+            .history()
             .into_iter()
             .find(|(_, m)| m.starts_with(&format!("revert({key})")))
     })
@@ -195,7 +198,8 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
 
     // Git asks for the stable version again: healthy, and nothing more to roll back.
     healthy_on(&scenario, "1.0").await;
-    let reverts = scenario.history()
+    let reverts = scenario
+        .history()
         .iter()
         .filter(|(_, m)| m.starts_with("revert("))
         .count();
@@ -215,7 +219,8 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
     scenario.repo.commit_and_push("echo 2.0 (broken)");
     let key = format!("{}/echo", scenario.ns);
     eventually("the revert commit", WAIT, || async {
-        scenario.history()
+        scenario
+            .history()
             .into_iter()
             .find(|(_, m)| m.starts_with(&format!("revert({key})")))
     })
@@ -233,7 +238,8 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
         action: gitcanary::rollout::api::WritebackAction::Revert,
         rollout_id: "again".into(),
         stable_commit: String::new(),
-        canary_commit: scenario.history()
+        canary_commit: scenario
+            .history()
             .iter()
             .find(|(_, m)| m == "echo 2.0 (broken)")
             .expect("broken commit")
@@ -254,7 +260,8 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
         status.pending_writeback.is_none().then_some(())
     })
     .await;
-    let reverts = scenario.history()
+    let reverts = scenario
+        .history()
         .iter()
         .filter(|(_, m)| m.starts_with("revert("))
         .count();

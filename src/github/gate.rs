@@ -42,8 +42,13 @@ pub fn waiting_step(spec: &RolloutSpec, status: &RolloutStatus) -> Option<u32> {
 pub enum Verdict {
     Waiting,
     /// Pass the gate; the token names the decision, so it counts once.
-    Promote { token: String, by: String },
-    Abort { token: String },
+    Promote {
+        token: String,
+        by: String,
+    },
+    Abort {
+        token: String,
+    },
 }
 
 /// Everything about one release the gate needs.
@@ -74,10 +79,7 @@ impl GateRequest<'_> {
             step: self.step,
             stable_commit: status.stable_commit.clone(),
             canary_commit: status.canary_commit.clone(),
-            canary_ready_replicas: status
-                .canary_status
-                .as_ref()
-                .map_or(0, |c| c.canary_ready_replicas),
+            canary_ready_replicas: status.canary_status.as_ref().map_or(0, |c| c.canary_ready_replicas),
             opened_at: now.to_string(),
             steps: status.step_history.clone(),
         }
@@ -225,7 +227,10 @@ pub async fn close_others(github: &GitHub, base: &str, rollout: &RolloutSummary,
             ),
         };
         github
-            .reply(pull.number, &format!("gitcanary closes this promotion pull request: {why}."))
+            .reply(
+                pull.number,
+                &format!("gitcanary closes this promotion pull request: {why}."),
+            )
             .await?;
         github.close_pull(pull.number).await?;
         info!(pull = pull.number, "promotion pull request closed");

@@ -135,10 +135,7 @@ impl GitHub {
         };
         if let Some(until) = self.backing_off() {
             let wait = until.saturating_duration_since(Instant::now()).as_secs();
-            return Err(error(
-                None,
-                format!("rate limited; GitHub asked to wait {wait} s more"),
-            ));
+            return Err(error(None, format!("rate limited; GitHub asked to wait {wait} s more")));
         }
         self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
         let uri = self.path(rest);
@@ -186,7 +183,12 @@ impl GitHub {
     /// Pull requests that carried a commit.
     pub async fn pulls_for_commit(&self, sha: &str) -> Result<Vec<u64>> {
         let pulls = self
-            .call(Method::GET, &format!("commits/{sha}/pulls"), None, "pull requests of a commit")
+            .call(
+                Method::GET,
+                &format!("commits/{sha}/pulls"),
+                None,
+                "pull requests of a commit",
+            )
             .await?;
         Ok(array(&pulls).iter().filter_map(|p| p["number"].as_u64()).collect())
     }
@@ -331,7 +333,9 @@ impl GitHub {
             .call(
                 Method::POST,
                 "pulls",
-                Some(&json!({"title": title, "head": head, "base": base, "body": body, "maintainer_can_modify": false})),
+                Some(
+                    &json!({"title": title, "head": head, "base": base, "body": body, "maintainer_can_modify": false}),
+                ),
                 "opening a pull request",
             )
             .await?;
@@ -465,7 +469,11 @@ pub fn render_comment(
             "Waiting for promote: {gate}comment `/gitcanary promote` (writers only) or run `gitcanary promote {name} -n {namespace}`; `/gitcanary abort` reverts.\n\n"
         ));
     }
-    if let Some(written) = status.written_back.as_ref().filter(|w| w.rollout_id == status.rollout_id) {
+    if let Some(written) = status
+        .written_back
+        .as_ref()
+        .filter(|w| w.rollout_id == status.rollout_id)
+    {
         let what = match written.action {
             crate::rollout::api::WritebackAction::Promote => "Promote recorded in Git",
             crate::rollout::api::WritebackAction::Revert => "Reverted in Git",

@@ -18,7 +18,14 @@ pub enum Signal {
 
 /// Sets the signal annotation to a fresh token; the engine acts on each token once.
 pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
-    send_signal_token(cluster, namespace, name, signal, &format!("the CLI at {}", Timestamp::now())).await
+    send_signal_token(
+        cluster,
+        namespace,
+        name,
+        signal,
+        &format!("the CLI at {}", Timestamp::now()),
+    )
+    .await
 }
 
 /// Sets the signal annotation to `token` (a pull-request comment's id, say).

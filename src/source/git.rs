@@ -1,5 +1,5 @@
-use std::fmt;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use git2::{Cred, CredentialType, FetchOptions, RemoteCallbacks, Repository};

@@ -331,7 +331,10 @@ impl Writer<'_> {
         );
         let trailers = [(ROLLOUT_TRAILER, gate.rollout.clone()), (GATE_TRAILER, gate_id)];
         self.commit_with_retry(branch, &trailers, |_, _| {
-            Ok((message.clone(), vec![(path.clone(), Some(content.clone().into_bytes()))]))
+            Ok((
+                message.clone(),
+                vec![(path.clone(), Some(content.clone().into_bytes()))],
+            ))
         })
     }
 }

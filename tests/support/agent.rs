@@ -69,6 +69,17 @@ impl AgentProcess {
             .append(true)
             .open(&log)
             .expect("agent log file");
+        let instance = format!("e2e-{namespace}");
+        let kubeconfig = super::kubeconfig().display().to_string();
+        let cache_dir = cache.display().to_string();
+        // One identity per scenario: a restarted agent takes its Lease back at once.
+        let defaults = [
+            ("--instance", instance.as_str()),
+            ("--state-namespace", namespace),
+            ("--kubeconfig", kubeconfig.as_str()),
+            ("--cache-dir", cache_dir.as_str()),
+            ("--leader-identity", instance.as_str()),
+        ];
         let child = gitcanary()
             .args([
                 "run",
@@ -79,20 +90,12 @@ impl AgentProcess {
                 "--repo",
                 &repo.file_url(),
             ])
-            .args([
-                "--instance",
-                &format!("e2e-{namespace}"),
-                "--state-namespace",
-                namespace,
-            ])
-            .args(["--kubeconfig", &super::kubeconfig().display().to_string()])
-            .args(["--cache-dir", &cache.display().to_string()])
-            // One identity per scenario: a restarted agent takes its Lease back at once.
-            .args(if args.contains(&"--leader-identity") {
-                vec![]
-            } else {
-                vec!["--leader-identity".to_string(), format!("e2e-{namespace}")]
-            })
+            .args(
+                defaults
+                    .iter()
+                    .filter(|(flag, _)| !args.contains(flag))
+                    .flat_map(|(flag, value)| [*flag, *value]),
+            )
             .args(args)
             .envs(env.iter().copied())
             .env("GITCANARY_LOG", "gitcanary=debug")

@@ -259,7 +259,11 @@ fn git_in(dir: &std::path::Path, args: &[&str]) -> Result<String, String> {
 }
 
 fn branch_sha(data: &Data, branch: &str) -> Option<String> {
-    git_in(data.bare.as_ref()?, &["rev-parse", "--verify", "-q", &format!("refs/heads/{branch}")]).ok()
+    git_in(
+        data.bare.as_ref()?,
+        &["rev-parse", "--verify", "-q", &format!("refs/heads/{branch}")],
+    )
+    .ok()
 }
 
 fn pull_json(owner: &str, repo: &str, pull: &FakePull, data: &Data) -> Value {
@@ -291,7 +295,9 @@ async fn list_pulls(
 ) -> Json<Value> {
     let data = data.lock().expect("lock");
     let state = query.get("state").map_or("open", String::as_str);
-    let head = query.get("head").map(|h| h.split_once(':').map_or(h.as_str(), |(_, b)| b));
+    let head = query
+        .get("head")
+        .map(|h| h.split_once(':').map_or(h.as_str(), |(_, b)| b));
     let pulls: Vec<Value> = data
         .pull_requests
         .iter()
@@ -315,7 +321,11 @@ async fn create_pull(
     if branch_sha(&data, &head).is_none() {
         return unprocessable(&format!("head {head} does not exist"));
     }
-    if data.pull_requests.iter().any(|p| p.open && p.head == head && p.base == base) {
+    if data
+        .pull_requests
+        .iter()
+        .any(|p| p.open && p.head == head && p.base == base)
+    {
         return unprocessable(&format!("A pull request already exists for {owner}:{head}."));
     }
     data.next_id += 1;
@@ -414,7 +424,11 @@ async fn merge_pull(
             .as_str()
             .is_some_and(|sha| Some(sha.to_string()) != branch_sha(&guard, &pull.head))
         {
-            return (StatusCode::CONFLICT, Json(json!({"message": "Head branch was modified. Review and try the merge again."}))).into_response();
+            return (
+                StatusCode::CONFLICT,
+                Json(json!({"message": "Head branch was modified. Review and try the merge again."})),
+            )
+                .into_response();
         } else {
             None
         };
@@ -427,7 +441,9 @@ async fn merge_pull(
         }
     }
     match merge_into_bare(&data, number, "gitcanary[bot]") {
-        Ok(sha) => Json(json!({"sha": sha, "merged": true, "message": "Pull Request successfully merged"})).into_response(),
+        Ok(sha) => {
+            Json(json!({"sha": sha, "merged": true, "message": "Pull Request successfully merged"})).into_response()
+        }
         Err(message) => (StatusCode::METHOD_NOT_ALLOWED, Json(json!({"message": message}))).into_response(),
     }
 }
@@ -457,8 +473,19 @@ fn merge_into_bare(data: &Shared, number: u64, by: &str) -> Result<String, Strin
         git_in(&w, &["config", "user.name", by])?;
         git_in(&w, &["config", "user.email", "noreply@github.example.test"])?;
         let message = format!("Merge pull request #{number} from acme/{}\n\n{}", pull.head, pull.title);
-        git_in(&w, &["merge", "-q", "--no-ff", "-m", &message, &format!("origin/{}", pull.head)])?;
-        merged = git_in(&w, &["push", "-q", "origin", &format!("HEAD:{}", pull.base)]).and_then(|_| git_in(&w, &["rev-parse", "HEAD"]));
+        git_in(
+            &w,
+            &[
+                "merge",
+                "-q",
+                "--no-ff",
+                "-m",
+                &message,
+                &format!("origin/{}", pull.head),
+            ],
+        )?;
+        merged = git_in(&w, &["push", "-q", "origin", &format!("HEAD:{}", pull.base)])
+            .and_then(|_| git_in(&w, &["rev-parse", "HEAD"]));
         if merged.is_ok() {
             break;
         }

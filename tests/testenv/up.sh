@@ -128,6 +128,8 @@ start kwok "$bin/kwok" --kubeconfig="$kubeconfig" --config="$state/kwok.yaml" \
   --node-ip=10.244.0.1 --server-address="127.0.0.1:$kwok_port" --node-lease-duration-seconds=40
 
 kubectl() { "$bin/kubectl" --kubeconfig="$kubeconfig" "$@"; }
+# The matching kubectl, next to the kubeconfig, for tests and the demo.
+ln -sf "$bin/kubectl" "$state/kubectl"
 
 for n in 0 1; do
   kubectl apply -f - >/dev/null <<EOF
