@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The gitcanary story on a local control plane: a Git repository made from
-# examples/quickstart, the agent following it, a push delivered by a signed
-# webhook, drift healed, a broken manifest refused with its file and line.
+# examples/quickstart, the agent following it, changes carried by pull
+# requests on a GitHub API fake (GitHub cannot run here), a canary whose gate
+# is a promotion pull request approved by a writer, a failed release reverted
+# in Git, drift healed, a broken manifest refused with its file and line.
 # Leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,14 +16,17 @@ bold "Preparing (the first run builds the control plane from Go modules: 15-20 m
 scripts/setup.sh
 cache=$(tests/testenv/build.sh | tail -1)
 kubectl_bin="$cache/bin/kubectl"
-cargo build --locked --quiet
-gitcanary="$root/target/debug/gitcanary"
+cargo build --locked --quiet --bin gitcanary --example github_fake
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+gitcanary="$target_dir/debug/gitcanary"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-demo.XXXXXX")
 agent_pid=""
+github_pid=""
 cleanup() {
   [ -n "${GITCANARY_DEMO_LOG:-}" ] && cp "$work/agent.log" "$GITCANARY_DEMO_LOG" 2>/dev/null
-  [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
+  if [ -n "$agent_pid" ]; then kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null || true; fi
+  if [ -n "$github_pid" ]; then kill "$github_pid" 2>/dev/null; wait "$github_pid" 2>/dev/null || true; fi
   tests/testenv/down.sh "$work/cluster" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -46,11 +51,24 @@ git -C "$work/clone" push -q origin HEAD:main
 "$gitcanary" crd | k apply --server-side -f - >/dev/null
 say "installed the Rollout CRD (gitcanary crd | kubectl apply -f -)"
 
+bold "Starting a GitHub API fake for acme/apps: alice may write, bob may only read"
+"$target_dir/debug/examples/github_fake" "$work/apps.git" alice=alice-token:write bob=bob-token:read >"$work/github.out" 2>&1 &
+github_pid=$!
+for _ in $(seq 1 100); do grep -q '^GITHUB_URL=' "$work/github.out" 2>/dev/null && break; sleep 0.1; done
+github_url=$(sed -n 's/^GITHUB_URL=//p' "$work/github.out")
+say "GitHub's REST API as octocrab sees it, at $github_url; its pull requests merge into the demo repository"
+api() { # TOKEN METHOD PATH [JSON]: a call to the GitHub API as a user would make it
+  curl -s -X "$2" -H "Authorization: Bearer $1" -H 'Content-Type: application/json' \
+    "$github_url/repos/acme/apps$3" ${4:+-d "$4"}
+}
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
 bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback)"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 secret="demo-webhook-secret"
-GITCANARY_WEBHOOK_SECRET="$secret" "$gitcanary" run --repo "file://$work/apps.git" --prune \
-  --listen "127.0.0.1:$port" --poll-interval 300 --cache-dir "$work/cache" >"$work/agent.log" 2>&1 &
+GITCANARY_WEBHOOK_SECRET="$secret" GITCANARY_GITHUB_TOKEN="gitcanary-token" "$gitcanary" run \
+  --repo "file://$work/apps.git" --prune --listen "127.0.0.1:$port" --poll-interval 300 \
+  --cache-dir "$work/cache" --github-url "$github_url" --github-repo acme/apps >"$work/agent.log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.2; done
 say "first sync done:"
@@ -91,9 +109,27 @@ push() { # message; gitcanary writes to the branch too, so pull first as anyone 
   git -C "$work/clone" push -q origin HEAD:main
 }
 
-bold "Pushing image 1.1.0; the webhook tells the agent at once, and a canary release starts"
+through_pull_request() { # BRANCH MESSAGE: alice pushes a branch, opens a pull request and merges it
+  git -C "$work/clone" checkout -q -b "$1"
+  git -C "$work/clone" add -A
+  git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "$2"
+  git -C "$work/clone" push -q origin "$1"
+  pr=$(api alice-token POST /pulls "{\"title\": \"$2\", \"head\": \"$1\", \"base\": \"main\"}" | json 'd["number"]')
+  merged=$(api alice-token PUT "/pulls/$pr/merge" '{"merge_method": "merge"}' | json 'd["sha"]')
+  git -C "$work/clone" checkout -q main
+  git -C "$work/clone" pull -q --rebase origin main
+  say "alice opened pull request #$pr ($2) and merged it: ${merged:0:7}"
+}
+release_comment() { # PR: the markdown gitcanary keeps on the pull request
+  api alice-token GET "/issues/$1/comments" |
+    json '"\n".join(c["body"] for c in d if "gitcanary:release" in c["body"]).split("\n",1)[-1]' |
+    sed 's/^/     | /'
+}
+
+bold "Changing the image to 1.1.0 through a pull request; the webhook tells the agent at once"
 sed -i 's/echoserver:1.0.0/echoserver:1.1.0/' "$work/clone/echoserver/deployment.yaml"
-push "echoserver 1.1.0"
+through_pull_request bump-1.1.0 "echoserver 1.1.0"
+carrier=$pr
 say "a forged webhook is refused: HTTP $(secret=wrong webhook)"
 say "the signed webhook is accepted: HTTP $(webhook)"
 follow_until Paused
@@ -102,18 +138,39 @@ say "canary pods carry their release and batch:"
 k -n demo get pods -l gitcanary.io/rollout-id -L gitcanary.io/rollout-id,gitcanary.io/rollout-batch-id,version | sed 's/^/     /'
 "$gitcanary" status echoserver -n demo | sed 's/^/   /'
 
-bold "Promoting (gitcanary promote); the last step takes all traffic, then stable takes the new version"
-"$gitcanary" promote echoserver -n demo | sed 's/^/   /'
+bold "The gate: gitcanary opened a promotion pull request"
+for _ in $(seq 1 50); do
+  gate=$(api alice-token GET '/pulls?state=open' | json '" ".join(str(p["number"]) + " " + p["head"]["ref"] for p in d if p["head"]["ref"].startswith("gitcanary/promote/"))')
+  [ -n "$gate" ] && break; sleep 0.2
+done
+gate_branch=${gate#* }; gate=${gate%% *}
+say "#$gate from $gate_branch; it writes:"
+git -C "$work/apps.git" show "$gate_branch:.gitcanary/gates/demo/echoserver.yaml" | head -6 | sed 's/^/     /'
+api bob-token POST "/issues/$gate/comments" '{"body": "/gitcanary promote"}' >/dev/null
+say "bob (read access) comments /gitcanary promote; gitcanary answers:"
+for _ in $(seq 1 50); do
+  reply=$(api alice-token GET "/issues/$gate/comments" | json '"".join(c["body"] for c in d if c["body"].startswith("@bob"))')
+  [ -n "$reply" ] && break; sleep 0.2
+done
+say "  \"$reply\""
+say "and the release still waits: $(rollout_line)"
+api alice-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
+say "alice (write access) approves #$gate: gitcanary merges it and goes on"
 follow_until Healthy
+say "#$gate merged by: $(api alice-token GET "/pulls/$gate" | json 'd["merged_by"]["login"]')"
 for _ in $(seq 1 50); do git -C "$work/clone" pull -q --rebase origin main; [ -f "$work/clone/.gitcanary/status/demo/echoserver.yaml" ] && break; sleep 0.2; done
 say "gitcanary recorded the promotion in Git ($(git -C "$work/clone" log -1 --format=%s)):"
 sed 's/^/     /' "$work/clone/.gitcanary/status/demo/echoserver.yaml" | head -12
 for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
 say "stable now runs: $(image); route: $(weights); canary Deployment: $(k -n demo get deployment echoserver-canary -o name 2>/dev/null || echo removed)"
+say "commit status on the change: $(api alice-token GET "/commits/$merged/statuses" | json 'd[0]["context"] + " " + d[0]["state"] + ": " + d[0]["description"]')"
+say "the comment gitcanary keeps on pull request #$carrier (edited in place at every step):"
+release_comment "$carrier"
 
-bold "Pushing a broken image whose pods never become ready"
+bold "Changing the image to a broken 1.2.0 whose pods never become ready"
 sed -i 's/echoserver:1.1.0/echoserver:1.2.0-broken/; s/version: base/version: base\n        gitcanary.test\/never-ready: "true"/' "$work/clone/echoserver/deployment.yaml"
-push "echoserver 1.2.0 (broken)"
+through_pull_request bump-1.2.0 "echoserver 1.2.0 (broken)"
+broken=$pr
 webhook >/dev/null
 follow_until Progressing
 # Failed lasts only until the revert commit is synced.
@@ -126,6 +183,9 @@ follow_until Healthy
 git -C "$work/clone" pull -q --rebase origin main
 git -C "$work/clone" log -1 --format='%an: %B' | sed 's/^/     /'
 git -C "$work/clone" show --stat --format= HEAD | sed 's/^/     /'
+say "commit status on the change: $(api alice-token GET "/commits/$merged/statuses" | json 'd[0]["state"] + ": " + d[0]["description"]')"
+say "and on pull request #$broken:"
+release_comment "$broken" | head -8
 
 bold "Someone scales the Deployment by hand; the agent puts Git's value back"
 k -n demo scale deployment echoserver --replicas=7 >/dev/null

@@ -74,7 +74,7 @@ impl GitHubReporter {
             } else {
                 &status.canary_commit
             };
-            if commit.is_empty() || status.rollout_id.is_empty() {
+            if commit.is_empty() || !github::is_reportable(status) {
                 continue;
             }
             let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);

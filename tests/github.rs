@@ -451,6 +451,17 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
             .count(),
         1
     );
+    // Back on stable is no news for the failed release: its comment and status keep the failure.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let last_status = fake.statuses_for(&commit).last().cloned().expect("a status");
+    assert_eq!(last_status.0, "failure", "{last_status:?}");
+    assert!(
+        fake.comments_on(9)
+            .iter()
+            .any(|(_, _, b)| b.contains("<!-- gitcanary:release") && b.contains("**Failed**")),
+        "{:?}",
+        fake.comments_on(9)
+    );
     // Git now asks for what runs: nothing to change.
     let (code, out, err) = scenario.diff();
     assert_eq!(code, 0, "{out}{err}");

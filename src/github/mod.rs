@@ -429,6 +429,29 @@ pub fn marker(namespace: &str, name: &str, rollout_id: &str) -> String {
     format!("<!-- gitcanary:release {namespace}/{name} {rollout_id} -->")
 }
 
+/// Whether the status tells of a release. Healthy does only when it is that
+/// release's promotion: after a revert or a fast rollback the rollout is
+/// Healthy on the old stable version, which is no news for the release's
+/// pull request (its comment keeps the failure).
+pub fn is_reportable(status: &RolloutStatus) -> bool {
+    use crate::rollout::api::WritebackAction;
+    if status.rollout_id.is_empty() {
+        return false;
+    }
+    if status.phase != Phase::Healthy {
+        return true;
+    }
+    let promoted_pending = status
+        .pending_writeback
+        .as_ref()
+        .is_some_and(|p| p.action == WritebackAction::Promote && p.rollout_id == status.rollout_id);
+    let promoted_written = status
+        .written_back
+        .as_ref()
+        .is_some_and(|w| w.action == WritebackAction::Promote && w.rollout_id == status.rollout_id);
+    promoted_pending || promoted_written
+}
+
 /// The commit status for a rollout's phase: (state, description).
 pub fn commit_status(status: &RolloutStatus) -> (&'static str, String) {
     let message = status
@@ -560,5 +583,25 @@ mod tests {
         assert!(comment.contains("promotion pull request #12"), "{comment}");
         assert!(comment.contains("bar [20, 100]"), "{comment}");
         assert_eq!(commit_status(&status).0, "pending");
+    }
+
+    #[test]
+    fn healthy_is_news_only_when_the_release_was_promoted() {
+        let status = |extra: Value| -> RolloutStatus {
+            let mut base = json!({"phase": "Healthy", "rolloutID": "abc1234"});
+            base.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            serde_json::from_value(base).expect("status")
+        };
+        let written =
+            |action: &str| json!({"writtenBack": {"action": action, "rolloutID": "abc1234", "commit": "f00"}});
+        assert!(is_reportable(&status(written("Promote"))));
+        assert!(
+            !is_reportable(&status(written("Revert"))),
+            "back on stable after a revert"
+        );
+        assert!(!is_reportable(&status(json!({}))), "a fast rollback");
+        assert!(is_reportable(&status(json!({"phase": "Failed"}))));
     }
 }

@@ -134,9 +134,8 @@ impl Writer<'_> {
         })?;
         let path = format!(".gitcanary/status/{}/{}.yaml", request.namespace, request.name);
         let message = format!(
-            "promote({key}): release {} of {}\n\nAll steps passed; {} is now stable.\n\n{ROLLOUT_TRAILER}: {key}\n{PROMOTES_TRAILER}: {}\n",
-            pending.rollout_id,
-            short(&pending.canary_commit),
+            "promote({key}): {}\n\nAll steps passed; {} is now stable.\n\n{ROLLOUT_TRAILER}: {key}\n{PROMOTES_TRAILER}: {}\n",
+            release_name(&pending.rollout_id, &pending.canary_commit),
             short(&pending.canary_commit),
             pending.canary_commit
         );
@@ -171,10 +170,9 @@ impl Writer<'_> {
             let (files, later) = revert_changes(repo, &stable, &canary, head, &dir, top_level_only)?;
             let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
             let mut message = format!(
-                "revert({key}): {}\n\nRelease {} of {} failed: {}.\nTraffic is back on stable and the canary is removed; this commit\nrestores {} to their content at {}.\n",
+                "revert({key}): {}\n\nThe {} failed: {}.\nTraffic is back on stable and the canary is removed; this commit\nrestores {} to their content at {}.\n",
                 pending.cause,
-                pending.rollout_id,
-                short(&pending.canary_commit),
+                release_name(&pending.rollout_id, &pending.canary_commit),
                 pending.cause,
                 names.join(", "),
                 short(&pending.stable_commit)
@@ -350,6 +348,15 @@ fn app_dir(source_path: &str, app: &str) -> (String, bool) {
         (app.to_string(), false)
     } else {
         (format!("{base}/{app}"), false)
+    }
+}
+
+/// `release abc1234`, naming the commit too when the release has an ID of its own.
+fn release_name(rollout_id: &str, commit: &str) -> String {
+    if rollout_id == short(commit) {
+        format!("release {rollout_id}")
+    } else {
+        format!("release {rollout_id} of {}", short(commit))
     }
 }
 

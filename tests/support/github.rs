@@ -33,6 +33,8 @@ pub struct Data {
     pub rate_limited: usize,
     /// The repository pull requests merge into.
     pub bare: Option<PathBuf>,
+    /// API token -> user; any other token acts as `gitcanary[bot]`.
+    pub tokens: BTreeMap<String, String>,
     next_id: u64,
 }
 
@@ -92,7 +94,11 @@ impl GitHubFake {
             .route("/repos/{owner}/{repo}/collaborators/{user}/permission", get(permission))
             .route("/repos/{owner}/{repo}/pulls", get(list_pulls).post(create_pull))
             .route("/repos/{owner}/{repo}/pulls/{pull}", get(get_pull).patch(edit_pull))
-            .route("/repos/{owner}/{repo}/pulls/{pull}/reviews", get(list_reviews))
+            .route(
+                "/repos/{owner}/{repo}/pulls/{pull}/reviews",
+                get(list_reviews).post(create_review),
+            )
+            .route("/repos/{owner}/{repo}/commits/{sha}/statuses", get(list_statuses))
             .route("/repos/{owner}/{repo}/pulls/{pull}/merge", put(merge_pull))
             .layer(axum::middleware::from_fn_with_state(data.clone(), record))
             .with_state(data.clone());
@@ -155,6 +161,15 @@ impl GitHubFake {
             .entry(sha.to_string())
             .or_default()
             .push(pull);
+    }
+
+    /// Requests with `token` act as `user` (for people using the API, as the demo does).
+    pub fn token(&self, token: &str, user: &str) {
+        self.data
+            .lock()
+            .expect("lock")
+            .tokens
+            .insert(token.to_string(), user.to_string());
     }
 
     pub fn grant(&self, user: &str, permission: &str) {
@@ -234,6 +249,19 @@ async fn record(
         }
     }
     next.run(request).await
+}
+
+/// The user a request acts as, from its token.
+fn caller(data: &Data, headers: &axum::http::HeaderMap) -> String {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_whitespace().nth(1))
+        .unwrap_or_default();
+    data.tokens
+        .get(token)
+        .cloned()
+        .unwrap_or_else(|| "gitcanary[bot]".to_string())
 }
 
 fn unprocessable(message: &str) -> axum::response::Response {
@@ -405,8 +433,10 @@ async fn list_reviews(
 async fn merge_pull(
     State(data): State<Shared>,
     Path((_owner, _repo, number)): Path<(String, String, u64)>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<Value>,
 ) -> axum::response::Response {
+    let merger = caller(&data.lock().expect("lock"), &headers);
     {
         let guard = data.lock().expect("lock");
         let Some(pull) = guard.pull_requests.iter().find(|p| p.number == number) else {
@@ -440,7 +470,7 @@ async fn merge_pull(
                 .into_response();
         }
     }
-    match merge_into_bare(&data, number, "gitcanary[bot]") {
+    match merge_into_bare(&data, number, &merger) {
         Ok(sha) => {
             Json(json!({"sha": sha, "merged": true, "message": "Pull Request successfully merged"})).into_response()
         }
@@ -505,11 +535,21 @@ async fn pulls_for_commit(
     Path((owner, repo, sha)): Path<(String, String, String)>,
 ) -> Json<Value> {
     let data = data.lock().expect("lock");
-    let pulls: Vec<Value> = data
+    let merged_here = data
+        .pull_requests
+        .iter()
+        .filter(|p| p.merge_commit.as_deref() == Some(sha.as_str()))
+        .map(|p| p.number);
+    let numbers: Vec<u64> = data
         .pulls
         .get(&sha)
         .into_iter()
         .flatten()
+        .copied()
+        .chain(merged_here)
+        .collect();
+    let pulls: Vec<Value> = numbers
+        .iter()
         .map(|n| {
             json!({
                 "id": 9000 + n, "number": n, "state": "closed", "title": format!("Change {n}"),
@@ -540,17 +580,65 @@ async fn list_comments(
 async fn create_comment(
     State(data): State<Shared>,
     Path((owner, repo, pull)): Path<(String, String, u64)>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
     let mut data = data.lock().expect("lock");
+    let author = caller(&data, &headers);
     data.next_id += 1;
     let id = data.next_id;
     let text = body["body"].as_str().unwrap_or_default().to_string();
-    data.comments.push((pull, id, "gitcanary[bot]".into(), text.clone()));
+    data.comments.push((pull, id, author.clone(), text.clone()));
     (
         StatusCode::CREATED,
-        Json(comment_json(&owner, &repo, pull, id, "gitcanary[bot]", &text)),
+        Json(comment_json(&owner, &repo, pull, id, &author, &text)),
     )
+}
+
+async fn create_review(
+    State(data): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> axum::response::Response {
+    let mut data = data.lock().expect("lock");
+    let reviewer = caller(&data, &headers);
+    let state = match body["event"].as_str() {
+        Some("APPROVE") => "APPROVED",
+        Some("REQUEST_CHANGES") => "CHANGES_REQUESTED",
+        _ => "COMMENTED",
+    };
+    data.next_id += 1;
+    let id = data.next_id;
+    let Some(pull) = data.pull_requests.iter_mut().find(|p| p.number == number) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    pull.reviews.push((id, reviewer.clone(), state.to_string()));
+    Json(
+        json!({"id": id, "node_id": "PRR_kwDOA", "user": user(&reviewer), "body": body["body"], "state": state,
+        "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{number}#pullrequestreview-{id}"),
+        "submitted_at": "2026-11-30T12:10:00Z", "author_association": "COLLABORATOR"}),
+    )
+    .into_response()
+}
+
+async fn list_statuses(
+    State(data): State<Shared>,
+    Path((_owner, _repo, sha)): Path<(String, String, String)>,
+) -> Json<Value> {
+    let data = data.lock().expect("lock");
+    let statuses: Vec<Value> = data
+        .statuses
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, s)| s.0 == sha)
+        .map(|(id, s)| {
+            json!({"id": id + 1, "state": s.1, "context": s.2, "description": s.3, "target_url": null,
+                "creator": user("gitcanary[bot]"), "created_at": "2026-11-30T12:00:00Z", "updated_at": "2026-11-30T12:00:00Z"})
+        })
+        .collect();
+    Json(Value::Array(statuses))
 }
 
 async fn edit_comment(

@@ -5,6 +5,8 @@
 pub mod agent;
 pub mod git_server;
 pub mod github;
+mod serve;
+pub use serve::serve_on_own_thread;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -84,30 +86,6 @@ where
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// Serves `app` on a loopback port from a thread and runtime of its own, so
-/// that tests may block (running the git CLI, say) without starving it.
-pub fn serve_on_own_thread(app: axum::Router, what: &'static str) -> std::net::SocketAddr {
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("a runtime for the {what}: {e}"));
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind loopback");
-            sender
-                .send(listener.local_addr().expect("bound address"))
-                .expect("address sent");
-            let _ = axum::serve(listener, app).await;
-        });
-    });
-    receiver
-        .recv()
-        .unwrap_or_else(|e| panic!("the {what} did not start: {e}"))
 }
 
 /// Runs a command and returns its stdout; panics with its stderr on failure.
