@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod github;
 pub mod lease;
 pub mod manifest;
+pub mod prometheus;
 pub mod rollout;
 pub mod server;
 pub mod source;

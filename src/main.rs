@@ -123,6 +123,9 @@ struct SourceArgs {
     /// Where the Git mirror is kept.
     #[arg(long, env = "GITCANARY_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// Prometheus for analysis templates that name none (http://HOST:9090).
+    #[arg(long, env = "GITCANARY_PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
     /// Colour the diff: auto (when a terminal), always, never.
     #[arg(long, default_value = "auto")]
     color: String,
@@ -303,6 +306,7 @@ fn options(args: &SourceArgs) -> SyncOptions {
         state_namespace: args.state_namespace.clone(),
         prune: args.prune,
         allowed_namespaces: args.namespaces.clone(),
+        prometheus_url: args.prometheus_url.clone(),
         ..SyncOptions::default()
     }
 }

@@ -28,6 +28,8 @@ pub struct SyncOptions {
     pub allowed_namespaces: Vec<String>,
     /// Requests in flight at once while applying.
     pub concurrency: usize,
+    /// Prometheus for analysis templates that name none.
+    pub prometheus_url: Option<String>,
 }
 
 impl Default for SyncOptions {
@@ -38,6 +40,7 @@ impl Default for SyncOptions {
             prune: false,
             allowed_namespaces: Vec::new(),
             concurrency: 16,
+            prometheus_url: None,
         }
     }
 }
@@ -393,7 +396,7 @@ async fn sync_app(
     }
 
     // Rollouts overlay the objects they govern before anything is compared.
-    let (rollouts, problems) = rollout::engine::prepare(cluster, &mut planned, commit, &options.instance).await?;
+    let (rollouts, problems) = rollout::engine::prepare(cluster, &mut planned, commit, options, true).await?;
     if !problems.is_empty() {
         report.problems = problems;
         report.result = AppResult::Invalid;
@@ -791,7 +794,7 @@ pub async fn diff(
         problems.extend(resolve_problems);
         // What a rollout would keep or change (the stable template, routes, Service pins).
         let (_, rollout_problems) =
-            rollout::engine::prepare(cluster, &mut planned, revision.commit_for(&app.name), &options.instance).await?;
+            rollout::engine::prepare(cluster, &mut planned, revision.commit_for(&app.name), options, false).await?;
         problems.extend(rollout_problems);
         for manifest in pending {
             diffs.push(

@@ -510,6 +510,26 @@ pub fn render_comment(
             out.push_str(&format!("> [!WARNING]\n> {}\n\n", written.note));
         }
     }
+    let runs: Vec<_> = status
+        .analysis_runs
+        .iter()
+        .filter(|r| r.rollout_id == status.rollout_id)
+        .collect();
+    if !runs.is_empty() {
+        out.push_str("| analysis | template | successful | failed | inconclusive | last measurement |\n|---|---|---|---|---|---|\n");
+        for run in runs {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                run.name,
+                run.template,
+                run.successful,
+                run.failed,
+                run.inconclusive,
+                run.message.replace('|', "\\|")
+            ));
+        }
+        out.push('\n');
+    }
     out.push_str("| step | traffic | replicas | state | started | finished |\n|---|---|---|---|---|---|\n");
     let mut weights = Vec::new();
     for (i, step) in spec.strategy.canary.steps.iter().enumerate() {

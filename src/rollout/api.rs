@@ -44,6 +44,54 @@ pub struct RolloutSpec {
     #[serde(default, rename = "rolloutID", skip_serializing_if = "Option::is_none")]
     pub rollout_id: Option<String>,
     pub strategy: Strategy,
+    /// Metric checks that steps (`analysis: {templateRef}`) and the whole
+    /// release (`strategy.canary.analysis`) run against Prometheus.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub analysis_templates: Vec<AnalysisTemplate>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisTemplate {
+    pub name: String,
+    /// Prometheus to ask; default the agent's `--prometheus-url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusRef>,
+    /// Time between measurements (default 30s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    /// Successful measurements that pass a step without a pause (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub count: Option<u32>,
+    /// Failed measurements tolerated; one more fails the release (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub failure_limit: Option<u32>,
+    /// Inconclusive measurements (no data, NaN, Prometheus unreachable)
+    /// tolerated; one more pauses the release (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub inconclusive_limit: Option<u32>,
+    pub metrics: Vec<AnalysisMetric>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusRef {
+    pub address: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisMetric {
+    pub name: String,
+    /// PromQL returning one number; may use {{namespace}}, {{canaryService}},
+    /// {{stableService}}, {{canaryRevision}}, {{stableRevision}}, {{rolloutID}}.
+    pub query: String,
+    /// `< 0.01`, `>= 0.99`, or against the same query on stable:
+    /// `canary <= stable * 1.1`.
+    pub success_condition: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -72,6 +120,9 @@ pub struct CanaryStrategy {
     pub steps: Vec<CanaryStep>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub traffic_routings: Vec<TrafficRouting>,
+    /// Analysis that runs from the first step until promote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<StepAnalysis>,
     /// Labels and annotations put on canary pods only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch_pod_template_metadata: Option<PodTemplateMetadata>,
@@ -346,6 +397,33 @@ pub struct RolloutStatus {
     /// The last promote or revert pushed to Git.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub written_back: Option<WrittenBack>,
+    /// Analysis of the current release: the step's and the background run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub analysis_runs: Vec<AnalysisRun>,
+}
+
+/// Which analysis a run is.
+pub const BACKGROUND_RUN: &str = "background";
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AnalysisRun {
+    /// `background`, or `step-N`.
+    pub name: String,
+    pub template: String,
+    #[serde(rename = "rolloutID")]
+    pub rollout_id: String,
+    #[schemars(with = "i32")]
+    pub successful: u32,
+    #[schemars(with = "i32")]
+    pub failed: u32,
+    #[schemars(with = "i32")]
+    pub inconclusive: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_measured_at: String,
+    /// The last measurement: each metric's value against its condition.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

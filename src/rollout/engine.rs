@@ -17,6 +17,7 @@ use super::overlay::{
     self, BATCH_ID_LABEL, CANARY_HASH_ANNOTATION, ROLLOUT_ID_LABEL, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind,
     canary_name,
 };
+use super::analysis;
 use super::plan::{self, Observed, Plan};
 use crate::cluster::{Cluster, canonical_hash, is_subset, rehash};
 use crate::manifest::Problem;
@@ -164,13 +165,14 @@ pub(crate) async fn prepare(
     cluster: &Cluster,
     planned: &mut [Planned<'_>],
     commit: &str,
-    instance: &str,
+    options: &crate::sync::SyncOptions,
+    measure: bool,
 ) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
     let mut work = Vec::new();
     let mut problems = Vec::new();
     let rollouts: Vec<usize> = (0..planned.len()).filter(|&i| is_rollout(&planned[i])).collect();
     for index in rollouts {
-        match prepare_one(cluster, planned, index, commit, instance).await? {
+        match prepare_one(cluster, planned, index, commit, options, measure).await? {
             Ok(item) => work.push(item),
             Err(problem) => problems.push(problem),
         }
@@ -183,8 +185,10 @@ async fn prepare_one(
     planned: &mut [Planned<'_>],
     index: usize,
     commit: &str,
-    instance: &str,
+    options: &crate::sync::SyncOptions,
+    measure: bool,
 ) -> Result<std::result::Result<RolloutWork, Problem>> {
+    let instance = options.instance.as_str();
     let manifest = planned[index].manifest;
     let spec: RolloutSpec = match serde_json::from_value(manifest.object["spec"].clone()) {
         Ok(spec) => spec,
@@ -285,6 +289,23 @@ async fn prepare_one(
         }
     };
 
+    if measure {
+        let routing = spec.strategy.canary.traffic_routings.first();
+        let bindings = analysis::Bindings {
+            namespace: namespace.clone(),
+            canary_service: routing.map(|r| format!("{}-canary", r.service)).unwrap_or_default(),
+            stable_service: routing.map(|r| r.service.clone()).unwrap_or_default(),
+            canary_revision: revisions.canary.clone(),
+            stable_revision: revisions.stable.clone(),
+            rollout_id: status.rollout_id.clone(),
+        };
+        for (run, template) in analysis::due_runs(&spec, &status, observed.now) {
+            let measurement =
+                crate::prometheus::measure(&run, template, options.prometheus_url.as_deref(), &bindings).await;
+            info!(namespace = %namespace, rollout = %name, rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
+            observed.measurements.push(measurement);
+        }
+    }
     let mut plan = plan::plan(&spec, &status, &observed);
     plan.status.stable_revision = if plan.status.stable_revision.is_empty() || plan.status.phase != Phase::Healthy {
         revisions.stable.clone()

@@ -1,6 +1,7 @@
 //! Canary releases: the `Rollout` API, the pure planner, and the engine
 //! that feeds the planner from the cluster and applies its intent.
 
+pub mod analysis;
 pub mod api;
 pub mod cli;
 pub mod engine;

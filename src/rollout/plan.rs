@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::analysis::{self, Measurement, Outcome};
 use super::api::{
-    CanaryStatus, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec, RolloutStatus, StepRecord, StepState,
+    AnalysisRun, CanaryStatus, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec, RolloutStatus, StepRecord, StepState,
     SupersededRelease, WritebackAction,
 };
 
@@ -41,6 +42,8 @@ pub struct Observed {
     pub promote_signal: Option<String>,
     /// The value of the abort annotation, if set.
     pub abort_signal: Option<String>,
+    /// Analysis measurements the engine took for this reconcile.
+    pub measurements: Vec<Measurement>,
     pub now: Timestamp,
 }
 
@@ -163,6 +166,7 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         promoted: false,
     };
     let intent = planner.run();
+    planner.requeue_for_analysis();
     let mut status = planner.status;
     if status != *previous
         && let Some(canary) = status.canary_status.as_mut()
@@ -290,6 +294,7 @@ impl Planner<'_> {
             ..CanaryStatus::default()
         });
         self.status.step_history.clear();
+        self.status.analysis_runs.clear();
         self.note(format!(
             "release {} started for commit {}",
             self.status.rollout_id,
@@ -402,6 +407,10 @@ impl Planner<'_> {
             .as_ref()
             .and_then(|d| d.to_std().ok())
             .unwrap_or(DEFAULT_PROGRESS_DEADLINE);
+        self.record_measurements();
+        if let Some(intent) = self.judge_analysis() {
+            return intent;
+        }
         // Bounded: each pass moves one state forward or returns.
         for _ in 0..(self.steps() as usize * 5 + 5) {
             let canary = self.canary().clone();
@@ -460,6 +469,15 @@ impl Planner<'_> {
                 }
                 StepState::StepAnalysis | StepState::StepPaused => {
                     let traffic = traffic_at(spec, index);
+                    if let Some(waiting) = self.step_analysis_waits(index, step.pause.is_none()) {
+                        if waiting {
+                            return self.release_intent(StableTemplate::Live, wanted, traffic);
+                        }
+                        if step.pause.is_none() {
+                            self.enter(index, StepState::StepReady);
+                            continue;
+                        }
+                    }
                     let done = match step.pause.as_ref() {
                         None => true,
                         Some(pause) => match pause.duration.as_ref().and_then(|d| d.to_std().ok()) {
@@ -499,6 +517,153 @@ impl Planner<'_> {
         // Unreachable in practice; hold the current state.
         let traffic = traffic_at(spec, self.canary().current_step_index);
         self.release_intent(StableTemplate::Live, observed.canary_ready, traffic)
+    }
+
+    /// Folds the engine's measurements into the runs of this release.
+    fn record_measurements(&mut self) {
+        let now = self.observed.now.to_string();
+        let rollout_id = self.status.rollout_id.clone();
+        for measurement in &self.observed.measurements {
+            let runs = &mut self.status.analysis_runs;
+            let run = match runs.iter().position(|r| r.name == measurement.run && r.rollout_id == rollout_id) {
+                Some(i) => &mut runs[i],
+                None => {
+                    runs.retain(|r| r.name != measurement.run);
+                    runs.push(AnalysisRun {
+                        name: measurement.run.clone(),
+                        template: measurement.template.clone(),
+                        rollout_id: rollout_id.clone(),
+                        ..AnalysisRun::default()
+                    });
+                    runs.last_mut().expect("just pushed")
+                }
+            };
+            match measurement.outcome {
+                Outcome::Successful => run.successful += 1,
+                Outcome::Failed => run.failed += 1,
+                Outcome::Inconclusive => run.inconclusive += 1,
+            }
+            run.last_measured_at = now.clone();
+            run.message = measurement.message.clone();
+        }
+    }
+
+    /// Fails the release on too many failed measurements; pauses it on too
+    /// many inconclusive ones (a promote goes on without them); asks to be
+    /// woken for the next measurement.
+    fn judge_analysis(&mut self) -> Option<Intent> {
+        for (run_name, template_name) in analysis::active_runs(self.spec, &self.status) {
+            let Some(template) = analysis::template(self.spec, &template_name) else {
+                continue;
+            };
+            let rollout_id = self.status.rollout_id.clone();
+            let Some(run) = self
+                .status
+                .analysis_runs
+                .iter()
+                .find(|r| r.name == run_name && r.rollout_id == rollout_id)
+                .cloned()
+            else {
+                continue;
+            };
+            if run.failed > template.failure_limit.unwrap_or(0) {
+                return Some(self.fail(format!(
+                    "analysis {template_name} failed {} time(s) ({run_name}): {}",
+                    run.failed, run.message
+                )));
+            }
+            if run.inconclusive > template.inconclusive_limit.unwrap_or(0) {
+                let index = self.status.canary_status.as_ref().map_or(1, |c| c.current_step_index);
+                match self.observed.promote_signal.clone() {
+                    Some(signal) if signal != self.status.last_promote_signal => {
+                        self.status.last_promote_signal = signal.clone();
+                        self.note(format!("analysis {template_name}: going on without it, promoted by {signal}"));
+                        if let Some(run) = self.status.analysis_runs.iter_mut().find(|r| r.name == run_name) {
+                            run.inconclusive = 0;
+                        }
+                    }
+                    _ => {
+                        if self.status.phase != Phase::Paused {
+                            self.note(format!("analysis {template_name} inconclusive: paused"));
+                        }
+                        self.status.phase = Phase::Paused;
+                        self.canary().message = format!(
+                            "analysis {template_name} inconclusive {} time(s) ({run_name}): {}; paused: promote to go on without it, or abort",
+                            run.inconclusive, run.message
+                        );
+                        let traffic = traffic_at(self.spec, index);
+                        let wanted = self.observed.canary_ready;
+                        return Some(self.release_intent(StableTemplate::Live, wanted, traffic));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Wakes the agent for the next measurement of every run active in the
+    /// state this reconcile ends in (at once for a run not measured yet).
+    fn requeue_for_analysis(&mut self) {
+        for (run_name, template_name) in analysis::active_runs(self.spec, &self.status) {
+            let Some(template) = analysis::template(self.spec, &template_name) else {
+                continue;
+            };
+            let last = self
+                .status
+                .analysis_runs
+                .iter()
+                .find(|r| r.name == run_name && r.rollout_id == self.status.rollout_id)
+                .map(|r| r.last_measured_at.clone());
+            let wait = match last {
+                Some(last) => analysis::interval(template).saturating_sub(elapsed(&last, self.observed.now)),
+                None => Duration::ZERO,
+            };
+            self.requeue_in(wait);
+        }
+    }
+
+    /// For a step with analysis: `Some(true)` while it must wait for
+    /// measurements, `Some(false)` once they suffice (`count` successes
+    /// without a pause; one success with one), `None` without analysis.
+    fn step_analysis_waits(&mut self, index: u32, no_pause: bool) -> Option<bool> {
+        let step = self.spec.strategy.canary.steps.get(index as usize - 1)?;
+        let template_name = step.analysis.as_ref()?.template_ref.clone();
+        let template = analysis::template(self.spec, &template_name)?;
+        let needed = if no_pause {
+            template.count.unwrap_or(analysis::DEFAULT_COUNT).max(1)
+        } else {
+            1
+        };
+        let run_name = analysis::step_run(index);
+        let successful = self
+            .status
+            .analysis_runs
+            .iter()
+            .find(|r| r.name == run_name && r.rollout_id == self.status.rollout_id)
+            .map_or(0, |r| r.successful);
+        if successful >= needed {
+            if no_pause {
+                self.passed_by(format!("analysis {template_name}: {successful} successful measurement(s)"));
+            }
+            return Some(false);
+        }
+        if no_pause || self.pause_over(index) {
+            self.status.phase = Phase::Progressing;
+            self.canary().message =
+                format!("step {index}: analysis {template_name}: {successful}/{needed} successful measurement(s)");
+            return Some(true);
+        }
+        Some(false)
+    }
+
+    /// Whether the step's timed pause has run out.
+    fn pause_over(&self, index: u32) -> bool {
+        let step = &self.spec.strategy.canary.steps[index as usize - 1];
+        let Some(duration) = step.pause.as_ref().and_then(|p| p.duration.as_ref()).and_then(|d| d.to_std().ok()) else {
+            return false;
+        };
+        let started = self.status.canary_status.as_ref().map_or("", |c| c.state_started_at.as_str());
+        elapsed(started, self.observed.now) >= duration
     }
 
     fn passed_by(&mut self, by: String) {

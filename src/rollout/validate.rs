@@ -31,6 +31,11 @@ pub fn problems(app: &App) -> Vec<Problem> {
         };
         let namespace = manifest.namespace().unwrap_or("default");
         problems.extend(spec_problems(&spec).into_iter().map(|m| manifest.problem(m)));
+        problems.extend(
+            super::analysis::problems(&spec)
+                .into_iter()
+                .map(|m| manifest.problem(m)),
+        );
         let target = &spec.workload_ref;
         if !holds(app, &target.kind, namespace, &target.name) {
             problems.push(manifest.problem(format!(

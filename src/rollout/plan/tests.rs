@@ -1,4 +1,5 @@
 use super::*;
+use crate::rollout::analysis;
 use crate::rollout::api::{CanaryStep, CanaryStrategy, Pause, Strategy, TrafficRouting, WorkloadRef, WritebackAction};
 
 fn step(traffic: Option<&str>, replicas: Option<IntOrPercent>, pause: Option<Option<u64>>) -> CanaryStep {
@@ -21,6 +22,7 @@ fn spec() -> RolloutSpec {
             name: "echo".into(),
         },
         rollout_id: None,
+        analysis_templates: vec![],
         strategy: Strategy {
             canary: CanaryStrategy {
                 steps: vec![
@@ -386,4 +388,130 @@ fn planning_twice_from_the_same_status_gives_the_same_answer() {
     let second = plan(&run.spec, &run.status, &seen);
     assert_eq!(first.status, second.status);
     assert_eq!(first.intent, second.intent);
+}
+
+/// One analysed step (traffic 10%, no pause) then 100%; the template wants
+/// two successes, tolerates no failure and one inconclusive measurement.
+fn analysed_spec(background: bool) -> RolloutSpec {
+    let mut spec = spec();
+    let template = serde_json::from_value(serde_json::json!({
+        "name": "errors", "interval": 10, "count": 2, "failureLimit": 0, "inconclusiveLimit": 1,
+        "metrics": [{"name": "error-ratio", "query": "max(errors{service=\"{{canaryService}}\"})", "successCondition": "< 0.01"}]
+    }))
+    .expect("template");
+    spec.analysis_templates = vec![template];
+    let mut first = step(Some("10%"), Some(IntOrPercent::Int(1)), if background { Some(Some(60)) } else { None });
+    if !background {
+        first.analysis = Some(crate::rollout::api::StepAnalysis {
+            template_ref: "errors".into(),
+        });
+    }
+    spec.strategy.canary.steps = vec![first, step(Some("100%"), None, None)];
+    if background {
+        spec.strategy.canary.analysis = Some(crate::rollout::api::StepAnalysis {
+            template_ref: "errors".into(),
+        });
+    }
+    spec
+}
+
+fn measured(run: &str, outcome: Outcome) -> Measurement {
+    Measurement {
+        run: run.into(),
+        template: "errors".into(),
+        outcome,
+        message: format!("error-ratio {outcome:?}: 0.5 against `< 0.01`"),
+    }
+}
+
+/// A release of v2 brought to step 1 with its traffic in force.
+fn release_at_analysis(spec: RolloutSpec) -> (Run, Observed) {
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    seen.now = at(5);
+    run.step(&seen);
+    (run, seen)
+}
+
+#[test]
+fn an_analysed_step_passes_after_count_successful_measurements() {
+    let (mut run, mut seen) = release_at_analysis(analysed_spec(false));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+    let due = analysis::due_runs(&run.spec, &run.status, seen.now);
+    assert_eq!(due.len(), 1, "the step's run is due at once");
+    assert_eq!(due[0].0, "step-1");
+    seen.measurements = vec![measured("step-1", Outcome::Successful)];
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused), "one of two");
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(10)), "woken for the next measurement");
+    seen.now = at(8);
+    seen.measurements.clear();
+    assert!(analysis::due_runs(&run.spec, &run.status, seen.now).is_empty(), "not due before the interval");
+    seen.now = at(15);
+    seen.measurements = vec![measured("step-1", Outcome::Successful)];
+    run.step(&seen);
+    assert_eq!(run.state().1, 2, "two successes pass the step");
+    assert!(
+        run.status.step_history[0].passed_by.contains("2 successful"),
+        "{:?}",
+        run.status.step_history
+    );
+}
+
+#[test]
+fn a_failed_measurement_fails_the_release_with_the_metric() {
+    let (mut run, mut seen) = release_at_analysis(analysed_spec(false));
+    seen.measurements = vec![measured("step-1", Outcome::Failed)];
+    let plan = run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Failed);
+    let cause = plan.failed.expect("failed");
+    assert!(cause.contains("analysis errors failed 1 time(s) (step-1)"), "{cause}");
+    assert!(cause.contains("0.5 against `< 0.01`"), "{cause}");
+    assert_eq!(
+        run.status.pending_writeback.as_ref().map(|p| p.action),
+        Some(WritebackAction::Revert)
+    );
+}
+
+#[test]
+fn inconclusive_measurements_pause_the_release_until_a_promote() {
+    let (mut run, mut seen) = release_at_analysis(analysed_spec(false));
+    seen.measurements = vec![measured("step-1", Outcome::Inconclusive)];
+    run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Progressing, "one inconclusive is tolerated");
+    seen.now = at(16);
+    run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Paused, "the second pauses");
+    let message = run.status.canary_status.clone().unwrap_or_default().message;
+    assert!(message.contains("inconclusive 2 time(s)"), "{message}");
+    // Never a promote on missing data: more successes do not un-pause it.
+    seen.now = at(27);
+    seen.measurements = vec![measured("step-1", Outcome::Successful)];
+    run.step(&seen);
+    seen.now = at(38);
+    run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Paused);
+    seen.measurements.clear();
+    seen.promote_signal = Some("the CLI".into());
+    seen.now = at(39);
+    run.step(&seen);
+    assert_eq!(run.state().1, 2, "a promote goes on without the missing data");
+}
+
+#[test]
+fn background_analysis_runs_through_timed_pauses_and_fails_the_release() {
+    let (mut run, mut seen) = release_at_analysis(analysed_spec(true));
+    let due = analysis::due_runs(&run.spec, &run.status, seen.now);
+    assert_eq!(due.first().map(|d| d.0.as_str()), Some("background"));
+    seen.measurements = vec![measured("background", Outcome::Successful)];
+    run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Progressing);
+    seen.now = at(20);
+    seen.measurements = vec![measured("background", Outcome::Failed)];
+    let plan = run.step(&seen);
+    assert_eq!(run.status.phase, Phase::Failed);
+    assert!(plan.failed.expect("failed").contains("(background)"));
 }

@@ -1,0 +1,162 @@
+//! Asking Prometheus: one instant query per metric (`/api/v1/query`), over
+//! plain HTTP, with a short timeout so that an unreachable server makes a
+//! measurement inconclusive instead of holding up the sync.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use crate::rollout::analysis::{self, Bindings, Measurement, Outcome};
+use crate::rollout::api::AnalysisTemplate;
+
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Answers larger than this are refused (a query should return one number).
+const MAX_ANSWER: usize = 1 << 20;
+
+/// The value of an instant query: `None` when it returned no series.
+pub async fn query(address: &str, promql: &str) -> Result<Option<f64>, String> {
+    if !address.starts_with("http://") {
+        return Err(format!("Prometheus address {address:?}: only http:// is supported"));
+    }
+    let encoded: String = form_urlencoded::byte_serialize(promql.as_bytes()).collect();
+    let uri = format!("{}/api/v1/query?query={encoded}", address.trim_end_matches('/'));
+    let request = http::Request::get(&uri)
+        .header("accept", "application/json")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| format!("Prometheus request: {e}"))?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = tokio::time::timeout(QUERY_TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| format!("Prometheus at {address} did not answer within {}s", QUERY_TIMEOUT.as_secs()))?
+        .map_err(|e| format!("Prometheus at {address} unreachable: {e}"))?;
+    let status = response.status();
+    let body = tokio::time::timeout(QUERY_TIMEOUT, http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect())
+        .await
+        .map_err(|_| "Prometheus answer timed out".to_string())?
+        .map_err(|e| format!("Prometheus answer: {e}"))?
+        .to_bytes();
+    let answer: Value = serde_json::from_slice(&body).map_err(|e| format!("Prometheus answer is not JSON ({status}): {e}"))?;
+    if answer["status"] != "success" {
+        return Err(format!(
+            "Prometheus: {}",
+            answer["error"].as_str().unwrap_or("the query failed")
+        ));
+    }
+    parse_value(&answer["data"])
+}
+
+/// The number in a query's `data`: a scalar, or a vector of one series.
+fn parse_value(data: &Value) -> Result<Option<f64>, String> {
+    let sample = match data["resultType"].as_str() {
+        Some("scalar") => &data["result"],
+        Some("vector") => {
+            let series = data["result"].as_array().map_or(&[][..], Vec::as_slice);
+            match series {
+                [] => return Ok(None),
+                [one] => &one["value"],
+                many => return Err(format!("the query returned {} series: aggregate it to one", many.len())),
+            }
+        }
+        other => return Err(format!("the query returned a {}, not a number", other.unwrap_or("nothing"))),
+    };
+    let text = sample[1].as_str().ok_or("the sample has no value")?;
+    // Prometheus writes NaN and infinities as text.
+    match text {
+        "NaN" => Ok(Some(f64::NAN)),
+        "+Inf" => Ok(Some(f64::INFINITY)),
+        "-Inf" => Ok(Some(f64::NEG_INFINITY)),
+        _ => text.parse::<f64>().map(Some).map_err(|_| format!("{text:?} is not a number")),
+    }
+}
+
+fn show(value: Option<f64>) -> String {
+    value.map_or("no data".into(), |v| format!("{v}"))
+}
+
+/// Measures every metric of a template once: failed when one fails,
+/// inconclusive when one is (and none fails), else successful.
+pub async fn measure(run: &str, template: &AnalysisTemplate, default_address: Option<&str>, bindings: &Bindings) -> Measurement {
+    let address = template
+        .prometheus
+        .as_ref()
+        .map(|p| p.address.as_str())
+        .or(default_address);
+    let mut outcomes = Vec::new();
+    let mut messages = Vec::new();
+    for metric in &template.metrics {
+        let (outcome, message) = match (address, analysis::parse_condition(&metric.success_condition)) {
+            (None, _) => (Outcome::Inconclusive, "no Prometheus address (set --prometheus-url)".to_string()),
+            (_, Err(e)) => (Outcome::Inconclusive, e),
+            (Some(address), Ok(condition)) => {
+                let asked = async |bindings: &Bindings| -> Result<(String, Option<f64>), String> {
+                    let promql = analysis::render(&metric.query, bindings)?;
+                    let value = query(address, &promql).await?;
+                    Ok((promql, value))
+                };
+                match asked(bindings).await {
+                    Err(error) => (Outcome::Inconclusive, error),
+                    Ok((promql, canary)) if condition.needs_stable() => match asked(&bindings.for_stable()).await {
+                        Err(error) => (Outcome::Inconclusive, format!("stable: {error}")),
+                        Ok((_, stable)) => (
+                            condition.judge(canary, stable),
+                            format!(
+                                "canary {}, stable {} against `{}` (query: {promql})",
+                                show(canary),
+                                show(stable),
+                                metric.success_condition
+                            ),
+                        ),
+                    },
+                    Ok((promql, canary)) => (
+                        condition.judge(canary, None),
+                        format!("{} against `{}` (query: {promql})", show(canary), metric.success_condition),
+                    ),
+                }
+            }
+        };
+        let verdict = match outcome {
+            Outcome::Successful => "ok",
+            Outcome::Failed => "FAILED",
+            Outcome::Inconclusive => "inconclusive",
+        };
+        messages.push(format!("{} {verdict}: {message}", metric.name));
+        outcomes.push(outcome);
+    }
+    let outcome = if outcomes.contains(&Outcome::Failed) {
+        Outcome::Failed
+    } else if outcomes.contains(&Outcome::Inconclusive) || outcomes.is_empty() {
+        Outcome::Inconclusive
+    } else {
+        Outcome::Successful
+    };
+    Measurement {
+        run: run.to_string(),
+        template: template.name.clone(),
+        outcome,
+        message: messages.join("; "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn answers_are_read_as_one_number_or_no_data() {
+        let vector = |result: Value| json!({"resultType": "vector", "result": result});
+        assert_eq!(parse_value(&vector(json!([]))), Ok(None));
+        assert_eq!(
+            parse_value(&vector(json!([{"metric": {}, "value": [1.7e9, "0.25"]}]))),
+            Ok(Some(0.25))
+        );
+        assert!(parse_value(&vector(json!([{"metric": {}, "value": [1.7e9, "NaN"]}]))).expect("NaN").is_some_and(f64::is_nan));
+        assert!(parse_value(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}]))).is_err());
+        assert_eq!(parse_value(&json!({"resultType": "scalar", "result": [1.7e9, "3"]})), Ok(Some(3.0)));
+        assert!(parse_value(&json!({"resultType": "matrix", "result": []})).is_err());
+    }
+}
