@@ -15,6 +15,8 @@ have pkg-config || need+=(pkg-config)
 have cc || need+=(gcc)
 have make || need+=(make)
 [ -x /usr/lib/git-core/git-http-backend ] || need+=(git)
+# A real Prometheus for the analysis tests (started by the tests themselves).
+have prometheus || need+=(prometheus)
 # git2's HTTPS transport links the system OpenSSL.
 pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
 
@@ -23,7 +25,7 @@ if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
 have cargo || { echo "setup: cargo is missing: install Rust (rustup) first" >&2; exit 1; }

@@ -31,15 +31,24 @@ pub async fn query(address: &str, promql: &str) -> Result<Option<f64>, String> {
     let client = Client::builder(TokioExecutor::new()).build_http();
     let response = tokio::time::timeout(QUERY_TIMEOUT, client.request(request))
         .await
-        .map_err(|_| format!("Prometheus at {address} did not answer within {}s", QUERY_TIMEOUT.as_secs()))?
+        .map_err(|_| {
+            format!(
+                "Prometheus at {address} did not answer within {}s",
+                QUERY_TIMEOUT.as_secs()
+            )
+        })?
         .map_err(|e| format!("Prometheus at {address} unreachable: {e}"))?;
     let status = response.status();
-    let body = tokio::time::timeout(QUERY_TIMEOUT, http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect())
-        .await
-        .map_err(|_| "Prometheus answer timed out".to_string())?
-        .map_err(|e| format!("Prometheus answer: {e}"))?
-        .to_bytes();
-    let answer: Value = serde_json::from_slice(&body).map_err(|e| format!("Prometheus answer is not JSON ({status}): {e}"))?;
+    let body = tokio::time::timeout(
+        QUERY_TIMEOUT,
+        http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect(),
+    )
+    .await
+    .map_err(|_| "Prometheus answer timed out".to_string())?
+    .map_err(|e| format!("Prometheus answer: {e}"))?
+    .to_bytes();
+    let answer: Value =
+        serde_json::from_slice(&body).map_err(|e| format!("Prometheus answer is not JSON ({status}): {e}"))?;
     if answer["status"] != "success" {
         return Err(format!(
             "Prometheus: {}",
@@ -61,7 +70,12 @@ fn parse_value(data: &Value) -> Result<Option<f64>, String> {
                 many => return Err(format!("the query returned {} series: aggregate it to one", many.len())),
             }
         }
-        other => return Err(format!("the query returned a {}, not a number", other.unwrap_or("nothing"))),
+        other => {
+            return Err(format!(
+                "the query returned a {}, not a number",
+                other.unwrap_or("nothing")
+            ));
+        }
     };
     let text = sample[1].as_str().ok_or("the sample has no value")?;
     // Prometheus writes NaN and infinities as text.
@@ -69,7 +83,10 @@ fn parse_value(data: &Value) -> Result<Option<f64>, String> {
         "NaN" => Ok(Some(f64::NAN)),
         "+Inf" => Ok(Some(f64::INFINITY)),
         "-Inf" => Ok(Some(f64::NEG_INFINITY)),
-        _ => text.parse::<f64>().map(Some).map_err(|_| format!("{text:?} is not a number")),
+        _ => text
+            .parse::<f64>()
+            .map(Some)
+            .map_err(|_| format!("{text:?} is not a number")),
     }
 }
 
@@ -79,7 +96,12 @@ fn show(value: Option<f64>) -> String {
 
 /// Measures every metric of a template once: failed when one fails,
 /// inconclusive when one is (and none fails), else successful.
-pub async fn measure(run: &str, template: &AnalysisTemplate, default_address: Option<&str>, bindings: &Bindings) -> Measurement {
+pub async fn measure(
+    run: &str,
+    template: &AnalysisTemplate,
+    default_address: Option<&str>,
+    bindings: &Bindings,
+) -> Measurement {
     let address = template
         .prometheus
         .as_ref()
@@ -89,7 +111,10 @@ pub async fn measure(run: &str, template: &AnalysisTemplate, default_address: Op
     let mut messages = Vec::new();
     for metric in &template.metrics {
         let (outcome, message) = match (address, analysis::parse_condition(&metric.success_condition)) {
-            (None, _) => (Outcome::Inconclusive, "no Prometheus address (set --prometheus-url)".to_string()),
+            (None, _) => (
+                Outcome::Inconclusive,
+                "no Prometheus address (set --prometheus-url)".to_string(),
+            ),
             (_, Err(e)) => (Outcome::Inconclusive, e),
             (Some(address), Ok(condition)) => {
                 let asked = async |bindings: &Bindings| -> Result<(String, Option<f64>), String> {
@@ -113,7 +138,11 @@ pub async fn measure(run: &str, template: &AnalysisTemplate, default_address: Op
                     },
                     Ok((promql, canary)) => (
                         condition.judge(canary, None),
-                        format!("{} against `{}` (query: {promql})", show(canary), metric.success_condition),
+                        format!(
+                            "{} against `{}` (query: {promql})",
+                            show(canary),
+                            metric.success_condition
+                        ),
                     ),
                 }
             }
@@ -154,9 +183,16 @@ mod tests {
             parse_value(&vector(json!([{"metric": {}, "value": [1.7e9, "0.25"]}]))),
             Ok(Some(0.25))
         );
-        assert!(parse_value(&vector(json!([{"metric": {}, "value": [1.7e9, "NaN"]}]))).expect("NaN").is_some_and(f64::is_nan));
+        assert!(
+            parse_value(&vector(json!([{"metric": {}, "value": [1.7e9, "NaN"]}])))
+                .expect("NaN")
+                .is_some_and(f64::is_nan)
+        );
         assert!(parse_value(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}]))).is_err());
-        assert_eq!(parse_value(&json!({"resultType": "scalar", "result": [1.7e9, "3"]})), Ok(Some(3.0)));
+        assert_eq!(
+            parse_value(&json!({"resultType": "scalar", "result": [1.7e9, "3"]})),
+            Ok(Some(3.0))
+        );
         assert!(parse_value(&json!({"resultType": "matrix", "result": []})).is_err());
     }
 }

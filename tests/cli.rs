@@ -132,6 +132,29 @@ fn validate_prints_file_and_line_and_exits_by_outcome() {
 }
 
 #[test]
+fn validate_checks_analysis_templates() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("web/app.yaml"),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: demo}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: web:1}]}\n---\napiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: web, namespace: demo}\nspec:\n  workloadRef: {kind: Deployment, name: web}\n  analysisTemplates:\n  - name: errors\n    metrics:\n    - {name: ratio, query: 'sum(rate(errors{pod=\"{{podName}}\"}[1m])', successCondition: '<= lots'}\n  strategy:\n    canary:\n      analysis: {templateRef: latency}\n      steps:\n      - {replicas: 1, analysis: {templateRef: errors}}\n",
+    )
+    .expect("write");
+    let (code, stdout, _) = output(gitcanary().arg("validate").arg(dir.path()));
+    assert_eq!(code, 1, "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.iter().all(|l| l.starts_with("web/app.yaml:10: ")), "{stdout}");
+    for expected in [
+        "unknown variable {{podName}}",
+        "\'(\' is not closed",
+        "condition \"<= lots\"",
+        "analysis template \"latency\" is not in spec.analysisTemplates",
+    ] {
+        assert!(stdout.contains(expected), "{expected} missing from:\n{stdout}");
+    }
+}
+
+#[test]
 fn crd_prints_what_deploy_ships() {
     let (code, stdout, _) = output(gitcanary().arg("crd"));
     assert_eq!(code, 0);

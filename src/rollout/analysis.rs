@@ -55,7 +55,10 @@ enum Op {
 enum Rhs {
     Number(f64),
     /// The same query on stable, times `factor` plus `offset`.
-    Stable { factor: f64, offset: f64 },
+    Stable {
+        factor: f64,
+        offset: f64,
+    },
 }
 
 /// A parsed success condition.
@@ -186,7 +189,11 @@ impl Bindings {
 
 /// Each `{{variable}}` of a query, in order.
 fn variables(query: &str) -> impl Iterator<Item = &str> {
-    query.split("{{").skip(1).filter_map(|part| part.split_once("}}")).map(|(name, _)| name.trim())
+    query
+        .split("{{")
+        .skip(1)
+        .filter_map(|part| part.split_once("}}"))
+        .map(|(name, _)| name.trim())
 }
 
 /// The query with its variables filled in.
@@ -196,7 +203,9 @@ pub fn render(query: &str, bindings: &Bindings) -> Result<String, String> {
     while let Some(start) = rest.find("{{") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find("}}").ok_or_else(|| format!("query {query:?}: `{{{{` is not closed"))?;
+        let end = after
+            .find("}}")
+            .ok_or_else(|| format!("query {query:?}: `{{{{` is not closed"))?;
         let name = after[..end].trim();
         let value = bindings
             .value(name)
@@ -218,7 +227,15 @@ pub fn query_problems(query: &str) -> Vec<String> {
     if query.matches("{{").count() != query.matches("}}").count() {
         problems.push("a `{{` without its `}}`".into());
     }
-    let without_variables = render(query, &Bindings::default()).unwrap_or_default();
+    // Each variable stands for a plain value, known or not.
+    let mut without_variables = String::new();
+    let mut rest = query;
+    while let Some((before, after)) = rest.split_once("{{") {
+        without_variables.push_str(before);
+        without_variables.push('x');
+        rest = after.split_once("}}").map_or("", |(_, tail)| tail);
+    }
+    without_variables.push_str(rest);
     let mut stack = Vec::new();
     let mut quote: Option<char> = None;
     let mut escaped = false;
@@ -291,16 +308,16 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         .analysis
         .iter()
         .map(|a| ("strategy.canary.analysis".to_string(), &a.template_ref))
-        .chain(
-            canary
-                .steps
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.analysis.as_ref().map(|a| (format!("step {}", i + 1), &a.template_ref))),
-        );
+        .chain(canary.steps.iter().enumerate().filter_map(|(i, s)| {
+            s.analysis
+                .as_ref()
+                .map(|a| (format!("step {}", i + 1), &a.template_ref))
+        }));
     for (at, name) in references {
         if !names.contains(name.as_str()) {
-            out.push(format!("{at}: analysis template {name:?} is not in spec.analysisTemplates"));
+            out.push(format!(
+                "{at}: analysis template {name:?} is not in spec.analysisTemplates"
+            ));
         }
     }
     out
@@ -328,7 +345,8 @@ pub fn interval(template: &AnalysisTemplate) -> Duration {
 /// step's run while that step's traffic is in force.
 pub fn active_runs(spec: &RolloutSpec, status: &RolloutStatus) -> Vec<(String, String)> {
     let mut runs = Vec::new();
-    let in_release = matches!(status.phase, Phase::Progressing | Phase::Paused) && !status.canary_template_hash.is_empty();
+    let in_release =
+        matches!(status.phase, Phase::Progressing | Phase::Paused) && !status.canary_template_hash.is_empty();
     let Some(canary) = status.canary_status.as_ref().filter(|_| in_release) else {
         return runs;
     };
@@ -346,7 +364,10 @@ pub fn active_runs(spec: &RolloutSpec, status: &RolloutStatus) -> Vec<(String, S
         .checked_sub(1)
         .and_then(|i| spec.strategy.canary.steps.get(i as usize));
     if let Some(analysis) = step.and_then(|s| s.analysis.as_ref())
-        && matches!(canary.current_step_state, StepState::StepPaused | StepState::StepAnalysis)
+        && matches!(
+            canary.current_step_state,
+            StepState::StepPaused | StepState::StepAnalysis
+        )
     {
         runs.push((step_run(canary.current_step_index), analysis.template_ref.clone()));
     }
@@ -354,7 +375,11 @@ pub fn active_runs(spec: &RolloutSpec, status: &RolloutStatus) -> Vec<(String, S
 }
 
 /// Active runs whose next measurement is due at `now`.
-pub fn due_runs<'a>(spec: &'a RolloutSpec, status: &RolloutStatus, now: Timestamp) -> Vec<(String, &'a AnalysisTemplate)> {
+pub fn due_runs<'a>(
+    spec: &'a RolloutSpec,
+    status: &RolloutStatus,
+    now: Timestamp,
+) -> Vec<(String, &'a AnalysisTemplate)> {
     active_runs(spec, status)
         .into_iter()
         .filter_map(|(run, name)| {
@@ -389,7 +414,11 @@ mod tests {
         assert!(relative.needs_stable());
         assert_eq!(relative.judge(Some(1.05), Some(1.0)), Outcome::Successful);
         assert_eq!(relative.judge(Some(1.2), Some(1.0)), Outcome::Failed);
-        assert_eq!(relative.judge(Some(1.0), None), Outcome::Inconclusive, "stable has no data");
+        assert_eq!(
+            relative.judge(Some(1.0), None),
+            Outcome::Inconclusive,
+            "stable has no data"
+        );
         let offset = parse_condition("canary < stable + 0.05").expect("parses");
         assert_eq!(offset.judge(Some(0.06), Some(0.02)), Outcome::Successful);
         for bad in ["", "0.01", "<", "< a lot", "canary <= stable ^ 2", "~ 3"] {
@@ -422,6 +451,9 @@ mod tests {
         assert!(query_problems("sum(rate(x[1m])")[0].contains("not closed"));
         assert!(query_problems("sum(x))")[0].contains("unbalanced"));
         assert!(query_problems("up{job=\"a}")[0].contains("string is not closed"));
-        assert!(query_problems("max(x{le=\")\"})").is_empty(), "brackets in strings count for nothing");
+        assert!(
+            query_problems("max(x{le=\")\"})").is_empty(),
+            "brackets in strings count for nothing"
+        );
     }
 }

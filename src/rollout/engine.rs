@@ -12,12 +12,12 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::analysis;
 use super::api::{API_VERSION, GROUP, KIND, Phase, Rollout, RolloutSpec, RolloutStatus, WrittenBack};
 use super::overlay::{
     self, BATCH_ID_LABEL, CANARY_HASH_ANNOTATION, ROLLOUT_ID_LABEL, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind,
     canary_name,
 };
-use super::analysis;
 use super::plan::{self, Observed, Plan};
 use crate::cluster::{Cluster, canonical_hash, is_subset, rehash};
 use crate::manifest::Problem;

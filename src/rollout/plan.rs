@@ -8,8 +8,8 @@ use jiff::Timestamp;
 
 use super::analysis::{self, Measurement, Outcome};
 use super::api::{
-    AnalysisRun, CanaryStatus, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec, RolloutStatus, StepRecord, StepState,
-    SupersededRelease, WritebackAction,
+    AnalysisRun, CanaryStatus, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec, RolloutStatus,
+    StepRecord, StepState, SupersededRelease, WritebackAction,
 };
 
 /// Default wait after a route change (Kruise Rollout's default).
@@ -525,7 +525,10 @@ impl Planner<'_> {
         let rollout_id = self.status.rollout_id.clone();
         for measurement in &self.observed.measurements {
             let runs = &mut self.status.analysis_runs;
-            let run = match runs.iter().position(|r| r.name == measurement.run && r.rollout_id == rollout_id) {
+            let run = match runs
+                .iter()
+                .position(|r| r.name == measurement.run && r.rollout_id == rollout_id)
+            {
                 Some(i) => &mut runs[i],
                 None => {
                     runs.retain(|r| r.name != measurement.run);
@@ -577,7 +580,9 @@ impl Planner<'_> {
                 match self.observed.promote_signal.clone() {
                     Some(signal) if signal != self.status.last_promote_signal => {
                         self.status.last_promote_signal = signal.clone();
-                        self.note(format!("analysis {template_name}: going on without it, promoted by {signal}"));
+                        self.note(format!(
+                            "analysis {template_name}: going on without it, promoted by {signal}"
+                        ));
                         if let Some(run) = self.status.analysis_runs.iter_mut().find(|r| r.name == run_name) {
                             run.inconclusive = 0;
                         }
@@ -643,7 +648,9 @@ impl Planner<'_> {
             .map_or(0, |r| r.successful);
         if successful >= needed {
             if no_pause {
-                self.passed_by(format!("analysis {template_name}: {successful} successful measurement(s)"));
+                self.passed_by(format!(
+                    "analysis {template_name}: {successful} successful measurement(s)"
+                ));
             }
             return Some(false);
         }
@@ -659,10 +666,19 @@ impl Planner<'_> {
     /// Whether the step's timed pause has run out.
     fn pause_over(&self, index: u32) -> bool {
         let step = &self.spec.strategy.canary.steps[index as usize - 1];
-        let Some(duration) = step.pause.as_ref().and_then(|p| p.duration.as_ref()).and_then(|d| d.to_std().ok()) else {
+        let Some(duration) = step
+            .pause
+            .as_ref()
+            .and_then(|p| p.duration.as_ref())
+            .and_then(|d| d.to_std().ok())
+        else {
             return false;
         };
-        let started = self.status.canary_status.as_ref().map_or("", |c| c.state_started_at.as_str());
+        let started = self
+            .status
+            .canary_status
+            .as_ref()
+            .map_or("", |c| c.state_started_at.as_str());
         elapsed(started, self.observed.now) >= duration
     }
 

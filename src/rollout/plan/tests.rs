@@ -400,7 +400,11 @@ fn analysed_spec(background: bool) -> RolloutSpec {
     }))
     .expect("template");
     spec.analysis_templates = vec![template];
-    let mut first = step(Some("10%"), Some(IntOrPercent::Int(1)), if background { Some(Some(60)) } else { None });
+    let mut first = step(
+        Some("10%"),
+        Some(IntOrPercent::Int(1)),
+        if background { Some(Some(60)) } else { None },
+    );
     if !background {
         first.analysis = Some(crate::rollout::api::StepAnalysis {
             template_ref: "errors".into(),
@@ -445,11 +449,22 @@ fn an_analysed_step_passes_after_count_successful_measurements() {
     assert_eq!(due[0].0, "step-1");
     seen.measurements = vec![measured("step-1", Outcome::Successful)];
     let plan = run.step(&seen);
-    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused), "one of two");
-    assert_eq!(plan.requeue_after, Some(Duration::from_secs(10)), "woken for the next measurement");
+    assert_eq!(
+        run.state(),
+        (Phase::Progressing, 1, StepState::StepPaused),
+        "one of two"
+    );
+    assert_eq!(
+        plan.requeue_after,
+        Some(Duration::from_secs(10)),
+        "woken for the next measurement"
+    );
     seen.now = at(8);
     seen.measurements.clear();
-    assert!(analysis::due_runs(&run.spec, &run.status, seen.now).is_empty(), "not due before the interval");
+    assert!(
+        analysis::due_runs(&run.spec, &run.status, seen.now).is_empty(),
+        "not due before the interval"
+    );
     seen.now = at(15);
     seen.measurements = vec![measured("step-1", Outcome::Successful)];
     run.step(&seen);

@@ -1,0 +1,236 @@
+//! Metric analysis against a real Prometheus scraping an exporter whose
+//! error ratios the test sets: a healthy canary is promoted through an
+//! analysed step, a rising error ratio fails the release and reverts it in
+//! Git with the values, and a Prometheus that goes away pauses the release
+//! instead of promoting it.
+
+mod support;
+
+use std::time::Duration;
+
+use gitcanary::rollout::api::{Phase, Rollout, RolloutStatus};
+use kube::api::Api;
+use support::agent::{AgentProcess, Scenario};
+use support::eventually;
+use support::prometheus::{Exporter, Prometheus};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+const TEMPLATE: &str = "  analysisTemplates:
+  - name: errors
+    interval: 1s
+    count: 3
+    failureLimit: 0
+    inconclusiveLimit: 1
+    metrics:
+    - name: error-ratio
+      query: max(error_ratio{service=\"{{canaryService}}\"})
+      successCondition: < 0.05
+    - name: versus-stable
+      query: max(error_ratio{service=\"{{canaryService}}\"})
+      successCondition: canary <= stable * 1.5
+";
+
+fn write_app(scenario: &Scenario, image: &str, canary: &str) {
+    let ns = &scenario.ns;
+    let files = [
+        (
+            "echo/deployment.yaml",
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"
+            ),
+        ),
+        (
+            "echo/service.yaml",
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  selector: {{app: echo}}\n  ports:\n  - port: 80\n    targetPort: 8080\n"
+            ),
+        ),
+        (
+            "echo/route.yaml",
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - backendRefs:\n    - {{name: echo, port: 80}}\n"
+            ),
+        ),
+        (
+            "echo/rollout.yaml",
+            format!(
+                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n{TEMPLATE}  strategy:\n    canary:\n{canary}      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n"
+            ),
+        ),
+    ];
+    for (path, content) in files {
+        scenario.repo.write(path, &content);
+    }
+}
+
+const ANALYSED_STEP: &str =
+    "      steps:\n      - {traffic: 20%, replicas: 1, analysis: {templateRef: errors}}\n      - {traffic: 100%}\n";
+const BACKGROUND: &str = "      analysis: {templateRef: errors}\n      steps:\n      - {traffic: 20%, replicas: 1, pause: {duration: 60}}\n      - {traffic: 100%}\n";
+
+async fn status(scenario: &Scenario) -> Option<RolloutStatus> {
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    rollouts.get_opt("echo").await.ok().flatten()?.status
+}
+
+async fn start(scenario: &Scenario, prometheus: &Prometheus, canary: &str) -> AgentProcess {
+    write_app(scenario, "1.0", canary);
+    scenario.repo.commit_and_push("echo 1.0");
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--prometheus-url", &prometheus.url],
+        &[],
+    );
+    eventually("healthy on 1.0", WAIT, || async {
+        (status(scenario).await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+    agent
+}
+
+/// Successful measurements of a run so far.
+async fn successes(scenario: &Scenario, run: &str) -> u32 {
+    status(scenario)
+        .await
+        .and_then(|s| s.analysis_runs.into_iter().find(|r| r.name == run))
+        .map_or(0, |r| r.successful)
+}
+
+#[tokio::test]
+async fn a_canary_with_a_low_error_ratio_is_promoted_through_an_analysed_step() {
+    let scenario = Scenario::new("analysis-ok").await;
+    let exporter = Exporter::start();
+    exporter.set("echo", 0.02);
+    exporter.set("echo-canary", 0.01);
+    let prometheus = Prometheus::start(&exporter).await;
+    let _agent = start(&scenario, &prometheus, ANALYSED_STEP).await;
+
+    write_app(&scenario, "2.0", ANALYSED_STEP);
+    let released = scenario.repo.commit_and_push("echo 2.0");
+    let done = eventually("promoted after the analysis", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Healthy && status.stable_commit == released).then_some(status)
+    })
+    .await;
+    let run = done
+        .analysis_runs
+        .iter()
+        .find(|r| r.name == "step-1")
+        .expect("the step's run");
+    assert!(run.successful >= 3, "{run:?}");
+    assert_eq!((run.failed, run.inconclusive), (0, 0), "{run:?}");
+    assert!(run.message.contains("0.01 against `< 0.05`"), "{}", run.message);
+    assert!(run.message.contains("canary 0.01, stable 0.02"), "{}", run.message);
+    assert!(
+        run.message.contains("service=\"echo-canary\""),
+        "the query was templated: {}",
+        run.message
+    );
+    let record = scenario.git(&["show", &format!("main:.gitcanary/status/{}/echo.yaml", scenario.ns)]);
+    assert!(record.contains("analysis errors: 3 successful"), "{record}");
+}
+
+#[tokio::test]
+async fn a_rising_error_ratio_fails_the_release_and_reverts_it_in_git_with_the_values() {
+    let scenario = Scenario::new("analysis-fail").await;
+    let exporter = Exporter::start();
+    exporter.set("echo", 0.01);
+    exporter.set("echo-canary", 0.01);
+    let prometheus = Prometheus::start(&exporter).await;
+    let _agent = start(&scenario, &prometheus, BACKGROUND).await;
+
+    write_app(&scenario, "2.0", BACKGROUND);
+    let released = scenario.repo.commit_and_push("echo 2.0");
+    eventually("the background analysis measures", WAIT, || async {
+        (successes(&scenario, "background").await >= 1).then_some(())
+    })
+    .await;
+    exporter.set("echo-canary", 0.4);
+    let failed = eventually("failed by the analysis", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Failed || status.written_back.is_some()).then_some(status)
+    })
+    .await;
+    let message = failed.canary_status.expect("canary").message;
+    assert!(message.contains("analysis errors failed"), "{message}");
+    let revert = eventually("the revert commit", WAIT, || async {
+        scenario
+            .history()
+            .into_iter()
+            .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {released}")))
+    })
+    .await;
+    assert!(
+        revert.1.contains("error-ratio FAILED: 0.4 against `< 0.05`"),
+        "{}",
+        revert.1
+    );
+    assert!(
+        revert.1.contains("query: max(error_ratio{service=\"echo-canary\"})"),
+        "{}",
+        revert.1
+    );
+    assert!(
+        scenario
+            .git(&["show", "main:echo/deployment.yaml"])
+            .contains("echo:1.0")
+    );
+}
+
+#[tokio::test]
+async fn prometheus_gone_mid_analysis_pauses_the_release_and_never_promotes() {
+    let scenario = Scenario::new("analysis-gone").await;
+    let exporter = Exporter::start();
+    exporter.set("echo", 0.01);
+    exporter.set("echo-canary", 0.01);
+    let mut prometheus = Prometheus::start(&exporter).await;
+    // Five successes needed: Prometheus goes away before then.
+    let steps = ANALYSED_STEP.replace("analysis: {templateRef: errors}", "analysis: {templateRef: slow}");
+    let template = TEMPLATE
+        .replace("name: errors", "name: slow")
+        .replace("count: 3", "count: 30");
+    write_app(&scenario, "1.0", &steps);
+    let rollout = scenario.repo.path().join("echo/rollout.yaml");
+    let text = std::fs::read_to_string(&rollout)
+        .expect("rollout")
+        .replace(TEMPLATE, &template);
+    scenario.repo.write("echo/rollout.yaml", &text);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--prometheus-url", &prometheus.url],
+        &[],
+    );
+    eventually("healthy on 1.0", WAIT, || async {
+        (status(&scenario).await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+    let next = text.replace("echo:1.0", "echo:2.0");
+    let deployment = std::fs::read_to_string(scenario.repo.path().join("echo/deployment.yaml"))
+        .expect("deployment")
+        .replace("echo:1.0", "echo:2.0");
+    scenario.repo.write("echo/rollout.yaml", &next);
+    scenario.repo.write("echo/deployment.yaml", &deployment);
+    scenario.repo.commit_and_push("echo 2.0");
+    eventually("the analysis measures", WAIT, || async {
+        (successes(&scenario, "step-1").await >= 1).then_some(())
+    })
+    .await;
+    prometheus.stop();
+    let paused = eventually("paused for want of data", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Paused).then_some(status)
+    })
+    .await;
+    let message = paused.canary_status.expect("canary").message;
+    assert!(message.contains("inconclusive"), "{message}");
+    assert!(message.contains("unreachable"), "{message}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let still = status(&scenario).await.expect("status");
+    assert_eq!(still.phase, Phase::Paused, "never promoted on missing data");
+    assert_eq!(still.canary_status.expect("canary").current_step_index, 1);
+}
