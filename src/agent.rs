@@ -350,6 +350,9 @@ impl Agent {
         if fetched.is_err() {
             self.metrics.fetch_errors.fetch_add(1, Ordering::Relaxed);
         }
+        self.metrics
+            .source_up
+            .store(u64::from(fetched.is_ok()), Ordering::Relaxed);
         sync(&self.cluster, &fetched?, &self.options).await
     }
 

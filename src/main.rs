@@ -366,6 +366,18 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
             .expect("fetch does not panic")?;
         let mut report = sync(&cluster, &revision, &options).await?;
         write_back(&cluster, &source, &writeback, &mut report).await;
+        let count = |f: fn(&gitcanary::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();
+        println!(
+            "synced {} app(s) at {}: {} applied, {} unchanged, {} pruned; API requests: {} reads, {} writes, {} dry runs",
+            report.apps.len(),
+            &report.commit[..report.commit.len().min(12)],
+            count(|a| a.applied.len()),
+            count(|a| a.unchanged),
+            count(|a| a.pruned.len()),
+            cluster.requests.reads(),
+            cluster.requests.writes(),
+            cluster.requests.dry_runs()
+        );
         for problem in report.problems() {
             println!("{problem}");
         }
@@ -377,6 +389,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
     }
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(gitcanary::telemetry::Metrics::default());
+    let _ = metrics.kube_requests.set(cluster.requests.clone());
     let (triggers, queue) = trigger_channel();
     if let Some(addr) = listen {
         let secret = webhook_secret()?;
@@ -386,6 +399,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
             triggers: triggers.clone(),
             ready: ready.clone(),
             metrics: metrics.clone(),
+            deliveries: Arc::default(),
         };
         let bound = serve(addr, state).await.map_err(|source| Error::Read {
             path: format!("listen address {addr}"),

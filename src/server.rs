@@ -24,6 +24,29 @@ pub struct ServerState {
     /// Set once the first sync has finished.
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
+    /// Recent `X-GitHub-Delivery` ids: a replayed delivery is acted on once.
+    pub deliveries: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+}
+
+/// Delivery ids remembered against replays.
+const REMEMBERED_DELIVERIES: usize = 1024;
+
+impl ServerState {
+    /// Whether this delivery was seen before (and remembers it if not).
+    fn replayed(&self, headers: &HeaderMap) -> bool {
+        let Some(id) = headers.get("x-github-delivery").and_then(|v| v.to_str().ok()) else {
+            return false;
+        };
+        let mut seen = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.iter().any(|s| s == id) {
+            return true;
+        }
+        if seen.len() >= REMEMBERED_DELIVERIES {
+            seen.pop_front();
+        }
+        seen.push_back(id.to_string());
+        false
+    }
 }
 
 pub fn router(state: ServerState) -> Router {
@@ -68,6 +91,11 @@ async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, bo
     if !webhook::signature_is_valid(secret, &body, signature) {
         warn!("webhook refused: missing or wrong X-Hub-Signature-256");
         return (StatusCode::UNAUTHORIZED, "bad signature".into());
+    }
+    // Checked after the signature, so a forged delivery cannot burn an id.
+    if state.replayed(&headers) {
+        info!("webhook: a delivery seen before; ignored");
+        return (StatusCode::OK, "duplicate delivery ignored".into());
     }
     let event = headers
         .get("x-github-event")
@@ -135,6 +163,7 @@ mod tests {
             triggers,
             ready: Arc::new(AtomicBool::new(true)),
             metrics: Arc::new(Metrics::default()),
+            deliveries: Arc::default(),
         };
         let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
             .await

@@ -82,9 +82,13 @@ pub struct Metrics {
     pub rollout_transitions: AtomicU64,
     pub writeback_commits: AtomicU64,
     pub writeback_failures: AtomicU64,
+    /// 1 while the last fetch of the source succeeded.
+    pub source_up: AtomicU64,
     pub github_requests: AtomicU64,
     pub github_errors: AtomicU64,
     pub github_rate_limited: AtomicU64,
+    /// Requests to the API server, when the cluster client counts them.
+    pub kube_requests: std::sync::OnceLock<crate::cluster::RequestCounts>,
     /// (namespace, rollout) -> phase, as last seen.
     phases: Mutex<BTreeMap<(String, String), String>>,
 }
@@ -188,6 +192,11 @@ impl Metrics {
             "Write-backs that failed and wait for the next sync.",
             &self.writeback_failures,
         );
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_source_up Whether the last fetch of the Git source succeeded.\n# TYPE gitcanary_source_up gauge\ngitcanary_source_up {}",
+            self.source_up.load(Ordering::Relaxed)
+        );
         counter(
             &mut out,
             "gitcanary_github_requests_total",
@@ -206,6 +215,15 @@ impl Metrics {
             "GitHub answers that asked the agent to back off (403/429 rate limits).",
             &self.github_rate_limited,
         );
+        if let Some(requests) = self.kube_requests.get() {
+            let _ = writeln!(
+                out,
+                "# HELP gitcanary_kube_requests_total Requests sent to the API server.\n# TYPE gitcanary_kube_requests_total counter\ngitcanary_kube_requests_total{{kind=\"read\"}} {}\ngitcanary_kube_requests_total{{kind=\"write\"}} {}\ngitcanary_kube_requests_total{{kind=\"dry_run\"}} {}",
+                requests.reads(),
+                requests.writes(),
+                requests.dry_runs()
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP gitcanary_rollout_phase The phase of each rollout (1 for its current phase).\n# TYPE gitcanary_rollout_phase gauge"

@@ -3,8 +3,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -57,29 +56,6 @@ impl Drop for Agent {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).ok()?;
-    stream.write_all(body).ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
 }
 
 async fn color_of(configmaps: &Api<ConfigMap>, name: &str) -> Option<String> {
@@ -187,10 +163,16 @@ async fn diff_shows_the_change_and_exits_one_until_synced() {
         "{stdout}"
     );
 
-    let (code, _, stderr) = output(gitcanary().args(["sync", "--once"]).args(&repo_arg).args(&args));
+    let (code, stdout, stderr) = output(gitcanary().args(["sync", "--once"]).args(&repo_arg).args(&args));
     assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(": 1 applied, 0 unchanged, 0 pruned"), "{stdout}");
     let (code, stdout, _) = output(gitcanary().arg("diff").args(&repo_arg).args(&args));
     assert_eq!((code, stdout.as_str()), (0, ""));
+    // A resync with nothing to do writes nothing, counted at the client.
+    let (code, stdout, stderr) = output(gitcanary().args(["sync", "--once"]).args(&repo_arg).args(&args));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(": 0 applied, 1 unchanged, 0 pruned"), "{stdout}");
+    assert!(stdout.contains(" 0 writes, 0 dry runs"), "{stdout}");
 
     repo.write("web/settings.yaml", &configmap(&ns, "settings", "green"));
     repo.commit_and_push("green");
@@ -234,7 +216,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
             .expect("agent starts"),
     );
     support::eventually("the agent is ready", Duration::from_secs(30), || async {
-        matches!(http(&addr, "GET", "/readyz", &[], b""), Some((200, _))).then_some(())
+        matches!(support::http(&addr, "GET", "/readyz", &[], b""), Some((200, _))).then_some(())
     })
     .await;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
@@ -245,7 +227,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     let commit = repo.commit_and_push("green");
     let body = format!(r#"{{"ref":"refs/heads/main","after":"{commit}"}}"#);
     let forged = sign(b"not-the-secret", body.as_bytes());
-    let refused = http(
+    let refused = support::http(
         &addr,
         "POST",
         "/webhook",
@@ -253,7 +235,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
         body.as_bytes(),
     );
     assert_eq!(refused.map(|r| r.0), Some(401));
-    let unsigned = http(
+    let unsigned = support::http(
         &addr,
         "POST",
         "/webhook",
@@ -269,7 +251,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     );
 
     let other_branch = r#"{"ref":"refs/heads/feature"}"#;
-    let ignored = http(
+    let ignored = support::http(
         &addr,
         "POST",
         "/webhook",
@@ -282,7 +264,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     assert_eq!(ignored.map(|r| r.0), Some(200));
 
     let signed = sign(b"hook-secret", body.as_bytes());
-    let accepted = http(
+    let accepted = support::http(
         &addr,
         "POST",
         "/webhook",
@@ -307,7 +289,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     .await;
 
     // What happened is counted at /metrics.
-    let (status, metrics) = http(&addr, "GET", "/metrics", &[], b"").expect("metrics answer");
+    let (status, metrics) = support::http(&addr, "GET", "/metrics", &[], b"").expect("metrics answer");
     assert_eq!(status, 200);
     assert!(
         metrics.contains("# TYPE gitcanary_sync_duration_seconds histogram"),
@@ -325,6 +307,9 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     assert!(value("gitcanary_sync_duration_seconds_count") >= 3, "{metrics}");
     assert!(value("gitcanary_git_fetch_duration_seconds_count") >= 3, "{metrics}");
     assert_eq!(value("gitcanary_git_fetch_errors_total"), 0, "{metrics}");
+    // Writes: at least the two objects, their status, the drift repair.
+    assert!(value("gitcanary_kube_requests_total{kind=\"write\"}") >= 3, "{metrics}");
+    assert!(value("gitcanary_kube_requests_total{kind=\"read\"}") >= 3, "{metrics}");
 }
 
 #[tokio::test]
@@ -421,7 +406,7 @@ async fn sigterm_stops_the_agent_cleanly() {
         .spawn()
         .expect("agent starts");
     support::eventually("the agent is ready", Duration::from_secs(30), || async {
-        matches!(http(&addr, "GET", "/readyz", &[], b""), Some((200, _))).then_some(())
+        matches!(support::http(&addr, "GET", "/readyz", &[], b""), Some((200, _))).then_some(())
     })
     .await;
     let pid = agent.id().to_string();

@@ -3,10 +3,12 @@
 mod apply;
 mod diff;
 mod inventory;
+mod requests;
 
 pub use apply::{canonical_hash, is_subset, prepare, rehash};
 pub use diff::{ObjectDiff, render_diff};
 pub use inventory::{APP_STATUS_LABEL, AppStatus, InventoryEntry, ensure_namespace};
+pub use requests::RequestCounts;
 
 use std::path::Path;
 
@@ -22,6 +24,8 @@ use crate::{Error, Result};
 pub struct Cluster {
     pub client: Client,
     discovery: RwLock<Discovery>,
+    /// Requests this client sent (only for clients made by `connect`).
+    pub requests: RequestCounts,
 }
 
 /// What discovery says about one kind.
@@ -52,8 +56,14 @@ impl Cluster {
                 .map_err(|e| Error::Kubeconfig(e.to_string()))?,
             None => Config::infer().await.map_err(|e| Error::Kubeconfig(e.to_string()))?,
         };
-        let client = Client::try_from(config).map_err(Error::kube("creating the client"))?;
-        Cluster::from_client(client).await
+        let requests = RequestCounts::default();
+        let client = kube::client::ClientBuilder::try_from(config)
+            .map_err(Error::kube("creating the client"))?
+            .with_layer(&requests::CountLayer(requests.clone()))
+            .build();
+        let mut cluster = Cluster::from_client(client).await?;
+        cluster.requests = requests;
+        Ok(cluster)
     }
 
     pub async fn from_client(client: Client) -> Result<Cluster> {
@@ -64,6 +74,7 @@ impl Cluster {
         Ok(Cluster {
             client,
             discovery: RwLock::new(discovery),
+            requests: RequestCounts::default(),
         })
     }
 

@@ -73,7 +73,10 @@ impl AgentProcess {
         let kubeconfig = super::kubeconfig().display().to_string();
         let cache_dir = cache.display().to_string();
         // One identity per scenario: a restarted agent takes its Lease back at once.
+        let repo_url = repo.file_url();
         let defaults = [
+            ("--repo", repo_url.as_str()),
+            ("--poll-interval", "2"),
             ("--instance", instance.as_str()),
             ("--state-namespace", namespace),
             ("--kubeconfig", kubeconfig.as_str()),
@@ -81,15 +84,7 @@ impl AgentProcess {
             ("--leader-identity", instance.as_str()),
         ];
         let child = gitcanary()
-            .args([
-                "run",
-                "--listen",
-                "127.0.0.1:0",
-                "--poll-interval",
-                "2",
-                "--repo",
-                &repo.file_url(),
-            ])
+            .args(["run", "--listen", "127.0.0.1:0"])
             .args(
                 defaults
                     .iter()
@@ -123,6 +118,24 @@ impl AgentProcess {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         false
+    }
+
+    /// The address it listens on (from its log), once it does.
+    pub async fn address(&self) -> String {
+        super::eventually("the agent listens", std::time::Duration::from_secs(30), || async {
+            let log = self.log_text();
+            let after = log
+                .split("agent listening bound=")
+                .last()
+                .filter(|_| log.contains("agent listening"))?;
+            Some(after.split_whitespace().next()?.to_string())
+        })
+        .await
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn log_text(&self) -> String {

@@ -1,0 +1,577 @@
+//! gitcanary against kubectl on the local control plane, same manifests,
+//! one run: first sync, no-op resync (with the write requests each sends),
+//! one changed object pushed by webhook, release latencies over 20
+//! releases, and the agent's peak memory. Prints a markdown table.
+//!
+//!   cargo bench --bench sync                   # sizes 100, 1000, 5000
+//!   GITCANARY_BENCH_SIZES=100 cargo bench --bench sync
+//!   GITCANARY_BENCH_RELEASES=20                # releases measured
+//!
+//! Not a test: it asserts nothing and is not run by CI.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GITCANARY: &str = env!("CARGO_BIN_EXE_gitcanary");
+const WEBHOOK_SECRET: &str = "bench-webhook-secret";
+
+fn run(dir: &Path, program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn timed(dir: &Path, program: &str, args: &[&str]) -> (Duration, String) {
+    let started = Instant::now();
+    let out = run(dir, program, args);
+    (started.elapsed(), out)
+}
+
+struct ControlPlane {
+    dir: tempfile::TempDir,
+    kubeconfig: String,
+    kubectl: PathBuf,
+}
+
+impl ControlPlane {
+    fn start() -> ControlPlane {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dir = tempfile::tempdir().expect("a dir");
+        let out = Command::new("bash")
+            .arg(root.join("tests/testenv/up.sh"))
+            .arg(dir.path().join("cluster"))
+            .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("up.sh runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let kubeconfig = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("KUBECONFIG="))
+            .expect("up.sh prints KUBECONFIG=")
+            .to_string();
+        let kubectl = dir.path().join("cluster/kubectl");
+        ControlPlane {
+            dir,
+            kubeconfig,
+            kubectl,
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        let mut all = vec!["--kubeconfig", &self.kubeconfig];
+        all.extend_from_slice(args);
+        run(self.dir.path(), &self.kubectl.display().to_string(), &all)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let _ = Command::new("bash")
+            .arg(root.join("tests/testenv/down.sh"))
+            .arg(self.dir.path().join("cluster"))
+            .output();
+    }
+}
+
+/// A synthetic repository of `objects` objects: apps of a Deployment (no
+/// replicas: kwok has nothing to run), a Service, a ConfigMap and an
+/// HTTPRoute, spread over ten namespaces that an app of their own creates.
+fn generate(root: &Path, prefix: &str, objects: usize) {
+    let namespaces = 10;
+    let apps = (objects - namespaces) / 4;
+    let ns_dir = root.join("00-namespaces");
+    std::fs::create_dir_all(&ns_dir).expect("mkdir");
+    let ns_yaml: Vec<String> = (0..namespaces)
+        .map(|i| format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {prefix}-{i}\n"))
+        .collect();
+    std::fs::write(ns_dir.join("namespaces.yaml"), ns_yaml.join("---\n")).expect("write");
+    for app in 0..apps {
+        let ns = format!("{prefix}-{}", app % namespaces);
+        let name = format!("app-{app:05}");
+        let dir = root.join(&name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let yaml = format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: 0\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      containers:\n      - name: web\n        image: registry.test/{name}:1.0\n        ports: [{{containerPort: 8080}}]\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  selector: {{app: {name}}}\n  ports:\n  - port: 80\n    targetPort: 8080\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: blue\n  size: \"{app}\"\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  hostnames: [{name}.example]\n  rules:\n  - backendRefs:\n    - {{name: {name}, port: 80}}\n"
+        );
+        std::fs::write(dir.join("app.yaml"), yaml).expect("write");
+    }
+}
+
+fn writes_of(summary: &str) -> u64 {
+    summary
+        .split("API requests: ")
+        .nth(1)
+        .and_then(|rest| rest.split(", ").nth(1))
+        .and_then(|w| w.trim_end_matches(" writes").parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn millis(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port()
+}
+
+struct Agent {
+    child: Child,
+    port: u16,
+}
+
+impl Agent {
+    fn start(cluster: &ControlPlane, repo: &str, instance: &str, cache: &Path, log: &Path) -> Agent {
+        let port = free_port();
+        let child = Command::new(GITCANARY)
+            .args(["run", "--repo", repo, "--kubeconfig", &cluster.kubeconfig])
+            .args(["--instance", instance, "--state-namespace", "gitcanary-bench"])
+            .args(["--cache-dir", &cache.display().to_string(), "--poll-interval", "300"])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--no-leader-election"])
+            .env("GITCANARY_WEBHOOK_SECRET", WEBHOOK_SECRET)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log"))
+            .spawn()
+            .expect("the agent starts");
+        let agent = Agent { child, port };
+        agent.wait_ready();
+        agent
+    }
+
+    fn get(&self, path: &str) -> Option<String> {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://127.0.0.1:{}{path}", self.port)])
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while self.get("/readyz").is_none() {
+            assert!(Instant::now() < deadline, "the agent never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A signed push webhook, as GitHub sends it.
+    fn push(&self, commit: &str) {
+        let body = format!("{{\"ref\":\"refs/heads/main\",\"after\":\"{commit}\"}}");
+        let signature = gitcanary::source::webhook::sign(WEBHOOK_SECRET.as_bytes(), body.as_bytes());
+        let _ = Command::new("curl")
+            .args(["-sf", "-X", "POST", "-H", "X-GitHub-Event: push", "-d", &body])
+            .args(["-H", &format!("X-Hub-Signature-256: {signature}")])
+            .arg(format!("http://127.0.0.1:{}/webhook", self.port))
+            .output();
+    }
+
+    fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A working clone whose pushes go to a bare repository the agent follows.
+struct Repo {
+    work: PathBuf,
+    bare: PathBuf,
+}
+
+impl Repo {
+    fn create(dir: &Path, name: &str) -> Repo {
+        let bare = dir.join(format!("{name}.git"));
+        let work = dir.join(name);
+        run(
+            dir,
+            "git",
+            &[
+                "init",
+                "-q",
+                "--bare",
+                "--initial-branch=main",
+                &bare.display().to_string(),
+            ],
+        );
+        std::fs::create_dir_all(&work).expect("mkdir");
+        run(&work, "git", &["init", "-q", "--initial-branch=main"]);
+        run(&work, "git", &["remote", "add", "origin", &bare.display().to_string()]);
+        Repo { work, bare }
+    }
+
+    fn url(&self) -> String {
+        format!("file://{}", self.bare.display())
+    }
+
+    fn commit_and_push(&self, message: &str) -> String {
+        run(&self.work, "git", &["add", "-A"]);
+        run(
+            &self.work,
+            "git",
+            &[
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=bench@example.test",
+                "commit",
+                "-qm",
+                message,
+            ],
+        );
+        let _ = Command::new("git")
+            .args(["pull", "-q", "--rebase", "origin", "main"])
+            .current_dir(&self.work)
+            .output();
+        run(&self.work, "git", &["push", "-q", "origin", "HEAD:main"]);
+        run(&self.work, "git", &["rev-parse", "HEAD"]).trim().to_string()
+    }
+}
+
+fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Instant {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const ROLLOUT_APP: &str = "apiVersion: v1
+kind: Namespace
+metadata: {name: bench-release}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo, namespace: bench-release}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: echo}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      containers: [{name: echo, image: registry.test/echo:TAG}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: bench-release}
+spec:
+  selector: {app: echo}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: echo, namespace: bench-release}
+spec:
+  parentRefs: [{name: public}]
+  rules:
+  - backendRefs: [{name: echo, port: 80}]
+---
+apiVersion: gitcanary.io/v1alpha1
+kind: Rollout
+metadata: {name: echo, namespace: bench-release}
+spec:
+  workloadRef: {kind: Deployment, name: echo}
+  strategy:
+    canary:
+      steps:
+      - {traffic: 20%, replicas: 1, pause: {duration: 1}}
+      - {traffic: 60%, replicas: 1, pause: {duration: 1}}
+      trafficRoutings:
+      - service: echo
+        gateway: {httpRouteName: echo}
+      gracePeriodSeconds: 0
+";
+
+fn main() {
+    let sizes: Vec<usize> = std::env::var("GITCANARY_BENCH_SIZES")
+        .unwrap_or_else(|_| "100,1000,5000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let releases: usize = std::env::var("GITCANARY_BENCH_RELEASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    eprintln!("bench: starting a control plane");
+    let cluster = ControlPlane::start();
+    let kubectl_version = cluster.kubectl(&["version", "--client", "-o", "json"]);
+    let kubectl_version = kubectl_version
+        .split("\"gitVersion\": \"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or("?")
+        .to_string();
+    let crd = cluster.dir.path().join("crd.yaml");
+    std::fs::write(&crd, run(cluster.dir.path(), GITCANARY, &["crd"])).expect("crd");
+    cluster.kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()]);
+    let work = cluster.dir.path().join("bench");
+    std::fs::create_dir_all(&work).expect("mkdir");
+
+    let mut table = vec![
+        "| objects | first sync: gitcanary | kubectl apply --server-side -R | ratio | no-op resync: gitcanary (writes) | kubectl again | ratio |".to_string(),
+        "| --- | --- | --- | --- | --- | --- | --- |".to_string(),
+    ];
+    let mut largest: Option<(usize, Repo)> = None;
+    for &n in &sizes {
+        eprintln!("bench: {n} objects");
+        let repo = Repo::create(&work, &format!("gc{n}"));
+        generate(&repo.work, &format!("gc{n}"), n);
+        repo.commit_and_push("synthetic");
+        let theirs = work.join(format!("kc{n}"));
+        generate(&theirs, &format!("kc{n}"), n);
+        let cache = work.join(format!("cache{n}"));
+        let instance = format!("bench-{n}");
+        let sync = |cache: &Path| {
+            timed(
+                &work,
+                GITCANARY,
+                &[
+                    "sync",
+                    "--once",
+                    "--repo",
+                    &repo.url(),
+                    "--kubeconfig",
+                    &cluster.kubeconfig,
+                    "--instance",
+                    &instance,
+                    "--state-namespace",
+                    "gitcanary-bench",
+                    "--cache-dir",
+                    &cache.display().to_string(),
+                ],
+            )
+        };
+        let kubectl_apply = || {
+            let started = Instant::now();
+            cluster.kubectl(&[
+                "apply",
+                "--server-side",
+                "--field-manager=bench",
+                "-R",
+                "-f",
+                &theirs.display().to_string(),
+            ]);
+            started.elapsed()
+        };
+        let (first, summary) = sync(&cache);
+        eprintln!("bench:   gitcanary first sync {first:?}: {}", summary.trim());
+        let kubectl_first = kubectl_apply();
+        eprintln!("bench:   kubectl first apply {kubectl_first:?}");
+        let (noop, summary) = sync(&cache);
+        eprintln!("bench:   gitcanary no-op {noop:?}: {}", summary.trim());
+        let kubectl_noop = kubectl_apply();
+        eprintln!("bench:   kubectl again {kubectl_noop:?}");
+        table.push(format!(
+            "| {n} | {} | {} | {:.2}× | {} ({} writes) | {} | {:.1}× faster |",
+            seconds(first),
+            seconds(kubectl_first),
+            first.as_secs_f64() / kubectl_first.as_secs_f64(),
+            seconds(noop),
+            writes_of(&summary),
+            seconds(kubectl_noop),
+            kubectl_noop.as_secs_f64() / noop.as_secs_f64()
+        ));
+        largest = Some((n, repo));
+    }
+
+    let mut agent_rows = Vec::new();
+    if let Some((n, repo)) = &largest {
+        eprintln!("bench: the agent on {n} objects");
+        let agent = Agent::start(
+            &cluster,
+            &repo.url(),
+            &format!("bench-{n}"),
+            &work.join(format!("cache{n}")),
+            &work.join("agent.log"),
+        );
+        let mut changes = Vec::new();
+        for i in 0..5 {
+            let file = repo.work.join("app-00007/app.yaml");
+            let text = std::fs::read_to_string(&file).expect("app");
+            let before = format!("color: {}", if i % 2 == 0 { "blue" } else { "green" });
+            let after = format!("color: {}", if i % 2 == 0 { "green" } else { "blue" });
+            std::fs::write(&file, text.replace(&before, &after)).expect("write");
+            let commit = repo.commit_and_push("one change");
+            let wanted = after.trim_start_matches("color: ").to_string();
+            let started = Instant::now();
+            agent.push(&commit);
+            let done = wait_until("the changed ConfigMap", Duration::from_secs(120), || {
+                cluster.kubectl(&[
+                    "get",
+                    "configmap",
+                    "app-00007",
+                    "-n",
+                    &format!("gc{n}-7"),
+                    "-o",
+                    "jsonpath={.data.color}",
+                ]) == wanted
+            });
+            changes.push(done - started);
+        }
+        changes.sort();
+        agent_rows.push(format!(
+            "| one changed object in {n}, webhook → applied (p50 of 5) | {} |",
+            millis(percentile(&changes, 0.5))
+        ));
+        agent_rows.push(format!(
+            "| agent peak RSS with {n} managed objects | {:.0} MiB |",
+            agent.peak_rss_mib()
+        ));
+    }
+
+    eprintln!("bench: {releases} releases");
+    let release_repo = Repo::create(&work, "release");
+    std::fs::create_dir_all(release_repo.work.join("echo")).expect("mkdir");
+    let write_release = |tag: usize| {
+        std::fs::write(
+            release_repo.work.join("echo/app.yaml"),
+            ROLLOUT_APP.replace("TAG", &tag.to_string()),
+        )
+        .expect("write")
+    };
+    write_release(1);
+    release_repo.commit_and_push("echo 1");
+    let agent = Agent::start(
+        &cluster,
+        &release_repo.url(),
+        "bench-release",
+        &work.join("cache-release"),
+        &work.join("agent-release.log"),
+    );
+    let phase = || {
+        cluster.kubectl(&[
+            "get",
+            "rollout",
+            "echo",
+            "-n",
+            "bench-release",
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+    };
+    wait_until("healthy", Duration::from_secs(120), || phase() == "Healthy");
+    let mut to_canary = Vec::new();
+    let mut to_next_step = Vec::new();
+    for release in 0..releases {
+        let tag = release + 2;
+        write_release(tag);
+        let commit = release_repo.commit_and_push(&format!("echo {tag}"));
+        let started = Instant::now();
+        agent.push(&commit);
+        let image = format!("registry.test/echo:{tag}");
+        let created = wait_until("the canary Deployment", Duration::from_secs(60), || {
+            cluster
+                .kubectl(&[
+                    "get",
+                    "deployment",
+                    "-n",
+                    "bench-release",
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name}={.spec.template.spec.containers[0].image} {end}",
+                ])
+                .contains(&format!("echo-canary={image}"))
+        });
+        to_canary.push(created - started);
+        // Step 1's pause ends one second after it began; step 2 routes 60%.
+        let mut paused_at = String::new();
+        wait_until("step 1 paused", Duration::from_secs(60), || {
+            let out = cluster.kubectl(&[
+                "get",
+                "rollout",
+                "echo",
+                "-n",
+                "bench-release",
+                "-o",
+                "jsonpath={.status.canaryStatus.currentStepIndex} {.status.canaryStatus.currentStepState} {.status.canaryStatus.stateStartedAt}",
+            ]);
+            let parts: Vec<&str> = out.split(' ').collect();
+            if parts.len() == 3 && parts[0] == "1" && parts[1] == "StepPaused" {
+                paused_at = parts[2].to_string();
+                true
+            } else {
+                false
+            }
+        });
+        let weights = || {
+            cluster.kubectl(&[
+                "get",
+                "httproute",
+                "echo",
+                "-n",
+                "bench-release",
+                "-o",
+                "jsonpath={.spec.rules[0].backendRefs[*].weight}",
+            ])
+        };
+        let applied = wait_until("60% routed", Duration::from_secs(60), || weights().contains("60"));
+        let applied_at = std::time::SystemTime::now() - applied.elapsed();
+        let condition_met: std::time::SystemTime = paused_at
+            .parse::<jiff::Timestamp>()
+            .map(|t| std::time::SystemTime::from(t) + Duration::from_secs(1))
+            .unwrap_or(applied_at);
+        to_next_step.push(applied_at.duration_since(condition_met).unwrap_or(Duration::ZERO));
+        wait_until("promoted", Duration::from_secs(120), || phase() == "Healthy");
+        eprintln!(
+            "bench:   release {tag}: canary after {:?}, next step after {:?}",
+            to_canary.last().expect("one"),
+            to_next_step.last().expect("one")
+        );
+    }
+    to_canary.sort();
+    to_next_step.sort();
+    agent_rows.push(format!(
+        "| webhook push → canary Deployment created (p50 / p99 of {releases}) | {} / {} |",
+        millis(percentile(&to_canary, 0.5)),
+        millis(percentile(&to_canary, 0.99))
+    ));
+    agent_rows.push(format!(
+        "| step condition met → next step's traffic applied (p50 / p99 of {releases}) | {} / {} |",
+        millis(percentile(&to_next_step, 0.5)),
+        millis(percentile(&to_next_step, 0.99))
+    ));
+    drop(agent);
+
+    println!("kubectl {kubectl_version} (built from the same Kubernetes tree as the control plane)\n");
+    println!("{}\n", table.join("\n"));
+    println!("| agent | measured |\n| --- | --- |\n{}", agent_rows.join("\n"));
+}

@@ -1,0 +1,269 @@
+//! The faults a user asks about before trusting gitcanary: bad input of
+//! every kind, hostile or broken webhooks, a Git remote that goes away, an
+//! agent killed at every state of a release, an API server that stops.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use gitcanary::rollout::api::{Phase, Rollout, RolloutStatus};
+use gitcanary::source::webhook::sign;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use support::agent::{AgentProcess, Scenario, gitcanary};
+use support::eventually;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn configmap(ns: &str, name: &str, color: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: {color}\n")
+}
+
+/// Every file of `tests/corpus/` (and a document over the size limit, made
+/// here): (name, content, expected line, expected text).
+fn corpus(ns: &str) -> Vec<(String, String, u32, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut cases: Vec<(String, String, u32, String)> = std::fs::read_dir(&dir)
+        .expect("tests/corpus")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path)
+                .expect("readable")
+                .replace("NAMESPACE", ns);
+            let expect = text
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix("# expect: "))
+                .expect("an expect line");
+            let (line, what) = expect.split_once(": ").expect("line: text");
+            let name = path.file_stem().expect("a name").to_string_lossy().to_string();
+            (
+                name,
+                text.clone(),
+                line.parse().expect("a line number"),
+                what.to_string(),
+            )
+        })
+        .collect();
+    let mut huge = format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: huge, namespace: {ns}}}\ndata:\n");
+    for i in 0..90_000 {
+        huge.push_str(&format!("  key{i:06}: \"{}\"\n", "x".repeat(40)));
+    }
+    cases.push(("huge-document".into(), huge, 1, "larger than".into()));
+    cases.sort();
+    assert!(cases.len() >= 11, "the corpus is all there");
+    cases
+}
+
+#[tokio::test]
+async fn every_bad_input_is_refused_with_its_file_and_line_and_nothing_of_its_app_is_applied() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "corpus").await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for (i, (name, content, line, text)) in corpus(&ns).into_iter().enumerate() {
+        let dir = tempfile::tempdir().expect("dir");
+        for app in ["bad", "good"] {
+            std::fs::create_dir_all(dir.path().join(app)).expect("mkdir");
+        }
+        std::fs::write(dir.path().join("bad/case.yaml"), &content).expect("write");
+        std::fs::write(
+            dir.path().join("bad/ok.yaml"),
+            configmap(&ns, &format!("bad-ok-{i}"), "blue"),
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join("good/ok.yaml"),
+            configmap(&ns, &format!("good-{i}"), "blue"),
+        )
+        .expect("write");
+        let output = gitcanary()
+            .args(["sync", "--once", "--repo", &dir.path().display().to_string()])
+            .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
+            .args(["--instance", &format!("corpus-{ns}"), "--state-namespace", &ns])
+            .output()
+            .expect("gitcanary runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(1), "{name}: {stdout}");
+        let wanted = format!("bad/case.yaml:{line}: ");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&wanted) && l.contains(&text)),
+            "{name}: no `{wanted}…{text}…` in:\n{stdout}"
+        );
+        assert!(
+            configmaps.get_opt(&format!("bad-ok-{i}")).await.expect("get").is_none(),
+            "{name}: nothing of the bad app is applied"
+        );
+        assert!(
+            configmaps.get_opt(&format!("good-{i}")).await.expect("get").is_some(),
+            "{name}: the other app still syncs"
+        );
+    }
+}
+
+fn webhook_agent(scenario: &Scenario) -> AgentProcess {
+    AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--poll-interval", "300"],
+        &[("GITCANARY_WEBHOOK_SECRET", "s3cret")],
+    )
+}
+
+#[tokio::test]
+async fn broken_forged_replayed_and_oversized_webhooks_are_refused_and_the_agent_keeps_running() {
+    let scenario = Scenario::new("webhooks").await;
+    scenario
+        .repo
+        .write("web/settings.yaml", &configmap(&scenario.ns, "settings", "blue"));
+    scenario.repo.commit_and_push("blue");
+    let mut agent = webhook_agent(&scenario);
+    let addr = agent.address().await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let color = || async {
+        configmaps
+            .get_opt("settings")
+            .await
+            .ok()
+            .flatten()?
+            .data?
+            .get("color")
+            .cloned()
+    };
+    eventually("first sync", WAIT, || async {
+        (color().await? == "blue").then_some(())
+    })
+    .await;
+
+    scenario
+        .repo
+        .write("web/settings.yaml", &configmap(&scenario.ns, "settings", "green"));
+    let commit = scenario.repo.commit_and_push("green");
+    let push = format!("{{\"ref\":\"refs/heads/main\",\"after\":\"{commit}\"}}");
+    let post = |body: &[u8], signature: Option<String>, delivery: &str| {
+        let mut headers = vec![
+            ("X-GitHub-Event", "push".to_string()),
+            ("X-GitHub-Delivery", delivery.to_string()),
+        ];
+        if let Some(signature) = signature {
+            headers.push(("X-Hub-Signature-256", signature));
+        }
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        support::http(&addr, "POST", "/webhook", &headers, body).map(|(status, _)| status)
+    };
+    assert_eq!(post(push.as_bytes(), None, "d-1"), Some(401), "unsigned");
+    assert_eq!(
+        post(push.as_bytes(), Some(sign(b"wrong", push.as_bytes())), "d-2"),
+        Some(401),
+        "forged"
+    );
+    let junk = b"{\"ref\": refs/heads/main";
+    assert_eq!(
+        post(junk, Some(sign(b"s3cret", junk)), "d-3"),
+        Some(400),
+        "malformed JSON"
+    );
+    let oversized = vec![b' '; 6 * 1024 * 1024];
+    assert_eq!(
+        post(&oversized, Some(sign(b"s3cret", &oversized)), "d-4"),
+        Some(413),
+        "over the 5 MiB limit"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(color().await.as_deref(), Some("blue"), "nothing above triggered a sync");
+
+    assert_eq!(
+        post(push.as_bytes(), Some(sign(b"s3cret", push.as_bytes())), "d-5"),
+        Some(202)
+    );
+    eventually("the signed push syncs", WAIT, || async {
+        (color().await? == "green").then_some(())
+    })
+    .await;
+    assert_eq!(
+        post(push.as_bytes(), Some(sign(b"s3cret", push.as_bytes())), "d-5"),
+        Some(200),
+        "a replayed delivery is acknowledged and ignored"
+    );
+    assert!(agent.is_running());
+    assert_eq!(
+        support::http(&addr, "GET", "/healthz", &[], b"").map(|r| r.0),
+        Some(200)
+    );
+    assert!(agent.log_text().contains("a delivery seen before"));
+}
+
+#[tokio::test]
+async fn a_git_remote_that_goes_away_leaves_the_cluster_as_it_was_and_sync_resumes() {
+    let scenario = Scenario::new("git-gone").await;
+    scenario
+        .repo
+        .write("web/settings.yaml", &configmap(&scenario.ns, "settings", "blue"));
+    scenario.repo.commit_and_push("blue");
+    // Over HTTP, as a real remote.
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--repo", &scenario.repo.http_url(), "--poll-interval", "1"],
+        &[],
+    );
+    let addr = agent.address().await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let color = || async {
+        configmaps
+            .get_opt("settings")
+            .await
+            .ok()
+            .flatten()?
+            .data?
+            .get("color")
+            .cloned()
+    };
+    eventually("first sync", WAIT, || async {
+        (color().await? == "blue").then_some(())
+    })
+    .await;
+    let metric = |name: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let (_, text) = support::http(&addr, "GET", "/metrics", &[], b"")?;
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        }
+    };
+    assert_eq!(metric("gitcanary_source_up").await, Some(1));
+
+    let hidden = scenario.repo.bare.with_extension("gone");
+    std::fs::rename(&scenario.repo.bare, &hidden).expect("the remote goes away");
+    eventually("fetch errors are counted", WAIT, || async {
+        (metric("gitcanary_git_fetch_errors_total").await? >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(metric("gitcanary_source_up").await, Some(0), "the metrics say why");
+    assert!(agent.log_text().contains("sync failed; the cluster keeps what it had"));
+    assert_eq!(color().await.as_deref(), Some("blue"), "the cluster keeps what it had");
+
+    std::fs::rename(&hidden, &scenario.repo.bare).expect("the remote is back");
+    scenario
+        .repo
+        .write("web/settings.yaml", &configmap(&scenario.ns, "settings", "green"));
+    scenario.repo.commit_and_push("green");
+    eventually("sync resumes", WAIT, || async {
+        (color().await? == "green").then_some(())
+    })
+    .await;
+    assert_eq!(metric("gitcanary_source_up").await, Some(1));
+}
+
+async fn rollout_status(scenario: &Scenario) -> Option<RolloutStatus> {
+    Api::<Rollout>::namespaced(scenario.client.clone(), &scenario.ns)
+        .get_opt("echo")
+        .await
+        .ok()
+        .flatten()?
+        .status
+}
