@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
@@ -499,7 +499,7 @@ impl DriftWatch {
             let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
             let triggers = triggers.clone();
             let handle = tokio::spawn(async move {
-                let mut events = std::pin::pin!(watcher(api, config));
+                let mut events = std::pin::pin!(watcher(api, config).default_backoff());
                 while let Some(event) = events.next().await {
                     match event {
                         Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {

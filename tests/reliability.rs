@@ -267,3 +267,215 @@ async fn rollout_status(scenario: &Scenario) -> Option<RolloutStatus> {
         .flatten()?
         .status
 }
+
+fn release_app(scenario: &Scenario, image: &str) {
+    write_release(&scenario.repo, &scenario.ns, image, 2);
+}
+
+/// Deployment, Service, HTTPRoute and a three-step Rollout whose first two
+/// steps pause for `pause` seconds.
+fn write_release(repo: &support::git_server::GitRepo, ns: &str, image: &str, pause: u32) {
+    let files = [
+        (
+            "echo/deployment.yaml",
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"
+            ),
+        ),
+        (
+            "echo/service.yaml",
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  selector: {{app: echo}}\n  ports:\n  - port: 80\n    targetPort: 8080\n"
+            ),
+        ),
+        (
+            "echo/route.yaml",
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - backendRefs:\n    - {{name: echo, port: 80}}\n"
+            ),
+        ),
+        (
+            "echo/rollout.yaml",
+            format!(
+                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: {pause}}}}}\n      - {{traffic: 60%, replicas: 1, pause: {{duration: {pause}}}}}\n      - {{traffic: 100%}}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 2\n"
+            ),
+        ),
+    ];
+    for (path, content) in files {
+        repo.write(path, &content);
+    }
+}
+
+/// Where a release is, in the order it gets there.
+fn progress(status: &RolloutStatus, steps: u32) -> (u32, u32) {
+    use gitcanary::rollout::api::StepState;
+    let canary = status.canary_status.clone().unwrap_or_default();
+    let rank = match canary.current_step_state {
+        StepState::StepUpgrade => 0,
+        StepState::StepTrafficRouting => 1,
+        StepState::StepAnalysis | StepState::StepPaused => 2,
+        StepState::StepReady => 3,
+        StepState::Completed => 4,
+    };
+    match status.phase {
+        Phase::Promoting => (steps + 1, 0),
+        Phase::Healthy => (steps + 2, 0),
+        _ => (canary.current_step_index, rank),
+    }
+}
+
+#[tokio::test]
+async fn an_agent_killed_at_every_state_of_a_release_ends_the_same_with_one_comment_and_one_commit() {
+    use support::github::GitHubFake;
+    let scenario = Scenario::new("kill-every-state").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    let start = || {
+        AgentProcess::start_with(
+            &scenario.repo,
+            &scenario.ns,
+            scenario.cache.path(),
+            &["--github-url", &fake.url, "--github-repo", "acme/apps"],
+            &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+        )
+    };
+    release_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let mut agent = start();
+    eventually("healthy on 1.0", WAIT, || async {
+        (rollout_status(&scenario).await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+
+    release_app(&scenario, "2.0");
+    let released = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&released, 11);
+    // Every state of a three-step release, then promoting.
+    let targets: Vec<(u32, u32)> = (1..=3)
+        .flat_map(|step| [(step, 0), (step, 1), (step, 2)])
+        .chain([(4, 0)])
+        .collect();
+    let mut killed_at = Vec::new();
+    for target in targets {
+        let reached = eventually(&format!("state {target:?}"), WAIT, || async {
+            let status = rollout_status(&scenario).await?;
+            let ours = status.canary_commit == released || status.stable_commit == released;
+            let at = progress(&status, 3);
+            (ours && at >= target).then_some(at)
+        })
+        .await;
+        if reached.0 > 4 {
+            break;
+        }
+        agent.kill();
+        killed_at.push(reached);
+        agent = start();
+    }
+    assert!(killed_at.len() >= 6, "killed at {killed_at:?}");
+    let done = eventually("promoted", WAIT, || async {
+        let status = rollout_status(&scenario).await?;
+        (status.phase == Phase::Healthy && status.stable_commit == released && status.pending_writeback.is_none())
+            .then_some(status)
+    })
+    .await;
+    let steps: Vec<u32> = done.step_history.iter().map(|r| r.step).collect();
+    assert_eq!(steps, vec![1, 2, 3], "each step once, in order");
+    let promotes = scenario
+        .history()
+        .iter()
+        .filter(|(_, m)| m.contains(&format!("Gitcanary-Promotes: {released}")))
+        .count();
+    assert_eq!(promotes, 1, "one promote commit");
+    eventually("the comment says promoted", WAIT, || async {
+        fake.comments_on(11)
+            .iter()
+            .any(|(_, _, b)| b.contains("**Healthy**"))
+            .then_some(())
+    })
+    .await;
+    let comments = fake
+        .comments_on(11)
+        .into_iter()
+        .filter(|(_, _, b)| b.contains("<!-- gitcanary:release"))
+        .count();
+    assert_eq!(comments, 1, "one release comment across {} agents", killed_at.len() + 1);
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(scenario.client.clone(), &scenario.ns);
+    eventually("the canary is gone", WAIT, || async {
+        deployments.get_opt("echo-canary").await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_api_server_stopped_for_30_seconds_mid_release_only_delays_it() {
+    let plane = support::DedicatedControlPlane::start();
+    let client = plane.client().await;
+    support::agent::install_rollout_crd(&client).await;
+    let ns = support::namespace(&client, "apiserver-down").await;
+    let server = support::git_server::GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    let cache = tempfile::tempdir().expect("cache");
+    let kubeconfig = plane.kubeconfig.display().to_string();
+    let start = || AgentProcess::start_with(&repo, &ns, cache.path(), &["--kubeconfig", &kubeconfig], &[]);
+    write_release(&repo, &ns, "1.0", 4);
+    repo.commit_and_push("echo 1.0");
+    let mut agent = start();
+    let rollouts: Api<Rollout> = Api::namespaced(client.clone(), &ns);
+    let status = || async { rollouts.get_opt("echo").await.ok().flatten()?.status };
+    eventually("healthy on 1.0", WAIT, || async {
+        (status().await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+
+    write_release(&repo, &ns, "2.0", 4);
+    let released = repo.commit_and_push("echo 2.0");
+    eventually("the release at step 1", WAIT, || async {
+        let status = status().await?;
+        (status.canary_commit == released && status.canary_status?.current_step_index == 1).then_some(())
+    })
+    .await;
+    plane.component("stop", "kube-apiserver");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    plane.component("start", "kube-apiserver");
+    eventually("the API server is back", WAIT, || async {
+        rollouts.get_opt("echo").await.ok().flatten().map(|_| ())
+    })
+    .await;
+    // Unable to renew its Lease, the agent stopped acting and exited (so that
+    // two agents never act at once); the Deployment's restart is played here.
+    let restarted = !agent.is_running();
+    if restarted {
+        assert!(agent.log_text().contains("leadership lost"), "{}", agent.log_text());
+        agent = start();
+    }
+    let done = eventually("promoted after the outage", WAIT, || async {
+        let status = status().await?;
+        (status.phase == Phase::Healthy && status.stable_commit == released && status.pending_writeback.is_none())
+            .then_some(status)
+    })
+    .await;
+    let steps: Vec<u32> = done.step_history.iter().map(|r| r.step).collect();
+    assert_eq!(steps, vec![1, 2, 3], "each step once, in order");
+    let history = support::run(
+        repo.path(),
+        "git",
+        &[
+            "--git-dir",
+            &repo.bare.display().to_string(),
+            "log",
+            "--format=%B",
+            "main",
+        ],
+    );
+    assert_eq!(
+        history.matches(&format!("Gitcanary-Promotes: {released}")).count(),
+        1,
+        "one promote commit"
+    );
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), &ns);
+    eventually("the canary is gone", WAIT, || async {
+        deployments.get_opt("echo-canary").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    drop(agent);
+}

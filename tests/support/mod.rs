@@ -130,3 +130,58 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
         .unwrap_or_default();
     Some((status, body))
 }
+
+/// A control plane of a test's own, for faults that must not reach the
+/// others (stopping the API server); stopped when dropped.
+pub struct DedicatedControlPlane {
+    pub state: PathBuf,
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl DedicatedControlPlane {
+    pub fn start() -> DedicatedControlPlane {
+        let dir = tempfile::tempdir().expect("a dir");
+        let state = dir.path().join("cluster");
+        let testenv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/testenv");
+        let output = Command::new("bash")
+            .arg(testenv.join("up.sh"))
+            .arg(&state)
+            .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("up.sh runs");
+        assert!(output.status.success(), "the dedicated control plane did not start");
+        let kubeconfig = state.join("kubeconfig");
+        DedicatedControlPlane {
+            state,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    /// Stops or starts one component (`kube-apiserver`, `etcd`, ...).
+    pub fn component(&self, action: &str, name: &str) {
+        let testenv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/testenv");
+        let state = self.state.display().to_string();
+        run(&testenv, "bash", &["restart.sh", &state, action, name]);
+    }
+
+    pub async fn client(&self) -> Client {
+        let file = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+        let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+            .await
+            .expect("valid kubeconfig");
+        Client::try_from(config).expect("client")
+    }
+}
+
+impl Drop for DedicatedControlPlane {
+    fn drop(&mut self) {
+        let testenv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/testenv");
+        let _ = Command::new("bash")
+            .arg(testenv.join("down.sh"))
+            .arg(&self.state)
+            .output();
+    }
+}

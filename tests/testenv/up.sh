@@ -15,7 +15,7 @@ say() { echo "testenv: $*" >&2; }
 cache=$("$here/build.sh" | tail -1)
 bin="$cache/bin"
 state="${1:-$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-testenv.XXXXXX")}"
-mkdir -p "$state/pki" "$state/logs" "$state/pids"
+mkdir -p "$state/pki" "$state/logs" "$state/pids" "$state/cmds"
 state=$(cd "$state" && pwd)
 pki="$state/pki"
 
@@ -26,6 +26,8 @@ free_port() {
 start() { # name, command...
   local name=$1
   shift
+  # Kept so that tests/testenv/restart.sh can start it again.
+  printf '%q ' "$@" >"$state/cmds/$name"
   "$@" >"$state/logs/$name.log" 2>&1 &
   echo $! >"$state/pids/$name.pid"
 }
