@@ -380,11 +380,18 @@ impl Agent {
                 },
             };
             let mut reasons = BTreeSet::from([format!("{first:?}")]);
-            // Merge what arrives during the quiet period.
-            while let Ok(Some(next)) = tokio::time::timeout(DEBOUNCE, queue.recv()).await {
+            // Bursts (drift events, file saves) are merged over a quiet period;
+            // a due timer or a webhook is acted on at once.
+            let quiet = if matches!(first, Trigger::Drift | Trigger::FileChange) {
+                DEBOUNCE
+            } else {
+                Duration::ZERO
+            };
+            while let Ok(Some(next)) = tokio::time::timeout(quiet, queue.recv()).await {
                 reasons.insert(format!("{next:?}"));
             }
             debug!(?reasons, "sync triggered");
+            let sync_started = tokio::time::Instant::now();
             let timer = self.metrics.sync_duration.start_timer();
             let outcome = self.sync_once().await;
             drop(timer);
@@ -424,8 +431,9 @@ impl Agent {
                         .await;
                     if let Some(after) = report.requeue_after() {
                         let triggers = triggers.clone();
+                        // Measured from when the rollouts were planned, not from now.
                         tokio::spawn(async move {
-                            tokio::time::sleep(after).await;
+                            tokio::time::sleep_until(sync_started + after).await;
                             let _ = triggers.try_send(Trigger::Timer);
                         });
                     }

@@ -141,6 +141,9 @@ impl Planned<'_> {
     }
 }
 
+/// Apps synced at once (each with up to `SyncOptions::concurrency` requests).
+const APP_CONCURRENCY: usize = 8;
+
 /// Live managed objects, listed once per kind for the whole sync.
 type LiveObjects = HashMap<ObjectKey, Value>;
 
@@ -160,26 +163,43 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
             .iter()
             .any(|m| matches!(m.kind(), "Namespace" | "CustomResourceDefinition"))
     });
-    let mut reports = Vec::new();
-    for app in apps {
+    let first = apps
+        .iter()
+        .take_while(|app| {
+            app.manifests
+                .iter()
+                .any(|m| matches!(m.kind(), "Namespace" | "CustomResourceDefinition"))
+        })
+        .count();
+    let one = async |app: &App| -> Result<AppReport> {
         let started = Instant::now();
         let previous = statuses.get(&app.name);
+        // The app's own commit: a push that leaves the app alone rewrites nothing of it.
         let app_commit = revision.commit_for(&app.name);
         let mut report = match sync_app(cluster, app, app_commit, &crd_kinds, &live, previous, options).await {
             Ok((report, inventory)) => {
-                save_status(cluster, &revision.commit, &report, inventory, previous, options).await?;
+                save_status(cluster, app_commit, &report, inventory, previous, options).await?;
                 report
             }
             Err(error) => {
                 let report = failed_report(app, &error.to_string());
                 let inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
-                save_status(cluster, &revision.commit, &report, inventory, previous, options).await?;
+                save_status(cluster, app_commit, &report, inventory, previous, options).await?;
                 report
             }
         };
         report.duration = started.elapsed();
-        log_report(&revision.commit, &report);
-        reports.push(report);
+        log_report(app_commit, &report);
+        Ok(report)
+    };
+    let mut reports = Vec::new();
+    for app in &apps[..first] {
+        reports.push(one(app).await?);
+    }
+    // The other apps are independent of each other: a few at a time.
+    let mut rest = stream::iter(&apps[first..]).map(|app| one(app)).buffered(APP_CONCURRENCY);
+    while let Some(report) = rest.next().await {
+        reports.push(report?);
     }
     let kinds = manifests
         .apps
@@ -279,7 +299,12 @@ async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &Sy
                     .await
                     .map_err(Error::kube(format!("listing {}", resolved.resource.plural)))?;
                 let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
-                objects.extend(page.items.into_iter().map(|o| (resolved.resource.clone(), o)));
+                // Page by page into the form kept, without managedFields (nothing
+                // reads them; they are a good part of each object's size).
+                objects.extend(page.items.into_iter().map(|mut object| {
+                    object.metadata.managed_fields = None;
+                    live_entry(&resolved.resource, object)
+                }));
                 match next {
                     Some(token) => params = params.continue_token(&token),
                     None => break,
@@ -291,23 +316,23 @@ async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &Sy
     .buffer_unordered(options.concurrency.max(1))
     .try_collect::<Vec<_>>()
     .await?;
-    let mut live = LiveObjects::new();
-    for (resource, object) in lists.into_iter().flatten() {
-        let key = ObjectKey {
-            group: resource.group.clone(),
-            kind: resource.kind.clone(),
-            namespace: object.metadata.namespace.clone(),
-            name: object.metadata.name.clone().unwrap_or_default(),
-        };
-        let mut value = serde_json::to_value(&object).unwrap_or(Value::Null);
-        // List items carry no type; the desired objects do.
-        if let Some(map) = value.as_object_mut() {
-            map.insert("apiVersion".into(), Value::String(resource.api_version.clone()));
-            map.insert("kind".into(), Value::String(resource.kind.clone()));
-        }
-        live.insert(key, value);
+    Ok(lists.into_iter().flatten().collect())
+}
+
+fn live_entry(resource: &kube::discovery::ApiResource, object: kube::api::DynamicObject) -> (ObjectKey, Value) {
+    let key = ObjectKey {
+        group: resource.group.clone(),
+        kind: resource.kind.clone(),
+        namespace: object.metadata.namespace.clone(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+    };
+    let mut value = serde_json::to_value(&object).unwrap_or(Value::Null);
+    // List items carry no type; the desired objects do.
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), Value::String(resource.api_version.clone()));
+        map.insert("kind".into(), Value::String(resource.kind.clone()));
     }
-    Ok(live)
+    (key, value)
 }
 
 fn key_of(desired: &Value, manifest: &Manifest) -> ObjectKey {
@@ -704,8 +729,17 @@ async fn prune(
         if source.is_some_and(|file| !belongs_to(file, app)) {
             continue;
         }
-        match api.delete(&entry.name, &DeleteParams::background()).await {
+        // Only the object as just read: one that another app took over since is kept.
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: live.metadata.resource_version.clone(),
+                uid: live.metadata.uid.clone(),
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&entry.name, &params).await {
             Ok(_) => pruned.push(entry.key()),
+            Err(kube::Error::Api(status)) if status.code == 409 => kept.push(entry),
             Err(e) => {
                 problems.push(prune_problem(app, &entry, &api_message(&e)));
                 kept.push(entry);
