@@ -19,7 +19,7 @@ use crate::rollout::api::Phase;
 use crate::rollout::cli::{Signal, send_signal_token};
 use crate::rollout::engine::{self, RolloutSummary};
 use crate::source::Source;
-use crate::sync::{SyncOptions, SyncReport, sync};
+use crate::sync::{SyncOptions, SyncReport, sync_owned};
 use crate::telemetry::Metrics;
 use crate::writeback::{Author, Outcome, Writer};
 use crate::{MANAGED_BY_LABEL, Result};
@@ -353,7 +353,7 @@ impl Agent {
         self.metrics
             .source_up
             .store(u64::from(fetched.is_ok()), Ordering::Relaxed);
-        sync(&self.cluster, &fetched?, &self.options).await
+        sync_owned(&self.cluster, fetched?, &self.options).await
     }
 
     /// Runs until the trigger channel closes or `stop` turns true; a sync in

@@ -13,7 +13,7 @@ use gitcanary::lease::{Leadership, LeaseConfig};
 use gitcanary::rollout::cli::{Signal, send_signal};
 use gitcanary::server::{ServerState, serve};
 use gitcanary::source::{Credentials, Source};
-use gitcanary::sync::{SyncOptions, diff, sync};
+use gitcanary::sync::{SyncOptions, diff, sync_owned};
 use gitcanary::writeback::Author;
 use gitcanary::{Error, manifest};
 
@@ -364,7 +364,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
         let revision = tokio::task::spawn_blocking(move || fetch_source.fetch())
             .await
             .expect("fetch does not panic")?;
-        let mut report = sync(&cluster, &revision, &options).await?;
+        let mut report = sync_owned(&cluster, revision, &options).await?;
         write_back(&cluster, &source, &writeback, &mut report).await;
         let count = |f: fn(&gitcanary::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();
         println!(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::cluster::{AppStatus, Cluster, InventoryEntry, ObjectDiff, Resolved, ensure_namespace, is_subset, prepare};
@@ -149,7 +149,13 @@ type LiveObjects = HashMap<ObjectKey, Value>;
 
 /// Syncs every app of the revision.
 pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<SyncReport> {
-    let mut manifests = revision.manifests.clone();
+    sync_owned(cluster, revision.clone(), options).await
+}
+
+/// `sync` of a revision the caller no longer needs: its manifests are
+/// validated in place rather than copied.
+pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &SyncOptions) -> Result<SyncReport> {
+    let mut manifests = std::mem::take(&mut revision.manifests);
     manifests.validate(&options.allowed_namespaces);
     ensure_namespace(cluster, &options.state_namespace).await?;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
@@ -197,7 +203,9 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
         reports.push(one(app).await?);
     }
     // The other apps are independent of each other: a few at a time.
-    let mut rest = stream::iter(&apps[first..]).map(|app| one(app)).buffered(APP_CONCURRENCY);
+    let mut rest = stream::iter(&apps[first..])
+        .map(|app| one(app))
+        .buffered(APP_CONCURRENCY);
     while let Some(report) = rest.next().await {
         reports.push(report?);
     }
@@ -435,7 +443,7 @@ async fn sync_app(
         match live.get(&item.key) {
             Some(current) if is_subset(&item.desired, current) => {
                 report.unchanged += 1;
-                results.push(current.clone());
+                results.push(health_view(current));
             }
             Some(current) => {
                 let same_hash = current["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
@@ -453,8 +461,22 @@ async fn sync_app(
         }
     }
 
+    // An app none of whose objects exists yet skips the dry run: if the API
+    // server refuses one of them, the ones just created are deleted again,
+    // which leaves the cluster as it was, for half the requests.
+    let fresh = previous.is_none_or(|p| p.inventory.is_empty())
+        && rollouts.is_empty()
+        && pending.is_empty()
+        && planned
+            .iter()
+            .all(|p| !live.contains_key(&p.key) && p.manifest.kind() != "CustomResourceDefinition");
+    let started = jiff::Timestamp::now();
     // The API server validates everything before anything is written.
-    let problems = dry_run(cluster, &planned, &to_apply, live, options).await?;
+    let problems = if fresh {
+        Vec::new()
+    } else {
+        dry_run(cluster, &planned, &to_apply, live, options).await?
+    };
     if !problems.is_empty() {
         report.problems = problems;
         report.result = AppResult::Invalid;
@@ -499,7 +521,7 @@ async fn sync_app(
         match live.get(&key) {
             Some(current) if is_subset(&desired, current) => {
                 report.unchanged += 1;
-                results.push(current.clone());
+                results.push(health_view(current));
             }
             _ => {
                 rest.push(planned.len());
@@ -518,6 +540,13 @@ async fn sync_app(
             Ok(value) => results[index] = value,
             Err(problem) => failures.push(problem),
         }
+    }
+    if fresh && !failures.is_empty() {
+        roll_back_creations(cluster, &planned, &results, started).await;
+        failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        report.problems = failures;
+        report.result = AppResult::Invalid;
+        return Ok((report, previous_inventory));
     }
     for &index in first.iter().chain(rest.iter()) {
         if !results[index].is_null() {
@@ -626,6 +655,51 @@ fn api_message(error: &kube::Error) -> String {
 fn apply_params(live: &LiveObjects, key: &ObjectKey) -> PatchParams {
     let params = PatchParams::apply(FIELD_MANAGER);
     if live.contains_key(key) { params.force() } else { params }
+}
+
+/// Takes back what this sync did to a fresh app that failed, newest first:
+/// deletes the objects it created (gitcanary their only field manager,
+/// created after the sync began), and from an object that someone else
+/// made it removes gitcanary's fields by applying an empty configuration.
+async fn roll_back_creations(cluster: &Cluster, planned: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
+    let started_second = started.as_second();
+    for (index, applied) in results.iter().enumerate().rev() {
+        let managers = applied["metadata"]["managedFields"].as_array().map_or(0, Vec::len);
+        let only_ours = managers == 1 && applied["metadata"]["managedFields"][0]["manager"] == FIELD_MANAGER;
+        let created = applied["metadata"]["creationTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .is_some_and(|t| t.as_second() >= started_second);
+        if applied["metadata"]["uid"].is_null() {
+            continue; // not applied by this sync
+        }
+        let item = &planned[index];
+        let api = cluster.api(&item.resolved, item.namespace());
+        if !only_ours || !created {
+            let mut empty = json!({"apiVersion": item.desired["apiVersion"], "kind": item.desired["kind"],
+                "metadata": {"name": item.name()}});
+            if let Some(namespace) = item.namespace() {
+                empty["metadata"]["namespace"] = json!(namespace);
+            }
+            if let Err(error) = api
+                .patch(item.name(), &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&empty))
+                .await
+            {
+                warn!(object = %item.key, error = %api_message(&error), "could not take back gitcanary's fields");
+            }
+            continue;
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: applied["metadata"]["uid"].as_str().map(str::to_string),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        if let Err(error) = api.delete(item.name(), &params).await {
+            warn!(object = %item.key, error = %api_message(&error), "could not take back an object of a failed app");
+        }
+    }
 }
 
 async fn apply_all(
@@ -767,6 +841,17 @@ fn prune_problem(app: &str, entry: &InventoryEntry, message: &str) -> Problem {
 }
 
 /// Workloads are healthy when rolled out and available; other objects when present.
+/// What `is_healthy` reads of an object, and no more (a copy of every
+/// unchanged object would double the memory of a large sync).
+fn health_view(object: &Value) -> Value {
+    json!({
+        "kind": object["kind"],
+        "metadata": {"generation": object["metadata"]["generation"]},
+        "spec": {"replicas": object["spec"]["replicas"]},
+        "status": object["status"],
+    })
+}
+
 pub fn is_healthy(object: &Value) -> bool {
     let kind = object["kind"].as_str().unwrap_or_default();
     if !matches!(kind, "Deployment" | "StatefulSet") {

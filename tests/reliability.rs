@@ -479,3 +479,60 @@ async fn an_api_server_stopped_for_30_seconds_mid_release_only_delays_it() {
     .await;
     drop(agent);
 }
+
+#[tokio::test]
+async fn a_refused_new_app_takes_back_only_what_it_created() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "take-back").await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let theirs: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "shared", "namespace": ns}, "data": {"owner": "someone else"}
+    }))
+    .expect("a configmap");
+    configmaps
+        .create(&kube::api::PostParams::default(), &theirs)
+        .await
+        .expect("created by someone else");
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("app")).expect("mkdir");
+    // Shares an object someone else made, creates one, and has one the API server refuses.
+    std::fs::write(dir.path().join("app/shared.yaml"), configmap(&ns, "shared", "blue")).expect("write");
+    std::fs::write(dir.path().join("app/mine.yaml"), configmap(&ns, "mine", "blue")).expect("write");
+    std::fs::write(
+        dir.path().join("app/typed.yaml"),
+        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: typed, namespace: {ns}}}\nspec:\n  replicas: \"three\"\n  selector: {{matchLabels: {{app: typed}}}}\n  template:\n    metadata: {{labels: {{app: typed}}}}\n    spec: {{containers: [{{name: web, image: web:1}}]}}\n"),
+    )
+    .expect("write");
+    let output = gitcanary()
+        .args(["sync", "--once", "--repo", &dir.path().display().to_string()])
+        .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
+        .args(["--instance", &format!("take-back-{ns}"), "--state-namespace", &ns])
+        .output()
+        .expect("gitcanary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("app/typed.yaml:1: "), "{stdout}");
+    assert!(
+        configmaps.get_opt("mine").await.expect("get").is_none(),
+        "what it created is taken back"
+    );
+    let shared = configmaps
+        .get_opt("shared")
+        .await
+        .expect("get")
+        .expect("someone else's object stays");
+    let data = shared.data.unwrap_or_default();
+    assert_eq!(data.get("owner").map(String::as_str), Some("someone else"));
+    assert!(
+        !data.contains_key("color"),
+        "gitcanary's fields are taken back: {data:?}"
+    );
+    assert!(
+        !shared
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("gitcanary.io/managed-by"),
+        "and its labels"
+    );
+}

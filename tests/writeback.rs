@@ -133,8 +133,16 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
             std::thread::spawn(move || {
                 let clone = tempfile::tempdir().expect("a clone");
                 run(clone.path(), "git", &["clone", "-q", &url, "."]);
-                run(clone.path(), "git", &["config", "user.email", &format!("p{person}@example.test")]);
-                run(clone.path(), "git", &["config", "user.name", &format!("Person {person}")]);
+                run(
+                    clone.path(),
+                    "git",
+                    &["config", "user.email", &format!("p{person}@example.test")],
+                );
+                run(
+                    clone.path(),
+                    "git",
+                    &["config", "user.name", &format!("Person {person}")],
+                );
                 let mut mine = Vec::new();
                 for i in 0..5 {
                     let note = format!("note {person}-{i}");
@@ -157,10 +165,7 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
             })
         })
         .collect();
-    let theirs: Vec<String> = pushers
-        .into_iter()
-        .flat_map(|p| p.join().expect("a pusher"))
-        .collect();
+    let theirs: Vec<String> = pushers.into_iter().flat_map(|p| p.join().expect("a pusher")).collect();
     assert_eq!(theirs.len(), 20);
 
     let key = format!("{}/echo", scenario.ns);

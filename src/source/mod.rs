@@ -12,7 +12,7 @@ use crate::Result;
 use crate::manifest::{self, ManifestSet};
 
 /// One revision of the source: its id and its manifests.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Revision {
     /// The commit id, or `local` for a directory that is not a Git repository.
     pub commit: String,
