@@ -15,6 +15,8 @@ pub mod sync;
 pub mod telemetry;
 pub mod writeback;
 
+/// The instance name when `--instance` is not given.
+pub const DEFAULT_INSTANCE: &str = "gitcanary";
 /// The field manager for every server-side apply gitcanary sends.
 pub const FIELD_MANAGER: &str = "gitcanary";
 /// Label on every applied object: which agent instance manages it.

@@ -160,7 +160,7 @@ pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &Syn
     ensure_namespace(cluster, &options.state_namespace).await?;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
     let live = list_live(cluster, &manifests.apps, options).await?;
-    let statuses = AppStatus::load_all(cluster, &options.state_namespace).await?;
+    let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
 
     // Apps that hold Namespaces or CRDs go first: other apps may use them.
     let mut apps: Vec<&App> = manifests.apps.values().collect();
@@ -894,7 +894,7 @@ async fn save_status(
     if previous == Some(&status) {
         return Ok(());
     }
-    status.save(cluster, &options.state_namespace).await
+    status.save(cluster, &options.state_namespace, &options.instance).await
 }
 
 /// What the next sync would change, without changing anything.
@@ -966,7 +966,7 @@ pub async fn diff(
         }
         if options.prune {
             let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();
-            let previous = AppStatus::load(cluster, &options.state_namespace, &app.name).await?;
+            let previous = AppStatus::load(cluster, &options.state_namespace, &options.instance, &app.name).await?;
             for entry in previous.map(|p| p.inventory).unwrap_or_default() {
                 if current.contains(&entry.key()) {
                     continue;

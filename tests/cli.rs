@@ -445,3 +445,30 @@ async fn kubeconfig_is_found_as_kubectl_finds_it_even_across_several_files() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout, "no rollouts\n");
 }
+
+#[tokio::test]
+async fn two_instances_sharing_a_state_namespace_keep_their_own_app_status() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "cli-instances").await;
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for (instance, object) in [("one", "first"), ("two", "second")] {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+        std::fs::write(dir.path().join("web/settings.yaml"), configmap(&ns, object, "blue")).expect("write");
+        let (code, stdout, stderr) = output(
+            gitcanary()
+                .args(["sync", "--once", "--repo", &dir.path().display().to_string()])
+                .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
+                .args(["--instance", &format!("{instance}-{ns}"), "--state-namespace", &ns]),
+        );
+        assert_eq!(code, 0, "{stdout}{stderr}");
+    }
+    for (instance, object) in [("one", "first"), ("two", "second")] {
+        let status = configmaps
+            .get(&format!("{instance}-{ns}-app-web"))
+            .await
+            .expect("each instance has its own status of app web");
+        let inventory = status.data.unwrap_or_default().remove("inventory").unwrap_or_default();
+        assert!(inventory.contains(object), "{instance}: {inventory}");
+    }
+}

@@ -133,7 +133,7 @@ async fn two_apps_sync_and_a_change_reapplies_only_that_object() {
     // Nothing changed in Git: nothing is written, not even the status.
     let versions = (
         f.resource_version("a1").await,
-        f.resource_version("gitcanary-app-a").await,
+        f.resource_version(&format!("test-{}-app-a", f.ns)).await,
     );
     let again = f.sync(false).await;
     assert!(
@@ -147,7 +147,7 @@ async fn two_apps_sync_and_a_change_reapplies_only_that_object() {
         versions,
         (
             f.resource_version("a1").await,
-            f.resource_version("gitcanary-app-a").await
+            f.resource_version(&format!("test-{}-app-a", f.ns)).await
         )
     );
 
@@ -159,7 +159,7 @@ async fn two_apps_sync_and_a_change_reapplies_only_that_object() {
     assert_eq!(f.color("a1").await.as_deref(), Some("green"));
 
     // The cluster says which commit each app is at.
-    let status = AppStatus::load(&f.cluster, &f.ns, "a")
+    let status = AppStatus::load(&f.cluster, &f.ns, &format!("test-{}", f.ns), "a")
         .await
         .expect("readable")
         .expect("status exists");
@@ -242,7 +242,7 @@ async fn an_invalid_app_keeps_what_it_had_while_the_other_app_syncs() {
     let problem = &b.problems[0];
     assert_eq!(problem.file, "b/broken.yaml");
     assert!((4..=6).contains(&problem.line), "{problem}");
-    let status = AppStatus::load(&f.cluster, &f.ns, "b")
+    let status = AppStatus::load(&f.cluster, &f.ns, &format!("test-{}", f.ns), "b")
         .await
         .expect("readable")
         .expect("exists");

@@ -54,36 +54,45 @@ pub struct AppStatus {
     pub inventory: Vec<InventoryEntry>,
 }
 
-fn configmap_name(app: &str) -> String {
-    let clean: String = app
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    format!("gitcanary-app-{}", clean.trim_matches('-'))
+/// `gitcanary-app-<app>` for the default instance, `<instance>-app-<app>`
+/// for others, so that instances sharing a state namespace never share a status.
+fn configmap_name(instance: &str, app: &str) -> String {
+    let clean = |text: &str| -> String {
+        let cleaned: String = text
+            .to_ascii_lowercase()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        cleaned.trim_matches('-').to_string()
+    };
+    if instance == crate::DEFAULT_INSTANCE {
+        format!("gitcanary-app-{}", clean(app))
+    } else {
+        format!("{}-app-{}", clean(instance), clean(app))
+    }
 }
 
 impl AppStatus {
-    pub async fn load(cluster: &Cluster, namespace: &str, app: &str) -> Result<Option<AppStatus>> {
+    pub async fn load(cluster: &Cluster, namespace: &str, instance: &str, app: &str) -> Result<Option<AppStatus>> {
         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
         let cm = api
-            .get_opt(&configmap_name(app))
+            .get_opt(&configmap_name(instance, app))
             .await
             .map_err(Error::kube(format!("reading the status of app {app}")))?;
         Ok(cm.map(|cm| AppStatus::from_configmap(app, cm)))
     }
 
     /// Every app's status in one list call, keyed by app.
-    pub async fn load_all(cluster: &Cluster, namespace: &str) -> Result<BTreeMap<String, AppStatus>> {
+    pub async fn load_all(cluster: &Cluster, namespace: &str, instance: &str) -> Result<BTreeMap<String, AppStatus>> {
         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
         let list = api
-            .list(&kube::api::ListParams::default().labels(&format!("{APP_STATUS_LABEL}=true")))
+            .list(&kube::api::ListParams::default().labels(&format!("{APP_STATUS_LABEL}={instance}")))
             .await
             .map_err(Error::kube("listing app statuses"))?;
         Ok(list
@@ -109,7 +118,7 @@ impl AppStatus {
         }
     }
 
-    pub async fn save(&self, cluster: &Cluster, namespace: &str) -> Result<()> {
+    pub async fn save(&self, cluster: &Cluster, namespace: &str, instance: &str) -> Result<()> {
         let data: BTreeMap<String, String> = [
             ("app", self.app.clone()),
             ("commit", self.commit.clone()),
@@ -122,11 +131,11 @@ impl AppStatus {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
-        let name = configmap_name(&self.app);
+        let name = configmap_name(instance, &self.app);
         let body = serde_json::json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": namespace, "labels": {APP_STATUS_LABEL: "true"}},
+            "metadata": {"name": name, "namespace": namespace, "labels": {APP_STATUS_LABEL: instance}},
             "data": data,
         });
         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
