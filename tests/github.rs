@@ -64,6 +64,15 @@ async fn wait_for_phase(scenario: &Scenario, wanted: Phase) {
     .await;
 }
 
+async fn wait_for_failure(scenario: &Scenario) {
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    eventually("the release failed", WAIT, || async {
+        let status = rollouts.get_opt("echo").await.ok().flatten()?.status?;
+        support::agent::failed_or_reverted(&status).then_some(())
+    })
+    .await;
+}
+
 /// The promotion pull request of a step, once the agent opened it.
 async fn promotion_pull(fake: &GitHubFake, step: u32) -> FakePull {
     eventually(&format!("the promotion pull request of step {step}"), WAIT, || async {
@@ -200,7 +209,10 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     })
     .await;
 
-    // A reader's approval and a reader's command change nothing.
+    // A reader's approval and a reader's command change nothing, even with a
+    // writer's approval on another pull request.
+    let unrelated = fake.open_pull("docs-typo", "main", "Fix a typo");
+    fake.review(unrelated, "alice", "APPROVED");
     fake.review(gate.number, "mallory", "APPROVED");
     fake.comment(gate.number, "mallory", "/gitcanary promote");
     eventually("mallory is told", WAIT, || async {
@@ -299,7 +311,7 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
     );
 
     fake.close(gate.number);
-    wait_for_phase(&scenario, Phase::Failed).await;
+    wait_for_failure(&scenario).await;
     let revert = eventually("the revert commit", WAIT, || async {
         scenario
             .history()
@@ -409,7 +421,7 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
         &format!("# owned by the echo team\n{never_ready}"),
     );
     scenario.repo.commit_and_push("a comment in the deployment");
-    wait_for_phase(&scenario, Phase::Failed).await;
+    wait_for_failure(&scenario).await;
 
     let comment = eventually("the release comment tells of the revert", WAIT, || async {
         fake.comments_on(9)

@@ -422,10 +422,19 @@ async fn an_api_server_stopped_for_30_seconds_mid_release_only_delays_it() {
     let mut agent = start();
     let rollouts: Api<Rollout> = Api::namespaced(client.clone(), &ns);
     let status = || async { rollouts.get_opt("echo").await.ok().flatten()?.status };
-    eventually("healthy on 1.0", WAIT, || async {
-        (status().await?.phase == Phase::Healthy).then_some(())
+    // A fresh control plane takes a while to run its first pods.
+    let healthy = tokio::time::timeout(Duration::from_secs(150), async {
+        while status().await.is_none_or(|s| s.phase != Phase::Healthy) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     })
     .await;
+    assert!(
+        healthy.is_ok(),
+        "not healthy on 1.0: {:?}\n{}",
+        status().await,
+        agent.log_text()
+    );
 
     write_release(&repo, &ns, "2.0", 4);
     let released = repo.commit_and_push("echo 2.0");
@@ -448,12 +457,26 @@ async fn an_api_server_stopped_for_30_seconds_mid_release_only_delays_it() {
         assert!(agent.log_text().contains("leadership lost"), "{}", agent.log_text());
         agent = start();
     }
-    let done = eventually("promoted after the outage", WAIT, || async {
+    let promoted = || async {
         let status = status().await?;
         (status.phase == Phase::Healthy && status.stable_commit == released && status.pending_writeback.is_none())
             .then_some(status)
+    };
+    let waited = tokio::time::timeout(Duration::from_secs(150), async {
+        loop {
+            if let Some(done) = promoted().await {
+                return done;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     })
     .await;
+    let done = waited.unwrap_or_else(|_| {
+        panic!(
+            "not promoted after the outage (agent restarted: {restarted})\n{}",
+            agent.log_text()
+        )
+    });
     let steps: Vec<u32> = done.step_history.iter().map(|r| r.step).collect();
     assert_eq!(steps, vec![1, 2, 3], "each step once, in order");
     let history = support::run(

@@ -442,7 +442,8 @@ async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
     let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
     eventually("aborted and cleaned up", WAIT, || async {
-        let done = cluster.phase_and_step().await?.0 == Phase::Failed
+        let status = cluster.rollout().await?.status?;
+        let done = support::agent::failed_or_reverted(&status)
             && cluster.deployment("echo-canary").await.is_none()
             && cluster.weights().await == restored();
         done.then_some(())

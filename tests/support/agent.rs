@@ -227,3 +227,15 @@ impl Scenario {
         )
     }
 }
+
+/// Whether the release failed: `Failed`, or already back on stable through
+/// its revert commit (which the agent syncs at once, so `Failed` may last
+/// less than a poll).
+pub fn failed_or_reverted(status: &gitcanary::rollout::api::RolloutStatus) -> bool {
+    use gitcanary::rollout::api::{Phase, WritebackAction};
+    status.phase == Phase::Failed
+        || status
+            .written_back
+            .as_ref()
+            .is_some_and(|w| w.action == WritebackAction::Revert && w.rollout_id == status.rollout_id)
+}

@@ -133,6 +133,25 @@ impl GitHubFake {
         pull.reviews.push((id, user.to_string(), state.to_string()));
     }
 
+    /// A pull request as if a user opened it from `head`.
+    pub fn open_pull(&self, head: &str, base: &str, title: &str) -> u64 {
+        let mut data = self.data.lock().expect("lock");
+        data.next_id += 1;
+        let number = data.next_id;
+        data.pull_requests.push(FakePull {
+            number,
+            head: head.into(),
+            base: base.into(),
+            title: title.into(),
+            body: String::new(),
+            open: true,
+            merged_by: None,
+            merge_commit: None,
+            reviews: Vec::new(),
+        });
+        number
+    }
+
     /// Closes a pull request unmerged, as a user would in the web UI.
     pub fn close(&self, pull: u64) {
         let mut data = self.data.lock().expect("lock");
