@@ -128,7 +128,11 @@ async fn a_canary_with_a_low_error_ratio_is_promoted_through_an_analysed_step() 
         "the query was templated: {}",
         run.message
     );
-    let record = scenario.git(&["show", &format!("main:.gitcanary/status/{}/echo.yaml", scenario.ns)]);
+    let status_file = format!("main:.gitcanary/status/{}/echo.yaml", scenario.ns);
+    let record = eventually("the promote commit", WAIT, || async {
+        scenario.try_git(&["show", &status_file])
+    })
+    .await;
     assert!(record.contains("analysis errors: 3 successful"), "{record}");
 }
 

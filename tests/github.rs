@@ -257,7 +257,7 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     wait_for_phase(&scenario, Phase::Healthy).await;
     let status_file = format!("main:.gitcanary/status/{namespace}/echo.yaml");
     let promoted = eventually("the promote commit", WAIT, || async {
-        let status = scenario.git(&["show", &status_file]);
+        let status = scenario.try_git(&["show", &status_file])?;
         status.contains(&commit).then_some(status)
     })
     .await;

@@ -154,10 +154,11 @@ async fn the_agent_completes_a_canary_with_only_the_rbac_of_deploy() {
     })
     .await;
     assert_eq!(done.step_history.len(), 3);
-    let promoted = scenario.git(&[
-        "show",
-        &format!("main:.gitcanary/status/{app_namespace}/echoserver.yaml"),
-    ]);
+    let status_file = format!("main:.gitcanary/status/{app_namespace}/echoserver.yaml");
+    let promoted = eventually("the promote commit", WAIT, || async {
+        scenario.try_git(&["show", &status_file])
+    })
+    .await;
     assert!(promoted.contains("echoserver:1.1.0"), "{promoted}");
     let log = agent.log_text();
     assert!(!log.to_lowercase().contains("forbidden"), "{log}");

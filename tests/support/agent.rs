@@ -182,6 +182,19 @@ impl Scenario {
         super::run(self.repo.path(), "git", &all)
     }
 
+    /// git on the bare repository, None when it fails (a file not there yet).
+    pub fn try_git(&self, args: &[&str]) -> Option<String> {
+        let output = std::process::Command::new("git")
+            .arg(format!("--git-dir={}", self.repo.bare.display()))
+            .args(args)
+            .output()
+            .ok()?;
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     /// (commit, full message) of `main` on the remote, newest first.
     pub fn history(&self) -> Vec<(String, String)> {
         self.git(&["log", "--format=%H%n%B%x00", "main"])
