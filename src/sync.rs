@@ -159,6 +159,15 @@ pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &Syn
     manifests.validate(&options.allowed_namespaces);
     ensure_namespace(cluster, &options.state_namespace).await?;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    // A kind the API server did not serve when discovery last ran may be
+    // served now (a CRD installed by hand): look again, at most every 10 s.
+    for manifest in manifests.apps.values().flat_map(|a| a.manifests.iter()) {
+        let known = crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string()));
+        if !known && cluster.resolve(manifest.api_version(), manifest.kind()).await.is_none() {
+            cluster.refresh_discovery_unless_fresh(Duration::from_secs(10)).await?;
+            break;
+        }
+    }
     let live = list_live(cluster, &manifests.apps, options).await?;
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
 

@@ -559,3 +559,49 @@ async fn a_refused_new_app_takes_back_only_what_it_created() {
         "and its labels"
     );
 }
+
+#[tokio::test]
+async fn a_crd_installed_by_hand_after_the_agent_started_is_picked_up() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let scenario = Scenario::new("late-crd").await;
+    let suffix = scenario.ns.replace('-', "");
+    let group = format!("{suffix}.example.com");
+    scenario.repo.write(
+        "gadgets/widget.yaml",
+        &format!(
+            "apiVersion: {group}/v1\nkind: Widget\nmetadata:\n  name: one\n  namespace: {}\nspec:\n  size: 3\n",
+            scenario.ns
+        ),
+    );
+    scenario.repo.commit_and_push("a widget");
+    let agent = scenario.start_agent();
+    eventually("the unknown kind is reported", WAIT, || async {
+        agent.log_text().contains("unknown kind Widget").then_some(())
+    })
+    .await;
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {"group": group, "scope": "Namespaced",
+                 "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                 "versions": [{"name": "v1", "served": true, "storage": true,
+                   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .expect("a CRD");
+    let crds: Api<CustomResourceDefinition> = Api::all(scenario.client.clone());
+    crds.create(&kube::api::PostParams::default(), &crd)
+        .await
+        .expect("installed by hand");
+    let resource = kube::discovery::ApiResource {
+        group: group.clone(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    let widgets: Api<kube::api::DynamicObject> = Api::namespaced_with(scenario.client.clone(), &scenario.ns, &resource);
+    eventually("the widget is applied", WAIT, || async {
+        widgets.get_opt("one").await.ok().flatten().map(|_| ())
+    })
+    .await;
+    let _ = crds.delete(&format!("widgets.{group}"), &Default::default()).await;
+}

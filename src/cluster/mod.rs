@@ -26,6 +26,8 @@ pub struct Cluster {
     discovery: RwLock<Discovery>,
     /// Requests this client sent (only for clients made by `connect`).
     pub requests: RequestCounts,
+    /// When discovery last ran.
+    discovered_at: std::sync::Mutex<std::time::Instant>,
 }
 
 /// What discovery says about one kind.
@@ -75,6 +77,7 @@ impl Cluster {
             client,
             discovery: RwLock::new(discovery),
             requests: RequestCounts::default(),
+            discovered_at: std::sync::Mutex::new(std::time::Instant::now()),
         })
     }
 
@@ -85,7 +88,18 @@ impl Cluster {
             .await
             .map_err(Error::kube("discovering the API server's resources"))?;
         *self.discovery.write().await = fresh;
+        *self.discovered_at.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
         Ok(())
+    }
+
+    /// Runs discovery again unless it ran in the last `fresh_for`: for kinds
+    /// that someone installed after the agent started (a CRD applied by hand).
+    pub async fn refresh_discovery_unless_fresh(&self, fresh_for: std::time::Duration) -> Result<()> {
+        let age = self.discovered_at.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
+        if age < fresh_for {
+            return Ok(());
+        }
+        self.refresh_discovery().await
     }
 
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Option<Resolved> {
