@@ -410,7 +410,7 @@ async fn an_agent_killed_at_every_state_of_a_release_ends_the_same_with_one_comm
 async fn an_api_server_stopped_for_30_seconds_mid_release_only_delays_it() {
     let plane = support::DedicatedControlPlane::start();
     let client = plane.client().await;
-    support::agent::install_rollout_crd(&client).await;
+    support::agent::install_rollout_crd_on(&client).await;
     let ns = support::namespace(&client, "apiserver-down").await;
     let server = support::git_server::GitServer::start(None).await;
     let repo = server.create_repo("apps");

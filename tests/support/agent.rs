@@ -15,34 +15,37 @@ pub fn gitcanary() -> Command {
     command
 }
 
-/// Installs the Rollout CRD (once per test binary) and waits until it is served.
+/// Installs the Rollout CRD on the shared control plane (once per test
+/// binary) and waits until it is served.
 pub async fn install_rollout_crd(client: &Client) {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED.get_or_init(|| install_rollout_crd_on(client)).await;
+}
+
+/// Installs the Rollout CRD on the cluster of `client` (a dedicated control
+/// plane too) and waits until it is established.
+pub async fn install_rollout_crd_on(client: &Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-            let crd = gitcanary::rollout::api::Rollout::crd();
-            api.patch(
-                "rollouts.gitcanary.io",
-                &PatchParams::apply("gitcanary-tests").force(),
-                &Patch::Apply(&crd),
-            )
-            .await
-            .expect("the Rollout CRD installs");
-            super::eventually("the Rollout CRD is established", Duration::from_secs(30), || async {
-                let crd = api.get("rollouts.gitcanary.io").await.ok()?;
-                let established = crd
-                    .status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                established.then_some(())
-            })
-            .await;
-        })
-        .await;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = gitcanary::rollout::api::Rollout::crd();
+    api.patch(
+        "rollouts.gitcanary.io",
+        &PatchParams::apply("gitcanary-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("the Rollout CRD installs");
+    super::eventually("the Rollout CRD is established", Duration::from_secs(30), || async {
+        let crd = api.get("rollouts.gitcanary.io").await.ok()?;
+        let established = crd
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        established.then_some(())
+    })
+    .await;
 }
 
 /// A running agent; killed when dropped.
