@@ -32,36 +32,10 @@ const TEMPLATE: &str = "  analysisTemplates:
 ";
 
 fn write_app(scenario: &Scenario, image: &str, canary: &str) {
-    let ns = &scenario.ns;
-    let files = [
-        (
-            "echo/deployment.yaml",
-            format!(
-                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"
-            ),
-        ),
-        (
-            "echo/service.yaml",
-            format!(
-                "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  selector: {{app: echo}}\n  ports:\n  - port: 80\n    targetPort: 8080\n"
-            ),
-        ),
-        (
-            "echo/route.yaml",
-            format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - backendRefs:\n    - {{name: echo, port: 80}}\n"
-            ),
-        ),
-        (
-            "echo/rollout.yaml",
-            format!(
-                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n{TEMPLATE}  strategy:\n    canary:\n{canary}      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n"
-            ),
-        ),
-    ];
-    for (path, content) in files {
-        scenario.repo.write(path, &content);
-    }
+    let spec = format!(
+        "{TEMPLATE}  strategy:\n    canary:\n{canary}      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n"
+    );
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &spec);
 }
 
 const ANALYSED_STEP: &str =

@@ -20,15 +20,8 @@ fn write_app(scenario: &Scenario, image: &str) {
 }
 
 fn write_app_with_steps(scenario: &Scenario, image: &str, steps: &str) {
-    let ns = &scenario.ns;
-    scenario.repo.write(
-        "echo/deployment.yaml",
-        &format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"),
-    );
-    scenario.repo.write(
-        "echo/rollout.yaml",
-        &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n{steps}"),
-    );
+    let spec = format!("  strategy:\n    canary:\n      steps:\n{steps}");
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &spec);
 }
 
 fn start_agent(scenario: &Scenario, fake: &GitHubFake) -> AgentProcess {

@@ -16,15 +16,8 @@ const WAIT: Duration = Duration::from_secs(90);
 const LEASE_SECONDS: u64 = 4;
 
 fn write_app(scenario: &Scenario, image: &str) {
-    let ns = &scenario.ns;
-    scenario.repo.write(
-        "echo/deployment.yaml",
-        &format!("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"),
-    );
-    scenario.repo.write(
-        "echo/rollout.yaml",
-        &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {{replicas: 1, pause: {{duration: 6}}}}\n      - {{replicas: 2, pause: {{duration: 2}}}}\n"),
-    );
+    let spec = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 6}}\n      - {replicas: 2, pause: {duration: 2}}\n";
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, spec);
 }
 
 fn agent(scenario: &Scenario, identity: &str) -> AgentProcess {

@@ -102,6 +102,19 @@ async fn every_bad_input_is_refused_with_its_file_and_line_and_nothing_of_its_ap
     }
 }
 
+/// The color the ConfigMap `settings` has in the cluster now.
+async fn settings_color(scenario: &Scenario) -> Option<String> {
+    let configmaps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    configmaps
+        .get_opt("settings")
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .get("color")
+        .cloned()
+}
+
 fn webhook_agent(scenario: &Scenario) -> AgentProcess {
     AgentProcess::start_with(
         &scenario.repo,
@@ -121,17 +134,7 @@ async fn broken_forged_replayed_and_oversized_webhooks_are_refused_and_the_agent
     scenario.repo.commit_and_push("blue");
     let mut agent = webhook_agent(&scenario);
     let addr = agent.address().await;
-    let configmaps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    let color = || async {
-        configmaps
-            .get_opt("settings")
-            .await
-            .ok()
-            .flatten()?
-            .data?
-            .get("color")
-            .cloned()
-    };
+    let color = || settings_color(&scenario);
     eventually("first sync", WAIT, || async {
         (color().await? == "blue").then_some(())
     })
@@ -211,17 +214,7 @@ async fn a_git_remote_that_goes_away_leaves_the_cluster_as_it_was_and_sync_resum
         &[],
     );
     let addr = agent.address().await;
-    let configmaps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    let color = || async {
-        configmaps
-            .get_opt("settings")
-            .await
-            .ok()
-            .flatten()?
-            .data?
-            .get("color")
-            .cloned()
-    };
+    let color = || settings_color(&scenario);
     eventually("first sync", WAIT, || async {
         (color().await? == "blue").then_some(())
     })
@@ -275,35 +268,10 @@ fn release_app(scenario: &Scenario, image: &str) {
 /// Deployment, Service, HTTPRoute and a three-step Rollout whose first two
 /// steps pause for `pause` seconds.
 fn write_release(repo: &support::git_server::GitRepo, ns: &str, image: &str, pause: u32) {
-    let files = [
-        (
-            "echo/deployment.yaml",
-            format!(
-                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"
-            ),
-        ),
-        (
-            "echo/service.yaml",
-            format!(
-                "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  selector: {{app: echo}}\n  ports:\n  - port: 80\n    targetPort: 8080\n"
-            ),
-        ),
-        (
-            "echo/route.yaml",
-            format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - backendRefs:\n    - {{name: echo, port: 80}}\n"
-            ),
-        ),
-        (
-            "echo/rollout.yaml",
-            format!(
-                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: {pause}}}}}\n      - {{traffic: 60%, replicas: 1, pause: {{duration: {pause}}}}}\n      - {{traffic: 100%}}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 2\n"
-            ),
-        ),
-    ];
-    for (path, content) in files {
-        repo.write(path, &content);
-    }
+    let spec = format!(
+        "  strategy:\n    canary:\n      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: {pause}}}}}\n      - {{traffic: 60%, replicas: 1, pause: {{duration: {pause}}}}}\n      - {{traffic: 100%}}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 2\n"
+    );
+    support::agent::write_echo_app(repo, ns, image, &spec);
 }
 
 /// Where a release is, in the order it gets there.

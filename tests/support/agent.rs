@@ -255,3 +255,38 @@ pub fn failed_or_reverted(status: &gitcanary::rollout::api::RolloutStatus) -> bo
             .as_ref()
             .is_some_and(|w| w.action == WritebackAction::Revert && w.rollout_id == status.rollout_id)
 }
+
+/// The echo app of the end-to-end tests: a Deployment of two replicas, its
+/// Service, an HTTPRoute to it, and a Rollout whose spec after `workloadRef`
+/// is `rollout_spec` (YAML indented by two spaces).
+pub fn write_echo_app(repo: &super::git_server::GitRepo, ns: &str, image: &str, rollout_spec: &str) {
+    let files = [
+        (
+            "echo/deployment.yaml",
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{app: echo}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image}\n"
+            ),
+        ),
+        (
+            "echo/service.yaml",
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  selector: {{app: echo}}\n  ports:\n  - port: 80\n    targetPort: 8080\n"
+            ),
+        ),
+        (
+            "echo/route.yaml",
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - backendRefs:\n    - {{name: echo, port: 80}}\n"
+            ),
+        ),
+        (
+            "echo/rollout.yaml",
+            format!(
+                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n{rollout_spec}"
+            ),
+        ),
+    ];
+    for (path, content) in files {
+        repo.write(path, &content);
+    }
+}
