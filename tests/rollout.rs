@@ -317,22 +317,25 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
 
     // `kubectl describe rollout` tells the story through Events.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    let reasons: Vec<String> = events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.regarding
-                .as_ref()
-                .is_some_and(|r| r.kind.as_deref() == Some("Rollout"))
-        })
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in ["ReleaseStarted", "StepChanged", "GatePassed", "Promoted"] {
-        assert!(reasons.iter().any(|r| r == reason), "no {reason} Event in {reasons:?}");
-    }
+    let wanted = ["ReleaseStarted", "StepChanged", "GatePassed", "Promoted"];
+    // Events follow the status writes.
+    eventually("the release's Events", WAIT, || async {
+        let reasons: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding
+                    .as_ref()
+                    .is_some_and(|r| r.kind.as_deref() == Some("Rollout"))
+            })
+            .filter_map(|e| e.reason)
+            .collect();
+        wanted.iter().all(|w| reasons.iter().any(|r| r == w)).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -362,14 +365,17 @@ async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_ret
     );
     assert!(message.contains("holding for a fix in Git"), "{message}");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    let failed = events
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .find(|e| e.reason.as_deref() == Some("ReleaseFailed"))
-        .expect("a ReleaseFailed Event");
+    // The Event follows the status write.
+    let failed = eventually("a ReleaseFailed Event", WAIT, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ReleaseFailed"))
+    })
+    .await;
     assert_eq!(failed.type_.as_deref(), Some("Warning"));
     assert!(failed.note.unwrap_or_default().contains("not ready within 4s"));
     eventually("canary removed", WAIT, || async {
