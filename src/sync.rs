@@ -172,20 +172,11 @@ pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &Syn
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
 
     // Apps that hold Namespaces or CRDs go first: other apps may use them.
-    let mut apps: Vec<&App> = manifests.apps.values().collect();
-    apps.sort_by_key(|app| {
-        !app.manifests
+    let (first, rest): (Vec<&App>, Vec<&App>) = manifests.apps.values().partition(|app| {
+        app.manifests
             .iter()
             .any(|m| matches!(m.kind(), "Namespace" | "CustomResourceDefinition"))
     });
-    let first = apps
-        .iter()
-        .take_while(|app| {
-            app.manifests
-                .iter()
-                .any(|m| matches!(m.kind(), "Namespace" | "CustomResourceDefinition"))
-        })
-        .count();
     let one = async |app: &App| -> Result<AppReport> {
         let started = Instant::now();
         let previous = statuses.get(&app.name);
@@ -208,13 +199,11 @@ pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &Syn
         Ok(report)
     };
     let mut reports = Vec::new();
-    for app in &apps[..first] {
+    for app in first {
         reports.push(one(app).await?);
     }
     // The other apps are independent of each other: a few at a time.
-    let mut rest = stream::iter(&apps[first..])
-        .map(|app| one(app))
-        .buffered(APP_CONCURRENCY);
+    let mut rest = stream::iter(rest).map(one).buffered(APP_CONCURRENCY);
     while let Some(report) = rest.next().await {
         reports.push(report?);
     }
@@ -673,15 +662,15 @@ fn apply_params(live: &LiveObjects, key: &ObjectKey) -> PatchParams {
 async fn roll_back_creations(cluster: &Cluster, planned: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
     let started_second = started.as_second();
     for (index, applied) in results.iter().enumerate().rev() {
+        if applied["metadata"]["uid"].is_null() {
+            continue; // not applied by this sync
+        }
         let managers = applied["metadata"]["managedFields"].as_array().map_or(0, Vec::len);
         let only_ours = managers == 1 && applied["metadata"]["managedFields"][0]["manager"] == FIELD_MANAGER;
         let created = applied["metadata"]["creationTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<jiff::Timestamp>().ok())
             .is_some_and(|t| t.as_second() >= started_second);
-        if applied["metadata"]["uid"].is_null() {
-            continue; // not applied by this sync
-        }
         let item = &planned[index];
         let api = cluster.api(&item.resolved, item.namespace());
         if !only_ours || !created {
@@ -698,14 +687,8 @@ async fn roll_back_creations(cluster: &Cluster, planned: &[Planned<'_>], results
             }
             continue;
         }
-        let params = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: applied["metadata"]["uid"].as_str().map(str::to_string),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        if let Err(error) = api.delete(item.name(), &params).await {
+        let uid = applied["metadata"]["uid"].as_str().map(str::to_string);
+        if let Err(error) = api.delete(item.name(), &delete_only(uid, None)).await {
             warn!(object = %item.key, error = %api_message(&error), "could not take back an object of a failed app");
         }
     }
@@ -813,13 +796,7 @@ async fn prune(
             continue;
         }
         // Only the object as just read: one that another app took over since is kept.
-        let params = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                resource_version: live.metadata.resource_version.clone(),
-                uid: live.metadata.uid.clone(),
-            }),
-            ..DeleteParams::background()
-        };
+        let params = delete_only(live.metadata.uid.clone(), live.metadata.resource_version.clone());
         match api.delete(&entry.name, &params).await {
             Ok(_) => pruned.push(entry.key()),
             Err(kube::Error::Api(status)) if status.code == 409 => kept.push(entry),
@@ -830,6 +807,15 @@ async fn prune(
         }
     }
     (pruned, kept, problems)
+}
+
+/// A background delete that fails with a conflict unless the object is still
+/// the one with this uid (and resourceVersion, when given).
+fn delete_only(uid: Option<String>, resource_version: Option<String>) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(kube::api::Preconditions { uid, resource_version }),
+        ..DeleteParams::background()
+    }
 }
 
 /// Whether a `file:line` source annotation names a file of `app`.
@@ -849,7 +835,6 @@ fn prune_problem(app: &str, entry: &InventoryEntry, message: &str) -> Problem {
     }
 }
 
-/// Workloads are healthy when rolled out and available; other objects when present.
 /// What `is_healthy` reads of an object, and no more (a copy of every
 /// unchanged object would double the memory of a large sync).
 fn health_view(object: &Value) -> Value {
@@ -861,6 +846,7 @@ fn health_view(object: &Value) -> Value {
     })
 }
 
+/// Workloads are healthy when rolled out and available; other objects when present.
 pub fn is_healthy(object: &Value) -> bool {
     let kind = object["kind"].as_str().unwrap_or_default();
     if !matches!(kind, "Deployment" | "StatefulSet") {
