@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube::api::{Api, DynamicObject, PartialObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -503,7 +504,9 @@ impl DriftWatch {
             let Some(resolved) = cluster.resolve(api_version, kind).await else {
                 continue;
             };
-            let api = cluster.api(&resolved, None);
+            // Metadata only: any change bumps resourceVersion, and whole
+            // objects would cost memory and parsing for nothing.
+            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(cluster.client.clone(), &resolved.resource);
             let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
             let triggers = triggers.clone();
             let handle = tokio::spawn(async move {
