@@ -144,8 +144,23 @@ impl Planned<'_> {
 /// Apps synced at once (each with up to `SyncOptions::concurrency` requests).
 const APP_CONCURRENCY: usize = 8;
 
-/// Live managed objects, listed once per kind for the whole sync.
-type LiveObjects = HashMap<ObjectKey, Value>;
+/// Live managed objects, listed once per kind for the whole sync. Each is
+/// kept as compact JSON and parsed when its app syncs: a parsed object
+/// takes several times the memory of its text, and a large repository's
+/// objects would all be held at once.
+#[derive(Default)]
+struct LiveObjects {
+    objects: HashMap<ObjectKey, Box<str>>,
+}
+
+impl LiveObjects {
+    fn get(&self, key: &ObjectKey) -> Option<Value> {
+        self.objects.get(key).and_then(|text| serde_json::from_str(text).ok())
+    }
+    fn contains_key(&self, key: &ObjectKey) -> bool {
+        self.objects.contains_key(key)
+    }
+}
 
 /// Syncs every app of the revision.
 pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<SyncReport> {
@@ -322,23 +337,25 @@ async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &Sy
     .buffer_unordered(options.concurrency.max(1))
     .try_collect::<Vec<_>>()
     .await?;
-    Ok(lists.into_iter().flatten().collect())
+    Ok(LiveObjects {
+        objects: lists.into_iter().flatten().collect(),
+    })
 }
 
-fn live_entry(resource: &kube::discovery::ApiResource, object: kube::api::DynamicObject) -> (ObjectKey, Value) {
+fn live_entry(resource: &kube::discovery::ApiResource, mut object: kube::api::DynamicObject) -> (ObjectKey, Box<str>) {
     let key = ObjectKey {
         group: resource.group.clone(),
         kind: resource.kind.clone(),
         namespace: object.metadata.namespace.clone(),
         name: object.metadata.name.clone().unwrap_or_default(),
     };
-    let mut value = serde_json::to_value(&object).unwrap_or(Value::Null);
     // List items carry no type; the desired objects do.
-    if let Some(map) = value.as_object_mut() {
-        map.insert("apiVersion".into(), Value::String(resource.api_version.clone()));
-        map.insert("kind".into(), Value::String(resource.kind.clone()));
-    }
-    (key, value)
+    object.types = Some(kube::api::TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    });
+    let text = serde_json::to_string(&object).unwrap_or_default();
+    (key, text.into_boxed_str())
 }
 
 fn key_of(desired: &Value, manifest: &Manifest) -> ObjectKey {
@@ -439,9 +456,9 @@ async fn sync_app(
     let mut results: Vec<Value> = Vec::new();
     for (index, item) in planned.iter().enumerate() {
         match live.get(&item.key) {
-            Some(current) if is_subset(&item.desired, current) => {
+            Some(current) if is_subset(&item.desired, &current) => {
                 report.unchanged += 1;
-                results.push(health_view(current));
+                results.push(health_view(&current));
             }
             Some(current) => {
                 let same_hash = current["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
@@ -517,9 +534,9 @@ async fn sync_app(
         let desired = prepare(manifest, resolved.namespaced, &options.instance);
         let key = key_of(&desired, manifest);
         match live.get(&key) {
-            Some(current) if is_subset(&desired, current) => {
+            Some(current) if is_subset(&desired, &current) => {
                 report.unchanged += 1;
-                results.push(health_view(current));
+                results.push(health_view(&current));
             }
             _ => {
                 rest.push(planned.len());
