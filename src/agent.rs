@@ -25,15 +25,29 @@ use crate::telemetry::Metrics;
 use crate::writeback::{Author, Outcome, Writer};
 use crate::{MANAGED_BY_LABEL, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trigger {
     Start,
     Poll,
     FileChange,
     Webhook,
-    Drift,
+    /// A watched object changed: its uid and new resourceVersion (none when deleted).
+    Drift(Option<(String, String)>),
     /// A rollout asked to be looked at again (a pause or grace period ends).
     Timer,
+}
+
+impl Trigger {
+    fn reason(&self) -> &'static str {
+        match self {
+            Trigger::Start => "start",
+            Trigger::Poll => "poll",
+            Trigger::FileChange => "file change",
+            Trigger::Webhook => "webhook",
+            Trigger::Drift(_) => "drift",
+            Trigger::Timer => "timer",
+        }
+    }
 }
 
 pub struct Agent {
@@ -380,17 +394,27 @@ impl Agent {
                     None => break,
                 },
             };
-            let mut reasons = BTreeSet::from([format!("{first:?}")]);
             // Bursts (drift events, file saves) are merged over a quiet period;
             // a due timer or a webhook is acted on at once.
-            let quiet = if matches!(first, Trigger::Drift | Trigger::FileChange) {
+            let quiet = if matches!(first, Trigger::Drift(_) | Trigger::FileChange) {
                 DEBOUNCE
             } else {
                 Duration::ZERO
             };
+            let mut burst = vec![first];
             while let Ok(Some(next)) = tokio::time::timeout(quiet, queue.recv()).await {
-                reasons.insert(format!("{next:?}"));
+                burst.push(next);
             }
+            // The watch events of the last sync's own applies are no news (they
+            // are read after that sync, when all its writes are recorded).
+            let own_echo = |trigger: &Trigger| match trigger {
+                Trigger::Drift(Some((uid, version))) => self.cluster.own_writes.wrote(uid, version),
+                _ => false,
+            };
+            if burst.iter().all(own_echo) {
+                continue;
+            }
+            let reasons: BTreeSet<&str> = burst.iter().map(Trigger::reason).collect();
             debug!(?reasons, "sync triggered");
             let sync_started = tokio::time::Instant::now();
             let timer = self.metrics.sync_duration.start_timer();
@@ -509,12 +533,18 @@ impl DriftWatch {
             let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(cluster.client.clone(), &resolved.resource);
             let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
             let triggers = triggers.clone();
+            let cluster = cluster.clone();
             let handle = tokio::spawn(async move {
                 let mut events = std::pin::pin!(watcher(api, config).default_backoff());
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
-                            let _ = triggers.try_send(Trigger::Drift);
+                        Ok(watcher::Event::Apply(object)) => {
+                            let version = object.metadata.uid.zip(object.metadata.resource_version);
+                            let _ = triggers.try_send(Trigger::Drift(version));
+                        }
+                        Ok(watcher::Event::Delete(object)) => {
+                            cluster.own_writes.forget(object.metadata.uid.as_deref());
+                            let _ = triggers.try_send(Trigger::Drift(None));
                         }
                         Ok(_) => {}
                         Err(error) => debug!(%error, "drift watch interrupted; it resumes"),

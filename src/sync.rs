@@ -725,7 +725,10 @@ async fn apply_all(
         let outcome = api
             .patch(item.name(), &params, &Patch::Apply(&item.desired))
             .await
-            .map(|applied| serde_json::to_value(applied).unwrap_or(Value::Null))
+            .map(|applied| {
+                cluster.own_writes.record(&applied);
+                serde_json::to_value(applied).unwrap_or(Value::Null)
+            })
             .map_err(|e| {
                 item.manifest
                     .problem(format!("applying {}: {}", item.key, api_message(&e)))

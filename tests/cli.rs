@@ -77,6 +77,16 @@ fn web_dir(ns: &str) -> tempfile::TempDir {
     dir
 }
 
+/// How many syncs the agent at `addr` has run.
+fn sync_count(addr: &str) -> u64 {
+    let (_, metrics) = support::http(addr, "GET", "/metrics", &[], b"").expect("metrics answer");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gitcanary_sync_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the sync count")
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -277,7 +287,10 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     })
     .await;
 
-    // Someone edits a managed field: the agent's watch puts it back.
+    // Someone edits a managed field: the agent's watch puts it back, in one
+    // sync (the watch event of its own repair does not wake it again).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let syncs_before_edit = sync_count(&addr);
     let edit = serde_json::json!({"data": {"color": "hacked"}});
     configmaps
         .patch("settings", &PatchParams::default(), &Patch::Merge(&edit))
@@ -287,6 +300,12 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
         (color().await.as_deref() == Some("green")).then_some(())
     })
     .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        sync_count(&addr),
+        syncs_before_edit + 1,
+        "one sync for the edit, none for the agent's own repair"
+    );
 
     // What happened is counted at /metrics.
     let (status, metrics) = support::http(&addr, "GET", "/metrics", &[], b"").expect("metrics answer");

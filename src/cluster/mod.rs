@@ -28,6 +28,37 @@ pub struct Cluster {
     pub requests: RequestCounts,
     /// When discovery last ran.
     discovered_at: std::sync::Mutex<std::time::Instant>,
+    /// The object versions a sync wrote itself, so that their watch events do
+    /// not wake the agent for another sync.
+    pub own_writes: OwnWrites,
+}
+
+/// The last resourceVersion gitcanary's own apply gave each object (by uid).
+#[derive(Debug, Default)]
+pub struct OwnWrites {
+    versions: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+impl OwnWrites {
+    pub fn record(&self, object: &DynamicObject) {
+        if let (Some(uid), Some(version)) = (&object.metadata.uid, &object.metadata.resource_version) {
+            let mut versions = self.versions.lock().expect("own writes lock");
+            versions.insert(uid.clone(), version.clone());
+        }
+    }
+
+    /// Whether this version of the object is one gitcanary wrote. A later
+    /// change by anyone else has another resourceVersion.
+    pub fn wrote(&self, uid: &str, version: &str) -> bool {
+        let versions = self.versions.lock().expect("own writes lock");
+        versions.get(uid).is_some_and(|v| v == version)
+    }
+
+    pub fn forget(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.versions.lock().expect("own writes lock").remove(uid);
+        }
+    }
 }
 
 /// What discovery says about one kind.
@@ -78,6 +109,7 @@ impl Cluster {
             discovery: RwLock::new(discovery),
             requests: RequestCounts::default(),
             discovered_at: std::sync::Mutex::new(std::time::Instant::now()),
+            own_writes: OwnWrites::default(),
         })
     }
 
