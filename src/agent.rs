@@ -58,29 +58,21 @@ pub struct Agent {
     pub ready: Arc<AtomicBool>,
     pub writeback: WritebackConfig,
     /// Pull-request comments, commit statuses, gates and commands; off without a token.
-    pub github: Option<GitHubReporter>,
+    pub github: Option<Arc<GitHub>>,
     pub metrics: Arc<Metrics>,
 }
 
 /// How often open pauses look for `/gitcanary` commands when GitHub is on.
 const COMMAND_POLL: Duration = Duration::from_secs(3);
 
-/// What reporting to GitHub needs besides the API: the source to push gate
-/// branches to, and the author of their commits.
-pub struct GitHubReporter {
-    pub github: Arc<GitHub>,
-    pub source: Arc<Source>,
-    pub author: Author,
-}
-
-impl GitHubReporter {
+impl Agent {
     /// Reports each rollout to GitHub: the release comment and the commit
     /// status when its status changed; while a release waits at a gate, its
     /// promotion pull request and the commands. GitHub being down or rate
     /// limited delays the comment, never the release. Returns whether a
     /// decision was handed to a rollout.
-    pub async fn report(&self, cluster: &Cluster, report: &SyncReport) -> bool {
-        let github = &*self.github;
+    async fn report_to_github(&self, github: &GitHub, report: &SyncReport) -> bool {
+        let cluster = &*self.cluster;
         let mut signalled = false;
         for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
             let status = &rollout.status;
@@ -103,6 +95,7 @@ impl GitHubReporter {
             let mut command_pulls = pulls.clone();
             let waiting = gate::waiting_step(&rollout.spec, status);
             let mut gate_pull = None;
+            let mut gate_branch = None;
             if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
                 let request = gate::GateRequest {
                     rollout,
@@ -110,6 +103,7 @@ impl GitHubReporter {
                     base: &base,
                     carried_by: &pulls,
                 };
+                gate_branch = Some(request.branch());
                 match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
                     Ok((pull, verdict)) => {
                         command_pulls.push(pull.number);
@@ -134,13 +128,10 @@ impl GitHubReporter {
                 if let Err(error) = github.set_status(commit, &context, state, &description).await {
                     warn!(%error, "GitHub: the commit status waits for the next change");
                 }
-                if let Some(git) = self.source.git() {
-                    let keep = waiting.map(|step| {
-                        crate::writeback::gate_branch(&rollout.namespace, &rollout.name, &status.rollout_id, step)
-                    });
-                    if let Err(error) = gate::close_others(github, git.branch(), rollout, keep.as_deref()).await {
-                        warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
-                    }
+                if let Some(git) = self.source.git()
+                    && let Err(error) = gate::close_others(github, git.branch(), rollout, gate_branch.as_deref()).await
+                {
+                    warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
                 }
             }
             if matches!(status.phase, Phase::Paused | Phase::Progressing) {
@@ -152,7 +143,7 @@ impl GitHubReporter {
 
     async fn push_gate(&self, request: &gate::GateRequest<'_>, branch: String) -> Result<()> {
         let source = self.source.clone();
-        let author = self.author.clone();
+        let author = self.writeback.author.clone();
         let file = request.file(&jiff::Timestamp::now().to_string());
         let outcome = tokio::task::spawn_blocking(move || {
             let git = source
@@ -437,7 +428,7 @@ impl Agent {
                         let _ = triggers.try_send(Trigger::Timer);
                     }
                     if let Some(github) = &self.github {
-                        github.report(&self.cluster, &report).await;
+                        self.report_to_github(github, &report).await;
                         let waiting = report
                             .apps
                             .iter()

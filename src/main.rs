@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use gitcanary::agent::{Agent, GitHubReporter, WritebackConfig, trigger_channel, write_back};
+use gitcanary::agent::{Agent, WritebackConfig, trigger_channel, write_back};
 use gitcanary::cluster::{Cluster, ensure_namespace, render_diff};
 use gitcanary::github::GitHub;
 use gitcanary::lease::{Leadership, LeaseConfig};
@@ -414,11 +414,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
         ready,
         writeback: writeback.clone(),
-        github: github_client(&args, metrics.clone())?.map(|github| GitHubReporter {
-            github: Arc::new(github),
-            source: source.clone(),
-            author: writeback.author.clone(),
-        }),
+        github: github_client(&args, metrics.clone())?.map(Arc::new),
         metrics,
     };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
