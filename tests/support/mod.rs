@@ -167,6 +167,32 @@ impl DedicatedControlPlane {
         run(&testenv, "bash", &["restart.sh", &state, action, name]);
     }
 
+    /// The last lines each component logged and the nodes' Ready
+    /// conditions: what a failed test needs to tell gitcanary's fault from
+    /// the control plane's.
+    pub fn diagnosis(&self) -> String {
+        let mut text = String::new();
+        for name in ["kube-controller-manager", "kube-scheduler", "kwok"] {
+            let log = std::fs::read_to_string(self.state.join(format!("logs/{name}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            text.push_str(&format!("--- {name} (last 15 lines)\n"));
+            for line in &lines[lines.len().saturating_sub(15)..] {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        let kubectl = self.state.join("kubectl");
+        let nodes = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["get", "nodes,pods", "-A", "-o", "wide"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        text.push_str(&format!("--- nodes and pods\n{nodes}"));
+        text
+    }
+
     pub async fn client(&self) -> Client {
         let file = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
         let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
