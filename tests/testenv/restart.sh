@@ -18,7 +18,8 @@ stop)
   ;;
 start)
   cmd=$(cat "$state/cmds/$name")
-  eval "$cmd" >>"$state/logs/$name.log" 2>&1 &
+  # exec: the pid recorded is the component's own, so down.sh stops it.
+  eval "exec $cmd" >>"$state/logs/$name.log" 2>&1 &
   echo $! >"$pidfile"
   ;;
 *)
