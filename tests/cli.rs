@@ -58,17 +58,6 @@ impl Drop for Agent {
     }
 }
 
-async fn color_of(configmaps: &Api<ConfigMap>, name: &str) -> Option<String> {
-    configmaps
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()?
-        .data?
-        .get("color")
-        .cloned()
-}
-
 /// A plain directory holding one app, `web`, with a blue ConfigMap `settings`.
 fn web_dir(ns: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("dir");
@@ -230,7 +219,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     })
     .await;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let color = || color_of(&configmaps, "settings");
+    let color = || support::color_of(&configmaps, "settings");
     assert_eq!(color().await.as_deref(), Some("blue"));
 
     repo.write("web/settings.yaml", &configmap(&ns, "settings", "green"));
@@ -395,7 +384,7 @@ async fn a_plain_directory_is_followed_through_file_events() {
             .expect("agent starts"),
     );
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let color = || color_of(&configmaps, "settings");
+    let color = || support::color_of(&configmaps, "settings");
     support::eventually("first sync", Duration::from_secs(30), || async {
         (color().await.as_deref() == Some("blue")).then_some(())
     })

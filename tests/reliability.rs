@@ -78,12 +78,7 @@ async fn every_bad_input_is_refused_with_its_file_and_line_and_nothing_of_its_ap
             configmap(&ns, &format!("good-{i}"), "blue"),
         )
         .expect("write");
-        let output = gitcanary()
-            .args(["sync", "--once", "--repo", &dir.path().display().to_string()])
-            .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
-            .args(["--instance", &format!("corpus-{ns}"), "--state-namespace", &ns])
-            .output()
-            .expect("gitcanary runs");
+        let output = sync_once(dir.path(), &format!("corpus-{ns}"), &ns);
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert_eq!(output.status.code(), Some(1), "{name}: {stdout}");
         let wanted = format!("bad/case.yaml:{line}: ");
@@ -105,14 +100,18 @@ async fn every_bad_input_is_refused_with_its_file_and_line_and_nothing_of_its_ap
 /// The color the ConfigMap `settings` has in the cluster now.
 async fn settings_color(scenario: &Scenario) -> Option<String> {
     let configmaps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    configmaps
-        .get_opt("settings")
-        .await
-        .ok()
-        .flatten()?
-        .data?
-        .get("color")
-        .cloned()
+    support::color_of(&configmaps, "settings").await
+}
+
+/// `gitcanary sync --once` of a directory as the instance `instance`,
+/// keeping its status in the namespace `ns`.
+fn sync_once(dir: &Path, instance: &str, ns: &str) -> std::process::Output {
+    gitcanary()
+        .args(["sync", "--once", "--repo", &dir.display().to_string()])
+        .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
+        .args(["--instance", instance, "--state-namespace", ns])
+        .output()
+        .expect("gitcanary runs")
 }
 
 fn webhook_agent(scenario: &Scenario) -> AgentProcess {
@@ -504,12 +503,7 @@ async fn a_refused_new_app_takes_back_only_what_it_created() {
         format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: typed, namespace: {ns}}}\nspec:\n  replicas: \"three\"\n  selector: {{matchLabels: {{app: typed}}}}\n  template:\n    metadata: {{labels: {{app: typed}}}}\n    spec: {{containers: [{{name: web, image: web:1}}]}}\n"),
     )
     .expect("write");
-    let output = gitcanary()
-        .args(["sync", "--once", "--repo", &dir.path().display().to_string()])
-        .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
-        .args(["--instance", &format!("take-back-{ns}"), "--state-namespace", &ns])
-        .output()
-        .expect("gitcanary runs");
+    let output = sync_once(dir.path(), &format!("take-back-{ns}"), &ns);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("app/typed.yaml:1: "), "{stdout}");

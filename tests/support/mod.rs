@@ -131,6 +131,19 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     Some((status, body))
 }
 
+/// The `color` key of a ConfigMap as the cluster has it now; none when the
+/// ConfigMap or the key is missing, or the read fails.
+pub async fn color_of(configmaps: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>, name: &str) -> Option<String> {
+    configmaps
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .get("color")
+        .cloned()
+}
+
 /// A control plane of a test's own, for faults that must not reach the
 /// others (stopping the API server); stopped when dropped.
 pub struct DedicatedControlPlane {
