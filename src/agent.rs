@@ -315,7 +315,7 @@ pub async fn write_back(
                 continue;
             }
         };
-        match engine::clear_writeback(cluster, &request, commit.as_deref(), &note).await {
+        match request.clear(cluster, commit.as_deref(), &note).await {
             Ok(status) => {
                 let summary = report
                     .apps

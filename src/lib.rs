@@ -7,7 +7,7 @@ pub mod cluster;
 pub mod github;
 pub mod lease;
 pub mod manifest;
-pub mod prometheus;
+pub mod plan;
 pub mod rollout;
 pub mod server;
 pub mod source;
@@ -15,6 +15,8 @@ pub mod sync;
 pub mod telemetry;
 pub mod writeback;
 
+/// The API group of gitcanary's own kinds.
+pub const API_GROUP: &str = "gitcanary.io";
 /// The instance name when `--instance` is not given.
 pub const DEFAULT_INSTANCE: &str = "gitcanary";
 /// The field manager for every server-side apply gitcanary sends.
@@ -97,6 +99,12 @@ impl Error {
             source: Box::new(source),
         }
     }
+}
+
+/// A commit id as logs, messages and default rollout ids show it: its
+/// first 7 characters, as `git log --oneline` does.
+pub fn short_commit(commit: &str) -> &str {
+    commit.get(..7).unwrap_or(commit)
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -288,7 +288,7 @@ fn validate(dir: PathBuf, namespaces: Vec<String>) -> Result<ExitCode, Error> {
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
     let mut set = manifest::load_dir(&dir)?;
-    set.validate(&namespaces);
+    gitcanary::rollout::validate::validate(&mut set, &namespaces);
     let problems: Vec<_> = set.problems().collect();
     for problem in &problems {
         println!("{problem}");

@@ -1,49 +1,30 @@
-//! One sync: make the cluster match a revision, app by app. An app with a
-//! problem is not applied at all; the others go on.
+//! One sync: make the cluster match a revision, app by app, each in four
+//! stages: observe (`cluster::observe` and the rollout engine's reads), plan
+//! (`plan::plan_app`, pure), apply (`cluster::apply`, the one write path) and
+//! report (the app's status, logs; rollouts' status and Events). `diff` is
+//! the same observe and plan, applied as a dry run. An app with a problem is
+//! not applied at all; the others go on.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::Api;
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, warn};
 
-use crate::cluster::{AppStatus, Cluster, InventoryEntry, ObjectDiff, Resolved, ensure_namespace, is_subset, prepare};
+use crate::cluster::observe::{self, resolve_manifest};
+use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, api_message, ensure_namespace};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
+use crate::plan::desired::is_subset;
+use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
+use crate::rollout::engine::RolloutWork;
 use crate::source::Revision;
-use crate::{APPLIED_HASH_ANNOTATION, Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result, SOURCE_ANNOTATION};
+use crate::{Error, FIELD_MANAGER, Result, short_commit};
 
-#[derive(Debug, Clone)]
-pub struct SyncOptions {
-    /// Agent instance name, the value of the `gitcanary.io/managed-by` label.
-    pub instance: String,
-    /// Namespace of the per-app status ConfigMaps.
-    pub state_namespace: String,
-    /// Delete managed objects that left Git.
-    pub prune: bool,
-    /// Namespaces manifests may use; empty allows all.
-    pub allowed_namespaces: Vec<String>,
-    /// Requests in flight at once while applying.
-    pub concurrency: usize,
-    /// Prometheus for analysis templates that name none.
-    pub prometheus_url: Option<String>,
-}
-
-impl Default for SyncOptions {
-    fn default() -> Self {
-        SyncOptions {
-            instance: "gitcanary".to_string(),
-            state_namespace: "gitcanary-system".to_string(),
-            prune: false,
-            allowed_namespaces: Vec::new(),
-            concurrency: 16,
-            prometheus_url: None,
-        }
-    }
-}
+pub use crate::plan::SyncOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppResult {
@@ -71,6 +52,10 @@ pub struct AppReport {
     pub applied: Vec<ObjectKey>,
     pub unchanged: usize,
     pub pruned: Vec<ObjectKey>,
+    /// Canary objects (workload, Service, Ingress) this sync wrote.
+    pub canary_applied: Vec<ObjectKey>,
+    /// Canary objects this sync deleted (the release ended or went back).
+    pub canary_deleted: Vec<ObjectKey>,
     /// Objects someone changed in the cluster, put back by this sync.
     pub drifted: Vec<ObjectKey>,
     pub problems: Vec<Problem>,
@@ -113,66 +98,24 @@ impl SyncReport {
     }
 }
 
-/// An object of the revision, resolved against the API server.
-pub(crate) struct Planned<'a> {
-    pub(crate) manifest: &'a Manifest,
-    pub(crate) resolved: Resolved,
-    pub(crate) desired: Value,
-    pub(crate) key: ObjectKey,
-}
-
-impl Planned<'_> {
-    pub(crate) fn namespace(&self) -> Option<&str> {
-        self.desired["metadata"]["namespace"].as_str()
-    }
-    pub(crate) fn name(&self) -> &str {
-        self.manifest.name()
-    }
-    fn is_staged_first(&self) -> bool {
-        matches!(self.manifest.kind(), "Namespace" | "CustomResourceDefinition")
-    }
-    fn inventory_entry(&self) -> InventoryEntry {
-        InventoryEntry {
-            api_version: self.manifest.api_version().to_string(),
-            kind: self.manifest.kind().to_string(),
-            namespace: self.namespace().map(str::to_string),
-            name: self.name().to_string(),
-        }
-    }
-}
-
 /// Apps synced at once (each with up to `SyncOptions::concurrency` requests).
 const APP_CONCURRENCY: usize = 8;
-
-/// Live managed objects, listed once per kind for the whole sync. Each is
-/// kept as compact JSON and parsed when its app syncs: a parsed object
-/// takes several times the memory of its text, and a large repository's
-/// objects would all be held at once.
-#[derive(Default)]
-struct LiveObjects {
-    objects: HashMap<ObjectKey, Box<str>>,
-}
-
-impl LiveObjects {
-    fn get(&self, key: &ObjectKey) -> Option<Value> {
-        self.objects.get(key).and_then(|text| serde_json::from_str(text).ok())
-    }
-    fn contains_key(&self, key: &ObjectKey) -> bool {
-        self.objects.contains_key(key)
-    }
-}
 
 /// Syncs every app of the revision.
 pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<SyncReport> {
     sync_owned(cluster, revision.clone(), options).await
 }
 
-/// `sync` of a revision the caller no longer needs: its manifests are
-/// validated in place rather than copied.
-pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &SyncOptions) -> Result<SyncReport> {
-    let mut manifests = std::mem::take(&mut revision.manifests);
-    manifests.validate(&options.allowed_namespaces);
-    ensure_namespace(cluster, &options.state_namespace).await?;
+/// What every app's observe shares: the revision's kinds, resolved and listed once.
+struct Observed {
+    crd_kinds: BTreeSet<(String, String)>,
+    live: LiveObjects,
+    revision: RevisionKeys,
+}
+
+async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &SyncOptions) -> Result<Observed> {
+    rollout::validate::validate(&mut revision.manifests, &options.allowed_namespaces);
+    let manifests = &revision.manifests;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
     // A kind the API server did not serve when discovery last ran may be
     // served now (a CRD installed by hand): look again, at most every 10 s.
@@ -183,419 +126,316 @@ pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &Syn
             break;
         }
     }
-    let live = list_live(cluster, &manifests.apps, options).await?;
-    let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
+    let live = observe::list_live(cluster, &manifests.apps, &options.instance, options.concurrency).await?;
+    let revision = RevisionKeys::of(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    Ok(Observed {
+        crd_kinds,
+        live,
+        revision,
+    })
+}
 
-    // Apps that hold Namespaces or CRDs go first: other apps may use them.
-    let (first, rest): (Vec<&App>, Vec<&App>) = manifests.apps.values().partition(|app| {
-        app.manifests
-            .iter()
-            .any(|m| matches!(m.kind(), "Namespace" | "CustomResourceDefinition"))
-    });
-    let one = async |app: &App| -> Result<AppReport> {
-        let started = Instant::now();
-        let previous = statuses.get(&app.name);
-        // The app's own commit: a push that leaves the app alone rewrites nothing of it.
-        let app_commit = revision.commit_for(&app.name);
-        let mut report = match sync_app(cluster, app, app_commit, &crd_kinds, &live, previous, options).await {
-            Ok((report, inventory)) => {
-                save_status(cluster, app_commit, &report, inventory, previous, options).await?;
-                report
-            }
-            Err(error) => {
-                let report = failed_report(app, &error.to_string());
-                let inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
-                save_status(cluster, app_commit, &report, inventory, previous, options).await?;
-                report
-            }
+/// `sync` of a revision the caller no longer needs: its manifests are
+/// validated in place rather than copied.
+pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &SyncOptions) -> Result<SyncReport> {
+    let span = info_span!("sync", commit = short_commit(&revision.commit));
+    async move {
+        ensure_namespace(cluster, &options.state_namespace).await?;
+        let observed = observe_revision(cluster, &mut revision, options).await?;
+        let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
+        let manifests = &revision.manifests;
+        // Apps that hold Namespaces or CRDs go first: other apps may use them.
+        let (first, rest): (Vec<&App>, Vec<&App>) = manifests
+            .apps
+            .values()
+            .partition(|app| app.manifests.iter().any(plan::is_staged_first));
+        let one = async |app: &App| -> Result<AppReport> {
+            // The app's own commit: a push that leaves the app alone rewrites nothing of it.
+            let app_commit = revision.commit_for(&app.name);
+            sync_one(cluster, app, app_commit, &observed, statuses.get(&app.name), options)
+                .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
+                .await
         };
-        report.duration = started.elapsed();
-        log_report(app_commit, &report);
-        Ok(report)
-    };
-    let mut reports = Vec::new();
-    for app in first {
-        reports.push(one(app).await?);
-    }
-    // The other apps are independent of each other: a few at a time.
-    let mut rest = stream::iter(rest).map(one).buffered(APP_CONCURRENCY);
-    while let Some(report) = rest.next().await {
-        reports.push(report?);
-    }
-    let kinds = manifests
-        .apps
-        .values()
-        .flat_map(|a| a.manifests.iter())
-        .map(|m| (m.api_version().to_string(), m.kind().to_string()))
-        .collect();
-    Ok(SyncReport {
-        commit: revision.commit.clone(),
-        apps: reports,
-        kinds,
-    })
-}
-
-fn rollout_problem(app: &App, work: &rollout::engine::RolloutWork, error: &Error) -> Problem {
-    Problem {
-        file: app.name.clone(),
-        line: 0,
-        message: format!("rollout {}/{}: {error}", work.namespace, work.name),
-    }
-}
-
-fn failed_report(app: &App, message: &str) -> AppReport {
-    AppReport {
-        app: app.name.clone(),
-        result: AppResult::Failed,
-        applied: Vec::new(),
-        unchanged: 0,
-        pruned: Vec::new(),
-        drifted: Vec::new(),
-        problems: vec![Problem {
-            file: app.name.clone(),
-            line: 0,
-            message: message.to_string(),
-        }],
-        health: String::new(),
-        duration: Duration::ZERO,
-        requeue_after: None,
-        writebacks: Vec::new(),
-        rollouts: Vec::new(),
-    }
-}
-
-fn log_report(commit: &str, report: &AppReport) {
-    let short = &commit[..commit.len().min(12)];
-    if report.problems.is_empty() {
-        info!(
-            commit = short, app = %report.app, result = report.result.as_str(),
-            applied = report.applied.len(), unchanged = report.unchanged, pruned = report.pruned.len(),
-            drifted = report.drifted.len(), health = %report.health,
-            duration_ms = report.duration.as_millis() as u64, "app synced"
-        );
-    } else {
-        for problem in &report.problems {
-            warn!(commit = short, app = %report.app, result = report.result.as_str(), "{problem}");
+        let mut reports = Vec::new();
+        for app in first {
+            reports.push(one(app).await?);
         }
-    }
-    for key in &report.drifted {
-        info!(app = %report.app, object = %key, "drift healed: the live object differed from Git");
-    }
-}
-
-fn kinds_defined_by_crds<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> BTreeSet<(String, String)> {
-    manifests
-        .filter(|m| m.kind() == "CustomResourceDefinition")
-        .filter_map(|m| {
-            let spec = &m.object["spec"];
-            Some((
-                spec["group"].as_str()?.to_string(),
-                spec["names"]["kind"].as_str()?.to_string(),
-            ))
+        // The other apps are independent of each other: a few at a time.
+        let mut rest = stream::iter(rest).map(one).buffered(APP_CONCURRENCY);
+        while let Some(report) = rest.next().await {
+            reports.push(report?);
+        }
+        let kinds = manifests
+            .apps
+            .values()
+            .flat_map(|a| a.manifests.iter())
+            .map(|m| (m.api_version().to_string(), m.kind().to_string()))
+            .collect();
+        Ok(SyncReport {
+            commit: revision.commit.clone(),
+            apps: reports,
+            kinds,
         })
-        .collect()
-}
-
-async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &SyncOptions) -> Result<LiveObjects> {
-    let mut kinds: BTreeMap<(String, String), Resolved> = BTreeMap::new();
-    for manifest in apps.values().flat_map(|a| a.manifests.iter()) {
-        let id = (manifest.api_version().to_string(), manifest.kind().to_string());
-        if kinds.contains_key(&id) {
-            continue;
-        }
-        if let Some(resolved) = cluster.resolve(&id.0, &id.1).await {
-            kinds.insert(id, resolved);
-        }
     }
-    let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
-    let lists = stream::iter(kinds.into_values().map(|resolved| {
-        let selector = selector.clone();
-        async move {
-            let api = cluster.api(&resolved, None);
-            let mut params = ListParams::default().labels(&selector).limit(500);
-            let mut objects = Vec::new();
-            loop {
-                let page = api
-                    .list(&params)
-                    .await
-                    .map_err(Error::kube(format!("listing {}", resolved.resource.plural)))?;
-                let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
-                // Page by page into the form kept, without managedFields (nothing
-                // reads them; they are a good part of each object's size).
-                objects.extend(page.items.into_iter().map(|mut object| {
-                    object.metadata.managed_fields = None;
-                    live_entry(&resolved.resource, object)
-                }));
-                match next {
-                    Some(token) => params = params.continue_token(&token),
-                    None => break,
-                }
-            }
-            Ok::<_, Error>(objects)
-        }
-    }))
-    .buffer_unordered(options.concurrency.max(1))
-    .try_collect::<Vec<_>>()
-    .await?;
-    Ok(LiveObjects {
-        objects: lists.into_iter().flatten().collect(),
-    })
+    .instrument(span)
+    .await
 }
 
-fn live_entry(resource: &kube::discovery::ApiResource, mut object: kube::api::DynamicObject) -> (ObjectKey, Box<str>) {
-    let key = ObjectKey {
-        group: resource.group.clone(),
-        kind: resource.kind.clone(),
-        namespace: object.metadata.namespace.clone(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-    };
-    // List items carry no type; the desired objects do.
-    object.types = Some(kube::api::TypeMeta {
-        api_version: resource.api_version.clone(),
-        kind: resource.kind.clone(),
-    });
-    let text = serde_json::to_string(&object).unwrap_or_default();
-    (key, text.into_boxed_str())
-}
-
-fn key_of(desired: &Value, manifest: &Manifest) -> ObjectKey {
-    ObjectKey {
-        group: manifest.group().to_string(),
-        kind: manifest.kind().to_string(),
-        namespace: desired["metadata"]["namespace"].as_str().map(str::to_string),
-        name: manifest.name().to_string(),
-    }
-}
-
-/// Resolves every manifest of the app; kinds that CRDs of this revision will
-/// add are returned apart, to be resolved once those CRDs are established.
-async fn resolve_app<'a>(
-    cluster: &Cluster,
-    app: &'a App,
-    crd_kinds: &BTreeSet<(String, String)>,
-    instance: &str,
-) -> (Vec<Planned<'a>>, Vec<&'a Manifest>, Vec<Problem>) {
-    let mut planned = Vec::new();
-    let mut pending = Vec::new();
-    let mut problems = Vec::new();
-    for manifest in &app.manifests {
-        match cluster.resolve(manifest.api_version(), manifest.kind()).await {
-            Some(resolved) => {
-                let desired = prepare(manifest, resolved.namespaced, instance);
-                let key = key_of(&desired, manifest);
-                planned.push(Planned {
-                    manifest,
-                    resolved,
-                    desired,
-                    key,
-                });
-            }
-            None if crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string())) => {
-                pending.push(manifest)
-            }
-            None if manifest.group() == rollout::api::GROUP => problems.push(manifest.problem(format!(
-                "kind {} in {} is not installed: apply the CRD first (gitcanary crd | kubectl apply -f -, or deploy/)",
-                manifest.kind(),
-                manifest.api_version()
-            ))),
-            None => problems.push(manifest.problem(format!(
-                "unknown kind {} in {}: the API server does not serve it and no CRD in this revision defines it",
-                manifest.kind(),
-                manifest.api_version()
-            ))),
-        }
-    }
-    (planned, pending, problems)
-}
-
-async fn sync_app(
+/// One app: observe, plan, apply, report.
+async fn sync_one(
     cluster: &Cluster,
     app: &App,
     commit: &str,
-    crd_kinds: &BTreeSet<(String, String)>,
-    live: &LiveObjects,
+    observed: &Observed,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
-) -> Result<(AppReport, Vec<InventoryEntry>)> {
+) -> Result<AppReport> {
+    let started = Instant::now();
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
-    let mut report = AppReport {
-        app: app.name.clone(),
-        result: AppResult::Synced,
-        applied: Vec::new(),
-        unchanged: 0,
-        pruned: Vec::new(),
-        drifted: Vec::new(),
-        problems: app.problems.clone(),
-        health: String::new(),
-        duration: Duration::ZERO,
-        requeue_after: None,
-        writebacks: Vec::new(),
-        rollouts: Vec::new(),
+    let (mut report, inventory) = match reconcile_app(cluster, app, commit, observed, previous, options).await {
+        Ok(Reconciled::Applied(report, inventory)) => (*report, inventory),
+        Ok(Reconciled::Refused(result, problems)) => (report_of(app, result, problems), previous_inventory),
+        Err(error) => (
+            report_of(app, AppResult::Failed, vec![app_problem(app, error.to_string())]),
+            previous_inventory,
+        ),
     };
-    if !report.problems.is_empty() {
-        report.result = AppResult::Invalid;
-        return Ok((report, previous_inventory));
-    }
-    let (mut planned, pending, problems) = resolve_app(cluster, app, crd_kinds, &options.instance).await;
-    if !problems.is_empty() {
-        report.problems = problems;
-        report.result = AppResult::Invalid;
-        return Ok((report, previous_inventory));
-    }
+    save_status(cluster, commit, &report, inventory, previous, options).await?;
+    report.duration = started.elapsed();
+    log_report(&report);
+    Ok(report)
+}
 
+/// How an app's reconcile ended.
+enum Reconciled {
+    /// Applied (perhaps in part): the report and the inventory to record.
+    Applied(Box<AppReport>, Vec<InventoryEntry>),
+    /// Nothing applied (or all taken back): the app keeps the inventory it had.
+    Refused(AppResult, Vec<Problem>),
+}
+
+/// An app observed and planned, ready for the apply stage.
+struct Prepared<'a> {
+    plan: AppPlan<'a>,
+    rollouts: Vec<RolloutWork>,
+}
+
+/// Observe and plan: everything decided, nothing written.
+async fn observe_and_plan<'a>(
+    cluster: &Cluster,
+    app: &'a App,
+    commit: &str,
+    observed: &Observed,
+    previous: &[InventoryEntry],
+    options: &SyncOptions,
+    measure: bool,
+) -> Result<std::result::Result<Prepared<'a>, Vec<Problem>>> {
+    if !app.problems.is_empty() {
+        return Ok(Err(app.problems.clone()));
+    }
+    let resolved = observe::resolve_app(cluster, app, &observed.crd_kinds, &options.instance).await;
+    if !resolved.problems.is_empty() {
+        return Ok(Err(resolved.problems));
+    }
+    let mut objects = resolved.objects;
     // Rollouts overlay the objects they govern before anything is compared.
-    let (rollouts, problems) = rollout::engine::prepare(cluster, &mut planned, commit, options, true).await?;
+    let (rollouts, problems) = rollout::engine::prepare(cluster, &mut objects, commit, options, measure).await?;
     if !problems.is_empty() {
-        report.problems = problems;
-        report.result = AppResult::Invalid;
-        return Ok((report, previous_inventory));
+        return Ok(Err(problems));
     }
+    let left_git = if options.prune {
+        observe::left_git(cluster, &plan::left_git(&objects, &resolved.pending, previous)).await
+    } else {
+        BTreeMap::new()
+    };
+    let plan = plan::plan_app(AppInputs {
+        app: &app.name,
+        objects,
+        pending: resolved.pending,
+        live: &observed.live,
+        previous,
+        left_git: &left_git,
+        revision: &observed.revision,
+        has_rollouts: !rollouts.is_empty(),
+        instance: &options.instance,
+        prune: options.prune,
+    });
+    Ok(Ok(Prepared { plan, rollouts }))
+}
 
-    // Decide what to write: missing, changed in Git, or changed in the cluster.
-    let mut to_apply = Vec::new();
-    let mut results: Vec<Value> = Vec::new();
-    for (index, item) in planned.iter().enumerate() {
-        match live.get(&item.key) {
-            Some(current) if is_subset(&item.desired, &current) => {
-                report.unchanged += 1;
-                results.push(health_view(&current));
-            }
-            Some(current) => {
-                let same_hash = current["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
-                    == item.desired["metadata"]["annotations"][APPLIED_HASH_ANNOTATION];
-                if same_hash {
-                    report.drifted.push(item.key.clone());
-                }
-                to_apply.push(index);
-                results.push(Value::Null);
-            }
-            None => {
-                to_apply.push(index);
-                results.push(Value::Null);
-            }
+async fn reconcile_app(
+    cluster: &Cluster,
+    app: &App,
+    commit: &str,
+    observed: &Observed,
+    previous: Option<&AppStatus>,
+    options: &SyncOptions,
+) -> Result<Reconciled> {
+    let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
+    let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
+    // Prune must never act on a forgotten inventory.
+    let prune_options;
+    let options = match unreadable {
+        Some(_) if options.prune => {
+            prune_options = SyncOptions {
+                prune: false,
+                ..options.clone()
+            };
+            &prune_options
         }
+        _ => options,
+    };
+    let prepared = match observe_and_plan(cluster, app, commit, observed, previous_inventory, options, true).await? {
+        Ok(prepared) => prepared,
+        Err(problems) => return Ok(Reconciled::Refused(AppResult::Invalid, problems)),
+    };
+    let mut reconciled = apply_app(cluster, app, prepared, &observed.live, options).await?;
+    if let (Some(unreadable), Reconciled::Applied(report, _)) = (unreadable, &mut reconciled) {
+        report.result = AppResult::Failed;
+        report.problems.push(app_problem(
+            app,
+            format!(
+                "the recorded inventory cannot be read ({}): nothing is pruned for this app until its status ConfigMap is fixed or deleted",
+                unreadable.error
+            ),
+        ));
     }
+    Ok(reconciled)
+}
 
-    // An app none of whose objects exists yet skips the dry run: if the API
-    // server refuses one of them, the ones just created are deleted again,
-    // which leaves the cluster as it was, for half the requests.
-    let fresh = previous.is_none_or(|p| p.inventory.is_empty())
-        && rollouts.is_empty()
-        && pending.is_empty()
-        && planned
-            .iter()
-            .all(|p| !live.contains_key(&p.key) && p.manifest.kind() != "CustomResourceDefinition");
+/// The apply stage: executes the plan through the one write path.
+async fn apply_app(
+    cluster: &Cluster,
+    app: &App,
+    prepared: Prepared<'_>,
+    live: &LiveObjects,
+    options: &SyncOptions,
+) -> Result<Reconciled> {
+    let Prepared { mut plan, rollouts } = prepared;
     let started = jiff::Timestamp::now();
     // The API server validates everything before anything is written.
-    let problems = if fresh {
-        Vec::new()
-    } else {
-        dry_run(cluster, &planned, &to_apply, live, options).await?
-    };
-    if !problems.is_empty() {
-        report.problems = problems;
-        report.result = AppResult::Invalid;
-        report.drifted.clear();
-        return Ok((report, previous_inventory));
+    if !plan.fresh {
+        let problems = dry_run(cluster, &plan, live, options).await?;
+        if !problems.is_empty() {
+            return Ok(Reconciled::Refused(AppResult::Invalid, problems));
+        }
     }
-
-    let (first, rest): (Vec<usize>, Vec<usize>) = to_apply.iter().partition(|&&i| planned[i].is_staged_first());
     let mut failures = Vec::new();
+    let mut canary_applied = Vec::new();
+    // Canary objects first, so that a route never names a canary Service that does not exist yet.
     for work in &rollouts {
-        if let Err(error) = rollout::engine::apply_canary_objects(cluster, work).await {
-            failures.push(rollout_problem(app, work, &error));
+        for write in &work.canary_writes {
+            match cluster
+                .apply(&write.resolved, &write.object, write.ours, Mode::Apply)
+                .await
+            {
+                Ok(_) => canary_applied.push(write.key.clone()),
+                Err(error) => {
+                    let message = format!("applying {}: {}", write.key, api_message(&error));
+                    failures.push(rollout_problem(app, work, &message));
+                }
+            }
         }
     }
-    for (index, outcome) in apply_all(cluster, &planned, &first, live, options).await {
-        match outcome {
-            Ok(value) => results[index] = value,
-            Err(problem) => failures.push(problem),
-        }
+    let mut results: Vec<Value> = vec![Value::Null; plan.objects.len()];
+    for (index, health) in std::mem::take(&mut plan.unchanged) {
+        results[index] = health;
     }
+    let (first, mut rest) = plan.staged_writes();
+    failures.extend(apply_writes(cluster, &plan.objects, &first, live, &mut results, options).await);
     let crds: Vec<&str> = first
         .iter()
-        .filter(|&&i| planned[i].manifest.kind() == "CustomResourceDefinition")
-        .map(|&i| planned[i].name())
+        .filter(|&&i| plan.objects[i].manifest.kind() == "CustomResourceDefinition")
+        .map(|&i| plan.objects[i].name())
         .collect();
     if !crds.is_empty() {
         wait_for_crds(cluster, &crds).await?;
         cluster.refresh_discovery().await?;
     }
     // Objects of kinds that the CRDs above just added.
-    let mut rest = rest;
-    for manifest in pending {
-        let Some(resolved) = cluster.resolve(manifest.api_version(), manifest.kind()).await else {
+    for manifest in std::mem::take(&mut plan.pending) {
+        let Some(item) = resolve_manifest(cluster, manifest, &options.instance).await else {
             failures.push(manifest.problem(format!(
                 "kind {} is still not served after its CRD was applied",
                 manifest.kind()
             )));
             continue;
         };
-        let desired = prepare(manifest, resolved.namespaced, &options.instance);
-        let key = key_of(&desired, manifest);
-        match live.get(&key) {
-            Some(current) if is_subset(&desired, &current) => {
-                report.unchanged += 1;
-                results.push(health_view(&current));
-            }
+        match live.get(&item.key) {
+            Some(current) if is_subset(&item.desired, &current) => results.push(plan::health_view(&current)),
             _ => {
-                rest.push(planned.len());
+                rest.push(plan.objects.len());
                 results.push(Value::Null);
             }
         }
-        planned.push(Planned {
-            manifest,
-            resolved,
-            desired,
-            key,
-        });
+        plan.objects.push(item);
     }
-    for (index, outcome) in apply_all(cluster, &planned, &rest, live, options).await {
-        match outcome {
-            Ok(value) => results[index] = value,
-            Err(problem) => failures.push(problem),
-        }
-    }
-    if fresh && !failures.is_empty() {
-        roll_back_creations(cluster, &planned, &results, started).await;
+    failures.extend(apply_writes(cluster, &plan.objects, &rest, live, &mut results, options).await);
+    if plan.fresh && !failures.is_empty() {
+        take_back(cluster, &plan.objects, &results, started).await;
         failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        report.problems = failures;
-        report.result = AppResult::Invalid;
-        return Ok((report, previous_inventory));
+        return Ok(Reconciled::Refused(AppResult::Invalid, failures));
     }
+    let mut report = report_of(app, AppResult::Synced, Vec::new());
+    report.canary_applied = canary_applied;
+    report.unchanged = plan.objects.len() - first.len() - rest.len();
     for &index in first.iter().chain(rest.iter()) {
-        if !results[index].is_null() {
-            report.applied.push(planned[index].key.clone());
+        if results[index].is_null() {
+            continue;
         }
+        let key = plan.objects[index].key.clone();
+        if plan
+            .writes
+            .iter()
+            .any(|&(i, reason)| i == index && reason == Reason::Drift)
+        {
+            report.drifted.push(key.clone());
+        }
+        report.applied.push(key);
     }
 
     for work in &rollouts {
+        // Routes are back on stable by now: the canary objects may go.
+        for deletion in &work.canary_deletions {
+            match cluster.delete(deletion, Mode::Apply).await {
+                Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
+                Ok(_) => {}
+                Err(error) => {
+                    let message = format!("deleting {}: {}", deletion.key, api_message(&error));
+                    failures.push(rollout_problem(app, work, &message));
+                }
+            }
+        }
         if let Err(error) = rollout::engine::finish(cluster, work).await {
-            failures.push(rollout_problem(app, work, &error));
+            failures.push(rollout_problem(app, work, &error.to_string()));
         }
     }
     report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
-    report.writebacks = rollouts.iter().filter_map(|w| w.writeback()).collect();
+    report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
     report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
 
     // Inventory: what Git holds now, plus what left Git but was not pruned.
-    let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();
-    let mut inventory: Vec<InventoryEntry> = planned.iter().map(Planned::inventory_entry).collect();
-    let gone: Vec<InventoryEntry> = previous_inventory
-        .into_iter()
-        .filter(|entry| !current.contains(&entry.key()))
-        .collect();
-    if options.prune {
-        let (pruned, kept, prune_failures) = prune(cluster, &app.name, gone, options).await;
-        report.pruned = pruned;
-        inventory.extend(kept);
-        failures.extend(prune_failures);
-    } else {
-        inventory.extend(gone);
+    let mut inventory: Vec<InventoryEntry> = plan.objects.iter().map(Planned::inventory_entry).collect();
+    inventory.append(&mut plan.kept);
+    failures.append(&mut plan.problems);
+    for deletion in &plan.prunes {
+        match cluster.delete(deletion, Mode::Apply).await {
+            Ok(Deleted::Deleted) => report.pruned.push(deletion.key.clone()),
+            Ok(Deleted::Gone) => {}
+            // Another app took it over, or someone re-created it: keep tracking it.
+            Ok(Deleted::Changed) => inventory.push(deletion.inventory_entry()),
+            Err(error) => {
+                failures.push(app_problem(
+                    app,
+                    format!("pruning {}: {}", deletion.key, api_message(&error)),
+                ));
+                inventory.push(deletion.inventory_entry());
+            }
+        }
     }
     inventory.sort();
 
-    report.health = if results.iter().all(is_healthy) {
+    report.health = if results.iter().all(plan::is_healthy) {
         "Healthy".to_string()
     } else {
         "Progressing".to_string()
@@ -604,51 +444,94 @@ async fn sync_app(
         report.problems = failures;
         report.result = AppResult::Failed;
     }
-    Ok((report, inventory))
+    Ok(Reconciled::Applied(Box::new(report), inventory))
 }
 
-async fn dry_run(
+/// Applies the objects at `indices`; each result goes to `results`, each refusal is returned.
+async fn apply_writes(
     cluster: &Cluster,
-    planned: &[Planned<'_>],
+    objects: &[Planned<'_>],
     indices: &[usize],
     live: &LiveObjects,
+    results: &mut [Value],
     options: &SyncOptions,
-) -> Result<Vec<Problem>> {
-    // Objects in a namespace this revision creates cannot be dry-run before it exists.
-    let mut namespaces: BTreeMap<String, bool> = BTreeMap::new();
-    let ns_api: Api<Namespace> = Api::all(cluster.client.clone());
+) -> Vec<Problem> {
+    let outcomes = stream::iter(indices.iter().map(|&i| async move {
+        let item = &objects[i];
+        let outcome = cluster
+            .apply(&item.resolved, &item.desired, live.contains_key(&item.key), Mode::Apply)
+            .await
+            .map(|applied| serde_json::to_value(applied).unwrap_or(Value::Null))
+            .map_err(|e| {
+                item.manifest
+                    .problem(format!("applying {}: {}", item.key, api_message(&e)))
+            });
+        (i, outcome)
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .collect::<Vec<_>>()
+    .await;
+    let mut problems = Vec::new();
+    for (index, outcome) in outcomes {
+        match outcome {
+            Ok(value) => results[index] = value,
+            Err(problem) => problems.push(problem),
+        }
+    }
+    problems
+}
+
+/// Namespaces (of the objects at `indices`) that exist now. Objects in a
+/// namespace this revision creates cannot be dry-run before it exists.
+async fn existing_namespaces(
+    cluster: &Cluster,
+    objects: &[Planned<'_>],
+    indices: &[usize],
+) -> Result<BTreeSet<String>> {
+    let mut checked: BTreeMap<String, bool> = BTreeMap::new();
+    let api: Api<Namespace> = Api::all(cluster.client.clone());
     for &i in indices {
-        if let Some(ns) = planned[i].namespace()
-            && !namespaces.contains_key(ns)
+        if let Some(ns) = objects[i].namespace()
+            && !checked.contains_key(ns)
         {
-            let exists = ns_api
+            let exists = api
                 .get_opt(ns)
                 .await
                 .map_err(Error::kube(format!("reading namespace {ns}")))?
                 .is_some();
-            namespaces.insert(ns.to_string(), exists);
+            checked.insert(ns.to_string(), exists);
         }
     }
-    let checkable: Vec<usize> = indices
-        .iter()
-        .copied()
-        .filter(|&i| {
-            planned[i]
-                .namespace()
-                .is_none_or(|ns| namespaces.get(ns).copied().unwrap_or(false))
-        })
-        .collect();
-    let outcomes = stream::iter(checkable.into_iter().map(|i| async move {
-        let item = &planned[i];
-        let params = apply_params(live, &item.key).dry_run();
-        let api = cluster.api(&item.resolved, item.namespace());
-        api.patch(item.name(), &params, &Patch::Apply(&item.desired))
+    Ok(checked
+        .into_iter()
+        .filter(|(_, exists)| *exists)
+        .map(|(ns, _)| ns)
+        .collect())
+}
+
+async fn dry_run(
+    cluster: &Cluster,
+    plan: &AppPlan<'_>,
+    live: &LiveObjects,
+    options: &SyncOptions,
+) -> Result<Vec<Problem>> {
+    let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
+    let namespaces = existing_namespaces(cluster, &plan.objects, &indices).await?;
+    let checkable = indices
+        .into_iter()
+        .filter(|&i| plan.objects[i].namespace().is_none_or(|ns| namespaces.contains(ns)));
+    let outcomes = stream::iter(checkable.map(|i| async move {
+        let item = &plan.objects[i];
+        cluster
+            .apply(
+                &item.resolved,
+                &item.desired,
+                live.contains_key(&item.key),
+                Mode::DryRun,
+            )
             .await
             .err()
-            .map(|e| {
-                item.manifest
-                    .problem(format!("{} refused by the API server: {}", item.key, api_message(&e)))
-            })
+            .map(|e| refused(item, &e))
     }))
     .buffer_unordered(options.concurrency.max(1))
     .collect::<Vec<_>>()
@@ -658,86 +541,50 @@ async fn dry_run(
     Ok(problems)
 }
 
-fn api_message(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => status.message.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Conflicts are forced only on objects gitcanary already manages (so a
-/// `kubectl edit` is healed); someone else's object is not taken over.
-fn apply_params(live: &LiveObjects, key: &ObjectKey) -> PatchParams {
-    let params = PatchParams::apply(FIELD_MANAGER);
-    if live.contains_key(key) { params.force() } else { params }
+fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
+    item.manifest.problem(format!(
+        "{} refused by the API server: {}",
+        item.key,
+        api_message(error)
+    ))
 }
 
 /// Takes back what this sync did to a fresh app that failed, newest first:
 /// deletes the objects it created (gitcanary their only field manager,
 /// created after the sync began), and from an object that someone else
 /// made it removes gitcanary's fields by applying an empty configuration.
-async fn roll_back_creations(cluster: &Cluster, planned: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
+async fn take_back(cluster: &Cluster, objects: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
     let started_second = started.as_second();
     for (index, applied) in results.iter().enumerate().rev() {
-        if applied["metadata"]["uid"].is_null() {
+        let Some(meta) = LiveMeta::of(applied) else {
             continue; // not applied by this sync
-        }
+        };
         let managers = applied["metadata"]["managedFields"].as_array().map_or(0, Vec::len);
         let only_ours = managers == 1 && applied["metadata"]["managedFields"][0]["manager"] == FIELD_MANAGER;
         let created = applied["metadata"]["creationTimestamp"]
             .as_str()
             .and_then(|t| t.parse::<jiff::Timestamp>().ok())
             .is_some_and(|t| t.as_second() >= started_second);
-        let item = &planned[index];
-        let api = cluster.api(&item.resolved, item.namespace());
+        let item = &objects[index];
         if !only_ours || !created {
             let mut empty = json!({"apiVersion": item.desired["apiVersion"], "kind": item.desired["kind"],
                 "metadata": {"name": item.name()}});
             if let Some(namespace) = item.namespace() {
                 empty["metadata"]["namespace"] = json!(namespace);
             }
-            if let Err(error) = api
-                .patch(item.name(), &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&empty))
-                .await
-            {
+            if let Err(error) = cluster.apply(&item.resolved, &empty, false, Mode::Apply).await {
                 warn!(object = %item.key, error = %api_message(&error), "could not take back gitcanary's fields");
             }
             continue;
         }
-        let uid = applied["metadata"]["uid"].as_str().map(str::to_string);
-        if let Err(error) = api.delete(item.name(), &delete_only(uid, None)).await {
+        let deletion = plan::Deletion {
+            resource_version: None,
+            ..plan::Deletion::of(item.manifest.api_version(), item.key.clone(), &meta)
+        };
+        if let Err(error) = cluster.delete(&deletion, Mode::Apply).await {
             warn!(object = %item.key, error = %api_message(&error), "could not take back an object of a failed app");
         }
     }
-}
-
-async fn apply_all(
-    cluster: &Cluster,
-    planned: &[Planned<'_>],
-    indices: &[usize],
-    live: &LiveObjects,
-    options: &SyncOptions,
-) -> Vec<(usize, std::result::Result<Value, Problem>)> {
-    stream::iter(indices.iter().map(|&i| async move {
-        let item = &planned[i];
-        let params = apply_params(live, &item.key);
-        let api = cluster.api(&item.resolved, item.namespace());
-        let outcome = api
-            .patch(item.name(), &params, &Patch::Apply(&item.desired))
-            .await
-            .map(|applied| {
-                cluster.own_writes.record(&applied);
-                serde_json::to_value(applied).unwrap_or(Value::Null)
-            })
-            .map_err(|e| {
-                item.manifest
-                    .problem(format!("applying {}: {}", item.key, api_message(&e)))
-            });
-        (i, outcome)
-    }))
-    .buffer_unordered(options.concurrency.max(1))
-    .collect()
-    .await
 }
 
 async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
@@ -771,117 +618,66 @@ async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Deletes objects that left Git, but only those this instance manages and
-/// this app applied; workloads first, then CRDs, then Namespaces.
-async fn prune(
-    cluster: &Cluster,
-    app: &str,
-    mut gone: Vec<InventoryEntry>,
-    options: &SyncOptions,
-) -> (Vec<ObjectKey>, Vec<InventoryEntry>, Vec<Problem>) {
-    let rank = |e: &InventoryEntry| match e.kind.as_str() {
-        "Namespace" => 2,
-        "CustomResourceDefinition" => 1,
-        _ => 0,
-    };
-    gone.sort_by_key(rank);
-    let mut pruned = Vec::new();
-    let mut kept = Vec::new();
-    let mut problems = Vec::new();
-    for entry in gone {
-        let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
-            continue; // its kind is gone, so is the object
-        };
-        let api = cluster.api(&resolved, entry.namespace.as_deref());
-        let live = match api.get_opt(&entry.name).await {
-            Ok(live) => live,
-            Err(e) => {
-                problems.push(prune_problem(app, &entry, &api_message(&e)));
-                kept.push(entry);
-                continue;
-            }
-        };
-        let Some(live) = live else { continue };
-        let ours = live.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL)) == Some(&options.instance);
-        if !ours {
-            continue; // someone else owns it now: never delete
-        }
-        // An object that moved to another app in the same commit now names that app's file.
-        let source = live
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(SOURCE_ANNOTATION));
-        if source.is_some_and(|file| !belongs_to(file, app)) {
-            continue;
-        }
-        // Only the object as just read: one that another app took over since is kept.
-        let params = delete_only(live.metadata.uid.clone(), live.metadata.resource_version.clone());
-        match api.delete(&entry.name, &params).await {
-            Ok(_) => pruned.push(entry.key()),
-            Err(kube::Error::Api(status)) if status.code == 409 => kept.push(entry),
-            Err(e) => {
-                problems.push(prune_problem(app, &entry, &api_message(&e)));
-                kept.push(entry);
-            }
-        }
-    }
-    (pruned, kept, problems)
+fn kinds_defined_by_crds<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> BTreeSet<(String, String)> {
+    manifests
+        .filter(|m| m.kind() == "CustomResourceDefinition")
+        .filter_map(|m| {
+            let spec = &m.object["spec"];
+            Some((
+                spec["group"].as_str()?.to_string(),
+                spec["names"]["kind"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
 }
 
-/// A background delete that fails with a conflict unless the object is still
-/// the one with this uid (and resourceVersion, when given).
-fn delete_only(uid: Option<String>, resource_version: Option<String>) -> DeleteParams {
-    DeleteParams {
-        preconditions: Some(kube::api::Preconditions { uid, resource_version }),
-        ..DeleteParams::background()
-    }
-}
-
-/// Whether a `file:line` source annotation names a file of `app`.
-fn belongs_to(source: &str, app: &str) -> bool {
-    let file = source.rsplit_once(':').map_or(source, |(file, _)| file);
-    match file.split_once('/') {
-        Some((dir, _)) => dir == app,
-        None => app == crate::manifest::ROOT_APP,
-    }
-}
-
-fn prune_problem(app: &str, entry: &InventoryEntry, message: &str) -> Problem {
+fn app_problem(app: &App, message: String) -> Problem {
     Problem {
-        file: app.to_string(),
+        file: app.name.clone(),
         line: 0,
-        message: format!("pruning {}: {message}", entry.key()),
+        message,
     }
 }
 
-/// What `is_healthy` reads of an object, and no more (a copy of every
-/// unchanged object would double the memory of a large sync).
-fn health_view(object: &Value) -> Value {
-    json!({
-        "kind": object["kind"],
-        "metadata": {"generation": object["metadata"]["generation"]},
-        "spec": {"replicas": object["spec"]["replicas"]},
-        "status": object["status"],
-    })
+fn rollout_problem(app: &App, work: &RolloutWork, message: &str) -> Problem {
+    app_problem(app, format!("rollout {}/{}: {message}", work.namespace, work.name))
 }
 
-/// Workloads are healthy when rolled out and available; other objects when present.
-pub fn is_healthy(object: &Value) -> bool {
-    let kind = object["kind"].as_str().unwrap_or_default();
-    if !matches!(kind, "Deployment" | "StatefulSet") {
-        return true;
+fn report_of(app: &App, result: AppResult, problems: Vec<Problem>) -> AppReport {
+    AppReport {
+        app: app.name.clone(),
+        result,
+        applied: Vec::new(),
+        unchanged: 0,
+        pruned: Vec::new(),
+        canary_applied: Vec::new(),
+        canary_deleted: Vec::new(),
+        drifted: Vec::new(),
+        problems,
+        health: String::new(),
+        duration: Duration::ZERO,
+        requeue_after: None,
+        writebacks: Vec::new(),
+        rollouts: Vec::new(),
     }
-    let status = &object["status"];
-    let want = object["spec"]["replicas"].as_i64().unwrap_or(1);
-    let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
-    let observed = status["observedGeneration"].as_i64().unwrap_or(0);
-    let updated = status["updatedReplicas"].as_i64().unwrap_or(0);
-    let ready = match kind {
-        "Deployment" => status["availableReplicas"].as_i64().unwrap_or(0),
-        _ => status["readyReplicas"].as_i64().unwrap_or(0),
-    };
-    observed >= generation && updated >= want && ready >= want
+}
+
+fn log_report(report: &AppReport) {
+    if report.problems.is_empty() {
+        info!(
+            result = report.result.as_str(),
+            applied = report.applied.len(), unchanged = report.unchanged, pruned = report.pruned.len(),
+            drifted = report.drifted.len(), health = %report.health,
+            duration_ms = report.duration.as_millis() as u64, "app synced"
+        );
+    } else {
+        for problem in &report.problems {
+            warn!(result = report.result.as_str(), "{problem}");
+        }
+    }
+    for key in &report.drifted {
+        info!(object = %key, "drift healed: the live object differed from Git");
+    }
 }
 
 async fn save_status(
@@ -904,6 +700,8 @@ async fn save_status(
             .join("\n"),
         health: report.health.clone(),
         inventory,
+        // An inventory that cannot be read is kept as it is until someone fixes it.
+        unreadable_inventory: previous.and_then(|p| p.unreadable_inventory.clone()),
     };
     // A no-op resync writes nothing.
     if previous == Some(&status) {
@@ -912,91 +710,165 @@ async fn save_status(
     status.save(cluster, &options.state_namespace, &options.instance).await
 }
 
-/// What the next sync would change, without changing anything.
+/// What the next sync would change, without changing anything: the same
+/// observe and plan as `sync`, applied as a dry run. Lists exactly the
+/// objects the next sync would write or delete.
 pub async fn diff(
     cluster: &Cluster,
     revision: &Revision,
     options: &SyncOptions,
 ) -> Result<(Vec<ObjectDiff>, Vec<Problem>)> {
-    let mut manifests = revision.manifests.clone();
-    manifests.validate(&options.allowed_namespaces);
-    let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    let mut revision = revision.clone();
+    let observed = observe_revision(cluster, &mut revision, options).await?;
+    let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
     let mut diffs = Vec::new();
-    let mut problems: Vec<Problem> = manifests.problems().cloned().collect();
-    for app in manifests.apps.values().filter(|a| a.is_valid()) {
-        let (mut planned, pending, resolve_problems) = resolve_app(cluster, app, &crd_kinds, &options.instance).await;
-        problems.extend(resolve_problems);
-        // What a rollout would keep or change (the stable template, routes, Service pins).
-        let (_, rollout_problems) =
-            rollout::engine::prepare(cluster, &mut planned, revision.commit_for(&app.name), options, false).await?;
-        problems.extend(rollout_problems);
-        for manifest in pending {
-            diffs.push(
-                ObjectDiff::between(manifest.key(), manifest.location(), None, Some(&manifest.object))
-                    .expect("new object differs from nothing"),
-            );
+    let mut problems = Vec::new();
+    for app in revision.manifests.apps.values() {
+        let previous = statuses.get(&app.name);
+        let mut app_options = options.clone();
+        if let Some(unreadable) = previous.and_then(|p| p.unreadable_inventory.as_ref()) {
+            app_options.prune = false;
+            problems.push(app_problem(
+                app,
+                format!(
+                    "the recorded inventory cannot be read ({}): nothing would be pruned",
+                    unreadable.error
+                ),
+            ));
         }
-        let outcomes = stream::iter(planned.iter().map(|item| async move {
-            let api = cluster.api(&item.resolved, item.namespace());
-            let live = api
-                .get_opt(item.name())
-                .await
-                .map_err(|e| item.manifest.problem(api_message(&e)))?;
-            let managed = live
-                .as_ref()
-                .and_then(|o| o.metadata.labels.as_ref()?.get(MANAGED_BY_LABEL).cloned());
-            let mut params = PatchParams::apply(FIELD_MANAGER).dry_run();
-            if managed.as_deref() == Some(options.instance.as_str()) {
-                params = params.force();
+        let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
+        let commit = revision.commit_for(&app.name);
+        match observe_and_plan(cluster, app, commit, &observed, inventory, &app_options, false).await? {
+            Ok(prepared) => {
+                let (app_diffs, app_problems) = dry_run_diff(cluster, &prepared, &observed.live, &app_options).await;
+                diffs.extend(app_diffs);
+                problems.extend(app_problems);
+                problems.extend(prepared.plan.problems.iter().cloned());
             }
-            let live = live.map(|o| serde_json::to_value(o).unwrap_or(Value::Null));
-            let after = match api.patch(item.name(), &params, &Patch::Apply(&item.desired)).await {
-                Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
-                // A namespace that does not exist yet: show the object as Git has it.
-                Err(kube::Error::Api(status)) if status.code == 404 && live.is_none() => item.desired.clone(),
-                Err(e) => {
-                    return Err(item.manifest.problem(format!(
-                        "{} refused by the API server: {}",
-                        item.key,
-                        api_message(&e)
-                    )));
-                }
-            };
-            Ok(ObjectDiff::between(
-                item.key.clone(),
-                item.manifest.location(),
-                live.as_ref(),
-                Some(&after),
-            ))
-        }))
-        .buffer_unordered(options.concurrency.max(1))
-        .collect::<Vec<_>>()
-        .await;
-        for outcome in outcomes {
-            match outcome {
-                Ok(Some(diff)) => diffs.push(diff),
-                Ok(None) => {}
-                Err(problem) => problems.push(problem),
-            }
-        }
-        if options.prune {
-            let current: BTreeSet<ObjectKey> = planned.iter().map(|p| p.key.clone()).collect();
-            let previous = AppStatus::load(cluster, &options.state_namespace, &options.instance, &app.name).await?;
-            for entry in previous.map(|p| p.inventory).unwrap_or_default() {
-                if current.contains(&entry.key()) {
-                    continue;
-                }
-                let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
-                    continue;
-                };
-                let api = cluster.api(&resolved, entry.namespace.as_deref());
-                if let Ok(Some(live)) = api.get_opt(&entry.name).await {
-                    let live = serde_json::to_value(live).unwrap_or(Value::Null);
-                    diffs.extend(ObjectDiff::between(entry.key(), String::new(), Some(&live), None));
-                }
-            }
+            Err(app_problems) => problems.extend(app_problems),
         }
     }
     diffs.sort_by(|a, b| a.key.cmp(&b.key));
     Ok((diffs, problems))
+}
+
+/// The apply stage of `diff`: each write dry-run through the one apply path,
+/// each delete shown with the object it would remove.
+async fn dry_run_diff(
+    cluster: &Cluster,
+    prepared: &Prepared<'_>,
+    live: &LiveObjects,
+    options: &SyncOptions,
+) -> (Vec<ObjectDiff>, Vec<Problem>) {
+    let plan = &prepared.plan;
+    let mut diffs = Vec::new();
+    let mut problems = Vec::new();
+    let outcomes = stream::iter(plan.writes.iter().map(|&(i, _)| async move {
+        let item = &plan.objects[i];
+        let ours = live.contains_key(&item.key);
+        // Someone else's object by that name is not listed as ours: read it to show what changes.
+        let before = match live.get(&item.key) {
+            Some(object) => Some(object),
+            None => read_value(cluster, &item.resolved, item.namespace(), item.name())
+                .await
+                .map_err(|e| item.manifest.problem(api_message(&e)))?,
+        };
+        let after = match cluster.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
+            Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
+            // A namespace that does not exist yet: show the object as Git has it.
+            Err(kube::Error::Api(status)) if status.code == 404 && before.is_none() => item.desired.clone(),
+            Err(e) => return Err(refused(item, &e)),
+        };
+        Ok(write_diff(
+            item.key.clone(),
+            item.manifest.location(),
+            before.as_ref(),
+            &after,
+        ))
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .collect::<Vec<_>>()
+    .await;
+    for outcome in outcomes {
+        match outcome {
+            Ok(diff) => diffs.push(diff),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    for manifest in &plan.pending {
+        diffs.push(write_diff(manifest.key(), manifest.location(), None, &manifest.object));
+    }
+    for work in &prepared.rollouts {
+        for write in &work.canary_writes {
+            let after = match cluster
+                .apply(&write.resolved, &write.object, write.ours, Mode::DryRun)
+                .await
+            {
+                Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
+                Err(kube::Error::Api(status)) if status.code == 404 => write.object.clone(),
+                Err(e) => {
+                    problems.push(Problem {
+                        file: work.app.clone(),
+                        line: 0,
+                        message: format!("{} refused by the API server: {}", write.key, api_message(&e)),
+                    });
+                    continue;
+                }
+            };
+            diffs.push(write_diff(
+                write.key.clone(),
+                work.source.clone(),
+                write.live.as_ref(),
+                &after,
+            ));
+        }
+    }
+    let deletions = prepared
+        .rollouts
+        .iter()
+        .flat_map(|w| w.canary_deletions.iter())
+        .chain(plan.prunes.iter());
+    for deletion in deletions {
+        let shown = match cluster.resolve(&deletion.api_version, &deletion.key.kind).await {
+            Some(resolved) => read_value(
+                cluster,
+                &resolved,
+                deletion.key.namespace.as_deref(),
+                &deletion.key.name,
+            )
+            .await
+            .ok()
+            .flatten(),
+            None => None,
+        };
+        let shown = shown.unwrap_or_else(|| json!({"metadata": {"name": deletion.key.name, "uid": deletion.uid}}));
+        diffs.extend(ObjectDiff::between(
+            deletion.key.clone(),
+            String::new(),
+            Some(&shown),
+            None,
+        ));
+    }
+    (diffs, problems)
+}
+
+/// A diff for an object the sync would write, even when only gitcanary's
+/// bookkeeping (which a diff does not show) changes.
+fn write_diff(key: ObjectKey, location: String, before: Option<&Value>, after: &Value) -> ObjectDiff {
+    ObjectDiff::between(key.clone(), location.clone(), before, Some(after)).unwrap_or_else(|| ObjectDiff {
+        unified: format!("{key}: only gitcanary's annotations change\n"),
+        key,
+        location,
+        change: crate::cluster::Change::Update,
+    })
+}
+
+async fn read_value(
+    cluster: &Cluster,
+    resolved: &crate::plan::Resolved,
+    namespace: Option<&str>,
+    name: &str,
+) -> std::result::Result<Option<Value>, kube::Error> {
+    let object = cluster.api(resolved, namespace).get_opt(name).await?;
+    Ok(object.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
 }

@@ -5,41 +5,13 @@
 
 use std::collections::BTreeMap;
 
+use super::Cluster;
+use crate::plan::InventoryEntry;
+use crate::{Error, FIELD_MANAGER, Result};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams};
-use serde::{Deserialize, Serialize};
-
-use super::Cluster;
-use crate::manifest::ObjectKey;
-use crate::{Error, FIELD_MANAGER, Result};
 
 pub const APP_STATUS_LABEL: &str = "gitcanary.io/app-status";
-
-/// One object gitcanary applied for an app.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct InventoryEntry {
-    #[serde(rename = "apiVersion")]
-    pub api_version: String,
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl InventoryEntry {
-    pub fn key(&self) -> ObjectKey {
-        ObjectKey {
-            group: self
-                .api_version
-                .rsplit_once('/')
-                .map(|(g, _)| g.to_string())
-                .unwrap_or_default(),
-            kind: self.kind.clone(),
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-        }
-    }
-}
 
 /// What the cluster records about an app's last sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +24,15 @@ pub struct AppStatus {
     /// `Healthy` or `Progressing`, as workloads report after apply.
     pub health: String,
     pub inventory: Vec<InventoryEntry>,
+    /// The recorded inventory, when it cannot be parsed: prune is off for the
+    /// app, and the text is written back as it was, so nothing is forgotten.
+    pub unreadable_inventory: Option<UnreadableInventory>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableInventory {
+    pub text: String,
+    pub error: String,
 }
 
 /// `gitcanary-app-<app>` for the default instance, `<instance>-app-<app>`
@@ -108,13 +89,25 @@ impl AppStatus {
     fn from_configmap(app: &str, cm: ConfigMap) -> AppStatus {
         let data = cm.data.unwrap_or_default();
         let field = |k: &str| data.get(k).cloned().unwrap_or_default();
+        let text = field("inventory");
+        let (inventory, unreadable_inventory) = match serde_json::from_str(if text.is_empty() { "[]" } else { &text }) {
+            Ok(inventory) => (inventory, None),
+            Err(error) => (
+                Vec::new(),
+                Some(UnreadableInventory {
+                    text,
+                    error: error.to_string(),
+                }),
+            ),
+        };
         AppStatus {
             app: app.to_string(),
             commit: field("commit"),
             result: field("result"),
             message: field("message"),
             health: field("health"),
-            inventory: serde_json::from_str(&field("inventory")).unwrap_or_default(),
+            inventory,
+            unreadable_inventory,
         }
     }
 
@@ -126,7 +119,13 @@ impl AppStatus {
             ("message", self.message.clone()),
             ("health", self.health.clone()),
             ("objects", self.inventory.len().to_string()),
-            ("inventory", serde_json::to_string(&self.inventory).unwrap_or_default()),
+            (
+                "inventory",
+                match &self.unreadable_inventory {
+                    Some(unreadable) => unreadable.text.clone(),
+                    None => serde_json::to_string(&self.inventory).unwrap_or_default(),
+                },
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

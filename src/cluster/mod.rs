@@ -1,20 +1,24 @@
-//! The cluster side: client, API discovery, server-side apply, prune and diff.
+//! The cluster side: client, API discovery, observe (every read of a
+//! reconcile), and the one apply and delete path.
 
 mod apply;
 mod diff;
 mod inventory;
+pub mod observe;
 mod requests;
 
-pub use apply::{canonical_hash, is_subset, prepare, rehash};
-pub use diff::{ObjectDiff, render_diff};
-pub use inventory::{APP_STATUS_LABEL, AppStatus, InventoryEntry, ensure_namespace};
+pub use apply::{Deleted, Mode, api_message};
+pub use diff::{Change, ObjectDiff, render_diff};
+pub use inventory::{APP_STATUS_LABEL, AppStatus, UnreadableInventory, ensure_namespace};
 pub use requests::RequestCounts;
+
+pub use crate::plan::{InventoryEntry, Resolved};
 
 use std::path::Path;
 
 use kube::api::{Api, DynamicObject};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::discovery::{ApiResource, Discovery, Scope};
+use kube::discovery::{Discovery, Scope};
 use kube::{Client, Config};
 use tokio::sync::RwLock;
 
@@ -59,13 +63,6 @@ impl OwnWrites {
             self.versions.lock().expect("own writes lock").remove(uid);
         }
     }
-}
-
-/// What discovery says about one kind.
-#[derive(Debug, Clone)]
-pub struct Resolved {
-    pub resource: ApiResource,
-    pub namespaced: bool,
 }
 
 impl Cluster {

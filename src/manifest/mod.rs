@@ -130,6 +130,12 @@ impl ManifestSet {
     /// Checks that need no cluster: required fields, duplicates, and the
     /// namespace allow-list (empty allows every namespace).
     pub fn validate(&mut self, allowed_namespaces: &[String]) {
+        self.validate_with(allowed_namespaces, |_| Vec::new());
+    }
+
+    /// [`ManifestSet::validate`], then `kind_checks` on each app that passed
+    /// (the checks of gitcanary's own kinds, which live with those kinds).
+    pub fn validate_with(&mut self, allowed_namespaces: &[String], kind_checks: impl Fn(&App) -> Vec<Problem>) {
         let mut seen: BTreeMap<ObjectKey, (String, String)> = BTreeMap::new();
         for app in self.apps.values_mut() {
             let mut problems = Vec::new();
@@ -148,7 +154,7 @@ impl ManifestSet {
                 }
             }
             if problems.is_empty() {
-                problems.extend(crate::rollout::validate::problems(app));
+                problems.extend(kind_checks(app));
             }
             app.problems.extend(problems);
         }

@@ -1,6 +1,6 @@
 //! Metric analysis, the pure part: the condition language, query templates,
 //! which runs are active and due, and checks for `gitcanary validate`.
-//! Prometheus is asked by `crate::prometheus`; the planner decides.
+//! Prometheus is asked by `super::prometheus`; the planner decides.
 
 use std::time::Duration;
 

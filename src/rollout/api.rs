@@ -7,7 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub const GROUP: &str = "gitcanary.io";
+pub const GROUP: &str = crate::API_GROUP;
 pub const API_VERSION: &str = "gitcanary.io/v1alpha1";
 pub const KIND: &str = "Rollout";
 

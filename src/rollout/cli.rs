@@ -68,10 +68,6 @@ pub async fn list(cluster: &Cluster, namespace: Option<&str>, name: Option<&str>
     Ok(rollouts)
 }
 
-fn short(commit: &str) -> &str {
-    &commit[..commit.len().min(7)]
-}
-
 /// What a person reads in `gitcanary status`: phase, step, traffic, pods,
 /// commits, how long in the step and what it waits for.
 pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
@@ -127,9 +123,15 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
             }
         }
         if !status.stable_commit.is_empty() {
-            out.push_str(&format!("  stable commit {}", short(&status.stable_commit)));
+            out.push_str(&format!(
+                "  stable commit {}",
+                crate::short_commit(&status.stable_commit)
+            ));
             if !status.canary_commit.is_empty() {
-                out.push_str(&format!(", canary commit {}", short(&status.canary_commit)));
+                out.push_str(&format!(
+                    ", canary commit {}",
+                    crate::short_commit(&status.canary_commit)
+                ));
             }
             out.push('\n');
         }

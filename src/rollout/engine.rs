@@ -3,25 +3,27 @@
 //! objects (applied by the one sync path), plus the canary objects, pod
 //! batch labels and the Rollout's status, written after the app is applied.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::analysis;
-use super::api::{API_VERSION, GROUP, KIND, Phase, Rollout, RolloutSpec, RolloutStatus, WrittenBack};
+use super::api::{API_VERSION, GROUP, KIND, Phase, Rollout, RolloutSpec, RolloutStatus};
 use super::overlay::{
     self, BATCH_ID_LABEL, CANARY_HASH_ANNOTATION, ROLLOUT_ID_LABEL, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind,
     canary_name,
 };
 use super::plan::{self, Observed, Plan};
-use crate::cluster::{Cluster, canonical_hash, is_subset, rehash};
-use crate::manifest::Problem;
-use crate::sync::Planned;
+use crate::cluster::Cluster;
+use crate::manifest::{ObjectKey, Problem};
+use crate::plan::desired::{canonical_hash, is_subset, rehash};
+use crate::plan::{Deletion, LiveMeta, Planned, Resolved, SyncOptions};
 use crate::{Error, FIELD_MANAGER, MANAGED_BY_LABEL, Result, SOURCE_ANNOTATION};
 
 /// Annotations that carry a signal; each value is acted on once.
@@ -45,10 +47,26 @@ pub struct RolloutWork {
     pub kind: WorkloadKind,
     pub workload: String,
     pub plan: Plan,
+    /// `file:line` of the Rollout.
+    pub source: String,
+    /// Canary objects to write before the app's objects (routes may name them).
+    pub canary_writes: Vec<CanaryWrite>,
+    /// Canary objects of this instance to delete once the routes are back on stable.
+    pub canary_deletions: Vec<Deletion>,
     previous: Option<RolloutStatus>,
-    extras: Vec<Value>,
-    deletions: Vec<(&'static str, &'static str, String)>,
     revisions: Revisions,
+}
+
+/// A canary object that differs from what the cluster has.
+#[derive(Debug)]
+pub struct CanaryWrite {
+    pub key: ObjectKey,
+    pub resolved: Resolved,
+    pub object: Value,
+    /// The live object by that name, if any.
+    pub live: Option<Value>,
+    /// The live object is this instance's: conflicts are forced.
+    pub ours: bool,
 }
 
 impl RolloutWork {
@@ -67,19 +85,6 @@ impl RolloutWork {
             last_command_comment: self.last_command_comment,
         }
     }
-
-    /// The promote or revert still to be written to Git, if any.
-    pub fn writeback(&self) -> Option<crate::writeback::Request> {
-        let pending = self.plan.status.pending_writeback.clone()?;
-        Some(crate::writeback::Request {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            app: self.app.clone(),
-            pending,
-            status: self.plan.status.clone(),
-            images: self.images.clone(),
-        })
-    }
 }
 
 /// A rollout after a sync, for reporting.
@@ -94,28 +99,8 @@ pub struct RolloutSummary {
     pub last_command_comment: u64,
 }
 
-/// Marks a write-back done: the status without its pending entry, and with
-/// the commit that holds it. Returns the status written.
-pub async fn clear_writeback(
-    cluster: &Cluster,
-    request: &crate::writeback::Request,
-    commit: Option<&str>,
-    note: &str,
-) -> Result<RolloutStatus> {
-    let mut status = request.status.clone();
-    status.pending_writeback = None;
-    status.written_back = Some(WrittenBack {
-        action: request.pending.action,
-        rollout_id: request.pending.rollout_id.clone(),
-        commit: commit.unwrap_or_default().to_string(),
-        note: note.to_string(),
-    });
-    apply_status(cluster, &request.namespace, &request.name, &status).await?;
-    Ok(status)
-}
-
 /// Writes a Rollout's whole status with gitcanary's field manager.
-async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
+pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
     let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
     rollouts
@@ -165,7 +150,7 @@ pub(crate) async fn prepare(
     cluster: &Cluster,
     planned: &mut [Planned<'_>],
     commit: &str,
-    options: &crate::sync::SyncOptions,
+    options: &SyncOptions,
     measure: bool,
 ) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
     let mut work = Vec::new();
@@ -185,7 +170,7 @@ async fn prepare_one(
     planned: &mut [Planned<'_>],
     index: usize,
     commit: &str,
-    options: &crate::sync::SyncOptions,
+    options: &SyncOptions,
     measure: bool,
 ) -> Result<std::result::Result<RolloutWork, Problem>> {
     let instance = options.instance.as_str();
@@ -271,16 +256,18 @@ async fn prepare_one(
         }
     }
 
+    let canary_live = observe_canary_objects(cluster, kind, &spec, &namespace, &target.name).await?;
     let (revisions, stable_template) = match kind {
         WorkloadKind::Deployment => {
+            let canary = canary_live.get(&("Deployment", canary_name(&target.name)));
             observe_deployment(
                 cluster,
                 &mut observed,
                 &status,
                 live.as_ref(),
+                canary,
                 &git_template,
                 &namespace,
-                &target.name,
             )
             .await?
         }
@@ -301,7 +288,7 @@ async fn prepare_one(
         };
         for (run, template) in analysis::due_runs(&spec, &status, observed.now) {
             let measurement =
-                crate::prometheus::measure(&run, template, options.prometheus_url.as_deref(), &bindings).await;
+                super::prometheus::measure(&run, template, options.prometheus_url.as_deref(), &bindings).await;
             info!(namespace = %namespace, rollout = %name, rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
             observed.measurements.push(measurement);
         }
@@ -328,12 +315,12 @@ async fn prepare_one(
         &plan.status.stable_template_hash,
     );
     set_desired(&mut planned[workload_index], stable);
-    let mut extras = Vec::new();
-    let mut deletions = Vec::new();
+    let mut wanted = Vec::new();
+    let mut unwanted = Vec::new();
     let disabled = spec.strategy.canary.canary_service.as_ref().is_some_and(|c| c.disabled);
     if let (WorkloadKind::Deployment, Some(replicas)) = (kind, intent.canary_replicas) {
         let canary_hash = plan.status.canary_template_hash.clone();
-        extras.push(overlay::canary_deployment(
+        wanted.push(overlay::canary_deployment(
             &spec,
             &git_workload,
             replicas,
@@ -341,7 +328,7 @@ async fn prepare_one(
             &canary_hash,
         ));
     } else if kind == WorkloadKind::Deployment && intent.canary_replicas.is_none() {
-        deletions.push(("apps/v1", "Deployment", canary_name(&target.name)));
+        unwanted.push(("apps/v1", "Deployment", canary_name(&target.name)));
     }
     for routing in &spec.strategy.canary.traffic_routings {
         let Some(service_index) = find(planned, "Service", &namespace, &routing.service) else {
@@ -349,14 +336,14 @@ async fn prepare_one(
         };
         let canary_ready_to_route = intent.canary_replicas.is_some() && !revisions.canary.is_empty() && !disabled;
         if canary_ready_to_route {
-            extras.push(overlay::canary_service(
+            wanted.push(overlay::canary_service(
                 &spec,
                 &planned[service_index].desired,
                 kind,
                 &revisions.canary,
             ));
         } else if intent.canary_replicas.is_none() {
-            deletions.push(("v1", "Service", canary_name(&routing.service)));
+            unwanted.push(("v1", "Service", canary_name(&routing.service)));
         }
         if intent.pin_stable_service && !revisions.stable.is_empty() && canary_ready_to_route {
             let pinned = overlay::pinned_stable_service(&planned[service_index].desired, kind, &revisions.stable);
@@ -388,18 +375,23 @@ async fn prepare_one(
                 ))));
             };
             match traffic {
-                Some(traffic) => extras.push(overlay::canary_ingress(
+                Some(traffic) => wanted.push(overlay::canary_ingress(
                     &planned[ingress_index].desired,
                     &routing.service,
                     traffic,
                 )),
-                None => deletions.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
+                None => unwanted.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
             }
         }
     }
-    for extra in &mut extras {
-        mark_managed(extra, instance, &manifest.location());
+    for object in &mut wanted {
+        mark_managed(object, instance, &manifest.location());
     }
+    let (canary_writes, canary_deletions) =
+        match canary_changes(cluster, wanted, unwanted, &canary_live, &namespace, instance).await {
+            Ok(changes) => changes,
+            Err(problem) => return Ok(Err(manifest.problem(problem))),
+        };
     let images = git_workload["spec"]["template"]["spec"]["containers"]
         .as_array()
         .map(|c| {
@@ -421,11 +413,98 @@ async fn prepare_one(
         kind,
         workload: target.name.clone(),
         plan,
+        source: manifest.location(),
+        canary_writes,
+        canary_deletions,
         previous,
-        extras,
-        deletions,
         revisions,
     }))
+}
+
+/// The canary objects a release of this rollout may make, as the cluster has them.
+async fn observe_canary_objects(
+    cluster: &Cluster,
+    kind: WorkloadKind,
+    spec: &RolloutSpec,
+    namespace: &str,
+    workload: &str,
+) -> Result<BTreeMap<(&'static str, String), Value>> {
+    let mut names: Vec<(&'static str, &'static str, String)> = Vec::new();
+    if kind == WorkloadKind::Deployment {
+        names.push(("apps/v1", "Deployment", canary_name(workload)));
+    }
+    for routing in &spec.strategy.canary.traffic_routings {
+        names.push(("v1", "Service", canary_name(&routing.service)));
+        if let Some(ingress) = &routing.ingress {
+            names.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name)));
+        }
+    }
+    let mut live = BTreeMap::new();
+    for (api_version, kind, name) in names {
+        if let Some(object) = get_value(cluster, api_version, kind, namespace, &name).await? {
+            live.insert((kind, name), object);
+        }
+    }
+    Ok(live)
+}
+
+/// Which canary objects to write (those that differ from the cluster) and
+/// which to delete (only this instance's, only the object observed).
+async fn canary_changes(
+    cluster: &Cluster,
+    wanted: Vec<Value>,
+    unwanted: Vec<(&'static str, &'static str, String)>,
+    live: &BTreeMap<(&'static str, String), Value>,
+    namespace: &str,
+    instance: &str,
+) -> std::result::Result<(Vec<CanaryWrite>, Vec<Deletion>), String> {
+    let key = |api_version: &str, kind: &str, name: &str| ObjectKey {
+        group: api_version
+            .rsplit_once('/')
+            .map(|(g, _)| g.to_string())
+            .unwrap_or_default(),
+        kind: kind.to_string(),
+        namespace: Some(namespace.to_string()),
+        name: name.to_string(),
+    };
+    let ours = |object: &Value| LiveMeta::of(object).filter(|m| m.managed_by.as_deref() == Some(instance));
+    let mut writes = Vec::new();
+    for object in wanted {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default().to_string();
+        let kind = object["kind"].as_str().unwrap_or_default().to_string();
+        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let current = live
+            .iter()
+            .find(|((k, n), _)| *k == kind && *n == name)
+            .map(|(_, v)| v.clone());
+        if current.as_ref().is_some_and(|current| is_subset(&object, current)) {
+            continue;
+        }
+        let Some(resolved) = cluster.resolve(&api_version, &kind).await else {
+            return Err(format!(
+                "{kind} in {api_version} is not served: the canary {kind} {namespace}/{name} cannot be made"
+            ));
+        };
+        writes.push(CanaryWrite {
+            key: key(&api_version, &kind, &name),
+            resolved,
+            ours: current.as_ref().and_then(ours).is_some(),
+            live: current,
+            object,
+        });
+    }
+    let mut deletions = Vec::new();
+    for (api_version, kind, name) in unwanted {
+        let Some(meta) = live.get(&(kind, name.clone())).and_then(ours) else {
+            continue;
+        };
+        // The uid only: the canary's controller updates its status meanwhile.
+        deletions.push(Deletion {
+            resource_version: None,
+            ..Deletion::of(api_version, key(api_version, kind, &name), &meta)
+        });
+    }
+    Ok((writes, deletions))
 }
 
 /// The pod template exactly as Git has it (before gitcanary's own metadata).
@@ -478,17 +557,16 @@ async fn observe_deployment(
     observed: &mut Observed,
     status: &RolloutStatus,
     live: Option<&Value>,
+    canary: Option<&Value>,
     git_template: &Value,
     namespace: &str,
-    name: &str,
 ) -> Result<(Revisions, Option<Value>)> {
-    let canary = get_value(cluster, "apps/v1", "Deployment", namespace, &canary_name(name)).await?;
     let canary_hash = if status.canary_template_hash.is_empty() {
         &observed.git_template_hash
     } else {
         &status.canary_template_hash
     };
-    if let Some(canary) = &canary
+    if let Some(canary) = canary
         && canary["metadata"]["annotations"][CANARY_HASH_ANNOTATION].as_str() == Some(canary_hash.as_str())
     {
         observed.canary_ready = ready_of_current(canary, "availableReplicas");
@@ -519,7 +597,7 @@ async fn observe_deployment(
     };
     let revisions = Revisions {
         stable: current_hash(live),
-        canary: current_hash(canary.as_ref()),
+        canary: current_hash(canary),
     };
     Ok((revisions, live.map(|l| l["spec"]["template"].clone())))
 }
@@ -582,22 +660,10 @@ fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Before the app is applied: the canary objects, so that a route never
-/// names a canary Service that does not exist yet.
-pub async fn apply_canary_objects(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
-    for extra in &work.extras {
-        apply_extra(cluster, extra).await?;
-    }
-    Ok(())
-}
-
-/// After the app is applied: deletions (routes are already back on stable),
-/// batch labels, status.
+/// After the app is applied (and the canary objects no longer wanted are
+/// deleted): batch labels, status, Events.
 pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
     let intent = &work.plan.intent;
-    for (api_version, kind, name) in &work.deletions {
-        delete_if_present(cluster, api_version, kind, &work.namespace, name).await?;
-    }
     // Pods of the last batch may become ready in the same moment as the promotion.
     let step = work
         .plan
@@ -661,49 +727,6 @@ async fn record_events(cluster: &Cluster, work: &RolloutWork) {
         if let Err(error) = recorder.publish(&event, &reference).await {
             warn!(%error, "cannot record an Event on the Rollout");
         }
-    }
-}
-
-async fn apply_extra(cluster: &Cluster, object: &Value) -> Result<()> {
-    let api_version = object["apiVersion"].as_str().unwrap_or_default();
-    let kind = object["kind"].as_str().unwrap_or_default();
-    let namespace = object["metadata"]["namespace"].as_str().unwrap_or("default");
-    let name = object["metadata"]["name"].as_str().unwrap_or_default();
-    if let Some(live) = get_value(cluster, api_version, kind, namespace, name).await?
-        && is_subset(object, &live)
-    {
-        return Ok(());
-    }
-    let resolved = cluster.resolve(api_version, kind).await.ok_or_else(|| Error::Object {
-        object: format!("{kind} {namespace}/{name}"),
-        message: "kind not served".into(),
-    })?;
-    cluster
-        .api(&resolved, Some(namespace))
-        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))
-        .await
-        .map_err(Error::kube(format!("applying {kind} {namespace}/{name}")))?;
-    Ok(())
-}
-
-async fn delete_if_present(
-    cluster: &Cluster,
-    api_version: &str,
-    kind: &str,
-    namespace: &str,
-    name: &str,
-) -> Result<()> {
-    let Some(resolved) = cluster.resolve(api_version, kind).await else {
-        return Ok(());
-    };
-    match cluster
-        .api(&resolved, Some(namespace))
-        .delete(name, &DeleteParams::background())
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube(format!("deleting {kind} {namespace}/{name}"))(e)),
     }
 }
 

@@ -7,4 +7,5 @@ pub mod cli;
 pub mod engine;
 pub mod overlay;
 pub mod plan;
+pub mod prometheus;
 pub mod validate;

@@ -140,10 +140,6 @@ fn elapsed(since: &str, now: Timestamp) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
-fn short(commit: &str) -> String {
-    commit.chars().take(7).collect()
-}
-
 struct Planner<'a> {
     spec: &'a RolloutSpec,
     observed: &'a Observed,
@@ -287,7 +283,11 @@ impl Planner<'_> {
         self.status.canary_template_hash = observed.git_template_hash.clone();
         self.status.canary_commit = observed.commit.clone();
         self.status.canary_revision.clear();
-        self.status.rollout_id = self.spec.rollout_id.clone().unwrap_or_else(|| short(&observed.commit));
+        self.status.rollout_id = self
+            .spec
+            .rollout_id
+            .clone()
+            .unwrap_or_else(|| crate::short_commit(&observed.commit).to_string());
         self.status.failed_template_hash.clear();
         self.status.canary_status = Some(CanaryStatus {
             traffic: "0%".into(),
@@ -298,7 +298,7 @@ impl Planner<'_> {
         self.note(format!(
             "release {} started for commit {}",
             self.status.rollout_id,
-            short(&observed.commit)
+            crate::short_commit(&observed.commit)
         ));
         self.enter(1, StepState::StepUpgrade);
         self.advance()

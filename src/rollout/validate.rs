@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::api::{GROUP, IntOrPercent, KIND, RolloutSpec};
 use super::plan::parse_percent;
-use crate::manifest::{App, Manifest, Problem};
+use crate::manifest::{App, Manifest, ManifestSet, Problem};
 
 fn is_rollout(manifest: &Manifest) -> bool {
     manifest.group() == GROUP && manifest.kind() == KIND
@@ -15,6 +15,12 @@ fn holds(app: &App, kind: &str, namespace: &str, name: &str) -> bool {
     app.manifests
         .iter()
         .any(|m| m.kind() == kind && m.name() == name && m.namespace().unwrap_or("default") == namespace)
+}
+
+/// Every offline check of a revision's manifests, Rollouts included: what
+/// `sync`, `diff` and `gitcanary validate` run.
+pub fn validate(set: &mut ManifestSet, allowed_namespaces: &[String]) {
+    set.validate_with(allowed_namespaces, problems);
 }
 
 /// Problems of every Rollout in the app.
@@ -163,7 +169,7 @@ mod tests {
 
     fn problems(files: &[(&str, &str)]) -> Vec<String> {
         let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
-        set.validate(&[]);
+        super::validate(&mut set, &[]);
         set.problems().map(ToString::to_string).collect()
     }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 use git2::{Commit, Oid, Repository, Signature};
 use serde::Serialize;
 
-use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction};
+use crate::cluster::Cluster;
+use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction, WrittenBack};
+use crate::rollout::engine::{RolloutWork, apply_status};
 use crate::source::{GitSource, redact_url};
 use crate::{Error, Result};
 
@@ -82,6 +84,36 @@ pub struct Request {
     pub images: Vec<String>,
 }
 
+impl Request {
+    /// The promote or revert a rollout still has to write to Git, if any.
+    pub fn of(work: &RolloutWork) -> Option<Request> {
+        let pending = work.plan.status.pending_writeback.clone()?;
+        Some(Request {
+            namespace: work.namespace.clone(),
+            name: work.name.clone(),
+            app: work.app.clone(),
+            pending,
+            status: work.plan.status.clone(),
+            images: work.images.clone(),
+        })
+    }
+
+    /// Marks the write-back done: the status without its pending entry, and
+    /// with the commit that holds it. Returns the status written.
+    pub async fn clear(&self, cluster: &Cluster, commit: Option<&str>, note: &str) -> Result<RolloutStatus> {
+        let mut status = self.status.clone();
+        status.pending_writeback = None;
+        status.written_back = Some(WrittenBack {
+            action: self.pending.action,
+            rollout_id: self.pending.rollout_id.clone(),
+            commit: commit.unwrap_or_default().to_string(),
+            note: note.to_string(),
+        });
+        apply_status(cluster, &self.namespace, &self.name, &status).await?;
+        Ok(status)
+    }
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct StatusFile<'a> {
@@ -136,7 +168,7 @@ impl Writer<'_> {
         let message = format!(
             "promote({key}): {}\n\nAll steps passed; {} is now stable.\n\n{ROLLOUT_TRAILER}: {key}\n{PROMOTES_TRAILER}: {}\n",
             release_name(&pending.rollout_id, &pending.canary_commit),
-            short(&pending.canary_commit),
+            crate::short_commit(&pending.canary_commit),
             pending.canary_commit
         );
         let branch = self
@@ -175,7 +207,7 @@ impl Writer<'_> {
                 release_name(&pending.rollout_id, &pending.canary_commit),
                 pending.cause,
                 names.join(", "),
-                short(&pending.stable_commit)
+                crate::short_commit(&pending.stable_commit)
             );
             if !later.is_empty() {
                 message.push_str(&format!("\n{LATER_NOTE_PREFIX} {}{LATER_NOTE_SUFFIX}\n", later.join(", ")));
@@ -353,15 +385,11 @@ fn app_dir(source_path: &str, app: &str) -> (String, bool) {
 
 /// `release abc1234`, naming the commit too when the release has an ID of its own.
 fn release_name(rollout_id: &str, commit: &str) -> String {
-    if rollout_id == short(commit) {
+    if rollout_id == crate::short_commit(commit) {
         format!("release {rollout_id}")
     } else {
-        format!("release {rollout_id} of {}", short(commit))
+        format!("release {rollout_id} of {}", crate::short_commit(commit))
     }
-}
-
-fn short(sha: &str) -> &str {
-    &sha[..sha.len().min(7)]
 }
 
 /// Exponential backoff with jitter: 100 ms, 200 ms, … capped at 5 s.

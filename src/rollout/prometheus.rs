@@ -10,8 +10,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::rollout::analysis::{self, Bindings, Measurement, Outcome};
-use crate::rollout::api::AnalysisTemplate;
+use super::analysis::{self, Bindings, Measurement, Outcome};
+use super::api::AnalysisTemplate;
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Answers larger than this are refused (a query should return one number).

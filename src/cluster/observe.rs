@@ -1,0 +1,159 @@
+//! Observe: the reads an app's reconcile makes before anything is decided.
+//! Live managed objects (listed once per kind for the whole sync), the
+//! kinds each manifest resolves to, and the objects that left Git.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::{StreamExt, TryStreamExt, stream};
+use kube::api::ListParams;
+
+use super::{Cluster, api_message};
+use crate::manifest::{App, Manifest, ObjectKey, Problem};
+use crate::plan::desired::prepare;
+use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, key_of};
+use crate::{Error, MANAGED_BY_LABEL, Result};
+
+/// Every live object of this instance, of the kinds the apps hold.
+pub async fn list_live(
+    cluster: &Cluster,
+    apps: &BTreeMap<String, App>,
+    instance: &str,
+    concurrency: usize,
+) -> Result<LiveObjects> {
+    let mut kinds: BTreeMap<(String, String), Resolved> = BTreeMap::new();
+    for manifest in apps.values().flat_map(|a| a.manifests.iter()) {
+        let id = (manifest.api_version().to_string(), manifest.kind().to_string());
+        if kinds.contains_key(&id) {
+            continue;
+        }
+        if let Some(resolved) = cluster.resolve(&id.0, &id.1).await {
+            kinds.insert(id, resolved);
+        }
+    }
+    let selector = format!("{MANAGED_BY_LABEL}={instance}");
+    let lists = stream::iter(kinds.into_values().map(|resolved| {
+        let selector = selector.clone();
+        async move {
+            let api = cluster.api(&resolved, None);
+            let mut params = ListParams::default().labels(&selector).limit(500);
+            let mut objects = Vec::new();
+            loop {
+                let page = api
+                    .list(&params)
+                    .await
+                    .map_err(Error::kube(format!("listing {}", resolved.resource.plural)))?;
+                let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+                // Page by page into the form kept, without managedFields (nothing
+                // reads them; they are a good part of each object's size).
+                objects.extend(page.items.into_iter().map(|mut object| {
+                    object.metadata.managed_fields = None;
+                    live_entry(&resolved.resource, object)
+                }));
+                match next {
+                    Some(token) => params = params.continue_token(&token),
+                    None => break,
+                }
+            }
+            Ok::<_, Error>(objects)
+        }
+    }))
+    .buffer_unordered(concurrency.max(1))
+    .try_collect::<Vec<_>>()
+    .await?;
+    Ok(lists.into_iter().flatten().collect())
+}
+
+fn live_entry(resource: &kube::discovery::ApiResource, mut object: kube::api::DynamicObject) -> (ObjectKey, Box<str>) {
+    let key = ObjectKey {
+        group: resource.group.clone(),
+        kind: resource.kind.clone(),
+        namespace: object.metadata.namespace.clone(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+    };
+    // List items carry no type; the desired objects do.
+    object.types = Some(kube::api::TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    });
+    let text = serde_json::to_string(&object).unwrap_or_default();
+    (key, text.into_boxed_str())
+}
+
+/// Every manifest of the app resolved against discovery. Kinds that CRDs of
+/// this revision will add are returned apart, to be resolved once those CRDs
+/// are established.
+pub struct ResolvedApp<'a> {
+    pub objects: Vec<Planned<'a>>,
+    pub pending: Vec<&'a Manifest>,
+    pub problems: Vec<Problem>,
+}
+
+pub async fn resolve_app<'a>(
+    cluster: &Cluster,
+    app: &'a App,
+    crd_kinds: &BTreeSet<(String, String)>,
+    instance: &str,
+) -> ResolvedApp<'a> {
+    let mut resolved_app = ResolvedApp {
+        objects: Vec::new(),
+        pending: Vec::new(),
+        problems: Vec::new(),
+    };
+    for manifest in &app.manifests {
+        match resolve_manifest(cluster, manifest, instance).await {
+            Some(planned) => resolved_app.objects.push(planned),
+            None if crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string())) => {
+                resolved_app.pending.push(manifest)
+            }
+            None if manifest.group() == crate::API_GROUP => resolved_app.problems.push(manifest.problem(format!(
+                "kind {} in {} is not installed: apply the CRD first (gitcanary crd | kubectl apply -f -, or deploy/)",
+                manifest.kind(),
+                manifest.api_version()
+            ))),
+            None => resolved_app.problems.push(manifest.problem(format!(
+                "unknown kind {} in {}: the API server does not serve it and no CRD in this revision defines it",
+                manifest.kind(),
+                manifest.api_version()
+            ))),
+        }
+    }
+    resolved_app
+}
+
+/// The object to apply for a manifest, when the API server serves its kind.
+pub async fn resolve_manifest<'a>(cluster: &Cluster, manifest: &'a Manifest, instance: &str) -> Option<Planned<'a>> {
+    let resolved = cluster.resolve(manifest.api_version(), manifest.kind()).await?;
+    let desired = prepare(manifest, resolved.namespaced, instance);
+    let key = key_of(&desired, manifest);
+    Some(Planned {
+        manifest,
+        resolved,
+        desired,
+        key,
+    })
+}
+
+/// Reads each inventory entry that left Git, for prune to decide on.
+pub async fn left_git(cluster: &Cluster, entries: &[InventoryEntry]) -> BTreeMap<ObjectKey, LeftGit> {
+    let mut observed = BTreeMap::new();
+    for entry in entries {
+        let found = match cluster.resolve(&entry.api_version, &entry.kind).await {
+            None => LeftGit::Gone, // its kind is gone, so is the object
+            Some(resolved) => match cluster
+                .api(&resolved, entry.namespace.as_deref())
+                .get_opt(&entry.name)
+                .await
+            {
+                Ok(None) => LeftGit::Gone,
+                Ok(Some(live)) => serde_json::to_value(live)
+                    .ok()
+                    .as_ref()
+                    .and_then(LiveMeta::of)
+                    .map_or(LeftGit::Gone, LeftGit::Live),
+                Err(error) => LeftGit::Unreadable(api_message(&error)),
+            },
+        };
+        observed.insert(entry.key(), found);
+    }
+    observed
+}

@@ -1,0 +1,154 @@
+//! Desired objects as gitcanary applies them, and the checks that let a
+//! resync skip what is already in place. Pure.
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::manifest::Manifest;
+use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
+
+/// The object to apply for a manifest: namespace filled in for namespaced
+/// kinds (removed for cluster-scoped ones), inventory label and source
+/// annotation added, and the hash of all that recorded in an annotation.
+pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str) -> Value {
+    let mut object = manifest.object.clone();
+    let metadata = object["metadata"]
+        .as_object_mut()
+        .expect("validated: metadata is a mapping");
+    if namespaced {
+        metadata
+            .entry("namespace")
+            .or_insert_with(|| Value::String("default".to_string()));
+    } else {
+        metadata.remove("namespace");
+    }
+    ensure_map(metadata, "labels").insert(MANAGED_BY_LABEL.to_string(), Value::String(instance.to_string()));
+    ensure_map(metadata, "annotations").insert(
+        SOURCE_ANNOTATION.to_string(),
+        Value::String(format!("{}:{}", manifest.file, manifest.line)),
+    );
+    let hash = canonical_hash(&object);
+    let metadata = object["metadata"].as_object_mut().expect("still a mapping");
+    ensure_map(metadata, "annotations").insert(APPLIED_HASH_ANNOTATION.to_string(), Value::String(hash));
+    object
+}
+
+/// Records the hash of an object changed after [`prepare`] (by a rollout overlay).
+pub fn rehash(object: &mut Value) {
+    if let Some(annotations) = object["metadata"]["annotations"].as_object_mut() {
+        annotations.remove(APPLIED_HASH_ANNOTATION);
+    }
+    let hash = canonical_hash(object);
+    if let Some(metadata) = object["metadata"].as_object_mut() {
+        ensure_map(metadata, "annotations").insert(APPLIED_HASH_ANNOTATION.to_string(), Value::String(hash));
+    }
+}
+
+fn ensure_map<'a>(parent: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    let slot = parent.entry(key).or_insert_with(|| Value::Object(Map::new()));
+    if !slot.is_object() {
+        *slot = Value::Object(Map::new());
+    }
+    slot.as_object_mut().expect("just made a mapping")
+}
+
+/// A hash of the object's content that does not depend on key order.
+pub fn canonical_hash(value: &Value) -> String {
+    let mut hasher = Sha256::new();
+    feed(&mut hasher, value);
+    hex::encode(&hasher.finalize()[..16])
+}
+
+fn feed(hasher: &mut Sha256, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<_> = map.keys().collect();
+            keys.sort();
+            hasher.update(b"{");
+            for key in keys {
+                hasher.update(serde_json::to_string(key).unwrap_or_default().as_bytes());
+                hasher.update(b":");
+                feed(hasher, &map[key]);
+                hasher.update(b",");
+            }
+            hasher.update(b"}");
+        }
+        Value::Array(items) => {
+            hasher.update(b"[");
+            for item in items {
+                feed(hasher, item);
+                hasher.update(b",");
+            }
+            hasher.update(b"]");
+        }
+        scalar => hasher.update(scalar.to_string().as_bytes()),
+    }
+}
+
+/// True when every field the desired object sets has the same value live.
+/// Fields the API server defaulted, or other managers own, are ignored;
+/// lists must have the same length.
+pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Null, _) => true,
+        (Value::Object(want), Value::Object(have)) => want
+            .iter()
+            .all(|(key, value)| value.is_null() || have.get(key).is_some_and(|h| is_subset(value, h))),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
+        }
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        // YAML may give `"80"` where the server stores 80 (int-or-string fields).
+        (Value::String(a), Value::Number(b)) | (Value::Number(b), Value::String(a)) => *a == b.to_string(),
+        (a, b) => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn manifest(object: Value) -> Manifest {
+        Manifest {
+            app: "web".into(),
+            file: "web/cm.yaml".into(),
+            line: 3,
+            object,
+        }
+    }
+
+    #[test]
+    fn prepared_objects_carry_inventory_and_namespace() {
+        let object = prepare(
+            &manifest(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}})),
+            true,
+            "agent-1",
+        );
+        assert_eq!(object["metadata"]["namespace"], "default");
+        assert_eq!(object["metadata"]["labels"][MANAGED_BY_LABEL], "agent-1");
+        assert_eq!(object["metadata"]["annotations"][SOURCE_ANNOTATION], "web/cm.yaml:3");
+        assert!(object["metadata"]["annotations"][APPLIED_HASH_ANNOTATION].is_string());
+    }
+
+    #[test]
+    fn hash_ignores_key_order_but_not_values() {
+        let a = json!({"a": 1, "b": {"c": [1, 2]}});
+        let b = json!({"b": {"c": [1, 2]}, "a": 1});
+        let c = json!({"b": {"c": [2, 1]}, "a": 1});
+        assert_eq!(canonical_hash(&a), canonical_hash(&b));
+        assert_ne!(canonical_hash(&a), canonical_hash(&c));
+    }
+
+    #[test]
+    fn defaulted_fields_are_not_drift_but_edits_are() {
+        let desired = json!({"spec": {"replicas": 2, "ports": [{"port": 80}]}});
+        let live =
+            json!({"spec": {"replicas": 2, "ports": [{"port": 80, "protocol": "TCP"}], "sessionAffinity": "None"}});
+        assert!(is_subset(&desired, &live));
+        let edited = json!({"spec": {"replicas": 5, "ports": [{"port": 80, "protocol": "TCP"}]}});
+        assert!(!is_subset(&desired, &edited));
+        let extra_port = json!({"spec": {"replicas": 2, "ports": [{"port": 80}, {"port": 81}]}});
+        assert!(!is_subset(&desired, &extra_port));
+    }
+}

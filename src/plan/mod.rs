@@ -1,0 +1,452 @@
+//! The pure half of an app's reconcile. From the app's desired objects
+//! (rollout overlays included) and what was observed of the cluster, it
+//! decides everything the apply stage will do and why: what to write, what
+//! is unchanged, what to prune, and which objects a brand-new app creates.
+//! No I/O here; `sync` observes, calls [`plan_app`], applies and reports.
+
+pub mod desired;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kube::discovery::ApiResource;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::manifest::{Manifest, ObjectKey, Problem, ROOT_APP};
+use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
+use desired::is_subset;
+
+#[derive(Debug, Clone)]
+pub struct SyncOptions {
+    /// Agent instance name, the value of the `gitcanary.io/managed-by` label.
+    pub instance: String,
+    /// Namespace of the per-app status ConfigMaps.
+    pub state_namespace: String,
+    /// Delete managed objects that left Git.
+    pub prune: bool,
+    /// Namespaces manifests may use; empty allows all.
+    pub allowed_namespaces: Vec<String>,
+    /// Requests in flight at once while applying.
+    pub concurrency: usize,
+    /// Prometheus for analysis templates that name none.
+    pub prometheus_url: Option<String>,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            instance: crate::DEFAULT_INSTANCE.to_string(),
+            state_namespace: "gitcanary-system".to_string(),
+            prune: false,
+            allowed_namespaces: Vec::new(),
+            concurrency: 16,
+            prometheus_url: None,
+        }
+    }
+}
+
+/// What discovery says about one kind.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub resource: ApiResource,
+    pub namespaced: bool,
+}
+
+/// One object gitcanary applied for an app.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InventoryEntry {
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl InventoryEntry {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey {
+            group: self
+                .api_version
+                .rsplit_once('/')
+                .map(|(g, _)| g.to_string())
+                .unwrap_or_default(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// An object of the revision, resolved against the API server.
+pub struct Planned<'a> {
+    pub manifest: &'a Manifest,
+    pub resolved: Resolved,
+    pub desired: Value,
+    pub key: ObjectKey,
+}
+
+impl Planned<'_> {
+    pub fn namespace(&self) -> Option<&str> {
+        self.desired["metadata"]["namespace"].as_str()
+    }
+    pub fn name(&self) -> &str {
+        self.manifest.name()
+    }
+    pub fn is_staged_first(&self) -> bool {
+        is_staged_first(self.manifest)
+    }
+    pub fn inventory_entry(&self) -> InventoryEntry {
+        InventoryEntry {
+            api_version: self.manifest.api_version().to_string(),
+            kind: self.manifest.kind().to_string(),
+            namespace: self.namespace().map(str::to_string),
+            name: self.name().to_string(),
+        }
+    }
+}
+
+/// Namespaces and CRDs are applied before everything else (other objects,
+/// and other apps, may need them).
+pub fn is_staged_first(manifest: &Manifest) -> bool {
+    matches!(manifest.kind(), "Namespace" | "CustomResourceDefinition")
+}
+
+/// The key an object will have once applied: its namespace as resolved.
+pub fn key_of(desired: &Value, manifest: &Manifest) -> ObjectKey {
+    ObjectKey {
+        group: manifest.group().to_string(),
+        kind: manifest.kind().to_string(),
+        namespace: desired["metadata"]["namespace"].as_str().map(str::to_string),
+        name: manifest.name().to_string(),
+    }
+}
+
+/// Live objects managed by this instance, listed once per kind for the whole
+/// sync. Each is kept as compact JSON and parsed when its app is planned: a
+/// parsed object takes several times the memory of its text, and a large
+/// repository's objects would all be held at once.
+#[derive(Default)]
+pub struct LiveObjects {
+    objects: HashMap<ObjectKey, Box<str>>,
+}
+
+impl LiveObjects {
+    pub fn get(&self, key: &ObjectKey) -> Option<Value> {
+        self.objects.get(key).and_then(|text| serde_json::from_str(text).ok())
+    }
+    pub fn contains_key(&self, key: &ObjectKey) -> bool {
+        self.objects.contains_key(key)
+    }
+}
+
+impl FromIterator<(ObjectKey, Box<str>)> for LiveObjects {
+    fn from_iter<I: IntoIterator<Item = (ObjectKey, Box<str>)>>(iter: I) -> Self {
+        LiveObjects {
+            objects: iter.into_iter().collect(),
+        }
+    }
+}
+
+/// Why an object is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No object of this instance by that name exists.
+    Create,
+    /// Git changed it since it was applied.
+    Change,
+    /// Someone changed it in the cluster; Git did not.
+    Drift,
+}
+
+/// What was read of a live object that this reconcile may delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveMeta {
+    pub uid: String,
+    pub resource_version: String,
+    /// The value of the `gitcanary.io/managed-by` label.
+    pub managed_by: Option<String>,
+    /// The value of the `gitcanary.io/source` annotation.
+    pub source: Option<String>,
+}
+
+impl LiveMeta {
+    /// From an object's JSON; `None` when it has no uid (not a live object).
+    pub fn of(object: &Value) -> Option<LiveMeta> {
+        let metadata = &object["metadata"];
+        Some(LiveMeta {
+            uid: metadata["uid"].as_str()?.to_string(),
+            resource_version: metadata["resourceVersion"].as_str().unwrap_or_default().to_string(),
+            managed_by: metadata["labels"][MANAGED_BY_LABEL].as_str().map(str::to_string),
+            source: metadata["annotations"][SOURCE_ANNOTATION].as_str().map(str::to_string),
+        })
+    }
+}
+
+/// What observe found of an inventory entry that left Git.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeftGit {
+    /// The object (or its kind) no longer exists.
+    Gone,
+    Live(LiveMeta),
+    /// It could not be read; the message says why.
+    Unreadable(String),
+}
+
+/// A delete the apply stage makes: only of the object as it was observed
+/// (its uid and, for prune, its resourceVersion), so that an object someone
+/// re-created or another app took over meanwhile is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    pub api_version: String,
+    pub key: ObjectKey,
+    pub uid: String,
+    pub resource_version: Option<String>,
+}
+
+impl Deletion {
+    /// The delete of a live object exactly as read.
+    pub fn of(api_version: &str, key: ObjectKey, live: &LiveMeta) -> Deletion {
+        Deletion {
+            api_version: api_version.to_string(),
+            key,
+            uid: live.uid.clone(),
+            resource_version: Some(live.resource_version.clone()).filter(|v| !v.is_empty()),
+        }
+    }
+
+    pub fn inventory_entry(&self) -> InventoryEntry {
+        InventoryEntry {
+            api_version: self.api_version.clone(),
+            kind: self.key.kind.clone(),
+            namespace: self.key.namespace.clone(),
+            name: self.key.name.clone(),
+        }
+    }
+}
+
+/// Everything the apply stage does for one app's objects, decided up front.
+pub struct AppPlan<'a> {
+    /// The app's resolved objects, as they will be applied.
+    pub objects: Vec<Planned<'a>>,
+    /// Indices into `objects` to write, and why.
+    pub writes: Vec<(usize, Reason)>,
+    /// Indices into `objects` already as Git wants them, with what health reads of each.
+    pub unchanged: Vec<(usize, Value)>,
+    /// Manifests of kinds that CRDs of this revision add: applied once those are established.
+    pub pending: Vec<&'a Manifest>,
+    /// None of the app's objects exists yet: nothing is dry-run first, and if
+    /// the API server refuses one object, the others are taken back.
+    pub fresh: bool,
+    /// Objects that left Git, to delete (only with `--prune`).
+    pub prunes: Vec<Deletion>,
+    /// Objects that left Git and stay in the inventory (not pruned, or not readable).
+    pub kept: Vec<InventoryEntry>,
+    /// Why some of `kept` could not be decided on.
+    pub problems: Vec<Problem>,
+}
+
+impl AppPlan<'_> {
+    /// Writes of objects staged first (Namespaces, CRDs), then the others.
+    pub fn staged_writes(&self) -> (Vec<usize>, Vec<usize>) {
+        self.writes
+            .iter()
+            .map(|&(i, _)| i)
+            .partition(|&i| self.objects[i].is_staged_first())
+    }
+}
+
+/// Inventory entries of `previous` that none of the app's objects (resolved or
+/// pending) names any more.
+pub fn left_git(objects: &[Planned<'_>], pending: &[&Manifest], previous: &[InventoryEntry]) -> Vec<InventoryEntry> {
+    let current: BTreeSet<ObjectKey> = objects.iter().map(|p| p.key.clone()).collect();
+    previous
+        .iter()
+        .filter(|entry| {
+            let key = entry.key();
+            !current.contains(&key) && !pending.iter().any(|m| names_pending(m, &key))
+        })
+        .cloned()
+        .collect()
+}
+
+/// A pending manifest's namespace is not resolved yet (its kind is not served):
+/// one without a namespace names the entry in any namespace `default` or none.
+fn names_pending(manifest: &Manifest, key: &ObjectKey) -> bool {
+    let same = manifest.group() == key.group && manifest.kind() == key.kind && manifest.name() == key.name;
+    same && match manifest.namespace() {
+        Some(ns) => key.namespace.as_deref() == Some(ns),
+        None => key.namespace.as_deref().is_none_or(|ns| ns == "default"),
+    }
+}
+
+/// The keys of every object a revision holds, across its apps, so that an
+/// object that moved to another app in the same commit is never pruned by the
+/// app it left, whichever app syncs first.
+#[derive(Debug, Default)]
+pub struct RevisionKeys {
+    keys: BTreeSet<ObjectKey>,
+}
+
+impl RevisionKeys {
+    pub fn of<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> RevisionKeys {
+        let mut keys = BTreeSet::new();
+        for manifest in manifests {
+            let key = manifest.key();
+            if key.namespace.is_none() {
+                // Resolved later: `default` for a namespaced kind, none for a cluster-scoped one.
+                keys.insert(ObjectKey {
+                    namespace: Some("default".to_string()),
+                    ..key.clone()
+                });
+            }
+            keys.insert(key);
+        }
+        RevisionKeys { keys }
+    }
+
+    pub fn holds(&self, key: &ObjectKey) -> bool {
+        self.keys.contains(key)
+    }
+}
+
+/// What one app's plan is made from.
+pub struct AppInputs<'a, 'o> {
+    pub app: &'a str,
+    pub objects: Vec<Planned<'a>>,
+    pub pending: Vec<&'a Manifest>,
+    pub live: &'o LiveObjects,
+    /// The inventory the last sync recorded.
+    pub previous: &'o [InventoryEntry],
+    /// What observe read of each entry that left Git (only with `--prune`).
+    pub left_git: &'o BTreeMap<ObjectKey, LeftGit>,
+    /// Every object the revision holds, in any app (see [`RevisionKeys`]).
+    pub revision: &'o RevisionKeys,
+    /// The app governs workloads with Rollouts.
+    pub has_rollouts: bool,
+    pub instance: &'o str,
+    pub prune: bool,
+}
+
+/// The sync's rules for one app, as one pure decision.
+pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
+    let AppInputs {
+        app,
+        objects,
+        pending,
+        live,
+        previous,
+        left_git: observed,
+        revision,
+        has_rollouts,
+        instance,
+        prune,
+    } = inputs;
+    let mut writes = Vec::new();
+    let mut unchanged = Vec::new();
+    for (index, item) in objects.iter().enumerate() {
+        match live.get(&item.key) {
+            Some(current) if is_subset(&item.desired, &current) => unchanged.push((index, health_view(&current))),
+            Some(current) => {
+                let same_hash = current["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
+                    == item.desired["metadata"]["annotations"][APPLIED_HASH_ANNOTATION];
+                writes.push((index, if same_hash { Reason::Drift } else { Reason::Change }));
+            }
+            None => writes.push((index, Reason::Create)),
+        }
+    }
+    let fresh = previous.is_empty()
+        && !has_rollouts
+        && pending.is_empty()
+        && objects
+            .iter()
+            .all(|p| !live.contains_key(&p.key) && p.manifest.kind() != "CustomResourceDefinition");
+
+    let mut prunes = Vec::new();
+    let mut kept = Vec::new();
+    let mut problems = Vec::new();
+    for entry in left_git(&objects, &pending, previous) {
+        if !prune {
+            kept.push(entry);
+            continue;
+        }
+        match observed.get(&entry.key()) {
+            None | Some(LeftGit::Gone) => {}
+            Some(LeftGit::Unreadable(message)) => {
+                problems.push(Problem {
+                    file: app.to_string(),
+                    line: 0,
+                    message: format!("pruning {}: {message}", entry.key()),
+                });
+                kept.push(entry);
+            }
+            Some(LeftGit::Live(meta)) => {
+                // Someone else owns it now, or it moved to another app in the
+                // same commit (its source names that app's file): never delete.
+                let ours = meta.managed_by.as_deref() == Some(instance);
+                let moved =
+                    revision.holds(&entry.key()) || meta.source.as_deref().is_some_and(|file| !belongs_to(file, app));
+                if ours && !moved {
+                    prunes.push(Deletion::of(&entry.api_version, entry.key(), meta));
+                }
+            }
+        }
+    }
+    // Workloads first, then CRDs, then Namespaces.
+    prunes.sort_by_key(|d| match d.key.kind.as_str() {
+        "Namespace" => 2,
+        "CustomResourceDefinition" => 1,
+        _ => 0,
+    });
+    AppPlan {
+        objects,
+        writes,
+        unchanged,
+        pending,
+        fresh,
+        prunes,
+        kept,
+        problems,
+    }
+}
+
+/// Whether a `file:line` source annotation names a file of `app`.
+pub fn belongs_to(source: &str, app: &str) -> bool {
+    let file = source.rsplit_once(':').map_or(source, |(file, _)| file);
+    match file.split_once('/') {
+        Some((dir, _)) => dir == app,
+        None => app == ROOT_APP,
+    }
+}
+
+/// What [`is_healthy`] reads of an object, and no more (a copy of every
+/// unchanged object would double the memory of a large sync).
+pub fn health_view(object: &Value) -> Value {
+    json!({
+        "kind": object["kind"],
+        "metadata": {"generation": object["metadata"]["generation"]},
+        "spec": {"replicas": object["spec"]["replicas"]},
+        "status": object["status"],
+    })
+}
+
+/// Workloads are healthy when rolled out and available; other objects when present.
+pub fn is_healthy(object: &Value) -> bool {
+    let kind = object["kind"].as_str().unwrap_or_default();
+    if !matches!(kind, "Deployment" | "StatefulSet") {
+        return true;
+    }
+    let status = &object["status"];
+    let want = object["spec"]["replicas"].as_i64().unwrap_or(1);
+    let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+    let observed = status["observedGeneration"].as_i64().unwrap_or(0);
+    let updated = status["updatedReplicas"].as_i64().unwrap_or(0);
+    let ready = match kind {
+        "Deployment" => status["availableReplicas"].as_i64().unwrap_or(0),
+        _ => status["readyReplicas"].as_i64().unwrap_or(0),
+    };
+    observed >= generation && updated >= want && ready >= want
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,343 @@
+//! The sync's rules, decided without a cluster.
+
+use std::collections::BTreeMap;
+
+use kube::discovery::ApiResource;
+use serde_json::{Value, json};
+
+use super::desired::prepare;
+use super::*;
+
+const INSTANCE: &str = "agent";
+
+fn manifest(app: &str, kind: &str, name: &str) -> Manifest {
+    let api_version = match kind {
+        "Deployment" => "apps/v1",
+        "CustomResourceDefinition" => "apiextensions.k8s.io/v1",
+        _ => "v1",
+    };
+    Manifest {
+        app: app.to_string(),
+        file: format!("{app}/{name}.yaml"),
+        line: 1,
+        object: json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": "demo"},
+            "data": {"color": "blue"}}),
+    }
+}
+
+fn planned(manifest: &Manifest) -> Planned<'_> {
+    let namespaced = !matches!(manifest.kind(), "Namespace" | "CustomResourceDefinition");
+    let desired = prepare(manifest, namespaced, INSTANCE);
+    let key = key_of(&desired, manifest);
+    let (group, version) = manifest
+        .api_version()
+        .rsplit_once('/')
+        .unwrap_or(("", manifest.api_version()));
+    Planned {
+        manifest,
+        resolved: Resolved {
+            resource: ApiResource {
+                group: group.to_string(),
+                version: version.to_string(),
+                api_version: manifest.api_version().to_string(),
+                kind: manifest.kind().to_string(),
+                plural: format!("{}s", manifest.kind().to_lowercase()),
+            },
+            namespaced,
+        },
+        desired,
+        key,
+    }
+}
+
+/// The live object as the API server would hold it after applying `desired`.
+fn live_copy(desired: &Value) -> Value {
+    let mut live = desired.clone();
+    live["metadata"]["uid"] = json!("uid-1");
+    live["metadata"]["resourceVersion"] = json!("7");
+    live
+}
+
+fn live_of(objects: &[(ObjectKey, Value)]) -> LiveObjects {
+    objects
+        .iter()
+        .map(|(key, value)| (key.clone(), value.to_string().into_boxed_str()))
+        .collect()
+}
+
+fn entry(kind: &str, name: &str) -> InventoryEntry {
+    InventoryEntry {
+        api_version: if kind == "Deployment" { "apps/v1" } else { "v1" }.to_string(),
+        kind: kind.to_string(),
+        namespace: Some("demo".to_string()),
+        name: name.to_string(),
+    }
+}
+
+fn live_meta(managed_by: Option<&str>, source: &str) -> LeftGit {
+    LeftGit::Live(LiveMeta {
+        uid: "uid-9".to_string(),
+        resource_version: "42".to_string(),
+        managed_by: managed_by.map(str::to_string),
+        source: Some(source.to_string()),
+    })
+}
+
+struct Case<'m> {
+    objects: Vec<Planned<'m>>,
+    live: LiveObjects,
+    previous: Vec<InventoryEntry>,
+    left_git: BTreeMap<ObjectKey, LeftGit>,
+    revision: RevisionKeys,
+    prune: bool,
+}
+
+impl<'m> Case<'m> {
+    fn new(objects: Vec<Planned<'m>>) -> Self {
+        Case {
+            objects,
+            live: LiveObjects::default(),
+            previous: Vec::new(),
+            left_git: BTreeMap::new(),
+            revision: RevisionKeys::default(),
+            prune: false,
+        }
+    }
+    fn plan(self) -> (AppPlan<'m>, Vec<InventoryEntry>) {
+        let Case {
+            objects,
+            live,
+            previous,
+            left_git,
+            revision,
+            prune,
+        } = self;
+        let plan = plan_app(AppInputs {
+            app: "web",
+            objects,
+            pending: Vec::new(),
+            live: &live,
+            previous: &previous,
+            left_git: &left_git,
+            revision: &revision,
+            has_rollouts: false,
+            instance: INSTANCE,
+            prune,
+        });
+        (plan, previous)
+    }
+}
+
+fn reasons(plan: &AppPlan<'_>) -> Vec<(String, Reason)> {
+    plan.writes
+        .iter()
+        .map(|&(i, reason)| (plan.objects[i].name().to_string(), reason))
+        .collect()
+}
+
+#[test]
+fn a_new_app_creates_every_object_and_is_fresh() {
+    let (a, b) = (manifest("web", "ConfigMap", "a"), manifest("web", "Deployment", "b"));
+    let (plan, _) = Case::new(vec![planned(&a), planned(&b)]).plan();
+    assert_eq!(
+        reasons(&plan),
+        vec![("a".to_string(), Reason::Create), ("b".to_string(), Reason::Create)]
+    );
+    assert!(plan.fresh);
+    assert!(plan.unchanged.is_empty() && plan.prunes.is_empty() && plan.kept.is_empty());
+}
+
+#[test]
+fn an_app_that_applied_before_is_not_fresh_and_is_dry_run_first() {
+    let a = manifest("web", "ConfigMap", "a");
+    let mut case = Case::new(vec![planned(&a)]);
+    case.previous = vec![entry("ConfigMap", "a")];
+    let (plan, _) = case.plan();
+    assert!(!plan.fresh);
+}
+
+#[test]
+fn an_app_holding_a_crd_is_never_fresh() {
+    let crd = manifest("web", "CustomResourceDefinition", "widgets.example.com");
+    let (plan, _) = Case::new(vec![planned(&crd)]).plan();
+    assert!(!plan.fresh, "a CRD that existed would be deleted by a take-back");
+}
+
+#[test]
+fn an_object_already_as_git_wants_it_is_left_alone() {
+    let a = manifest("web", "ConfigMap", "a");
+    let item = planned(&a);
+    let live = live_copy(&item.desired);
+    let mut case = Case::new(vec![item]);
+    case.live = live_of(&[(case.objects[0].key.clone(), live)]);
+    let (plan, _) = case.plan();
+    assert!(plan.writes.is_empty());
+    assert_eq!(plan.unchanged.len(), 1);
+    assert!(!plan.fresh);
+}
+
+#[test]
+fn an_edit_in_the_cluster_is_drift_and_an_edit_in_git_is_a_change() {
+    let (a, b) = (manifest("web", "ConfigMap", "a"), manifest("web", "ConfigMap", "b"));
+    let (item_a, item_b) = (planned(&a), planned(&b));
+    // Someone edited a in the cluster: Git's hash is still the one applied.
+    let mut edited = live_copy(&item_a.desired);
+    edited["data"]["color"] = json!("red");
+    // Git changed b since it was applied: the live hash is an older one.
+    let mut older = live_copy(&item_b.desired);
+    older["data"]["color"] = json!("green");
+    older["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] = json!("an-older-hash");
+    let live = live_of(&[(item_a.key.clone(), edited), (item_b.key.clone(), older)]);
+    let mut case = Case::new(vec![item_a, item_b]);
+    case.live = live;
+    let (plan, _) = case.plan();
+    assert_eq!(
+        reasons(&plan),
+        vec![("a".to_string(), Reason::Drift), ("b".to_string(), Reason::Change)]
+    );
+}
+
+#[test]
+fn without_prune_what_left_git_stays_in_the_inventory() {
+    let a = manifest("web", "ConfigMap", "a");
+    let mut case = Case::new(vec![planned(&a)]);
+    case.previous = vec![entry("ConfigMap", "a"), entry("ConfigMap", "gone")];
+    let (plan, _) = case.plan();
+    assert!(plan.prunes.is_empty());
+    assert_eq!(plan.kept, vec![entry("ConfigMap", "gone")]);
+}
+
+#[test]
+fn prune_deletes_only_this_instances_object_as_it_was_read() {
+    let a = manifest("web", "ConfigMap", "a");
+    let mut case = Case::new(vec![planned(&a)]);
+    case.prune = true;
+    case.previous = vec![entry("ConfigMap", "ours"), entry("ConfigMap", "theirs")];
+    case.left_git = BTreeMap::from([
+        (
+            entry("ConfigMap", "ours").key(),
+            live_meta(Some(INSTANCE), "web/ours.yaml:1"),
+        ),
+        (
+            entry("ConfigMap", "theirs").key(),
+            live_meta(Some("another-agent"), "web/theirs.yaml:1"),
+        ),
+    ]);
+    let (plan, _) = case.plan();
+    assert_eq!(
+        plan.prunes,
+        vec![Deletion {
+            api_version: "v1".to_string(),
+            key: entry("ConfigMap", "ours").key(),
+            uid: "uid-9".to_string(),
+            resource_version: Some("42".to_string()),
+        }]
+    );
+    assert!(
+        plan.kept.is_empty(),
+        "someone else's object leaves the inventory, undeleted"
+    );
+}
+
+#[test]
+fn an_unlabelled_lookalike_in_the_inventory_is_never_pruned() {
+    let mut case = Case::new(Vec::new());
+    case.prune = true;
+    case.previous = vec![entry("ConfigMap", "lookalike")];
+    case.left_git = BTreeMap::from([(
+        entry("ConfigMap", "lookalike").key(),
+        live_meta(None, "web/lookalike.yaml:1"),
+    )]);
+    let (plan, _) = case.plan();
+    assert!(plan.prunes.is_empty());
+}
+
+#[test]
+fn an_object_moved_to_another_app_in_the_same_commit_is_not_pruned() {
+    let mut case = Case::new(Vec::new());
+    case.prune = true;
+    case.previous = vec![entry("ConfigMap", "moved")];
+    case.left_git = BTreeMap::from([(
+        entry("ConfigMap", "moved").key(),
+        live_meta(Some(INSTANCE), "api/moved.yaml:1"),
+    )]);
+    let (plan, _) = case.plan();
+    assert!(plan.prunes.is_empty());
+}
+
+#[test]
+fn an_object_another_app_now_holds_is_not_pruned_even_before_that_app_applied_it() {
+    let mut case = Case::new(Vec::new());
+    case.prune = true;
+    case.previous = vec![entry("ConfigMap", "moved")];
+    // The live object still names this app: the other app has not synced yet.
+    case.left_git = BTreeMap::from([(
+        entry("ConfigMap", "moved").key(),
+        live_meta(Some(INSTANCE), "web/moved.yaml:1"),
+    )]);
+    let elsewhere = manifest("api", "ConfigMap", "moved");
+    case.revision = RevisionKeys::of([&elsewhere].into_iter());
+    let (plan, _) = case.plan();
+    assert!(plan.prunes.is_empty());
+}
+
+#[test]
+fn an_object_that_cannot_be_read_is_kept_and_named() {
+    let mut case = Case::new(Vec::new());
+    case.prune = true;
+    case.previous = vec![entry("ConfigMap", "hidden")];
+    case.left_git = BTreeMap::from([(
+        entry("ConfigMap", "hidden").key(),
+        LeftGit::Unreadable("forbidden".to_string()),
+    )]);
+    let (plan, _) = case.plan();
+    assert!(plan.prunes.is_empty());
+    assert_eq!(plan.kept, vec![entry("ConfigMap", "hidden")]);
+    assert_eq!(plan.problems.len(), 1);
+    assert!(
+        plan.problems[0]
+            .message
+            .contains("pruning ConfigMap demo/hidden: forbidden")
+    );
+}
+
+#[test]
+fn prune_deletes_workloads_before_namespaces() {
+    let mut case = Case::new(Vec::new());
+    case.prune = true;
+    let namespace = InventoryEntry {
+        api_version: "v1".to_string(),
+        kind: "Namespace".to_string(),
+        namespace: None,
+        name: "demo".to_string(),
+    };
+    case.previous = vec![namespace.clone(), entry("Deployment", "web")];
+    case.left_git = BTreeMap::from([
+        (namespace.key(), live_meta(Some(INSTANCE), "web/ns.yaml:1")),
+        (
+            entry("Deployment", "web").key(),
+            live_meta(Some(INSTANCE), "web/web.yaml:1"),
+        ),
+    ]);
+    let (plan, _) = case.plan();
+    let kinds: Vec<&str> = plan.prunes.iter().map(|d| d.key.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["Deployment", "Namespace"]);
+}
+
+#[test]
+fn an_object_still_in_git_is_never_a_prune_candidate() {
+    let a = manifest("web", "ConfigMap", "a");
+    let objects = vec![planned(&a)];
+    let previous = vec![entry("ConfigMap", "a"), entry("ConfigMap", "b")];
+    assert_eq!(left_git(&objects, &[], &previous), vec![entry("ConfigMap", "b")]);
+    // An object whose kind its CRD has yet to add still counts as in Git.
+    let pending = manifest("web", "ConfigMap", "b");
+    assert!(left_git(&objects, &[&pending], &previous).is_empty());
+}
+
+#[test]
+fn a_source_annotation_names_the_app_by_its_directory() {
+    assert!(belongs_to("web/deploy.yaml:3", "web"));
+    assert!(!belongs_to("api/deploy.yaml:3", "web"));
+    assert!(belongs_to("deploy.yaml:1", ROOT_APP));
+}
