@@ -1,0 +1,289 @@
+//! `gitcanary diff` is the next sync's plan run dry: every object it lists
+//! is one the sync then writes or deletes, and the sync touches nothing it
+//! did not list.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use gitcanary::cluster::{Change, Cluster, ObjectDiff};
+use gitcanary::manifest::Problem;
+use gitcanary::source::{Credentials, Revision, Source};
+use gitcanary::sync::{AppResult, SyncOptions, SyncReport, diff, sync};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use support::git_server::{GitRepo, GitServer};
+
+fn configmap(ns: &str, name: &str, color: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: {color}\n")
+}
+
+struct Fixture {
+    _server: GitServer,
+    repo: GitRepo,
+    ns: String,
+    cluster: Cluster,
+    client: kube::Client,
+    cache: tempfile::TempDir,
+}
+
+/// What a diff or a sync changes: (kind, name) written, and deleted.
+#[derive(Debug, PartialEq, Eq)]
+struct Changes {
+    written: BTreeSet<(String, String)>,
+    deleted: BTreeSet<(String, String)>,
+}
+
+fn listed(diffs: &[ObjectDiff]) -> Changes {
+    let names = |deleting: bool| {
+        diffs
+            .iter()
+            .filter(|d| (d.change == Change::Delete) == deleting)
+            .map(|d| (d.key.kind.clone(), d.key.name.clone()))
+            .collect()
+    };
+    Changes {
+        written: names(false),
+        deleted: names(true),
+    }
+}
+
+fn made(report: &SyncReport) -> Changes {
+    let pairs = |keys: Vec<&gitcanary::manifest::ObjectKey>| {
+        keys.into_iter().map(|k| (k.kind.clone(), k.name.clone())).collect()
+    };
+    Changes {
+        written: pairs(
+            report
+                .apps
+                .iter()
+                .flat_map(|a| a.applied.iter().chain(a.canary_applied.iter()))
+                .collect(),
+        ),
+        deleted: pairs(
+            report
+                .apps
+                .iter()
+                .flat_map(|a| a.pruned.iter().chain(a.canary_deleted.iter()))
+                .collect(),
+        ),
+    }
+}
+
+fn set(items: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+    items.iter().map(|(k, n)| (k.to_string(), n.to_string())).collect()
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Fixture {
+        let client = support::client().await;
+        support::agent::install_rollout_crd(&client).await;
+        let ns = support::namespace(&client, prefix).await;
+        let server = GitServer::start(None).await;
+        let repo = server.create_repo("apps");
+        let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
+        Fixture {
+            _server: server,
+            repo,
+            ns,
+            cluster,
+            client,
+            cache: tempfile::tempdir().expect("cache dir"),
+        }
+    }
+
+    fn options(&self) -> SyncOptions {
+        SyncOptions {
+            instance: format!("test-{}", self.ns),
+            state_namespace: self.ns.clone(),
+            prune: true,
+            ..SyncOptions::default()
+        }
+    }
+
+    async fn revision(&self) -> Revision {
+        let source = Source::open(
+            &self.repo.file_url(),
+            "main",
+            "",
+            Credentials::default(),
+            self.cache.path(),
+        )
+        .expect("source");
+        tokio::task::spawn_blocking(move || source.fetch())
+            .await
+            .expect("no panic")
+            .expect("fetch")
+    }
+
+    async fn sync(&self) -> SyncReport {
+        sync(&self.cluster, &self.revision().await, &self.options())
+            .await
+            .expect("sync runs")
+    }
+
+    async fn diff(&self) -> (Vec<ObjectDiff>, Vec<Problem>) {
+        diff(&self.cluster, &self.revision().await, &self.options())
+            .await
+            .expect("diff runs")
+    }
+
+    /// `diff --prune`, then `sync --once --prune`: both must name the same objects.
+    async fn diff_then_sync(&self) -> (Changes, SyncReport) {
+        let (diffs, _) = self.diff().await;
+        let listed = listed(&diffs);
+        let report = self.sync().await;
+        assert_eq!(made(&report), listed, "the sync did other than the diff listed");
+        (listed, report)
+    }
+
+    fn configmaps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    async fn color(&self, name: &str) -> Option<String> {
+        support::color_of(&self.configmaps(), name).await
+    }
+
+    async fn create_by_hand(&self, name: &str, color: &str) {
+        let object: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": self.ns}, "data": {"color": color}
+        }))
+        .expect("a ConfigMap");
+        let params = PostParams {
+            field_manager: Some("kubectl-create".into()),
+            ..PostParams::default()
+        };
+        self.configmaps()
+            .create(&params, &object)
+            .await
+            .expect("created by hand");
+    }
+}
+
+#[tokio::test]
+async fn diff_lists_exactly_what_the_next_sync_writes_or_deletes() {
+    let f = Fixture::new("diff-plain").await;
+    let ns = f.ns.clone();
+    for name in ["changed", "drifted", "moved", "removed", "recreated"] {
+        f.repo.write(&format!("web/{name}.yaml"), &configmap(&ns, name, "blue"));
+    }
+    f.repo.write("api/steady.yaml", &configmap(&ns, "steady", "blue"));
+    f.repo.commit_and_push("first");
+    assert!(f.sync().await.is_clean());
+
+    // A change in Git.
+    f.repo.write("web/changed.yaml", &configmap(&ns, "changed", "red"));
+    // Drift: an edit in the cluster.
+    let edit = serde_json::json!({"data": {"color": "green"}});
+    f.configmaps()
+        .patch("drifted", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("edited");
+    // An object moved to another app in the same commit.
+    f.repo.remove("web/moved.yaml");
+    f.repo.write("api/moved.yaml", &configmap(&ns, "moved", "blue"));
+    // A file removed, with --prune.
+    f.repo.remove("web/removed.yaml");
+    // Still in the inventory, but now someone's own object: deleted and made again by hand.
+    f.repo.remove("web/recreated.yaml");
+    f.configmaps()
+        .delete("recreated", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    f.create_by_hand("recreated", "theirs").await;
+    // A new object whose name someone else's object already has, in an app of its own.
+    f.create_by_hand("taken", "theirs").await;
+    f.repo.write("other/taken.yaml", &configmap(&ns, "taken", "ours"));
+    f.repo.commit_and_push("every kind of change");
+
+    let (diffs, problems) = f.diff().await;
+    assert_eq!(
+        listed(&diffs),
+        Changes {
+            written: set(&[
+                ("ConfigMap", "changed"),
+                ("ConfigMap", "drifted"),
+                ("ConfigMap", "moved")
+            ]),
+            deleted: set(&[("ConfigMap", "removed")]),
+        }
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.file == "other/taken.yaml" && p.message.contains("conflict")),
+        "{problems:?}"
+    );
+
+    let report = f.sync().await;
+    assert_eq!(made(&report), listed(&diffs));
+    assert_eq!(report.app("other").expect("other").result, AppResult::Invalid);
+    assert_eq!(f.color("changed").await.as_deref(), Some("red"));
+    assert_eq!(f.color("drifted").await.as_deref(), Some("blue"));
+    assert_eq!(f.color("moved").await.as_deref(), Some("blue"));
+    assert_eq!(f.color("removed").await, None);
+    assert_eq!(f.color("recreated").await.as_deref(), Some("theirs"));
+    assert_eq!(f.color("taken").await.as_deref(), Some("theirs"));
+
+    // And once synced, neither has anything to do.
+    let (nothing, _) = f.diff_then_sync().await;
+    assert!(nothing.written.is_empty() && nothing.deleted.is_empty(), "{nothing:?}");
+}
+
+#[tokio::test]
+async fn diff_lists_the_canary_objects_of_a_release_mid_step() {
+    let f = Fixture::new("diff-release").await;
+    let steps = "  strategy:\n    canary:\n      trafficRoutings: [{service: echo, gateway: {httpRouteName: echo}}]\n      steps:\n      - {traffic: 20%, replicas: 1, pause: {}}\n      - {traffic: 100%}\n";
+    support::agent::write_echo_app(&f.repo, &f.ns, "1.0", steps);
+    f.repo.commit_and_push("echo 1.0");
+    let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
+    support::eventually(
+        "echo 1.0 is synced and available",
+        Duration::from_secs(60),
+        async || {
+            let report = f.sync().await;
+            (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
+        },
+    )
+    .await;
+
+    // A push starts the release: the canary Deployment, and the stable one
+    // (it keeps 1.0, now recorded as the stable template).
+    support::agent::write_echo_app(&f.repo, &f.ns, "2.0", steps);
+    f.repo.commit_and_push("echo 2.0");
+    let (started, _) = f.diff_then_sync().await;
+    assert_eq!(started.written, set(&[("Deployment", "echo"), ("Deployment", "echo-canary")]));
+    assert!(started.deleted.is_empty());
+
+    // Once the canary pod is ready, traffic moves: the canary Service and the routes.
+    support::eventually("the canary pod is ready", Duration::from_secs(60), async || {
+        let canary = deployments.get_opt("echo-canary").await.ok()??;
+        (canary.status?.available_replicas? >= 1).then_some(())
+    })
+    .await;
+    let (routed, _) = f.diff_then_sync().await;
+    assert!(
+        routed
+            .written
+            .contains(&("Service".to_string(), "echo-canary".to_string())),
+        "{routed:?}"
+    );
+    assert!(
+        routed.written.contains(&("HTTPRoute".to_string(), "echo".to_string())),
+        "{routed:?}"
+    );
+
+    // An abort while the release waits: the canary objects go, and diff said so first.
+    gitcanary::rollout::cli::send_signal(&f.cluster, &f.ns, "echo", gitcanary::rollout::cli::Signal::Abort)
+        .await
+        .expect("abort requested");
+    let (aborted, _) = f.diff_then_sync().await;
+    assert_eq!(
+        aborted.deleted,
+        set(&[("Deployment", "echo-canary"), ("Service", "echo-canary")]),
+        "{aborted:?}"
+    );
+}
