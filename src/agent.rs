@@ -145,7 +145,7 @@ impl Agent {
         let source = self.source.clone();
         let author = self.writeback.author.clone();
         let file = request.file(&jiff::Timestamp::now().to_string());
-        let outcome = tokio::task::spawn_blocking(move || {
+        let outcome = crate::blocking("pushing the gate branch", move || {
             let git = source
                 .git()
                 .ok_or_else(|| crate::Error::Usage("gates need a Git source".into()))?;
@@ -156,8 +156,7 @@ impl Agent {
             };
             writer.open_gate(&branch, &file)
         })
-        .await
-        .expect("the gate task does not panic")?;
+        .await??;
         debug!(?outcome, "gate branch pushed");
         Ok(())
     }
@@ -284,7 +283,7 @@ pub async fn write_back(
             continue;
         }
         let (source, config, job) = (source.clone(), config.clone(), request.clone());
-        let outcome = tokio::task::spawn_blocking(move || {
+        let outcome = crate::blocking("writing back to Git", move || {
             let git = source.git().expect("checked above");
             let writer = Writer {
                 git,
@@ -294,7 +293,7 @@ pub async fn write_back(
             writer.write(&job)
         })
         .await
-        .expect("the write-back task does not panic");
+        .and_then(|outcome| outcome);
         let fields = (&request.namespace, &request.name, &request.pending.rollout_id);
         let (commit, note) = match outcome {
             Ok(Outcome::Committed { commit, attempts, note }) => {
@@ -349,9 +348,9 @@ impl Agent {
     pub async fn sync_once(&self) -> Result<SyncReport> {
         let source = self.source.clone();
         let timer = self.metrics.fetch_duration.start_timer();
-        let fetched = tokio::task::spawn_blocking(move || source.fetch())
+        let fetched = crate::blocking("fetching", move || source.fetch())
             .await
-            .expect("the fetch task does not panic");
+            .and_then(|fetched| fetched);
         drop(timer);
         if fetched.is_err() {
             self.metrics.fetch_errors.fetch_add(1, Ordering::Relaxed);

@@ -63,6 +63,11 @@ pub enum Error {
     #[error("{object}: {message}")]
     Object { object: String, message: String },
 
+    /// A task that reads untrusted input (Git objects, manifests) panicked;
+    /// the sync that ran it fails, the agent goes on.
+    #[error("{task} stopped unexpectedly: {message}")]
+    Panicked { task: &'static str, message: String },
+
     /// A GitHub API call failed; `status` is the HTTP status when there was an answer.
     #[error("GitHub: {context}: {message}")]
     GitHub {
@@ -84,6 +89,7 @@ impl Error {
             Error::Kubeconfig(_) => "kubeconfig",
             Error::Object { .. } => "object",
             Error::GitHub { .. } => "github",
+            Error::Panicked { .. } => "panicked",
         }
     }
 
@@ -101,6 +107,22 @@ impl Error {
     }
 }
 
+/// Runs blocking work (git2, parsing) off the async threads. A panic in it
+/// becomes an [`Error::Panicked`] for this one task, never a process exit.
+pub async fn blocking<T: Send + 'static>(task: &'static str, work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.map_err(|error| {
+        let message = match error.try_into_panic() {
+            Ok(panic) => panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_string()),
+            Err(error) => error.to_string(),
+        };
+        Error::Panicked { task, message }
+    })
+}
+
 /// A commit id as logs, messages and default rollout ids show it: its
 /// first 7 characters, as `git log --oneline` does.
 pub fn short_commit(commit: &str) -> &str {
@@ -108,3 +130,27 @@ pub fn short_commit(commit: &str) -> &str {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_blocking_work_is_an_error_of_that_task() {
+        let outcome: Result<()> = blocking("parsing", || panic!("a bad blob")).await;
+        match outcome {
+            Err(Error::Panicked { task, message }) => {
+                assert_eq!(task, "parsing");
+                assert_eq!(message, "a bad blob");
+            }
+            other => panic!("expected a Panicked error, got {other:?}"),
+        }
+        assert_eq!(blocking("adding", || 2 + 2).await.ok(), Some(4));
+    }
+
+    #[test]
+    fn short_commits_have_seven_characters() {
+        assert_eq!(short_commit("0123456789abcdef"), "0123456");
+        assert_eq!(short_commit("local"), "local");
+    }
+}

@@ -328,9 +328,7 @@ async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {
 async fn run_diff(args: SourceArgs) -> Result<ExitCode, Error> {
     let source = open_source(&args)?;
     let cluster = connect(&args).await?;
-    let revision = tokio::task::spawn_blocking(move || source.fetch())
-        .await
-        .expect("fetch does not panic")?;
+    let revision = gitcanary::blocking("fetching", move || source.fetch()).await??;
     let (diffs, problems) = diff(&cluster, &revision, &options(&args)).await?;
     let color = match args.color.as_str() {
         "always" => true,
@@ -361,9 +359,7 @@ async fn run_sync(args: SyncArgs, listen: Option<SocketAddr>, leader: Option<Lea
     };
     if args.once {
         let fetch_source = source.clone();
-        let revision = tokio::task::spawn_blocking(move || fetch_source.fetch())
-            .await
-            .expect("fetch does not panic")?;
+        let revision = gitcanary::blocking("fetching", move || fetch_source.fetch()).await??;
         let mut report = sync_owned(&cluster, revision, &options).await?;
         write_back(&cluster, &source, &writeback, &mut report).await;
         let count = |f: fn(&gitcanary::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();
