@@ -3,6 +3,7 @@
 //! tests call exactly what the CLI calls.
 
 pub mod agent;
+pub mod cli;
 pub mod cluster;
 pub mod github;
 pub mod lease;

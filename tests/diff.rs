@@ -255,7 +255,10 @@ async fn diff_lists_the_canary_objects_of_a_release_mid_step() {
     support::agent::write_echo_app(&f.repo, &f.ns, "2.0", steps);
     f.repo.commit_and_push("echo 2.0");
     let (started, _) = f.diff_then_sync().await;
-    assert_eq!(started.written, set(&[("Deployment", "echo"), ("Deployment", "echo-canary")]));
+    assert_eq!(
+        started.written,
+        set(&[("Deployment", "echo"), ("Deployment", "echo-canary")])
+    );
     assert!(started.deleted.is_empty());
 
     // Once the canary pod is ready, traffic moves: the canary Service and the routes.

@@ -1,0 +1,229 @@
+//! The subcommands, as the binary runs them: `main.rs` parses the command
+//! line and dispatches here, so tests and the binary run the same code.
+
+mod run;
+
+pub use run::{run_agent, sync_once};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cluster::{Cluster, render_diff};
+use crate::rollout::cli::{Signal, send_signal};
+use crate::source::{Credentials, Source};
+use crate::sync::SyncOptions;
+use crate::{Error, manifest};
+
+#[derive(Args, Clone)]
+pub struct ClusterArgs {
+    /// Default: as kubectl finds it (KUBECONFIG, possibly several files; ~/.kube/config; in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+#[derive(Args, Clone)]
+pub struct SourceArgs {
+    /// Git URL (https://, ssh://, file://), path to a Git repository, or a plain directory.
+    #[arg(long, env = "GITCANARY_REPO")]
+    pub repo: String,
+    #[arg(long, env = "GITCANARY_BRANCH", default_value = "main")]
+    pub branch: String,
+    /// Sub-directory of the repository that holds the apps.
+    #[arg(long, env = "GITCANARY_PATH", default_value = "")]
+    pub path: String,
+    /// Delete managed objects that left Git.
+    #[arg(long)]
+    pub prune: bool,
+    /// Namespaces manifests may use (comma-separated); default all.
+    #[arg(long, value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Name of this agent instance (the gitcanary.io/managed-by label value).
+    #[arg(long, default_value = "gitcanary")]
+    pub instance: String,
+    /// Namespace for the per-app status ConfigMaps.
+    #[arg(long, default_value = "gitcanary-system")]
+    pub state_namespace: String,
+    /// Default: as kubectl finds it (KUBECONFIG, possibly several files; ~/.kube/config; in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Where the Git mirror is kept.
+    #[arg(long, env = "GITCANARY_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Prometheus for analysis templates that name none (http://HOST:9090).
+    #[arg(long, env = "GITCANARY_PROMETHEUS_URL")]
+    pub prometheus_url: Option<String>,
+    /// Colour the diff: auto (when a terminal), always, never.
+    #[arg(long, default_value = "auto")]
+    pub color: String,
+}
+
+#[derive(Args)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Sync once and exit: 0 when every app synced, 1 when one has problems.
+    #[arg(long)]
+    pub once: bool,
+    /// Seconds between polls of the branch.
+    #[arg(long, default_value_t = 60)]
+    pub poll_interval: u64,
+    /// Author of gitcanary's own commits (promote status, reverts).
+    #[arg(long, default_value = "gitcanary <gitcanary@localhost>")]
+    pub git_author: String,
+    /// Branch for promote status files; default the tracked branch.
+    #[arg(long)]
+    pub status_branch: Option<String>,
+    /// GitHub API URL (GitHub Enterprise: https://HOST/api/v3).
+    #[arg(long, env = "GITCANARY_GITHUB_URL", default_value = "https://api.github.com")]
+    pub github_url: String,
+    /// The repository on GitHub, owner/name; with GITCANARY_GITHUB_TOKEN (or _FILE) it turns on
+    /// pull-request comments, commit statuses and /gitcanary commands.
+    #[arg(long, env = "GITCANARY_GITHUB_REPO")]
+    pub github_repo: Option<String>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub sync: SyncArgs,
+    /// Address for the webhook, /healthz and /readyz endpoints.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+}
+
+#[derive(Args)]
+pub struct LeaderArgs {
+    /// Act without holding the Lease (only when no other agent can run).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Seconds a Lease lasts without renewal before another agent may take it.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// Who holds the Lease; default POD_NAME, else hostname-pid.
+    #[arg(long)]
+    pub leader_identity: Option<String>,
+}
+
+pub async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Signal) -> Result<ExitCode, Error> {
+    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    send_signal(&cluster, namespace, name, signal).await?;
+    let verb = match signal {
+        Signal::Promote => "promote",
+        Signal::Abort => "abort",
+    };
+    println!("rollout {namespace}/{name}: {verb} requested");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn status(
+    args: &ClusterArgs,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    output: &str,
+    watch: bool,
+) -> Result<ExitCode, Error> {
+    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    loop {
+        let rollouts = crate::rollout::cli::list(&cluster, namespace, name).await?;
+        if output == "json" {
+            println!("{}", serde_json::to_string_pretty(&rollouts).unwrap_or_default());
+        } else {
+            let text = crate::rollout::cli::render(&rollouts, jiff::Timestamp::now());
+            if watch {
+                // Redraw in place: clear the screen, cursor home.
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{text}");
+        }
+        let releasing = rollouts.iter().any(|r| {
+            r.status.as_ref().is_some_and(|s| {
+                matches!(
+                    s.phase,
+                    crate::rollout::api::Phase::Progressing
+                        | crate::rollout::api::Phase::Paused
+                        | crate::rollout::api::Phase::Promoting
+                )
+            })
+        });
+        if !watch || !releasing {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+pub fn validate(dir: PathBuf, namespaces: Vec<String>) -> Result<ExitCode, Error> {
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!("{} is not a directory", dir.display())));
+    }
+    let mut set = manifest::load_dir(&dir)?;
+    crate::rollout::validate::validate(&mut set, &namespaces);
+    let problems: Vec<_> = set.problems().collect();
+    for problem in &problems {
+        println!("{problem}");
+    }
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
+    SyncOptions {
+        instance: args.instance.clone(),
+        state_namespace: args.state_namespace.clone(),
+        prune: args.prune,
+        allowed_namespaces: args.namespaces.clone(),
+        prometheus_url: args.prometheus_url.clone(),
+        ..SyncOptions::default()
+    }
+}
+
+pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {
+    let cache = args.cache_dir.clone().unwrap_or_else(|| {
+        std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join(".cache/gitcanary")
+    });
+    Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)
+}
+
+pub(crate) async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {
+    Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await
+}
+
+pub async fn diff(args: SourceArgs) -> Result<ExitCode, Error> {
+    let source = open_source(&args)?;
+    let cluster = connect(&args).await?;
+    let revision = crate::blocking("fetching", move || source.fetch()).await??;
+    let (diffs, problems) = crate::sync::diff(&cluster, &revision, &options(&args)).await?;
+    let color = match args.color.as_str() {
+        "always" => true,
+        "never" => false,
+        _ => std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
+    print!("{}", render_diff(&diffs, color));
+    for problem in &problems {
+        eprintln!("{problem}");
+    }
+    if !problems.is_empty() {
+        return Ok(ExitCode::from(2));
+    }
+    Ok(if diffs.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,216 @@
+//! `gitcanary sync` and `gitcanary run`: one sync, or the agent with its
+//! server, leadership and shutdown.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use super::{LeaderArgs, SourceArgs, SyncArgs, connect, open_source, options};
+use crate::Error;
+use crate::agent::{Agent, WritebackConfig, trigger_channel, write_back};
+use crate::cluster::ensure_namespace;
+use crate::github::GitHub;
+use crate::lease::{Leadership, LeaseConfig};
+use crate::server::{ServerState, serve};
+use crate::sync::sync_owned;
+use crate::writeback::Author;
+
+fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
+    Ok(WritebackConfig {
+        author: Author::parse(&args.git_author).map_err(Error::Usage)?,
+        status_branch: args.status_branch.clone(),
+    })
+}
+
+/// `gitcanary sync --once`: fetch, sync, write back, print a summary.
+/// Exits 0 when every app synced, 1 when one has problems.
+pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
+    let source = Arc::new(open_source(&args.source)?);
+    let cluster = connect(&args.source).await?;
+    let writeback = writeback_config(&args)?;
+    let fetch_source = source.clone();
+    let revision = crate::blocking("fetching", move || fetch_source.fetch()).await??;
+    let mut report = sync_owned(&cluster, revision, &options(&args.source)).await?;
+    write_back(&cluster, &source, &writeback, &mut report).await;
+    let count = |f: fn(&crate::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();
+    println!(
+        "synced {} app(s) at {}: {} applied, {} unchanged, {} pruned; API requests: {} reads, {} writes, {} dry runs",
+        report.apps.len(),
+        &report.commit[..report.commit.len().min(12)],
+        count(|a| a.applied.len()),
+        count(|a| a.unchanged),
+        count(|a| a.pruned.len()),
+        cluster.requests.reads(),
+        cluster.requests.writes(),
+        cluster.requests.dry_runs()
+    );
+    for problem in report.problems() {
+        println!("{problem}");
+    }
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `gitcanary run` (with `listen` and `leader`) and `gitcanary sync`: the
+/// agent, until interrupted. Exits 3 when it loses the Lease.
+pub async fn run_agent(
+    args: SyncArgs,
+    listen: Option<SocketAddr>,
+    leader: Option<LeaderArgs>,
+) -> Result<ExitCode, Error> {
+    let source = Arc::new(open_source(&args.source)?);
+    let cluster = Arc::new(connect(&args.source).await?);
+    let options = options(&args.source);
+    let writeback = writeback_config(&args)?;
+    let ready = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(crate::telemetry::Metrics::default());
+    let _ = metrics.kube_requests.set(cluster.requests.clone());
+    let (triggers, queue) = trigger_channel();
+    if let Some(addr) = listen {
+        let secret = webhook_secret()?;
+        let state = ServerState {
+            webhook_secret: secret.map(Arc::from),
+            branch: args.source.branch.clone(),
+            triggers: triggers.clone(),
+            ready: ready.clone(),
+            metrics: metrics.clone(),
+            deliveries: Arc::default(),
+        };
+        let bound = serve(addr, state).await.map_err(|source| Error::Read {
+            path: format!("listen address {addr}"),
+            source,
+        })?;
+        tracing::info!(%bound, source = %source.describe(), "agent listening");
+    }
+    let agent = Agent {
+        cluster,
+        source: source.clone(),
+        options,
+        poll_interval: Duration::from_secs(args.poll_interval.max(1)),
+        ready,
+        writeback: writeback.clone(),
+        github: github_client(&args, metrics.clone())?.map(Arc::new),
+        metrics,
+    };
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let signals = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing the sync in progress"),
+                _ = terminate() => tracing::info!("SIGTERM; finishing the sync in progress"),
+            }
+            let _ = stop.send(true);
+        })
+    };
+    let leadership = match leader.filter(|l| !l.no_leader_election) {
+        Some(leader) => {
+            ensure_namespace(&agent.cluster, &args.source.state_namespace).await?;
+            let leadership = Leadership::new(&agent.cluster, lease_config(&args.source, &leader));
+            if !leadership.acquire(&mut stopped).await {
+                return Ok(ExitCode::SUCCESS);
+            }
+            tracing::info!(identity = %leadership.config().identity, "leading: this agent acts");
+            Some(leadership)
+        }
+        None => None,
+    };
+    let running = agent.run(triggers, queue, stopped.clone());
+    tokio::pin!(running);
+    let lost = async {
+        match &leadership {
+            Some(leadership) => leadership.keep().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = &mut running => {}
+        _ = stopped.wait_for(|s| *s) => {
+            if tokio::time::timeout(Duration::from_secs(30), &mut running).await.is_err() {
+                tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
+            }
+        }
+        _ = lost => {
+            // Another agent may act from now on: stop at once, and let the
+            // restart rejoin as a follower.
+            tracing::error!("leadership lost; exiting so that only one agent acts");
+            return Ok(ExitCode::from(3));
+        }
+    }
+    signals.abort();
+    if let Some(leadership) = leadership {
+        leadership.release().await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn lease_config(source: &SourceArgs, leader: &LeaderArgs) -> LeaseConfig {
+    let identity = leader
+        .leader_identity
+        .clone()
+        .unwrap_or_else(|| match std::env::var("POD_NAME") {
+            Ok(pod) if !pod.is_empty() => pod,
+            _ => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "agent".into());
+                format!("{host}-{}", std::process::id())
+            }
+        });
+    LeaseConfig {
+        namespace: source.state_namespace.clone(),
+        name: format!("{}-leader", source.instance),
+        identity,
+        duration: Duration::from_secs(leader.lease_duration.max(3)),
+    }
+}
+
+async fn terminate() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut signal) => {
+            signal.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Result<Option<GitHub>, Error> {
+    let Some(repo) = &args.github_repo else { return Ok(None) };
+    let token = match std::env::var("GITCANARY_GITHUB_TOKEN") {
+        Ok(token) => Some(token),
+        Err(_) => match std::env::var("GITCANARY_GITHUB_TOKEN_FILE") {
+            Ok(path) => Some(
+                std::fs::read_to_string(&path)
+                    .map_err(|source| Error::Read { path, source })?
+                    .trim_end()
+                    .to_string(),
+            ),
+            Err(_) => None,
+        },
+    };
+    match token {
+        Some(token) => Ok(Some(GitHub::new(&args.github_url, &token, repo, metrics)?)),
+        None => {
+            tracing::warn!("--github-repo is set but no GITCANARY_GITHUB_TOKEN: GitHub reporting is off");
+            Ok(None)
+        }
+    }
+}
+
+/// `GITCANARY_WEBHOOK_SECRET` or the file named by `GITCANARY_WEBHOOK_SECRET_FILE`.
+fn webhook_secret() -> Result<Option<Vec<u8>>, Error> {
+    if let Ok(secret) = std::env::var("GITCANARY_WEBHOOK_SECRET") {
+        return Ok(Some(secret.into_bytes()));
+    }
+    match std::env::var("GITCANARY_WEBHOOK_SECRET_FILE") {
+        Ok(path) => std::fs::read_to_string(&path)
+            .map(|s| Some(s.trim_end().as_bytes().to_vec()))
+            .map_err(|source| Error::Read { path, source }),
+        Err(_) => Ok(None),
+    }
+}
