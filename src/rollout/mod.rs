@@ -4,7 +4,9 @@
 pub mod analysis;
 pub mod api;
 pub mod cli;
+mod desired;
 pub mod engine;
+mod observe;
 pub mod overlay;
 pub mod plan;
 pub mod prometheus;

@@ -401,6 +401,7 @@ mod tests {
             canary_replicas: Some(1),
             traffic: Some(10),
             pin_stable_service: true,
+            route_canary: true,
             rollout_id: "abc".into(),
             step: 1,
         };

@@ -44,6 +44,10 @@ pub struct Observed {
     pub abort_signal: Option<String>,
     /// Analysis measurements the engine took for this reconcile.
     pub measurements: Vec<Measurement>,
+    /// The revision (pod-template-hash or controller-revision-hash) the stable pods run.
+    pub stable_revision: String,
+    /// The revision of the current canary pods; empty until their controller made them.
+    pub canary_revision: String,
     pub now: Timestamp,
 }
 
@@ -66,6 +70,9 @@ pub struct Intent {
     pub traffic: Option<u32>,
     /// Pin the stable Service to the stable revision (while traffic is split).
     pub pin_stable_service: bool,
+    /// The canary Service selects the canary pods and routes may name it:
+    /// canary pods run a known revision and the Rollout keeps a canary Service.
+    pub route_canary: bool,
     pub rollout_id: String,
     /// 1-based step whose pods are being created (batch label), 0 when none.
     pub step: u32,
@@ -78,6 +85,7 @@ impl Intent {
             canary_replicas: None,
             traffic: None,
             pin_stable_service: false,
+            route_canary: false,
             rollout_id: String::new(),
             step: 0,
         }
@@ -161,9 +169,20 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         failed: None,
         promoted: false,
     };
-    let intent = planner.run();
+    let mut intent = planner.run();
     planner.requeue_for_analysis();
     let mut status = planner.status;
+    route(spec, observed, &mut intent);
+    status.stable_revision = if status.stable_revision.is_empty() || status.phase != Phase::Healthy {
+        observed.stable_revision.clone()
+    } else {
+        status.stable_revision
+    };
+    status.canary_revision = if intent.canary_replicas.is_some() {
+        observed.canary_revision.clone()
+    } else {
+        String::new()
+    };
     if status != *previous
         && let Some(canary) = status.canary_status.as_mut()
     {
@@ -177,6 +196,18 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         failed: planner.failed,
         promoted: planner.promoted,
     }
+}
+
+/// Whether the canary can take traffic now: a Service can select its pods
+/// only once they run a known revision, and only a Rollout that keeps a
+/// canary Service routes to one. Until then Git's routes stay in force.
+fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
+    let keeps_service = !spec.strategy.canary.canary_service.as_ref().is_some_and(|c| c.disabled);
+    intent.route_canary = intent.canary_replicas.is_some() && !observed.canary_revision.is_empty() && keeps_service;
+    if !intent.route_canary {
+        intent.traffic = None;
+    }
+    intent.pin_stable_service &= intent.route_canary && !observed.stable_revision.is_empty();
 }
 
 impl Planner<'_> {
@@ -389,6 +420,7 @@ impl Planner<'_> {
             canary_replicas: Some(canary_replicas),
             traffic,
             pin_stable_service: traffic.is_some() && stable_template == StableTemplate::Live,
+            route_canary: false,
             rollout_id: self.status.rollout_id.clone(),
             step,
         }

@@ -122,6 +122,11 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
                     "step {n}: traffic needs a trafficRouting (a Service with an HTTPRoute or Ingress); without one, split by replicas"
                 ));
             }
+            if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+                problems.push(format!(
+                    "step {n}: traffic needs a canary Service, and canaryService.disabled is true: without one, traffic follows replicas through the stable Service (drop traffic, or the disabled)"
+                ));
+            }
         }
         match &step.replicas {
             Some(IntOrPercent::Int(r)) if *r < 0 => problems.push(format!("step {n}: replicas {r} is negative")),
@@ -171,6 +176,21 @@ mod tests {
         let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
         super::validate(&mut set, &[]);
         set.problems().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn traffic_without_a_canary_service_is_refused() {
+        let mut files = vec![("a/w.yaml", WORKLOAD)];
+        let rollout = rollout("      - {traffic: 10%}\n")
+            .replace("      steps:", "      canaryService: {disabled: true}\n      steps:");
+        files.push(("a/r.yaml", &rollout));
+        let problems = problems(&files);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("step 1: traffic needs a canary Service")),
+            "{problems:?}"
+        );
     }
 
     const WORKLOAD: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: echo, namespace: demo}\nspec: {}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: demo}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: echo, namespace: demo}\n";

@@ -52,6 +52,8 @@ fn observed(git: &str, now: i64) -> Observed {
         workload_stable_hash: Some("v1".into()),
         git_matches_live: git == "v1",
         replicas: 4,
+        stable_revision: "stable-pods".into(),
+        canary_revision: "canary-pods".into(),
         now: at(now),
         ..Observed::default()
     }
@@ -529,4 +531,53 @@ fn background_analysis_runs_through_timed_pauses_and_fails_the_release() {
     let plan = run.step(&seen);
     assert_eq!(run.status.phase, Phase::Failed);
     assert!(plan.failed.expect("failed").contains("(background)"));
+}
+
+#[test]
+fn traffic_waits_until_the_canary_pods_have_a_revision_a_service_can_select() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 10));
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    seen.canary_revision = String::new(); // the ReplicaSet is not seen yet
+    let plan = run.step(&seen);
+    assert_eq!(plan.intent.traffic, None);
+    assert!(!plan.intent.route_canary && !plan.intent.pin_stable_service);
+
+    seen.canary_revision = "canary-pods".into();
+    let plan = run.step(&seen);
+    assert_eq!(plan.intent.traffic, Some(10));
+    assert!(plan.intent.route_canary && plan.intent.pin_stable_service);
+    assert_eq!(run.status.canary_revision, "canary-pods");
+    assert_eq!(run.status.stable_revision, "stable-pods");
+}
+
+#[test]
+fn a_rollout_without_a_canary_service_never_routes_to_one() {
+    let mut spec = spec();
+    spec.strategy.canary.canary_service = Some(crate::rollout::api::CanaryService {
+        disabled: true,
+        ..Default::default()
+    });
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 10));
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    let plan = run.step(&seen);
+    assert_eq!(plan.intent.canary_replicas, Some(1));
+    assert_eq!(plan.intent.traffic, None);
+    assert!(!plan.intent.route_canary);
+}
+
+#[test]
+fn the_canary_revision_is_recorded_only_while_a_canary_runs() {
+    let mut run = Run::new();
+    let plan = run.step(&observed("v1", 0));
+    assert_eq!(plan.intent.canary_replicas, None);
+    assert_eq!(run.status.canary_revision, "");
+    assert_eq!(run.status.stable_revision, "stable-pods");
+    run.step(&observed("v2", 10));
+    assert_eq!(run.status.canary_revision, "canary-pods");
 }

@@ -1,0 +1,302 @@
+//! One Rollout's plan, pure: from what was observed, the planner's decision,
+//! turned into overlays on the app's desired objects (stable workload,
+//! pinned Service, weighted routes) and the canary objects to write or
+//! delete. Nothing here reads the cluster, and nothing after the planner
+//! changes its decision: routes follow `Intent::route_canary` and `traffic`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::api::{GROUP, KIND, RolloutSpec};
+use super::engine::{CanaryWrite, RolloutWork};
+use super::observe::RolloutObserved;
+use super::overlay::{self, WorkloadKind, canary_name};
+use super::plan;
+use crate::manifest::{ObjectKey, Problem};
+use crate::plan::desired::{is_subset, rehash};
+use crate::plan::{Deletion, LiveMeta, Planned, Resolved};
+use crate::{MANAGED_BY_LABEL, SOURCE_ANNOTATION};
+
+pub(crate) fn is_rollout(planned: &Planned<'_>) -> bool {
+    planned.manifest.group() == GROUP && planned.manifest.kind() == KIND
+}
+
+/// A Rollout of the app and the workload it governs, found among the app's objects.
+pub(crate) struct Target {
+    /// Index of the Rollout among the app's objects.
+    pub index: usize,
+    pub spec: RolloutSpec,
+    pub namespace: String,
+    pub name: String,
+    pub kind: WorkloadKind,
+    /// Index of the governed workload among the app's objects.
+    pub workload: usize,
+}
+
+impl Target {
+    /// Validation refuses a Rollout whose objects the app does not hold; these
+    /// lookups fail only for what validation let through.
+    pub fn find(planned: &[Planned<'_>], index: usize) -> Result<Target, Problem> {
+        let manifest = planned[index].manifest;
+        let spec: RolloutSpec = serde_json::from_value(manifest.object["spec"].clone())
+            .map_err(|e| manifest.problem(format!("invalid Rollout spec: {e}")))?;
+        let namespace = planned[index].namespace().unwrap_or("default").to_string();
+        let workload_ref = &spec.workload_ref;
+        let kind = WorkloadKind::parse(&workload_ref.kind).ok_or_else(|| {
+            manifest.problem(format!(
+                "workloadRef.kind {:?} is not supported: use Deployment or StatefulSet",
+                workload_ref.kind
+            ))
+        })?;
+        let workload = find(planned, &workload_ref.kind, &namespace, &workload_ref.name).ok_or_else(|| {
+            manifest.problem(format!(
+                "workloadRef names {} {namespace}/{}, which this app does not hold",
+                workload_ref.kind, workload_ref.name
+            ))
+        })?;
+        Ok(Target {
+            index,
+            name: manifest.name().to_string(),
+            spec,
+            namespace,
+            kind,
+            workload,
+        })
+    }
+}
+
+fn find(planned: &[Planned<'_>], kind: &str, namespace: &str, name: &str) -> Option<usize> {
+    planned
+        .iter()
+        .position(|p| p.manifest.kind() == kind && p.name() == name && p.namespace() == Some(namespace))
+}
+
+fn not_held(target: &Target, planned: &[Planned<'_>], kind: &str, name: &str) -> Problem {
+    planned[target.index].manifest.problem(format!(
+        "trafficRoutings names {kind} {}/{name}, which this app does not hold",
+        target.namespace
+    ))
+}
+
+/// Plans one Rollout and overlays the app's objects it governs.
+pub(crate) fn plan_rollout(
+    planned: &mut [Planned<'_>],
+    target: Target,
+    observed: RolloutObserved,
+    instance: &str,
+) -> Result<RolloutWork, Problem> {
+    let manifest = planned[target.index].manifest;
+    let (spec, namespace, kind) = (&target.spec, target.namespace.as_str(), target.kind);
+    let git_workload = planned[target.workload].desired.clone();
+    let status = observed.previous.clone().unwrap_or_default();
+    let mut seen = observed.planner;
+
+    // The canary Service check, before any canary pod exists.
+    let rollout_id = if status.rollout_id.is_empty() {
+        spec.rollout_id.clone().unwrap_or_default()
+    } else {
+        status.rollout_id.clone()
+    };
+    let pod_labels = overlay::canary_pod_labels(spec, &git_workload, &rollout_id);
+    let mut services = Vec::new();
+    for routing in &spec.strategy.canary.traffic_routings {
+        let service = find(planned, "Service", namespace, &routing.service)
+            .ok_or_else(|| not_held(&target, planned, "Service", &routing.service))?;
+        if let Some(problem) = overlay::selector_problem(spec, &planned[service].desired, &pod_labels) {
+            seen.selector_problem = Some(problem);
+        }
+        services.push(service);
+    }
+
+    let plan = plan::plan(spec, &status, &seen);
+    let intent = &plan.intent;
+    let revisions = &observed.revisions;
+    let stable = overlay::stable_workload(
+        kind,
+        &git_workload,
+        observed.stable_template.as_ref(),
+        intent,
+        &plan.status.stable_template_hash,
+    );
+    set_desired(&mut planned[target.workload], stable);
+
+    let mut wanted = Vec::new();
+    let mut unwanted = Vec::new();
+    if kind == WorkloadKind::Deployment {
+        match intent.canary_replicas {
+            Some(replicas) => wanted.push(overlay::canary_deployment(
+                spec,
+                &git_workload,
+                replicas,
+                &intent.rollout_id,
+                &plan.status.canary_template_hash,
+            )),
+            None => unwanted.push(("apps/v1", "Deployment", canary_name(&spec.workload_ref.name))),
+        }
+    }
+    for (routing, &service) in spec.strategy.canary.traffic_routings.iter().zip(&services) {
+        if intent.route_canary {
+            wanted.push(overlay::canary_service(
+                spec,
+                &planned[service].desired,
+                kind,
+                &revisions.canary,
+            ));
+        } else if intent.canary_replicas.is_none() {
+            unwanted.push(("v1", "Service", canary_name(&routing.service)));
+        }
+        if intent.pin_stable_service {
+            let pinned = overlay::pinned_stable_service(&planned[service].desired, kind, &revisions.stable);
+            set_desired(&mut planned[service], pinned);
+        }
+        if let Some(gateway) = &routing.gateway {
+            let route = find(planned, "HTTPRoute", namespace, &gateway.http_route_name)
+                .ok_or_else(|| not_held(&target, planned, "HTTPRoute", &gateway.http_route_name))?;
+            if let Some(traffic) = intent.traffic {
+                let weighted = overlay::weighted_route(&planned[route].desired, &routing.service, traffic);
+                set_desired(&mut planned[route], weighted);
+            }
+        }
+        if let Some(ingress) = &routing.ingress {
+            let index = find(planned, "Ingress", namespace, &ingress.name)
+                .ok_or_else(|| not_held(&target, planned, "Ingress", &ingress.name))?;
+            match intent.traffic {
+                Some(traffic) => wanted.push(overlay::canary_ingress(
+                    &planned[index].desired,
+                    &routing.service,
+                    traffic,
+                )),
+                None => unwanted.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
+            }
+        }
+    }
+    for object in &mut wanted {
+        mark_managed(object, instance, &manifest.location());
+    }
+    let changes = CanaryObjects {
+        live: &observed.canary_live,
+        kinds: &observed.canary_kinds,
+        namespace,
+        instance,
+    };
+    let canary_writes = changes.writes(wanted).map_err(|problem| manifest.problem(problem))?;
+    let canary_deletions = changes.deletions(unwanted);
+    let images = git_workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["image"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(RolloutWork {
+        app: manifest.app.clone(),
+        source: manifest.location(),
+        images,
+        last_command_comment: observed.last_command_comment,
+        kind,
+        workload: spec.workload_ref.name.clone(),
+        plan,
+        canary_writes,
+        canary_deletions,
+        previous: observed.previous,
+        revisions: observed.revisions,
+        spec: target.spec,
+        namespace: target.namespace,
+        name: target.name,
+    })
+}
+
+/// The canary objects that exist, against which the wanted ones are decided.
+struct CanaryObjects<'o> {
+    live: &'o BTreeMap<(&'static str, String), Value>,
+    kinds: &'o BTreeMap<&'static str, Resolved>,
+    namespace: &'o str,
+    instance: &'o str,
+}
+
+impl CanaryObjects<'_> {
+    fn key(&self, api_version: &str, kind: &str, name: &str) -> ObjectKey {
+        ObjectKey {
+            group: api_version
+                .rsplit_once('/')
+                .map(|(g, _)| g.to_string())
+                .unwrap_or_default(),
+            kind: kind.to_string(),
+            namespace: Some(self.namespace.to_string()),
+            name: name.to_string(),
+        }
+    }
+
+    fn live(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.live
+            .iter()
+            .find(|((k, n), _)| *k == kind && n == name)
+            .map(|(_, v)| v)
+    }
+
+    /// The live object, when it is this instance's.
+    fn ours(&self, object: &Value) -> Option<LiveMeta> {
+        LiveMeta::of(object).filter(|m| m.managed_by.as_deref() == Some(self.instance))
+    }
+
+    /// The wanted canary objects that differ from what the cluster has.
+    fn writes(&self, wanted: Vec<Value>) -> Result<Vec<CanaryWrite>, String> {
+        let mut writes = Vec::new();
+        for object in wanted {
+            let api_version = object["apiVersion"].as_str().unwrap_or_default().to_string();
+            let kind = object["kind"].as_str().unwrap_or_default().to_string();
+            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let current = self.live(&kind, &name).cloned();
+            if current.as_ref().is_some_and(|current| is_subset(&object, current)) {
+                continue;
+            }
+            let Some(resolved) = self.kinds.get(kind.as_str()).cloned() else {
+                return Err(format!(
+                    "{kind} in {api_version} is not served: the canary {kind} {}/{name} cannot be made",
+                    self.namespace
+                ));
+            };
+            writes.push(CanaryWrite {
+                key: self.key(&api_version, &kind, &name),
+                resolved,
+                ours: current.as_ref().and_then(|c| self.ours(c)).is_some(),
+                live: current,
+                object,
+            });
+        }
+        Ok(writes)
+    }
+
+    /// Deletes of the unwanted canary objects that exist and are this instance's.
+    fn deletions(&self, unwanted: Vec<(&'static str, &'static str, String)>) -> Vec<Deletion> {
+        unwanted
+            .into_iter()
+            .filter_map(|(api_version, kind, name)| {
+                let meta = self.ours(self.live(kind, &name)?)?;
+                // The uid only: the canary's controller updates its status meanwhile.
+                Some(Deletion {
+                    resource_version: None,
+                    ..Deletion::of(api_version, self.key(api_version, kind, &name), &meta)
+                })
+            })
+            .collect()
+    }
+}
+
+fn set_desired(planned: &mut Planned<'_>, mut desired: Value) {
+    rehash(&mut desired);
+    planned.desired = desired;
+}
+
+fn mark_managed(object: &mut Value, instance: &str, source: &str) {
+    if !object["metadata"]["labels"].is_object() {
+        object["metadata"]["labels"] = json!({});
+    }
+    object["metadata"]["labels"][MANAGED_BY_LABEL] = json!(instance);
+    if !object["metadata"]["annotations"].is_object() {
+        object["metadata"]["annotations"] = json!({});
+    }
+    object["metadata"]["annotations"][SOURCE_ANNOTATION] = json!(source);
+}

@@ -1,0 +1,353 @@
+//! What one Rollout's reconcile reads of the cluster: the Rollout's status
+//! and signals, the workload, its ReplicaSets or ControllerRevisions and pods,
+//! the canary objects, and the analysis measurements due. Reads only; the
+//! planner and `desired` decide.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+use tracing::info;
+
+use super::analysis;
+use super::api::{Rollout, RolloutSpec, RolloutStatus};
+use super::desired::Target;
+use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind, canary_name};
+use super::plan::Observed;
+use crate::cluster::Cluster;
+use crate::plan::desired::{canonical_hash, is_subset};
+use crate::plan::{Planned, Resolved, SyncOptions};
+use crate::{Error, Result};
+
+/// Everything a Rollout's plan is made from that the cluster holds.
+pub(crate) struct RolloutObserved {
+    /// What the planner reads (the selector check is added by `desired`).
+    pub planner: Observed,
+    pub previous: Option<RolloutStatus>,
+    /// The last GitHub comment whose command was handled.
+    pub last_command_comment: u64,
+    pub revisions: Revisions,
+    /// The template the stable pods run, when the workload exists.
+    pub stable_template: Option<Value>,
+    /// Canary objects that exist, by (kind, name).
+    pub canary_live: BTreeMap<(&'static str, String), Value>,
+    /// The canary kinds the API server serves.
+    pub canary_kinds: BTreeMap<&'static str, Resolved>,
+}
+
+/// The kinds a release may make a canary of.
+const CANARY_KINDS: [(&str, &str); 3] = [
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("networking.k8s.io/v1", "Ingress"),
+];
+
+pub(crate) async fn observe_rollout(
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    target: &Target,
+    commit: &str,
+    options: &SyncOptions,
+    measure: bool,
+) -> Result<RolloutObserved> {
+    let (namespace, name, spec) = (&target.namespace, &target.name, &target.spec);
+    let workload_ref = &spec.workload_ref;
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
+    let live_rollout = rollouts
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
+    let previous = live_rollout.as_ref().and_then(|r| r.status.clone());
+    let annotation = |key: &str| {
+        live_rollout
+            .as_ref()
+            .and_then(|r| r.metadata.annotations.as_ref()?.get(key).cloned())
+    };
+
+    let git_workload = &planned[target.workload].desired;
+    let git_template = planned[target.workload].manifest.object["spec"]["template"].clone();
+    let live = get_value(
+        cluster,
+        &workload_ref.api_version,
+        &workload_ref.kind,
+        namespace,
+        &workload_ref.name,
+    )
+    .await?;
+    let status = previous.clone().unwrap_or_default();
+    let mut observed = Observed {
+        commit: commit.to_string(),
+        git_template_hash: canonical_hash(&git_template),
+        workload_exists: live.is_some(),
+        workload_stable_hash: live.as_ref().and_then(|l| {
+            l["metadata"]["annotations"][STABLE_HASH_ANNOTATION]
+                .as_str()
+                .map(str::to_string)
+        }),
+        git_matches_live: live
+            .as_ref()
+            .is_some_and(|l| is_subset(&git_template, &l["spec"]["template"])),
+        replicas: git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32,
+        promote_signal: annotation(PROMOTE_ANNOTATION),
+        abort_signal: annotation(ABORT_ANNOTATION),
+        now: Timestamp::now(),
+        ..Observed::default()
+    };
+
+    let canary_live = observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name).await?;
+    let (revisions, stable_template) = match target.kind {
+        WorkloadKind::Deployment => {
+            let canary = canary_live.get(&("Deployment", canary_name(&workload_ref.name)));
+            observe_deployment(
+                cluster,
+                &mut observed,
+                &status,
+                live.as_ref(),
+                canary,
+                &git_template,
+                namespace,
+            )
+            .await?
+        }
+        WorkloadKind::StatefulSet => {
+            observe_statefulset(cluster, &mut observed, live.as_ref(), &git_template, namespace).await?
+        }
+    };
+    observed.stable_revision = revisions.stable.clone();
+    observed.canary_revision = revisions.canary.clone();
+    if measure {
+        observed.measurements = measure_due(spec, &status, &revisions, namespace, name, observed.now, options).await;
+    }
+    let mut canary_kinds = BTreeMap::new();
+    for (api_version, kind) in CANARY_KINDS {
+        if let Some(resolved) = cluster.resolve(api_version, kind).await {
+            canary_kinds.insert(kind, resolved);
+        }
+    }
+    Ok(RolloutObserved {
+        planner: observed,
+        previous,
+        last_command_comment: annotation(LAST_COMMENT_ANNOTATION)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        revisions,
+        stable_template,
+        canary_live,
+        canary_kinds,
+    })
+}
+
+/// The analysis runs due now, measured against Prometheus.
+async fn measure_due(
+    spec: &RolloutSpec,
+    status: &RolloutStatus,
+    revisions: &Revisions,
+    namespace: &str,
+    name: &str,
+    now: Timestamp,
+    options: &SyncOptions,
+) -> Vec<analysis::Measurement> {
+    let routing = spec.strategy.canary.traffic_routings.first();
+    let bindings = analysis::Bindings {
+        namespace: namespace.to_string(),
+        canary_service: routing.map(|r| canary_name(&r.service)).unwrap_or_default(),
+        stable_service: routing.map(|r| r.service.clone()).unwrap_or_default(),
+        canary_revision: revisions.canary.clone(),
+        stable_revision: revisions.stable.clone(),
+        rollout_id: status.rollout_id.clone(),
+    };
+    let mut measurements = Vec::new();
+    for (run, template) in analysis::due_runs(spec, status, now) {
+        let measurement =
+            super::prometheus::measure(&run, template, options.prometheus_url.as_deref(), &bindings).await;
+        info!(namespace = %namespace, rollout = %name, rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
+        measurements.push(measurement);
+    }
+    measurements
+}
+
+async fn get_value(
+    cluster: &Cluster,
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Value>> {
+    let Some(resolved) = cluster.resolve(api_version, kind).await else {
+        return Ok(None);
+    };
+    let api: Api<DynamicObject> = cluster.api(&resolved, Some(namespace));
+    let object = api
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading {kind} {namespace}/{name}")))?;
+    Ok(object.map(|o| {
+        let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
+        value["apiVersion"] = json!(api_version);
+        value["kind"] = json!(kind);
+        value
+    }))
+}
+
+/// The canary objects a release of this rollout may make, as the cluster has them.
+async fn observe_canary_objects(
+    cluster: &Cluster,
+    kind: WorkloadKind,
+    spec: &RolloutSpec,
+    namespace: &str,
+    workload: &str,
+) -> Result<BTreeMap<(&'static str, String), Value>> {
+    let mut names: Vec<(&'static str, &'static str, String)> = Vec::new();
+    if kind == WorkloadKind::Deployment {
+        names.push(("apps/v1", "Deployment", canary_name(workload)));
+    }
+    for routing in &spec.strategy.canary.traffic_routings {
+        names.push(("v1", "Service", canary_name(&routing.service)));
+        if let Some(ingress) = &routing.ingress {
+            names.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name)));
+        }
+    }
+    let mut live = BTreeMap::new();
+    for (api_version, kind, name) in names {
+        if let Some(object) = get_value(cluster, api_version, kind, namespace, &name).await? {
+            live.insert((kind, name), object);
+        }
+    }
+    Ok(live)
+}
+
+fn int(value: &Value) -> i64 {
+    value.as_i64().unwrap_or(0)
+}
+
+/// Ready pods of the current template: counted only once the controller
+/// has seen the latest spec.
+fn ready_of_current(workload: &Value, ready_field: &str) -> i32 {
+    let status = &workload["status"];
+    if int(&status["observedGeneration"]) < int(&workload["metadata"]["generation"]) {
+        return 0;
+    }
+    int(&status["updatedReplicas"]).min(int(&status[ready_field])) as i32
+}
+
+fn rolled_out(workload: &Value, git_template: &Value, ready_field: &str) -> bool {
+    let want = workload["spec"]["replicas"].as_i64().unwrap_or(1);
+    let status = &workload["status"];
+    is_subset(git_template, &workload["spec"]["template"])
+        && int(&status["observedGeneration"]) >= int(&workload["metadata"]["generation"])
+        && int(&status["updatedReplicas"]) == want
+        && int(&status[ready_field]) == want
+        && int(&status["replicas"]) == want
+}
+
+pub(super) async fn observe_deployment(
+    cluster: &Cluster,
+    observed: &mut Observed,
+    status: &RolloutStatus,
+    live: Option<&Value>,
+    canary: Option<&Value>,
+    git_template: &Value,
+    namespace: &str,
+) -> Result<(Revisions, Option<Value>)> {
+    let canary_hash = if status.canary_template_hash.is_empty() {
+        &observed.git_template_hash
+    } else {
+        &status.canary_template_hash
+    };
+    if let Some(canary) = canary
+        && canary["metadata"]["annotations"][CANARY_HASH_ANNOTATION].as_str() == Some(canary_hash.as_str())
+    {
+        observed.canary_ready = ready_of_current(canary, "availableReplicas");
+    }
+    observed.stable_rolled_out = live.is_some_and(|l| rolled_out(l, git_template, "availableReplicas"));
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(cluster.client.clone(), namespace);
+    let sets = replica_sets
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing ReplicaSets in {namespace}")))?;
+    let current_hash = |owner: Option<&Value>| -> String {
+        let Some(owner) = owner else { return String::new() };
+        let uid = owner["metadata"]["uid"].as_str().unwrap_or_default();
+        let revision = owner["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str();
+        sets.items
+            .iter()
+            .filter(|rs| rs.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
+            .find(|rs| {
+                rs.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("deployment.kubernetes.io/revision"))
+                    .map(String::as_str)
+                    == revision
+            })
+            .and_then(|rs| rs.metadata.labels.as_ref()?.get("pod-template-hash").cloned())
+            .unwrap_or_default()
+    };
+    let revisions = Revisions {
+        stable: current_hash(live),
+        canary: current_hash(canary),
+    };
+    Ok((revisions, live.map(|l| l["spec"]["template"].clone())))
+}
+
+pub(super) async fn observe_statefulset(
+    cluster: &Cluster,
+    observed: &mut Observed,
+    live: Option<&Value>,
+    git_template: &Value,
+    namespace: &str,
+) -> Result<(Revisions, Option<Value>)> {
+    let Some(live) = live else {
+        return Ok((Revisions::default(), None));
+    };
+    let status = &live["status"];
+    let current = status["currentRevision"].as_str().unwrap_or_default().to_string();
+    let update = status["updateRevision"].as_str().unwrap_or_default().to_string();
+    observed.stable_rolled_out = rolled_out(live, git_template, "readyReplicas") && current == update;
+    // Once the controller has seen Git's template, its update revision is the canary.
+    let seen_latest = int(&status["observedGeneration"]) >= int(&live["metadata"]["generation"]);
+    let canary_revision = if seen_latest && is_subset(git_template, &live["spec"]["template"]) {
+        update.clone()
+    } else {
+        String::new()
+    };
+    if !canary_revision.is_empty() {
+        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+        let list = pods
+            .list(&ListParams::default().labels(&format!("controller-revision-hash={canary_revision}")))
+            .await
+            .map_err(Error::kube(format!("listing pods in {namespace}")))?;
+        observed.canary_ready = list.items.iter().filter(|p| pod_ready(p)).count() as i32;
+    }
+    // The stable template lives in the ControllerRevision of the current revision.
+    let revisions: Api<ControllerRevision> = Api::namespaced(cluster.client.clone(), namespace);
+    let stable_template = match revisions.get_opt(&current).await {
+        Ok(Some(revision)) => revision.data.map(|d| {
+            let mut template = d.0["spec"]["template"].clone();
+            if let Some(map) = template.as_object_mut() {
+                map.remove("$patch");
+            }
+            template
+        }),
+        _ => None,
+    };
+    let revisions = Revisions {
+        stable: current,
+        canary: canary_revision,
+    };
+    Ok((
+        revisions,
+        stable_template.or_else(|| Some(live["spec"]["template"].clone())),
+    ))
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
