@@ -15,7 +15,7 @@ use super::api::{API_VERSION, KIND, Rollout, RolloutSpec, RolloutStatus};
 use super::desired::{Target, is_rollout, plan_rollout};
 use super::observe::observe_rollout;
 use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL, Revisions, WorkloadKind};
-use super::plan::Plan;
+use super::plan::{Plan, Severity};
 use crate::cluster::Cluster;
 use crate::manifest::{ObjectKey, Problem};
 use crate::plan::{Deletion, Planned, Resolved, SyncOptions};
@@ -184,21 +184,15 @@ async fn record_events(cluster: &Cluster, work: &RolloutWork) {
         },
     );
     for transition in &work.plan.transitions {
-        let (type_, reason) = if transition.contains("failed") || transition.contains("refused") {
-            (EventType::Warning, "ReleaseFailed")
-        } else if transition.starts_with("release") && transition.contains("promoted") {
-            (EventType::Normal, "Promoted")
-        } else if transition.contains("promoted") {
-            (EventType::Normal, "GatePassed")
-        } else if transition.contains("started") {
-            (EventType::Normal, "ReleaseStarted")
-        } else {
-            (EventType::Normal, "StepChanged")
+        let (severity, reason) = transition.event();
+        let type_ = match severity {
+            Severity::Normal => EventType::Normal,
+            Severity::Warning => EventType::Warning,
         };
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(transition.chars().take(1000).collect()),
+            note: Some(transition.to_string().chars().take(1000).collect()),
             action: "Reconcile".to_string(),
             secondary: None,
         };

@@ -98,12 +98,118 @@ pub struct Plan {
     pub intent: Intent,
     /// Reconcile again after this long (a pause, a grace period, a deadline).
     pub requeue_after: Option<Duration>,
-    /// Human-readable transitions made in this reconcile, in order.
-    pub transitions: Vec<String>,
+    /// What happened to the release in this reconcile, in order.
+    pub transitions: Vec<Transition>,
     /// Set when the release failed in this reconcile: the cause.
     pub failed: Option<String>,
     /// Set when the release was promoted in this reconcile.
     pub promoted: bool,
+}
+
+/// What happened to a release in one reconcile. Events, logs and metrics
+/// read the kind; the text (`Display`) is what a person reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// Back on (or adopted at) the stable template Git holds.
+    Healthy,
+    /// The release cannot start (the canary Service would select nothing…).
+    Refused {
+        problem: String,
+    },
+    Started {
+        rollout_id: String,
+        commit: String,
+    },
+    /// A newer commit replaced the release.
+    Superseded {
+        rollout_id: String,
+        reason: String,
+    },
+    Failed {
+        rollout_id: String,
+        cause: String,
+    },
+    CanaryReady {
+        step: u32,
+        pods: i32,
+    },
+    TrafficInForce {
+        step: u32,
+        percent: u32,
+    },
+    StepDone {
+        step: u32,
+    },
+    LastStepDone,
+    /// A promote went on past an inconclusive analysis.
+    AnalysisSkipped {
+        template: String,
+        by: String,
+    },
+    AnalysisInconclusive {
+        template: String,
+    },
+    /// An indefinite pause was passed by a promote.
+    GatePassed {
+        step: u32,
+    },
+    Promoted {
+        rollout_id: String,
+    },
+}
+
+/// How an Event reports a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    Normal,
+    Warning,
+}
+
+impl Transition {
+    /// The Event's type and reason.
+    pub fn event(&self) -> (Severity, &'static str) {
+        match self {
+            Transition::Failed { .. } | Transition::Refused { .. } => (Severity::Warning, "ReleaseFailed"),
+            Transition::AnalysisInconclusive { .. } => (Severity::Warning, "AnalysisInconclusive"),
+            Transition::Promoted { .. } => (Severity::Normal, "Promoted"),
+            Transition::GatePassed { .. } | Transition::AnalysisSkipped { .. } => (Severity::Normal, "GatePassed"),
+            Transition::Started { .. } => (Severity::Normal, "ReleaseStarted"),
+            Transition::Superseded { .. } => (Severity::Normal, "ReleaseSuperseded"),
+            Transition::Healthy
+            | Transition::CanaryReady { .. }
+            | Transition::TrafficInForce { .. }
+            | Transition::StepDone { .. }
+            | Transition::LastStepDone => (Severity::Normal, "StepChanged"),
+        }
+    }
+}
+
+impl std::fmt::Display for Transition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transition::Healthy => write!(f, "Healthy: Git holds the stable template"),
+            Transition::Refused { problem } => write!(f, "release refused: {problem}"),
+            Transition::Started { rollout_id, commit } => {
+                write!(
+                    f,
+                    "release {rollout_id} started for commit {}",
+                    crate::short_commit(commit)
+                )
+            }
+            Transition::Superseded { rollout_id, reason } => write!(f, "release {rollout_id} superseded: {reason}"),
+            Transition::Failed { rollout_id, cause } => write!(f, "release {rollout_id} failed: {cause}"),
+            Transition::CanaryReady { step, pods } => write!(f, "step {step}: {pods} canary pod(s) ready"),
+            Transition::TrafficInForce { step, percent } => write!(f, "step {step}: traffic {percent}% in force"),
+            Transition::StepDone { step } => write!(f, "step {step} done"),
+            Transition::LastStepDone => write!(f, "last step done: promoting"),
+            Transition::AnalysisSkipped { template, by } => {
+                write!(f, "analysis {template}: going on without it, promoted by {by}")
+            }
+            Transition::AnalysisInconclusive { template } => write!(f, "analysis {template} inconclusive: paused"),
+            Transition::GatePassed { step } => write!(f, "step {step}: promoted"),
+            Transition::Promoted { rollout_id } => write!(f, "release {rollout_id} promoted"),
+        }
+    }
 }
 
 /// Parses a percentage such as "10%" (or "10").
@@ -152,7 +258,7 @@ struct Planner<'a> {
     spec: &'a RolloutSpec,
     observed: &'a Observed,
     status: RolloutStatus,
-    transitions: Vec<String>,
+    transitions: Vec<Transition>,
     requeue: Option<Duration>,
     failed: Option<String>,
     promoted: bool,
@@ -216,8 +322,8 @@ impl Planner<'_> {
             && !self.status.canary_template_hash.is_empty()
     }
 
-    fn note(&mut self, text: impl Into<String>) {
-        self.transitions.push(text.into());
+    fn note(&mut self, transition: Transition) {
+        self.transitions.push(transition);
     }
 
     fn requeue_in(&mut self, after: Duration) {
@@ -278,7 +384,7 @@ impl Planner<'_> {
         let git = &observed.git_template_hash;
         if *git == self.status.stable_template_hash {
             if self.status.phase != Phase::Healthy {
-                self.note("Healthy: Git holds the stable template");
+                self.note(Transition::Healthy);
             }
             self.status.phase = Phase::Healthy;
             self.status.failed_template_hash.clear();
@@ -299,7 +405,9 @@ impl Planner<'_> {
         }
         if let Some(problem) = &observed.selector_problem {
             if self.status.phase != Phase::Failed || self.canary().message != *problem {
-                self.note(format!("release refused: {problem}"));
+                self.note(Transition::Refused {
+                    problem: problem.clone(),
+                });
             }
             self.status.phase = Phase::Failed;
             self.canary().message = problem.clone();
@@ -326,11 +434,10 @@ impl Planner<'_> {
         });
         self.status.step_history.clear();
         self.status.analysis_runs.clear();
-        self.note(format!(
-            "release {} started for commit {}",
-            self.status.rollout_id,
-            crate::short_commit(&observed.commit)
-        ));
+        self.note(Transition::Started {
+            rollout_id: self.status.rollout_id.clone(),
+            commit: observed.commit.clone(),
+        });
         self.enter(1, StepState::StepUpgrade);
         self.advance()
     }
@@ -356,7 +463,10 @@ impl Planner<'_> {
         // Keep the record short: the last ten releases.
         let excess = self.status.superseded.len().saturating_sub(10);
         self.status.superseded.drain(..excess);
-        self.note(format!("release {} superseded: {reason}", self.status.rollout_id));
+        self.note(Transition::Superseded {
+            rollout_id: self.status.rollout_id.clone(),
+            reason: reason.to_string(),
+        });
         self.status.canary_template_hash.clear();
         self.status.canary_commit.clear();
         self.status.phase = Phase::Healthy;
@@ -384,7 +494,10 @@ impl Planner<'_> {
 
     fn fail(&mut self, cause: String) -> Intent {
         let on_failure = self.spec.strategy.canary.on_failure.unwrap_or_default();
-        self.note(format!("release {} failed: {cause}", self.status.rollout_id));
+        self.note(Transition::Failed {
+            rollout_id: self.status.rollout_id.clone(),
+            cause: cause.clone(),
+        });
         self.status.phase = Phase::Failed;
         self.status.failed_template_hash = self.status.canary_template_hash.clone();
         self.status.canary_template_hash.clear();
@@ -465,7 +578,10 @@ impl Planner<'_> {
                         } else {
                             StepState::StepPaused
                         };
-                        self.note(format!("step {index}: {wanted} canary pod(s) ready"));
+                        self.note(Transition::CanaryReady {
+                            step: index,
+                            pods: wanted,
+                        });
                         self.enter(index, next);
                         continue;
                     }
@@ -487,7 +603,10 @@ impl Planner<'_> {
                     let traffic = step_traffic(spec, index);
                     self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
                     if in_state >= grace {
-                        self.note(format!("step {index}: traffic {}% in force", traffic.unwrap_or(0)));
+                        self.note(Transition::TrafficInForce {
+                            step: index,
+                            percent: traffic.unwrap_or(0),
+                        });
                         self.enter(index, StepState::StepPaused);
                         continue;
                     }
@@ -533,10 +652,10 @@ impl Planner<'_> {
                 }
                 StepState::StepReady => {
                     if index < self.steps() {
-                        self.note(format!("step {index} done"));
+                        self.note(Transition::StepDone { step: index });
                         self.enter(index + 1, StepState::StepUpgrade);
                     } else {
-                        self.note("last step done: promoting");
+                        self.note(Transition::LastStepDone);
                         self.status.phase = Phase::Promoting;
                         self.enter(index, StepState::Completed);
                     }
@@ -612,16 +731,19 @@ impl Planner<'_> {
                 match self.observed.promote_signal.clone() {
                     Some(signal) if signal != self.status.last_promote_signal => {
                         self.status.last_promote_signal = signal.clone();
-                        self.note(format!(
-                            "analysis {template_name}: going on without it, promoted by {signal}"
-                        ));
+                        self.note(Transition::AnalysisSkipped {
+                            template: template_name.clone(),
+                            by: signal.clone(),
+                        });
                         if let Some(run) = self.status.analysis_runs.iter_mut().find(|r| r.name == run_name) {
                             run.inconclusive = 0;
                         }
                     }
                     _ => {
                         if self.status.phase != Phase::Paused {
-                            self.note(format!("analysis {template_name} inconclusive: paused"));
+                            self.note(Transition::AnalysisInconclusive {
+                                template: template_name.clone(),
+                            });
                         }
                         self.status.phase = Phase::Paused;
                         self.canary().message = format!(
@@ -725,7 +847,7 @@ impl Planner<'_> {
             Some(signal) if signal != self.status.last_promote_signal => {
                 self.passed_by(format!("promoted by {signal}"));
                 self.status.last_promote_signal = signal;
-                self.note(format!("step {index}: promoted"));
+                self.note(Transition::GatePassed { step: index });
                 true
             }
             _ => {
@@ -754,7 +876,9 @@ impl Planner<'_> {
             let traffic = traffic_at(self.spec, index);
             return self.release_intent(StableTemplate::Git, wanted, traffic);
         }
-        self.note(format!("release {} promoted", self.status.rollout_id));
+        self.note(Transition::Promoted {
+            rollout_id: self.status.rollout_id.clone(),
+        });
         self.promoted = true;
         if let Some(last) = self.status.step_history.last_mut() {
             last.finished_at = observed.now.to_string();

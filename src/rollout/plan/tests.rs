@@ -581,3 +581,32 @@ fn the_canary_revision_is_recorded_only_while_a_canary_runs() {
     run.step(&observed("v2", 10));
     assert_eq!(run.status.canary_revision, "canary-pods");
 }
+
+#[test]
+fn transitions_are_typed_so_a_reason_that_mentions_failure_is_no_failure() {
+    let superseded = Transition::Superseded {
+        rollout_id: "abc".into(),
+        reason: "the commit that failed before is back".into(),
+    };
+    assert_eq!(superseded.event(), (Severity::Normal, "ReleaseSuperseded"));
+    let failed = Transition::Failed {
+        rollout_id: "abc".into(),
+        cause: "canary pods not ready".into(),
+    };
+    assert_eq!(failed.event(), (Severity::Warning, "ReleaseFailed"));
+    assert_eq!(failed.to_string(), "release abc failed: canary pods not ready");
+}
+
+#[test]
+fn a_release_start_is_one_typed_transition() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let plan = run.step(&observed("v2", 10));
+    assert_eq!(
+        plan.transitions,
+        vec![Transition::Started {
+            rollout_id: "v2-comm".into(),
+            commit: "v2-commit-0123456789".into(),
+        }]
+    );
+}
