@@ -15,10 +15,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::cluster::Cluster;
-use crate::github::{self, Command, GitHub, gate};
+use crate::github::{self, GitHub, gate};
 use crate::rollout::api::Phase;
-use crate::rollout::cli::{Signal, send_signal_token};
-use crate::rollout::engine::{self, RolloutSummary};
+use crate::rollout::cli::{Signal, record_last_comment, send_signal_token};
+use crate::rollout::engine::RolloutSummary;
 use crate::source::Source;
 use crate::sync::{SyncOptions, SyncReport, sync_owned};
 use crate::telemetry::Metrics;
@@ -211,10 +211,7 @@ async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSu
                     false
                 }
             };
-            let verb = match comment.command {
-                Command::Promote => "promote",
-                Command::Abort => "abort",
-            };
+            let verb = comment.command.verb();
             if !allowed {
                 info!(user = %comment.user, verb, "GitHub: command from a user without write access ignored");
                 let reply = format!(
@@ -224,10 +221,7 @@ async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSu
                 let _ = github.reply(*pull, &reply).await;
                 continue;
             }
-            let signal = match comment.command {
-                Command::Promote => Signal::Promote,
-                Command::Abort => Signal::Abort,
-            };
+            let signal = comment.command;
             let token = format!("comment {} by @{}", comment.id, comment.user);
             match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
                 Ok(()) => {
@@ -238,21 +232,10 @@ async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSu
             }
         }
     }
-    if last > rollout.last_command_comment {
-        let rollouts: kube::Api<crate::rollout::api::Rollout> =
-            kube::Api::namespaced(cluster.client.clone(), &rollout.namespace);
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {engine::LAST_COMMENT_ANNOTATION: last.to_string()}}});
-        if let Err(error) = rollouts
-            .patch(
-                &rollout.name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await
-        {
-            warn!(%error, "cannot record the last handled comment");
-        }
+    if last > rollout.last_command_comment
+        && let Err(error) = record_last_comment(cluster, &rollout.namespace, &rollout.name, last).await
+    {
+        warn!(%error, "cannot record the last handled comment");
     }
     signalled
 }

@@ -117,10 +117,7 @@ pub struct LeaderArgs {
 pub async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Signal) -> Result<ExitCode, Error> {
     let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     send_signal(&cluster, namespace, name, signal).await?;
-    let verb = match signal {
-        Signal::Promote => "promote",
-        Signal::Abort => "abort",
-    };
+    let verb = signal.verb();
     println!("rollout {namespace}/{name}: {verb} requested");
     Ok(ExitCode::SUCCESS)
 }

@@ -11,7 +11,7 @@ use http::Method;
 use octocrab::Octocrab;
 use serde_json::{Value, json};
 
-use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
+use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, Signal, StepState};
 use crate::rollout::plan::parse_percent;
 use crate::telemetry::Metrics;
 use crate::{Error, Result};
@@ -27,19 +27,12 @@ pub struct GitHub {
     quiet_until: std::sync::Mutex<Option<Instant>>,
 }
 
-/// A command found in a comment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
-    Promote,
-    Abort,
-}
-
 /// One comment that holds a command.
 #[derive(Debug, Clone)]
 pub struct CommandComment {
     pub id: u64,
     pub user: String,
-    pub command: Command,
+    pub command: Signal,
 }
 
 /// The fields of a pull request gitcanary reads.
@@ -404,7 +397,7 @@ fn array(value: &Value) -> &[Value] {
 
 /// A command is a line that is exactly `/gitcanary promote` or
 /// `/gitcanary abort`, outside quotes and code blocks.
-pub fn parse_command(body: &str) -> Option<Command> {
+pub fn parse_command(body: &str) -> Option<Signal> {
     let mut in_code = false;
     for line in body.lines() {
         let trimmed = line.trim();
@@ -416,8 +409,8 @@ pub fn parse_command(body: &str) -> Option<Command> {
             continue;
         }
         match trimmed {
-            "/gitcanary promote" => return Some(Command::Promote),
-            "/gitcanary abort" => return Some(Command::Abort),
+            "/gitcanary promote" => return Some(Signal::Promote),
+            "/gitcanary abort" => return Some(Signal::Abort),
             _ => {}
         }
     }
@@ -571,8 +564,8 @@ mod tests {
 
     #[test]
     fn commands_are_parsed_strictly() {
-        assert_eq!(parse_command("/gitcanary promote"), Some(Command::Promote));
-        assert_eq!(parse_command("looks good\n\n/gitcanary abort\n"), Some(Command::Abort));
+        assert_eq!(parse_command("/gitcanary promote"), Some(Signal::Promote));
+        assert_eq!(parse_command("looks good\n\n/gitcanary abort\n"), Some(Signal::Abort));
         assert_eq!(parse_command("> /gitcanary promote"), None, "a quote is not a command");
         assert_eq!(parse_command("```\n/gitcanary promote\n```"), None, "nor a code block");
         assert_eq!(parse_command("    /gitcanary promote"), None, "nor an indented block");

@@ -403,6 +403,28 @@ pub struct RolloutStatus {
 }
 
 /// Which analysis a run is.
+/// Whether a manifest is a gitcanary Rollout.
+pub fn is_rollout(manifest: &crate::manifest::Manifest) -> bool {
+    manifest.group() == GROUP && manifest.kind() == KIND
+}
+
+/// A decision given out of band (CLI, pull-request comment, gate), never from Git.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Promote,
+    Abort,
+}
+
+impl Signal {
+    /// The word a person types: `gitcanary promote`, `/gitcanary abort`.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Signal::Promote => "promote",
+            Signal::Abort => "abort",
+        }
+    }
+}
+
 pub const BACKGROUND_RUN: &str = "background";
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

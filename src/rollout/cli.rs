@@ -5,16 +5,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::api::{IntOrPercent, Phase, Rollout, StepState};
-use super::engine::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::plan::parse_percent;
 use crate::cluster::Cluster;
 use crate::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    Promote,
-    Abort,
-}
+pub use super::api::Signal;
 
 /// Sets the signal annotation to a fresh token; the engine acts on each token once.
 pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
@@ -44,10 +40,25 @@ pub async fn send_signal_token(
         Signal::Promote => PROMOTE_ANNOTATION,
         Signal::Abort => ABORT_ANNOTATION,
     };
-    let patch = json!({"metadata": {"annotations": {key: token}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+    annotate(cluster, namespace, name, key, token)
         .await
-        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))?;
+        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
+}
+
+/// Records the last pull-request comment whose command was handled, so that
+/// no comment is acted on twice.
+pub async fn record_last_comment(cluster: &Cluster, namespace: &str, name: &str, comment: u64) -> Result<()> {
+    annotate(cluster, namespace, name, LAST_COMMENT_ANNOTATION, &comment.to_string())
+        .await
+        .map_err(Error::kube(format!(
+            "recording the last handled comment on Rollout {namespace}/{name}"
+        )))
+}
+
+async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, value: &str) -> Result<(), kube::Error> {
+    let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::api::{GROUP, KIND, RolloutSpec};
+use super::api::RolloutSpec;
 use super::engine::{CanaryWrite, RolloutWork};
 use super::observe::RolloutObserved;
 use super::overlay::{self, WorkloadKind, canary_name};
@@ -17,10 +17,6 @@ use crate::manifest::{ObjectKey, Problem};
 use crate::plan::desired::{is_subset, rehash};
 use crate::plan::{Deletion, LiveMeta, Planned, Resolved};
 use crate::{MANAGED_BY_LABEL, SOURCE_ANNOTATION};
-
-pub(crate) fn is_rollout(planned: &Planned<'_>) -> bool {
-    planned.manifest.group() == GROUP && planned.manifest.kind() == KIND
-}
 
 /// A Rollout of the app and the workload it governs, found among the app's objects.
 pub(crate) struct Target {

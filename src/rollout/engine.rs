@@ -11,8 +11,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::api::{API_VERSION, KIND, Rollout, RolloutSpec, RolloutStatus};
-use super::desired::{Target, is_rollout, plan_rollout};
+use super::api::{API_VERSION, KIND, Rollout, RolloutSpec, RolloutStatus, is_rollout};
+use super::desired::{Target, plan_rollout};
 use super::observe::observe_rollout;
 use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL, Revisions, WorkloadKind};
 use super::plan::{Plan, Severity};
@@ -117,7 +117,9 @@ pub(crate) async fn prepare(
 ) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
     let mut work = Vec::new();
     let mut problems = Vec::new();
-    let rollouts: Vec<usize> = (0..planned.len()).filter(|&i| is_rollout(&planned[i])).collect();
+    let rollouts: Vec<usize> = (0..planned.len())
+        .filter(|&i| is_rollout(planned[i].manifest))
+        .collect();
     for index in rollouts {
         let target = match Target::find(planned, index) {
             Ok(target) => target,

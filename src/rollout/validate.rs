@@ -3,13 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::api::{GROUP, IntOrPercent, KIND, RolloutSpec};
+use super::api::{IntOrPercent, RolloutSpec, is_rollout};
 use super::plan::parse_percent;
-use crate::manifest::{App, Manifest, ManifestSet, Problem};
-
-fn is_rollout(manifest: &Manifest) -> bool {
-    manifest.group() == GROUP && manifest.kind() == KIND
-}
+use crate::manifest::{App, ManifestSet, Problem};
 
 fn holds(app: &App, kind: &str, namespace: &str, name: &str) -> bool {
     app.manifests
