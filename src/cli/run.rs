@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use super::{LeaderArgs, SourceArgs, SyncArgs, connect, open_source, options};
 use crate::Error;
-use crate::agent::{Agent, WritebackConfig, trigger_channel, write_back};
+use crate::agent::{Agent, trigger_channel};
 use crate::cluster::ensure_namespace;
 use crate::github::GitHub;
 use crate::lease::{Leadership, LeaseConfig};
+use crate::report::{WritebackConfig, write_back};
 use crate::server::{ServerState, serve};
 use crate::sync::sync_owned;
 use crate::writeback::Author;

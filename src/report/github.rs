@@ -1,0 +1,202 @@
+//! GitHub reporting: the release comment and commit status on every change,
+//! the promotion pull request at an indefinite pause, and `/gitcanary`
+//! commands. GitHub being down or rate limited delays the comment, never
+//! the release.
+
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+
+use crate::Result;
+use crate::cluster::Cluster;
+use crate::github::{self, GitHub, gate};
+use crate::rollout::api::Phase;
+use crate::rollout::cli::{Signal, record_last_comment, send_signal_token};
+use crate::rollout::engine::RolloutSummary;
+use crate::source::Source;
+use crate::sync::SyncReport;
+use crate::writeback::{Author, Writer};
+
+/// What GitHub reporting needs of the agent.
+pub struct GitHubReporter<'a> {
+    pub github: &'a GitHub,
+    pub cluster: &'a Cluster,
+    pub source: &'a Arc<Source>,
+    /// Author of the gate commits.
+    pub author: &'a Author,
+}
+
+impl GitHubReporter<'_> {
+    /// Reports each rollout to GitHub: the release comment and the commit
+    /// status when its status changed; while a release waits at a gate, its
+    /// promotion pull request and the commands. GitHub being down or rate
+    /// limited delays the comment, never the release. Returns whether a
+    /// decision was handed to a rollout.
+    pub async fn report(&self, report: &SyncReport) -> bool {
+        let (github, cluster) = (self.github, self.cluster);
+        let mut signalled = false;
+        for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
+            let status = &rollout.status;
+            let commit = if status.canary_commit.is_empty() {
+                &status.stable_commit
+            } else {
+                &status.canary_commit
+            };
+            if commit.is_empty() || !github::is_reportable(status) {
+                continue;
+            }
+            let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);
+            let pulls = match github.pulls_for_commit(commit).await {
+                Ok(pulls) => pulls,
+                Err(error) => {
+                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: cannot find the pull request");
+                    continue;
+                }
+            };
+            let mut command_pulls = pulls.clone();
+            let waiting = gate::waiting_step(&rollout.spec, status);
+            let mut gate_pull = None;
+            let mut gate_branch = None;
+            if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
+                let request = gate::GateRequest {
+                    rollout,
+                    step,
+                    base: &base,
+                    carried_by: &pulls,
+                };
+                gate_branch = Some(request.branch());
+                match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
+                    Ok((pull, verdict)) => {
+                        command_pulls.push(pull.number);
+                        gate_pull = Some(pull.number);
+                        signalled |= pass_verdict(cluster, rollout, verdict).await;
+                    }
+                    Err(error) => {
+                        warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands and the CLI still work")
+                    }
+                }
+            }
+            if rollout.changed {
+                let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
+                let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status, gate_pull);
+                for pull in &pulls {
+                    if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
+                        warn!(%error, pull, "GitHub: the release comment waits for the next change");
+                    }
+                }
+                let (state, description) = github::commit_status(status);
+                let context = format!("gitcanary/{}/{}", rollout.namespace, rollout.name);
+                if let Err(error) = github.set_status(commit, &context, state, &description).await {
+                    warn!(%error, "GitHub: the commit status waits for the next change");
+                }
+                if let Some(git) = self.source.git()
+                    && let Err(error) = gate::close_others(github, git.branch(), rollout, gate_branch.as_deref()).await
+                {
+                    warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
+                }
+            }
+            if matches!(status.phase, Phase::Paused | Phase::Progressing) {
+                signalled |= handle_commands(github, cluster, rollout, &command_pulls).await;
+            }
+        }
+        signalled
+    }
+
+    async fn push_gate(&self, request: &gate::GateRequest<'_>, branch: String) -> Result<()> {
+        let source = self.source.clone();
+        let author = self.author.clone();
+        let file = request.file(&jiff::Timestamp::now().to_string());
+        let outcome = crate::blocking("pushing the gate branch", move || {
+            let git = source
+                .git()
+                .ok_or_else(|| crate::Error::Usage("gates need a Git source".into()))?;
+            let writer = Writer {
+                git,
+                author,
+                status_branch: None,
+            };
+            writer.open_gate(&branch, &file)
+        })
+        .await??;
+        debug!(?outcome, "gate branch pushed");
+        Ok(())
+    }
+}
+
+/// Hands a promotion pull request's decision to its rollout (once: the token
+/// names the decision).
+async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate::Verdict) -> bool {
+    let (signal, token, by) = match verdict {
+        gate::Verdict::Waiting => return false,
+        gate::Verdict::Promote { token, by } => (Signal::Promote, token, by),
+        gate::Verdict::Abort { token } => (
+            Signal::Abort,
+            token,
+            "promotion pull request closed unmerged".to_string(),
+        ),
+    };
+    if signal == Signal::Promote && rollout.status.last_promote_signal == token
+        || signal == Signal::Abort && rollout.status.last_abort_signal == token
+    {
+        return false;
+    }
+    match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
+        Ok(()) => {
+            info!(namespace = %rollout.namespace, rollout = %rollout.name, rollout_id = %rollout.status.rollout_id, %by, ?signal, "gate decided on GitHub");
+            true
+        }
+        Err(error) => {
+            warn!(%error, "the gate's decision could not be passed on; tried again next time");
+            false
+        }
+    }
+}
+
+async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSummary, pulls: &[u64]) -> bool {
+    let mut last = rollout.last_command_comment;
+    let mut signalled = false;
+    for pull in pulls {
+        let commands = match github.commands(*pull, rollout.last_command_comment).await {
+            Ok(commands) => commands,
+            Err(error) => {
+                warn!(%error, pull, "GitHub: cannot read commands");
+                continue;
+            }
+        };
+        for comment in commands {
+            last = last.max(comment.id);
+            let allowed = match github.can_write(&comment.user).await {
+                Ok(allowed) => allowed,
+                Err(error) => {
+                    warn!(%error, user = %comment.user, "GitHub: cannot check permission; the command is ignored");
+                    false
+                }
+            };
+            let verb = comment.command.verb();
+            if !allowed {
+                info!(user = %comment.user, verb, "GitHub: command from a user without write access ignored");
+                let reply = format!(
+                    "@{} `/gitcanary {verb}` needs write, maintain or admin permission on this repository; nothing was changed.",
+                    comment.user
+                );
+                let _ = github.reply(*pull, &reply).await;
+                continue;
+            }
+            let signal = comment.command;
+            let token = format!("comment {} by @{}", comment.id, comment.user);
+            match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
+                Ok(()) => {
+                    info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
+                    signalled = true;
+                }
+                Err(error) => warn!(%error, "GitHub: the command could not be passed on"),
+            }
+        }
+    }
+    if last > rollout.last_command_comment
+        && let Err(error) = record_last_comment(cluster, &rollout.namespace, &rollout.name, last).await
+    {
+        warn!(%error, "cannot record the last handled comment");
+    }
+    signalled
+}
