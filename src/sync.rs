@@ -321,15 +321,55 @@ async fn apply_app(
         }
     }
     let mut failures = Vec::new();
-    let mut canary_applied = Vec::new();
+    let mut report = report_of(app, AppResult::Synced, Vec::new());
     // Canary objects first, so that a route never names a canary Service that does not exist yet.
-    for work in &rollouts {
+    report.canary_applied = apply_canary_objects(cluster, app, &rollouts, &mut failures).await;
+    let applied = apply_objects(cluster, &mut plan, live, options, &mut failures).await?;
+    if plan.fresh && !failures.is_empty() {
+        take_back(cluster, &plan.objects, &applied.results, started).await;
+        failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        return Ok(Reconciled::Refused(AppResult::Invalid, failures));
+    }
+    report.unchanged = plan.objects.len() - applied.written.len();
+    for &index in &applied.written {
+        if applied.results[index].is_null() {
+            continue;
+        }
+        let key = plan.objects[index].key.clone();
+        if plan.writes.contains(&(index, Reason::Drift)) {
+            report.drifted.push(key.clone());
+        }
+        report.applied.push(key);
+    }
+    finish_rollouts(cluster, app, &rollouts, &mut report, &mut failures).await;
+    let inventory = prune(cluster, app, &mut plan, &mut report, &mut failures).await;
+    report.health = if applied.results.iter().all(plan::is_healthy) {
+        "Healthy".to_string()
+    } else {
+        "Progressing".to_string()
+    };
+    if !failures.is_empty() {
+        report.problems = failures;
+        report.result = AppResult::Failed;
+    }
+    Ok(Reconciled::Applied(Box::new(report), inventory))
+}
+
+/// The canary objects that differ from the cluster; returns those written.
+async fn apply_canary_objects(
+    cluster: &Cluster,
+    app: &App,
+    rollouts: &[RolloutWork],
+    failures: &mut Vec<Problem>,
+) -> Vec<ObjectKey> {
+    let mut written = Vec::new();
+    for work in rollouts {
         for write in &work.canary_writes {
             match cluster
                 .apply(&write.resolved, &write.object, write.ours, Mode::Apply)
                 .await
             {
-                Ok(_) => canary_applied.push(write.key.clone()),
+                Ok(_) => written.push(write.key.clone()),
                 Err(error) => {
                     let message = format!("applying {}: {}", write.key, api_message(&error));
                     failures.push(rollout_problem(app, work, &message));
@@ -337,6 +377,27 @@ async fn apply_app(
             }
         }
     }
+    written
+}
+
+/// What the staged apply did to an app's objects.
+struct Applied {
+    /// By object index: what the API server answered (or what health reads
+    /// of an unchanged object); null for an object not applied.
+    results: Vec<Value>,
+    /// Indices of the objects written, in the order written.
+    written: Vec<usize>,
+}
+
+/// Namespaces and CRDs first; then, once those CRDs are established, the
+/// objects of the kinds they add; then the rest.
+async fn apply_objects(
+    cluster: &Cluster,
+    plan: &mut AppPlan<'_>,
+    live: &LiveObjects,
+    options: &SyncOptions,
+    failures: &mut Vec<Problem>,
+) -> Result<Applied> {
     let mut results: Vec<Value> = vec![Value::Null; plan.objects.len()];
     for (index, health) in std::mem::take(&mut plan.unchanged) {
         results[index] = health;
@@ -352,7 +413,6 @@ async fn apply_app(
         wait_for_crds(cluster, &crds).await?;
         cluster.refresh_discovery().await?;
     }
-    // Objects of kinds that the CRDs above just added.
     for manifest in std::mem::take(&mut plan.pending) {
         let Some(item) = resolve_manifest(cluster, manifest, &options.instance).await else {
             failures.push(manifest.problem(format!(
@@ -371,31 +431,21 @@ async fn apply_app(
         plan.objects.push(item);
     }
     failures.extend(apply_writes(cluster, &plan.objects, &rest, live, &mut results, options).await);
-    if plan.fresh && !failures.is_empty() {
-        take_back(cluster, &plan.objects, &results, started).await;
-        failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        return Ok(Reconciled::Refused(AppResult::Invalid, failures));
-    }
-    let mut report = report_of(app, AppResult::Synced, Vec::new());
-    report.canary_applied = canary_applied;
-    report.unchanged = plan.objects.len() - first.len() - rest.len();
-    for &index in first.iter().chain(rest.iter()) {
-        if results[index].is_null() {
-            continue;
-        }
-        let key = plan.objects[index].key.clone();
-        if plan
-            .writes
-            .iter()
-            .any(|&(i, reason)| i == index && reason == Reason::Drift)
-        {
-            report.drifted.push(key.clone());
-        }
-        report.applied.push(key);
-    }
+    let mut written = first;
+    written.append(&mut rest);
+    Ok(Applied { results, written })
+}
 
-    for work in &rollouts {
-        // Routes are back on stable by now: the canary objects may go.
+/// After the app's objects: the canary objects no longer wanted go (routes
+/// are back on stable by now), then each rollout reports.
+async fn finish_rollouts(
+    cluster: &Cluster,
+    app: &App,
+    rollouts: &[RolloutWork],
+    report: &mut AppReport,
+    failures: &mut Vec<Problem>,
+) {
+    for work in rollouts {
         for deletion in &work.canary_deletions {
             match cluster.delete(deletion, Mode::Apply).await {
                 Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
@@ -413,8 +463,17 @@ async fn apply_app(
     report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
     report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
     report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
+}
 
-    // Inventory: what Git holds now, plus what left Git but was not pruned.
+/// The plan's prunes; returns the inventory to record: what Git holds now,
+/// plus what left Git but was not pruned.
+async fn prune(
+    cluster: &Cluster,
+    app: &App,
+    plan: &mut AppPlan<'_>,
+    report: &mut AppReport,
+    failures: &mut Vec<Problem>,
+) -> Vec<InventoryEntry> {
     let mut inventory: Vec<InventoryEntry> = plan.objects.iter().map(Planned::inventory_entry).collect();
     inventory.append(&mut plan.kept);
     failures.append(&mut plan.problems);
@@ -425,26 +484,14 @@ async fn apply_app(
             // Another app took it over, or someone re-created it: keep tracking it.
             Ok(Deleted::Changed) => inventory.push(deletion.inventory_entry()),
             Err(error) => {
-                failures.push(app_problem(
-                    app,
-                    format!("pruning {}: {}", deletion.key, api_message(&error)),
-                ));
+                let message = format!("pruning {}: {}", deletion.key, api_message(&error));
+                failures.push(app_problem(app, message));
                 inventory.push(deletion.inventory_entry());
             }
         }
     }
     inventory.sort();
-
-    report.health = if results.iter().all(plan::is_healthy) {
-        "Healthy".to_string()
-    } else {
-        "Progressing".to_string()
-    };
-    if !failures.is_empty() {
-        report.problems = failures;
-        report.result = AppResult::Failed;
-    }
-    Ok(Reconciled::Applied(Box::new(report), inventory))
+    inventory
 }
 
 /// Applies the objects at `indices`; each result goes to `results`, each refusal is returned.

@@ -117,56 +117,7 @@ pub(crate) fn plan_rollout(
     );
     set_desired(&mut planned[target.workload], stable);
 
-    let mut wanted = Vec::new();
-    let mut unwanted = Vec::new();
-    if kind == WorkloadKind::Deployment {
-        match intent.canary_replicas {
-            Some(replicas) => wanted.push(overlay::canary_deployment(
-                spec,
-                &git_workload,
-                replicas,
-                &intent.rollout_id,
-                &plan.status.canary_template_hash,
-            )),
-            None => unwanted.push(("apps/v1", "Deployment", canary_name(&spec.workload_ref.name))),
-        }
-    }
-    for (routing, &service) in spec.strategy.canary.traffic_routings.iter().zip(&services) {
-        if intent.route_canary {
-            wanted.push(overlay::canary_service(
-                spec,
-                &planned[service].desired,
-                kind,
-                &revisions.canary,
-            ));
-        } else if intent.canary_replicas.is_none() {
-            unwanted.push(("v1", "Service", canary_name(&routing.service)));
-        }
-        if intent.pin_stable_service {
-            let pinned = overlay::pinned_stable_service(&planned[service].desired, kind, &revisions.stable);
-            set_desired(&mut planned[service], pinned);
-        }
-        if let Some(gateway) = &routing.gateway {
-            let route = find(planned, "HTTPRoute", namespace, &gateway.http_route_name)
-                .ok_or_else(|| not_held(&target, planned, "HTTPRoute", &gateway.http_route_name))?;
-            if let Some(traffic) = intent.traffic {
-                let weighted = overlay::weighted_route(&planned[route].desired, &routing.service, traffic);
-                set_desired(&mut planned[route], weighted);
-            }
-        }
-        if let Some(ingress) = &routing.ingress {
-            let index = find(planned, "Ingress", namespace, &ingress.name)
-                .ok_or_else(|| not_held(&target, planned, "Ingress", &ingress.name))?;
-            match intent.traffic {
-                Some(traffic) => wanted.push(overlay::canary_ingress(
-                    &planned[index].desired,
-                    &routing.service,
-                    traffic,
-                )),
-                None => unwanted.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
-            }
-        }
-    }
+    let (mut wanted, unwanted) = overlay_routes(planned, &target, &services, &plan, revisions, &git_workload)?;
     for object in &mut wanted {
         mark_managed(object, instance, &manifest.location());
     }
@@ -202,6 +153,73 @@ pub(crate) fn plan_rollout(
         namespace: target.namespace,
         name: target.name,
     })
+}
+
+/// Unwanted canary objects, by apiVersion, kind and name.
+type Unwanted = Vec<(&'static str, &'static str, String)>;
+
+/// The routes and Services of the plan's intent: overlays on the app's
+/// objects, and the canary objects wanted and no longer wanted.
+fn overlay_routes(
+    planned: &mut [Planned<'_>],
+    target: &Target,
+    services: &[usize],
+    plan: &plan::Plan,
+    revisions: &overlay::Revisions,
+    git_workload: &Value,
+) -> Result<(Vec<Value>, Unwanted), Problem> {
+    let (spec, namespace, kind, intent) = (&target.spec, target.namespace.as_str(), target.kind, &plan.intent);
+    let mut wanted = Vec::new();
+    let mut unwanted = Vec::new();
+    if kind == WorkloadKind::Deployment {
+        match intent.canary_replicas {
+            Some(replicas) => wanted.push(overlay::canary_deployment(
+                spec,
+                git_workload,
+                replicas,
+                &intent.rollout_id,
+                &plan.status.canary_template_hash,
+            )),
+            None => unwanted.push(("apps/v1", "Deployment", canary_name(&spec.workload_ref.name))),
+        }
+    }
+    for (routing, &service) in spec.strategy.canary.traffic_routings.iter().zip(services) {
+        if intent.route_canary {
+            wanted.push(overlay::canary_service(
+                spec,
+                &planned[service].desired,
+                kind,
+                &revisions.canary,
+            ));
+        } else if intent.canary_replicas.is_none() {
+            unwanted.push(("v1", "Service", canary_name(&routing.service)));
+        }
+        if intent.pin_stable_service {
+            let pinned = overlay::pinned_stable_service(&planned[service].desired, kind, &revisions.stable);
+            set_desired(&mut planned[service], pinned);
+        }
+        if let Some(gateway) = &routing.gateway {
+            let route = find(planned, "HTTPRoute", namespace, &gateway.http_route_name)
+                .ok_or_else(|| not_held(target, planned, "HTTPRoute", &gateway.http_route_name))?;
+            if let Some(traffic) = intent.traffic {
+                let weighted = overlay::weighted_route(&planned[route].desired, &routing.service, traffic);
+                set_desired(&mut planned[route], weighted);
+            }
+        }
+        if let Some(ingress) = &routing.ingress {
+            let index = find(planned, "Ingress", namespace, &ingress.name)
+                .ok_or_else(|| not_held(target, planned, "Ingress", &ingress.name))?;
+            match intent.traffic {
+                Some(traffic) => wanted.push(overlay::canary_ingress(
+                    &planned[index].desired,
+                    &routing.service,
+                    traffic,
+                )),
+                None => unwanted.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
+            }
+        }
+    }
+    Ok((wanted, unwanted))
 }
 
 /// The canary objects that exist, against which the wanted ones are decided.
