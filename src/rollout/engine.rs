@@ -143,6 +143,11 @@ pub(crate) async fn prepare(
 /// After the app is applied (and the canary objects no longer wanted are
 /// deleted): batch labels, status, Events.
 pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+    let span = info_span!("rollout", namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id);
+    finish_rollout(cluster, work).instrument(span).await
+}
+
+async fn finish_rollout(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
     let intent = &work.plan.intent;
     // Pods of the last batch may become ready in the same moment as the promotion.
     let step = work
@@ -156,13 +161,13 @@ pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
     }
     write_status(cluster, work).await?;
     for transition in &work.plan.transitions {
-        info!(namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id, "{transition}");
+        info!("{transition}");
     }
     if !work.plan.transitions.is_empty() {
         record_events(cluster, work).await;
     }
     if let Some(cause) = &work.plan.failed {
-        warn!(namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id, %cause, "release failed: traffic back on stable, canary removed");
+        warn!(%cause, "release failed: traffic back on stable, canary removed");
     }
     Ok(())
 }

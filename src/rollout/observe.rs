@@ -120,7 +120,7 @@ pub(crate) async fn observe_rollout(
     observed.stable_revision = revisions.stable.clone();
     observed.canary_revision = revisions.canary.clone();
     if measure {
-        observed.measurements = measure_due(spec, &status, &revisions, namespace, name, observed.now, options).await;
+        observed.measurements = measure_due(spec, &status, &revisions, namespace, observed.now, options).await;
     }
     let mut canary_kinds = BTreeMap::new();
     for (api_version, kind) in CANARY_KINDS {
@@ -147,7 +147,6 @@ async fn measure_due(
     status: &RolloutStatus,
     revisions: &Revisions,
     namespace: &str,
-    name: &str,
     now: Timestamp,
     options: &SyncOptions,
 ) -> Vec<analysis::Measurement> {
@@ -164,7 +163,7 @@ async fn measure_due(
     for (run, template) in analysis::due_runs(spec, status, now) {
         let measurement =
             super::prometheus::measure(&run, template, options.prometheus_url.as_deref(), &bindings).await;
-        info!(namespace = %namespace, rollout = %name, rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
+        info!(rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
         measurements.push(measurement);
     }
     measurements
