@@ -62,8 +62,17 @@ pub enum Error {
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
 
-    #[error("{object}: {message}")]
-    Object { object: String, message: String },
+    /// gitcanary could not write one of its own files (status, gate) as YAML.
+    #[error("writing the {what} as YAML: {message}")]
+    Serialize { what: String, message: String },
+
+    /// A push that kept losing races; it is tried again on the next sync.
+    #[error("{target}: the push was rejected {attempts} times; it is retried on the next sync")]
+    PushRejected { target: String, attempts: u32 },
+
+    /// A CRD applied by the sync did not become established in time.
+    #[error("CustomResourceDefinition {name}: not established within {seconds} s")]
+    NotEstablished { name: String, seconds: u64 },
 
     /// A task that reads untrusted input (Git objects, manifests) panicked;
     /// the sync that ran it fails, the agent goes on.
@@ -89,7 +98,9 @@ impl Error {
             Error::Git { .. } => "git",
             Error::Kube { .. } => "kubernetes",
             Error::Kubeconfig(_) => "kubeconfig",
-            Error::Object { .. } => "object",
+            Error::Serialize { .. } => "serialize",
+            Error::PushRejected { .. } => "push_rejected",
+            Error::NotEstablished { .. } => "crd_not_established",
             Error::GitHub { .. } => "github",
             Error::Panicked { .. } => "panicked",
         }

@@ -634,10 +634,13 @@ async fn take_back(cluster: &Cluster, objects: &[Planned<'_>], results: &[Value]
     }
 }
 
+/// How long a CRD the sync applied may take to become established.
+const CRD_WAIT: Duration = Duration::from_secs(60);
+
 async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let api: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + CRD_WAIT;
     for name in names {
         loop {
             let crd = api
@@ -654,9 +657,9 @@ async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(Error::Object {
-                    object: format!("CustomResourceDefinition {name}"),
-                    message: "not established within 60 s".to_string(),
+                return Err(Error::NotEstablished {
+                    name: name.to_string(),
+                    seconds: CRD_WAIT.as_secs(),
                 });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gitcanary::rollout::api::{Phase, Rollout};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
-use support::agent::Scenario;
+use support::agent::{AgentProcess, Scenario};
 use support::{eventually, run};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -116,7 +116,17 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
     let scenario = Scenario::new("wb-revert").await;
     app(&scenario, "1.0", false);
     let stable = scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
+    // Over HTTP, as a real remote: receive-pack updates the branch only if it
+    // still is what the pusher saw. (libgit2's file:// transport checks, then
+    // writes, so a push racing it there can be lost; see README, Limits.)
+    let url = scenario.repo.http_url();
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--repo", &url],
+        &[],
+    );
     healthy_on(&scenario, "1.0").await;
     let stable_manifest = scenario.git(&["show", "main:echo/deployment.yaml"]);
 
@@ -126,7 +136,6 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
     // Four people push 20 unrelated commits from their own clones while the
     // agent writes back; like the agent, each rebases onto whatever won the
     // race and tries again, and never forces.
-    let url = scenario.repo.file_url();
     let pushers: Vec<_> = (0..4)
         .map(|person| {
             let url = url.clone();

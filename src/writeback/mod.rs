@@ -160,8 +160,8 @@ impl Writer<'_> {
             promoted_at: &pending.at,
             steps: &request.status.step_history,
         };
-        let content = serde_saphyr::to_string(&file).map_err(|e| Error::Object {
-            object: format!("status of {key}"),
+        let content = serde_saphyr::to_string(&file).map_err(|e| Error::Serialize {
+            what: format!("status of {key}"),
             message: e.to_string(),
         })?;
         let path = format!(".gitcanary/status/{}/{}.yaml", request.namespace, request.name);
@@ -278,9 +278,9 @@ impl Writer<'_> {
                 }
             }
         }
-        Err(Error::Object {
-            object: format!("branch {branch} of {}", redact_url(self.git.url())),
-            message: format!("the push was rejected {MAX_ATTEMPTS} times; it is retried on the next sync"),
+        Err(Error::PushRejected {
+            target: format!("branch {branch} of {}", redact_url(self.git.url())),
+            attempts: MAX_ATTEMPTS,
         })
     }
 
@@ -350,8 +350,8 @@ impl Writer<'_> {
     pub fn open_gate(&self, branch: &str, gate: &GateFile) -> Result<Outcome> {
         let (namespace, name) = gate.rollout.split_once('/').unwrap_or(("", &gate.rollout));
         let path = format!(".gitcanary/gates/{namespace}/{name}.yaml");
-        let content = serde_saphyr::to_string(gate).map_err(|e| Error::Object {
-            object: format!("gate of {}", gate.rollout),
+        let content = serde_saphyr::to_string(gate).map_err(|e| Error::Serialize {
+            what: format!("gate of {}", gate.rollout),
             message: e.to_string(),
         })?;
         let gate_id = format!("{}-{}", gate.rollout_id, gate.step);

@@ -2,14 +2,48 @@ use super::*;
 use crate::rollout::analysis;
 use crate::rollout::api::{CanaryStep, CanaryStrategy, Pause, Strategy, TrafficRouting, WorkloadRef, WritebackAction};
 
-fn step(traffic: Option<&str>, replicas: Option<IntOrPercent>, pause: Option<Option<u64>>) -> CanaryStep {
+/// A step with nothing set: `step().traffic("10%").replicas(1).pause_for(60)`.
+fn step() -> CanaryStep {
     CanaryStep {
-        traffic: traffic.map(str::to_string),
-        replicas,
-        pause: pause.map(|d| Pause {
-            duration: d.map(super::super::api::Duration::Seconds),
-        }),
+        traffic: None,
+        replicas: None,
+        pause: None,
         analysis: None,
+    }
+}
+
+trait StepBuilder {
+    fn traffic(self, percent: &str) -> Self;
+    fn replicas(self, count: i32) -> Self;
+    fn replicas_percent(self, percent: &str) -> Self;
+    /// A timed pause.
+    fn pause_for(self, seconds: u64) -> Self;
+    /// An indefinite pause: waits for a promote.
+    fn pause_until_promoted(self) -> Self;
+}
+
+impl StepBuilder for CanaryStep {
+    fn traffic(mut self, percent: &str) -> Self {
+        self.traffic = Some(percent.to_string());
+        self
+    }
+    fn replicas(mut self, count: i32) -> Self {
+        self.replicas = Some(IntOrPercent::Int(count));
+        self
+    }
+    fn replicas_percent(mut self, percent: &str) -> Self {
+        self.replicas = Some(IntOrPercent::Percent(percent.to_string()));
+        self
+    }
+    fn pause_for(mut self, seconds: u64) -> Self {
+        self.pause = Some(Pause {
+            duration: Some(super::super::api::Duration::Seconds(seconds)),
+        });
+        self
+    }
+    fn pause_until_promoted(mut self) -> Self {
+        self.pause = Some(Pause { duration: None });
+        self
     }
 }
 
@@ -26,9 +60,9 @@ fn spec() -> RolloutSpec {
         strategy: Strategy {
             canary: CanaryStrategy {
                 steps: vec![
-                    step(Some("10%"), Some(IntOrPercent::Int(1)), Some(Some(60))),
-                    step(Some("50%"), Some(IntOrPercent::Percent("50%".into())), Some(None)),
-                    step(Some("100%"), Some(IntOrPercent::Percent("100%".into())), None),
+                    step().traffic("10%").replicas(1).pause_for(60),
+                    step().traffic("50%").replicas_percent("50%").pause_until_promoted(),
+                    step().traffic("100%").replicas_percent("100%"),
                 ],
                 traffic_routings: vec![TrafficRouting {
                     service: "echo".into(),
@@ -222,8 +256,8 @@ fn a_new_template_walks_every_step_and_promotes() {
 fn one_promote_signal_passes_one_pause_only() {
     let mut spec = spec();
     spec.strategy.canary.steps = vec![
-        step(None, Some(IntOrPercent::Int(1)), Some(None)),
-        step(None, Some(IntOrPercent::Int(2)), Some(None)),
+        step().replicas(1).pause_until_promoted(),
+        step().replicas(2).pause_until_promoted(),
     ];
     let mut run = Run::with(spec);
     run.step(&observed("v1", 0));
@@ -344,32 +378,27 @@ fn a_selector_conflict_refuses_the_release_until_fixed() {
 
 #[test]
 fn replicas_round_up_and_follow_traffic_when_unset() {
-    let s = |traffic: Option<&str>, replicas: Option<IntOrPercent>| step(traffic, replicas, None);
     assert_eq!(
-        step_replicas(&s(Some("10%"), None), 1),
+        step_replicas(&step().traffic("10%"), 1),
         1,
         "one replica at 10% is one canary pod"
     );
     assert_eq!(
-        step_replicas(&s(Some("10%"), None), 0),
+        step_replicas(&step().traffic("10%"), 0),
         0,
         "a workload of zero replicas has no canary pods"
     );
-    assert_eq!(step_replicas(&s(None, Some(IntOrPercent::Percent("50%".into()))), 3), 2);
-    assert_eq!(step_replicas(&s(None, Some(IntOrPercent::Percent("34%".into()))), 3), 2);
-    assert_eq!(
-        step_replicas(&s(None, Some(IntOrPercent::Int(9))), 3),
-        3,
-        "never more than the workload"
-    );
-    assert_eq!(step_replicas(&s(Some("0%"), None), 5), 1);
-    assert_eq!(step_replicas(&s(None, None), 5), 1);
+    assert_eq!(step_replicas(&step().replicas_percent("50%"), 3), 2);
+    assert_eq!(step_replicas(&step().replicas_percent("34%"), 3), 2);
+    assert_eq!(step_replicas(&step().replicas(9), 3), 3, "never more than the workload");
+    assert_eq!(step_replicas(&step().traffic("0%"), 5), 1);
+    assert_eq!(step_replicas(&step(), 5), 1);
 }
 
 #[test]
 fn zero_replicas_and_steps_without_traffic_still_progress() {
     let mut spec = spec();
-    spec.strategy.canary.steps = vec![step(None, None, None), step(None, None, None)];
+    spec.strategy.canary.steps = vec![step(), step()];
     let mut run = Run::with(spec);
     run.step(&observed("v1", 0));
     let mut seen = observed("v2", 1);
@@ -402,17 +431,16 @@ fn analysed_spec(background: bool) -> RolloutSpec {
     }))
     .expect("template");
     spec.analysis_templates = vec![template];
-    let mut first = step(
-        Some("10%"),
-        Some(IntOrPercent::Int(1)),
-        if background { Some(Some(60)) } else { None },
-    );
+    let mut first = step().traffic("10%").replicas(1);
+    if background {
+        first = first.pause_for(60);
+    }
     if !background {
         first.analysis = Some(crate::rollout::api::StepAnalysis {
             template_ref: "errors".into(),
         });
     }
-    spec.strategy.canary.steps = vec![first, step(Some("100%"), None, None)];
+    spec.strategy.canary.steps = vec![first, step().traffic("100%")];
     if background {
         spec.strategy.canary.analysis = Some(crate::rollout::api::StepAnalysis {
             template_ref: "errors".into(),
