@@ -140,63 +140,73 @@ impl Agent {
             let outcome = self.sync_once().await;
             drop(timer);
             match outcome {
-                Ok(mut report) => {
-                    self.ready.store(true, Ordering::Relaxed);
-                    self.metrics.record_sync(&report);
-                    let pushed = write_back(&self.cluster, &self.source, &self.writeback, &mut report).await;
-                    self.metrics
-                        .writeback_commits
-                        .fetch_add(pushed as u64, Ordering::Relaxed);
-                    let pending = report.writebacks().count().saturating_sub(pushed);
-                    self.metrics
-                        .writeback_failures
-                        .fetch_add(pending as u64, Ordering::Relaxed);
-                    if pushed > 0 {
-                        // Sync the commit just pushed.
-                        let _ = triggers.try_send(Trigger::Timer);
-                    }
-                    if let Some(github) = &self.github {
-                        GitHubReporter {
-                            github,
-                            cluster: &self.cluster,
-                            source: &self.source,
-                            author: &self.writeback.author,
-                        }
-                        .report(&report)
-                        .await;
-                        let waiting = report
-                            .apps
-                            .iter()
-                            .flat_map(|a| a.rollouts.iter())
-                            .any(|r| r.status.phase == Phase::Paused);
-                        if waiting {
-                            let triggers = triggers.clone();
-                            tokio::spawn(async move {
-                                tokio::time::sleep(COMMAND_POLL).await;
-                                let _ = triggers.try_send(Trigger::Timer);
-                            });
-                        }
-                    }
-                    drift
-                        .follow(&self.cluster, &report.kinds, &self.options, &triggers)
-                        .await;
-                    if let Some(after) = report.requeue_after() {
-                        let triggers = triggers.clone();
-                        // Measured from when the rollouts were planned, not from now.
-                        tokio::spawn(async move {
-                            tokio::time::sleep_until(sync_started + after).await;
-                            let _ = triggers.try_send(Trigger::Timer);
-                        });
-                    }
-                    if !report.is_clean() {
-                        info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
-                    }
-                }
+                Ok(report) => self.report(report, &triggers, &mut drift, sync_started).await,
                 Err(error) => {
                     self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
                     error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
                 }
             }
+        }
+    }
+
+    /// After a sync: metrics, the Git write-back, GitHub, the drift watches
+    /// and the next timer.
+    async fn report(
+        &self,
+        mut report: SyncReport,
+        triggers: &mpsc::Sender<Trigger>,
+        drift: &mut DriftWatch,
+        sync_started: tokio::time::Instant,
+    ) {
+        self.ready.store(true, Ordering::Relaxed);
+        self.metrics.record_sync(&report);
+        let pushed = write_back(&self.cluster, &self.source, &self.writeback, &mut report).await;
+        self.metrics
+            .writeback_commits
+            .fetch_add(pushed as u64, Ordering::Relaxed);
+        let pending = report.writebacks().count().saturating_sub(pushed);
+        self.metrics
+            .writeback_failures
+            .fetch_add(pending as u64, Ordering::Relaxed);
+        if pushed > 0 {
+            // Sync the commit just pushed.
+            let _ = triggers.try_send(Trigger::Timer);
+        }
+        if let Some(github) = &self.github {
+            GitHubReporter {
+                github,
+                cluster: &self.cluster,
+                source: &self.source,
+                author: &self.writeback.author,
+            }
+            .report(&report)
+            .await;
+            let waiting = report
+                .apps
+                .iter()
+                .flat_map(|a| a.rollouts.iter())
+                .any(|r| r.status.phase == Phase::Paused);
+            if waiting {
+                let triggers = triggers.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(COMMAND_POLL).await;
+                    let _ = triggers.try_send(Trigger::Timer);
+                });
+            }
+        }
+        drift
+            .follow(&self.cluster, &report.kinds, &self.options, triggers)
+            .await;
+        if let Some(after) = report.requeue_after() {
+            let triggers = triggers.clone();
+            // Measured from when the rollouts were planned, not from now.
+            tokio::spawn(async move {
+                tokio::time::sleep_until(sync_started + after).await;
+                let _ = triggers.try_send(Trigger::Timer);
+            });
+        }
+        if !report.is_clean() {
+            info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
         }
     }
 }

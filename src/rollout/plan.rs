@@ -8,8 +8,8 @@ use jiff::Timestamp;
 
 use super::analysis::{self, Measurement, Outcome};
 use super::api::{
-    AnalysisRun, CanaryStatus, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec, RolloutStatus,
-    StepRecord, StepState, SupersededRelease, WritebackAction,
+    AnalysisRun, CanaryStatus, CanaryStep, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec,
+    RolloutStatus, StepRecord, StepState, SupersededRelease, WritebackAction,
 };
 
 /// Default wait after a route change (Kruise Rollout's default).
@@ -36,8 +36,9 @@ pub struct Observed {
     pub canary_ready: i32,
     /// The stable workload runs the canary template on every replica, all available.
     pub stable_rolled_out: bool,
-    /// Why the canary Service would not select the canary pods, if it would not.
-    pub selector_problem: Option<String>,
+    /// Why a release cannot start: the canary Service would not select the
+    /// canary pods, or a canary object's name is taken by someone else's object.
+    pub start_problem: Option<String>,
     /// The value of the promote annotation, if set.
     pub promote_signal: Option<String>,
     /// The value of the abort annotation, if set.
@@ -254,6 +255,22 @@ fn elapsed(since: &str, now: Timestamp) -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
+/// Where the release stands in one pass of `advance`.
+struct Here {
+    /// The current step, from 1.
+    index: u32,
+    /// Canary pods the step wants.
+    wanted: i32,
+    /// How long the step has been in its state.
+    in_state: Duration,
+}
+
+/// What a step state decided: go on to the next state, or hold with this intent.
+enum Flow {
+    Next,
+    Hold(Intent),
+}
+
 struct Planner<'a> {
     spec: &'a RolloutSpec,
     observed: &'a Observed,
@@ -403,7 +420,7 @@ impl Planner<'_> {
             // The failed version is still in Git: hold the stable one.
             return Intent::steady(StableTemplate::Live);
         }
-        if let Some(problem) = &observed.selector_problem {
+        if let Some(problem) = &observed.start_problem {
             if self.status.phase != Phase::Failed || self.canary().message != *problem {
                 self.note(Transition::Refused {
                     problem: problem.clone(),
@@ -541,17 +558,6 @@ impl Planner<'_> {
 
     /// Walks the step states as far as what was observed allows.
     fn advance(&mut self) -> Intent {
-        let observed = self.observed;
-        let spec = self.spec;
-        let canary_spec = &spec.strategy.canary;
-        let grace = canary_spec
-            .grace_period_seconds
-            .map_or(DEFAULT_GRACE, |s| Duration::from_secs(u64::from(s)));
-        let deadline = canary_spec
-            .progress_deadline
-            .as_ref()
-            .and_then(|d| d.to_std().ok())
-            .unwrap_or(DEFAULT_PROGRESS_DEADLINE);
         self.record_measurements();
         if let Some(intent) = self.judge_analysis() {
             return intent;
@@ -560,114 +566,169 @@ impl Planner<'_> {
         for _ in 0..(self.steps() as usize * 5 + 5) {
             let canary = self.canary().clone();
             let index = canary.current_step_index.clamp(1, self.steps().max(1));
-            let step = canary_spec.steps.get(index as usize - 1).cloned().unwrap_or_default();
-            let wanted = step_replicas(&step, observed.replicas);
-            let in_state = elapsed(&canary.state_started_at, observed.now);
-            self.canary().canary_ready_replicas = observed.canary_ready;
+            let step = self
+                .spec
+                .strategy
+                .canary
+                .steps
+                .get(index as usize - 1)
+                .cloned()
+                .unwrap_or_default();
+            let here = Here {
+                index,
+                wanted: step_replicas(&step, self.observed.replicas),
+                in_state: elapsed(&canary.state_started_at, self.observed.now),
+            };
+            self.canary().canary_ready_replicas = self.observed.canary_ready;
             if self.status.phase == Phase::Promoting {
                 return self.promote(index);
             }
-            match canary.current_step_state {
-                StepState::StepUpgrade => {
-                    // Traffic does not rise before the step's pods are ready.
-                    let traffic = traffic_at(spec, index - 1);
-                    self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
-                    if observed.canary_ready >= wanted {
-                        let next = if step_traffic(spec, index).is_some() && !canary_spec.traffic_routings.is_empty() {
-                            StepState::StepTrafficRouting
-                        } else {
-                            StepState::StepPaused
-                        };
-                        self.note(Transition::CanaryReady {
-                            step: index,
-                            pods: wanted,
-                        });
-                        self.enter(index, next);
-                        continue;
-                    }
-                    if in_state >= deadline {
-                        let cause = format!(
-                            "canary pods not ready within {}s: {}/{} ready at step {index}",
-                            deadline.as_secs(),
-                            observed.canary_ready,
-                            wanted
-                        );
-                        return self.fail(cause);
-                    }
-                    self.status.phase = Phase::Progressing;
-                    self.canary().message = format!("step {index}: waiting for {wanted} canary pod(s) to be ready");
-                    self.requeue_in(deadline - in_state);
-                    return self.release_intent(StableTemplate::Live, wanted, traffic);
-                }
-                StepState::StepTrafficRouting => {
-                    let traffic = step_traffic(spec, index);
-                    self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
-                    if in_state >= grace {
-                        self.note(Transition::TrafficInForce {
-                            step: index,
-                            percent: traffic.unwrap_or(0),
-                        });
-                        self.enter(index, StepState::StepPaused);
-                        continue;
-                    }
-                    self.status.phase = Phase::Progressing;
-                    self.canary().message = format!(
-                        "step {index}: routing {}% of traffic to the canary",
-                        traffic.unwrap_or(0)
-                    );
-                    self.requeue_in(grace - in_state);
-                    return self.release_intent(StableTemplate::Live, wanted, traffic);
-                }
-                StepState::StepAnalysis | StepState::StepPaused => {
-                    let traffic = traffic_at(spec, index);
-                    if let Some(waiting) = self.step_analysis_waits(index, step.pause.is_none()) {
-                        if waiting {
-                            return self.release_intent(StableTemplate::Live, wanted, traffic);
-                        }
-                        if step.pause.is_none() {
-                            self.enter(index, StepState::StepReady);
-                            continue;
-                        }
-                    }
-                    let done = match step.pause.as_ref() {
-                        None => true,
-                        Some(pause) => match pause.duration.as_ref().and_then(|d| d.to_std().ok()) {
-                            Some(duration) if in_state >= duration => {
-                                self.passed_by(format!("pause of {}s", duration.as_secs()));
-                                true
-                            }
-                            Some(duration) => {
-                                self.status.phase = Phase::Progressing;
-                                self.canary().message = format!("step {index}: paused for {}s", duration.as_secs());
-                                self.requeue_in(duration - in_state);
-                                false
-                            }
-                            None => self.promote_signal_received(index),
-                        },
-                    };
-                    if !done {
-                        return self.release_intent(StableTemplate::Live, wanted, traffic);
-                    }
-                    self.enter(index, StepState::StepReady);
-                }
+            let flow = match canary.current_step_state {
+                StepState::StepUpgrade => self.upgrade(&here),
+                StepState::StepTrafficRouting => self.route_traffic(&here),
+                StepState::StepAnalysis | StepState::StepPaused => self.pause(&here, &step),
                 StepState::StepReady => {
-                    if index < self.steps() {
-                        self.note(Transition::StepDone { step: index });
-                        self.enter(index + 1, StepState::StepUpgrade);
-                    } else {
-                        self.note(Transition::LastStepDone);
-                        self.status.phase = Phase::Promoting;
-                        self.enter(index, StepState::Completed);
-                    }
+                    self.finish_step(index);
+                    Flow::Next
                 }
                 StepState::Completed => {
                     self.status.phase = Phase::Promoting;
+                    Flow::Next
                 }
+            };
+            if let Flow::Hold(intent) = flow {
+                return intent;
             }
         }
         // Unreachable in practice; hold the current state.
-        let traffic = traffic_at(spec, self.canary().current_step_index);
-        self.release_intent(StableTemplate::Live, observed.canary_ready, traffic)
+        let traffic = traffic_at(self.spec, self.canary().current_step_index);
+        self.release_intent(StableTemplate::Live, self.observed.canary_ready, traffic)
+    }
+
+    fn grace(&self) -> Duration {
+        self.spec
+            .strategy
+            .canary
+            .grace_period_seconds
+            .map_or(DEFAULT_GRACE, |s| Duration::from_secs(u64::from(s)))
+    }
+
+    fn progress_deadline(&self) -> Duration {
+        self.spec
+            .strategy
+            .canary
+            .progress_deadline
+            .as_ref()
+            .and_then(|d| d.to_std().ok())
+            .unwrap_or(DEFAULT_PROGRESS_DEADLINE)
+    }
+
+    /// StepUpgrade: the step's canary pods, before its traffic rises.
+    fn upgrade(&mut self, here: &Here) -> Flow {
+        let (index, wanted) = (here.index, here.wanted);
+        let traffic = traffic_at(self.spec, index - 1);
+        self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
+        if self.observed.canary_ready >= wanted {
+            let routed =
+                step_traffic(self.spec, index).is_some() && !self.spec.strategy.canary.traffic_routings.is_empty();
+            let next = if routed {
+                StepState::StepTrafficRouting
+            } else {
+                StepState::StepPaused
+            };
+            self.note(Transition::CanaryReady {
+                step: index,
+                pods: wanted,
+            });
+            self.enter(index, next);
+            return Flow::Next;
+        }
+        let deadline = self.progress_deadline();
+        if here.in_state >= deadline {
+            let cause = format!(
+                "canary pods not ready within {}s: {}/{} ready at step {index}",
+                deadline.as_secs(),
+                self.observed.canary_ready,
+                wanted
+            );
+            return Flow::Hold(self.fail(cause));
+        }
+        self.status.phase = Phase::Progressing;
+        self.canary().message = format!("step {index}: waiting for {wanted} canary pod(s) to be ready");
+        self.requeue_in(deadline - here.in_state);
+        Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic))
+    }
+
+    /// StepTrafficRouting: the step's share, held for the grace period.
+    fn route_traffic(&mut self, here: &Here) -> Flow {
+        let index = here.index;
+        let traffic = step_traffic(self.spec, index);
+        self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
+        let grace = self.grace();
+        if here.in_state >= grace {
+            self.note(Transition::TrafficInForce {
+                step: index,
+                percent: traffic.unwrap_or(0),
+            });
+            self.enter(index, StepState::StepPaused);
+            return Flow::Next;
+        }
+        self.status.phase = Phase::Progressing;
+        self.canary().message = format!(
+            "step {index}: routing {}% of traffic to the canary",
+            traffic.unwrap_or(0)
+        );
+        self.requeue_in(grace - here.in_state);
+        Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic))
+    }
+
+    /// StepAnalysis and StepPaused: the step's analysis, then its pause
+    /// (a duration, or a promote signal).
+    fn pause(&mut self, here: &Here, step: &CanaryStep) -> Flow {
+        let (index, wanted) = (here.index, here.wanted);
+        let traffic = traffic_at(self.spec, index);
+        if let Some(waiting) = self.step_analysis_waits(index, step.pause.is_none()) {
+            if waiting {
+                return Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic));
+            }
+            if step.pause.is_none() {
+                self.enter(index, StepState::StepReady);
+                return Flow::Next;
+            }
+        }
+        let done = match step.pause.as_ref() {
+            None => true,
+            Some(pause) => match pause.duration.as_ref().and_then(|d| d.to_std().ok()) {
+                Some(duration) if here.in_state >= duration => {
+                    self.passed_by(format!("pause of {}s", duration.as_secs()));
+                    true
+                }
+                Some(duration) => {
+                    self.status.phase = Phase::Progressing;
+                    self.canary().message = format!("step {index}: paused for {}s", duration.as_secs());
+                    self.requeue_in(duration - here.in_state);
+                    false
+                }
+                None => self.promote_signal_received(index),
+            },
+        };
+        if !done {
+            return Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic));
+        }
+        self.enter(index, StepState::StepReady);
+        Flow::Next
+    }
+
+    /// StepReady: on to the next step, or to promotion after the last.
+    fn finish_step(&mut self, index: u32) {
+        if index < self.steps() {
+            self.note(Transition::StepDone { step: index });
+            self.enter(index + 1, StepState::StepUpgrade);
+        } else {
+            self.note(Transition::LastStepDone);
+            self.status.phase = Phase::Promoting;
+            self.enter(index, StepState::Completed);
+        }
     }
 
     /// Folds the engine's measurements into the runs of this release.
