@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use gitcanary::Error;
-use gitcanary::cli::{self, ClusterArgs, RunArgs, SourceArgs, SyncArgs};
+use gitcanary::cli::{self, AllowedArgs, ClusterArgs, RunArgs, SourceArgs, SyncArgs};
 use gitcanary::rollout::cli::Signal;
 
 /// GitOps progressive delivery: canary releases driven by Git.
@@ -35,9 +35,8 @@ enum Command {
     Validate {
         /// Directory of manifests.
         dir: PathBuf,
-        /// Namespaces manifests may use (comma-separated); default all.
-        #[arg(long, value_delimiter = ',')]
-        namespaces: Vec<String>,
+        #[command(flatten)]
+        allowed: AllowedArgs,
     },
     /// Show what the next sync would change; exit 1 when the cluster differs.
     Diff(SourceArgs),
@@ -102,7 +101,7 @@ fn init_logging(format: LogFormat) {
 
 async fn dispatch(command: Command) -> Result<ExitCode, Error> {
     match command {
-        Command::Validate { dir, namespaces } => cli::validate(dir, namespaces),
+        Command::Validate { dir, allowed } => cli::validate(dir, allowed),
         Command::Diff(args) => cli::diff(args).await,
         Command::Sync(args) if args.once => cli::sync_once(args).await,
         Command::Sync(args) => cli::run_agent(args, None, None).await,

@@ -114,7 +114,7 @@ struct Observed {
 }
 
 async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &SyncOptions) -> Result<Observed> {
-    rollout::validate::validate(&mut revision.manifests, &options.allowed_namespaces);
+    rollout::validate::validate(&mut revision.manifests, &options.allowed);
     let manifests = &revision.manifests;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
     // A kind the API server did not serve when discovery last ran may be
@@ -236,6 +236,10 @@ async fn observe_and_plan<'a>(
     let resolved = observe::resolve_app(cluster, app, &observed.crd_kinds, &options.instance).await;
     if !resolved.problems.is_empty() {
         return Ok(Err(resolved.problems));
+    }
+    let problems = plan::landing_problems(&resolved.objects, &options.allowed);
+    if !problems.is_empty() {
+        return Ok(Err(problems));
     }
     let mut objects = resolved.objects;
     // Rollouts overlay the objects they govern before anything is compared.

@@ -174,11 +174,15 @@ async fn prune_deletes_what_left_git_but_never_an_unmanaged_lookalike() {
     let f = Fixture::new("sync-prune").await;
     f.repo
         .write("a/one.yaml", &configmap(&f.ns, "a1", "blue"))
-        .write("a/two.yaml", &configmap(&f.ns, "a2", "blue"));
-    f.repo.commit_and_push("two objects");
+        .write("a/two.yaml", &configmap(&f.ns, "a2", "blue"))
+        .write("a/three.yaml", &configmap(&f.ns, "a3", "blue"));
+    f.repo.commit_and_push("three objects");
     assert!(f.sync(true).await.is_clean());
+    // a3 stays in the inventory, but the object now is someone else's: made
+    // again by hand, labelled by another agent.
+    f.configmaps().delete("a3", &Default::default()).await.expect("deleted");
     let lookalike: ConfigMap = serde_json::from_str(&format!(
-        r#"{{"metadata": {{"name": "a3", "namespace": "{}"}}, "data": {{"color": "mine"}}}}"#,
+        r#"{{"metadata": {{"name": "a3", "namespace": "{}", "labels": {{"gitcanary.io/managed-by": "another-agent"}}}}, "data": {{"color": "mine"}}}}"#,
         f.ns
     ))
     .expect("a ConfigMap");
@@ -187,8 +191,8 @@ async fn prune_deletes_what_left_git_but_never_an_unmanaged_lookalike() {
         .await
         .expect("created by hand");
 
-    f.repo.remove("a/two.yaml");
-    f.repo.commit_and_push("a2 leaves Git");
+    f.repo.remove("a/two.yaml").remove("a/three.yaml");
+    f.repo.commit_and_push("a2 and a3 leave Git");
     // Without --prune the object stays and stays in the inventory.
     let kept = f.sync(false).await;
     assert!(kept.app("a").expect("a").pruned.is_empty());
@@ -307,7 +311,21 @@ async fn a_crd_and_its_objects_sync_in_one_commit_with_the_namespace_first() {
     f.repo.commit_and_push("crd, namespace and objects");
     let report = f.sync(false).await;
     assert!(report.is_clean(), "{:?}", report.problems().collect::<Vec<_>>());
-    assert_eq!(report.app("platform").expect("app").applied.len(), 4);
+    let applied: Vec<&str> = report
+        .app("platform")
+        .expect("app")
+        .applied
+        .iter()
+        .map(|k| k.kind.as_str())
+        .collect();
+    assert_eq!(applied.len(), 4);
+    let mut first: Vec<&str> = applied[..2].to_vec();
+    first.sort();
+    assert_eq!(
+        first,
+        vec!["CustomResourceDefinition", "Namespace"],
+        "the Namespace and the CRD go first: {applied:?}"
+    );
     let again = f.sync(false).await;
     assert!(
         again.app("platform").expect("app").applied.is_empty(),
@@ -320,7 +338,12 @@ async fn deployments_report_health_once_available() {
     let f = Fixture::new("sync-health").await;
     f.repo.write("web/deploy.yaml", &deployment(&f.ns, "web", "2"));
     f.repo.commit_and_push("web");
-    f.sync(false).await;
+    let first = f.sync(false).await;
+    assert_eq!(
+        first.app("web").expect("web").health,
+        "Progressing",
+        "a Deployment just applied has no available pods yet"
+    );
     let deployments: Api<Deployment> = Api::namespaced(f.client.clone(), &f.ns);
     support::eventually("web available", Duration::from_secs(60), || async {
         let status = deployments.get("web").await.ok()?.status?;

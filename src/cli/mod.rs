@@ -18,6 +18,28 @@ use crate::source::{Credentials, Source};
 use crate::sync::SyncOptions;
 use crate::{Error, manifest};
 
+/// Where manifests may put objects.
+#[derive(Args, Clone)]
+pub struct AllowedArgs {
+    /// Namespaces manifests may use (comma-separated); default all. An object
+    /// without a namespace lands in `default`, which must then be listed.
+    #[arg(long, value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// With --namespaces: the cluster-scoped kinds manifests may hold
+    /// (comma-separated, e.g. Namespace); a Namespace only of a listed name.
+    #[arg(long, value_delimiter = ',')]
+    pub cluster_kinds: Vec<String>,
+}
+
+impl AllowedArgs {
+    fn to_allowed(&self) -> manifest::Allowed {
+        manifest::Allowed {
+            namespaces: self.namespaces.clone(),
+            cluster_kinds: self.cluster_kinds.clone(),
+        }
+    }
+}
+
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
     /// Default: as kubectl finds it (KUBECONFIG, possibly several files; ~/.kube/config; in-cluster).
@@ -40,9 +62,8 @@ pub struct SourceArgs {
     /// Delete managed objects that left Git.
     #[arg(long)]
     pub prune: bool,
-    /// Namespaces manifests may use (comma-separated); default all.
-    #[arg(long, value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    #[command(flatten)]
+    pub allowed: AllowedArgs,
     /// Name of this agent instance (the gitcanary.io/managed-by label value).
     #[arg(long, default_value = "gitcanary")]
     pub instance: String,
@@ -159,12 +180,12 @@ pub async fn status(
     }
 }
 
-pub fn validate(dir: PathBuf, namespaces: Vec<String>) -> Result<ExitCode, Error> {
+pub fn validate(dir: PathBuf, allowed: AllowedArgs) -> Result<ExitCode, Error> {
     if !dir.is_dir() {
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
     let mut set = manifest::load_dir(&dir)?;
-    crate::rollout::validate::validate(&mut set, &namespaces);
+    crate::rollout::validate::validate(&mut set, &allowed.to_allowed());
     let problems: Vec<_> = set.problems().collect();
     for problem in &problems {
         println!("{problem}");
@@ -181,7 +202,7 @@ pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
         instance: args.instance.clone(),
         state_namespace: args.state_namespace.clone(),
         prune: args.prune,
-        allowed_namespaces: args.namespaces.clone(),
+        allowed: args.allowed.to_allowed(),
         prometheus_url: args.prometheus_url.clone(),
         ..SyncOptions::default()
     }

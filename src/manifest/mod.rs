@@ -127,20 +127,20 @@ impl ManifestSet {
         self.apps.values().flat_map(|app| app.problems.iter())
     }
 
-    /// Checks that need no cluster: required fields, duplicates, and the
-    /// namespace allow-list (empty allows every namespace).
-    pub fn validate(&mut self, allowed_namespaces: &[String]) {
-        self.validate_with(allowed_namespaces, |_| Vec::new());
+    /// Checks that need no cluster: required fields, duplicates, and where
+    /// objects may land (see [`Allowed`]).
+    pub fn validate(&mut self, allowed: &Allowed) {
+        self.validate_with(allowed, |_| Vec::new());
     }
 
     /// [`ManifestSet::validate`], then `kind_checks` on each app that passed
     /// (the checks of gitcanary's own kinds, which live with those kinds).
-    pub fn validate_with(&mut self, allowed_namespaces: &[String], kind_checks: impl Fn(&App) -> Vec<Problem>) {
+    pub fn validate_with(&mut self, allowed: &Allowed, kind_checks: impl Fn(&App) -> Vec<Problem>) {
         let mut seen: BTreeMap<ObjectKey, (String, String)> = BTreeMap::new();
         for app in self.apps.values_mut() {
             let mut problems = Vec::new();
             for manifest in &app.manifests {
-                problems.extend(object_problems(manifest, allowed_namespaces));
+                problems.extend(object_problems(manifest, allowed));
                 let key = manifest.key();
                 if let Some((other_app, other_location)) = seen.get(&key) {
                     let where_ = if *other_app == app.name {
@@ -161,7 +161,77 @@ impl ManifestSet {
     }
 }
 
-fn object_problems(manifest: &Manifest, allowed_namespaces: &[String]) -> Vec<Problem> {
+/// The namespace an object without one lands in, when its kind is namespaced.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Cluster-scoped kinds of Kubernetes and of the Gateway API, for checks
+/// made without a cluster; a sync asks discovery instead.
+const CLUSTER_SCOPED_KINDS: [&str; 16] = [
+    "Namespace",
+    "Node",
+    "PersistentVolume",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "StorageClass",
+    "PriorityClass",
+    "IngressClass",
+    "RuntimeClass",
+    "CSIDriver",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "APIService",
+    "GatewayClass",
+    "ValidatingAdmissionPolicy",
+];
+
+/// Where objects may land: `--namespaces` (empty allows everything) and,
+/// under it, the cluster-scoped kinds allowed (`--cluster-kinds`).
+#[derive(Debug, Clone, Default)]
+pub struct Allowed {
+    pub namespaces: Vec<String>,
+    pub cluster_kinds: Vec<String>,
+}
+
+impl Allowed {
+    /// Why an object may not land where it would: in `namespace` (what it
+    /// resolves to: its own, or the default), or cluster-wide when `None`.
+    pub fn refusal(&self, kind: &str, name: &str, declared: Option<&str>, namespace: Option<&str>) -> Option<String> {
+        if self.namespaces.is_empty() {
+            return None;
+        }
+        let allowed = |ns: &str| self.namespaces.iter().any(|a| a == ns);
+        let list = self.namespaces.join(", ");
+        match namespace {
+            Some(ns) if allowed(ns) => None,
+            Some(ns) if declared.is_none() => Some(format!(
+                "no namespace: it would land in {ns:?}, which is not allowed (allowed: {list}); give metadata.namespace"
+            )),
+            Some(ns) => Some(format!("namespace {ns:?} is not allowed (allowed: {list})")),
+            None if !self.cluster_kinds.iter().any(|k| k == kind) => Some(format!(
+                "{kind} is cluster-scoped, and cluster-scoped kinds are refused under --namespaces unless listed in --cluster-kinds"
+            )),
+            None if kind == "Namespace" && !allowed(name) => {
+                Some(format!("Namespace {name:?} is not one of --namespaces ({list})"))
+            }
+            None => None,
+        }
+    }
+
+    /// [`Allowed::refusal`] of a manifest checked without a cluster: the kind's
+    /// scope is taken from the well-known cluster-scoped kinds.
+    fn offline_refusal(&self, manifest: &Manifest) -> Option<String> {
+        let declared = manifest.namespace();
+        let namespace = if CLUSTER_SCOPED_KINDS.contains(&manifest.kind()) {
+            None
+        } else {
+            Some(declared.unwrap_or(DEFAULT_NAMESPACE))
+        };
+        self.refusal(manifest.kind(), manifest.name(), declared, namespace)
+    }
+}
+
+fn object_problems(manifest: &Manifest, allowed: &Allowed) -> Vec<Problem> {
     let object = &manifest.object;
     let mut problems = Vec::new();
     if !object.is_object() {
@@ -184,14 +254,8 @@ fn object_problems(manifest: &Manifest, allowed_namespaces: &[String]) -> Vec<Pr
         _ => problems.push(manifest.problem("metadata.name must be a string")),
     }
     match &object["metadata"]["namespace"] {
-        Value::Null => {}
-        Value::String(ns) => {
-            if !allowed_namespaces.is_empty() && !allowed_namespaces.iter().any(|a| a == ns) {
-                problems.push(manifest.problem(format!(
-                    "namespace {ns:?} is not allowed (allowed: {})",
-                    allowed_namespaces.join(", ")
-                )));
-            }
+        Value::Null | Value::String(_) => {
+            problems.extend(allowed.offline_refusal(manifest).map(|m| manifest.problem(m)))
         }
         _ => problems.push(manifest.problem("metadata.namespace must be a string")),
     }
@@ -213,7 +277,7 @@ mod tests {
 
     fn set(files: &[(&str, &str)]) -> ManifestSet {
         let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
-        set.validate(&[]);
+        set.validate(&Allowed::default());
         set
     }
 
@@ -273,9 +337,62 @@ mod tests {
             )]
             .into_iter(),
         );
-        set.validate(&["demo".to_string()]);
+        let allowed = Allowed {
+            namespaces: vec!["demo".to_string()],
+            cluster_kinds: Vec::new(),
+        };
+        set.validate(&allowed);
         let problem = set.problems().next().expect("a problem");
         assert!(problem.message.contains("namespace \"kube-system\" is not allowed"));
+    }
+
+    #[test]
+    fn the_allow_list_has_no_holes_for_objects_without_a_namespace_or_cluster_wide() {
+        let files = [
+            ("a/no-ns.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n"),
+            (
+                "a/role.yaml",
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: admin-for-all}\n",
+            ),
+            (
+                "a/ns.yaml",
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: kube-system}\n",
+            ),
+            ("a/ok.yaml", "apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n"),
+        ];
+        let mut allowed = Allowed {
+            namespaces: vec!["demo".to_string()],
+            cluster_kinds: Vec::new(),
+        };
+        let problems = |allowed: &Allowed| {
+            let mut set = set(&files);
+            set.validate(allowed);
+            set.problems().map(ToString::to_string).collect::<Vec<_>>()
+        };
+        let refused = problems(&allowed);
+        assert!(
+            refused[0].starts_with("a/no-ns.yaml:1: no namespace: it would land in \"default\""),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .any(|p| p.starts_with("a/role.yaml:1: ClusterRoleBinding is cluster-scoped"))
+        );
+        assert!(
+            refused
+                .iter()
+                .any(|p| p.starts_with("a/ns.yaml:1: Namespace is cluster-scoped"))
+        );
+        allowed.cluster_kinds = vec!["Namespace".to_string()];
+        let refused = problems(&allowed);
+        assert!(
+            refused
+                .iter()
+                .any(|p| p.starts_with("a/ns.yaml:1: Namespace \"kube-system\" is not one of --namespaces"))
+        );
+        assert!(!refused.iter().any(|p| p.starts_with("a/ok.yaml")), "{refused:?}");
+        assert!(problems(&Allowed::default()).is_empty());
     }
 
     #[test]

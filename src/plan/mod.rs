@@ -12,7 +12,7 @@ use kube::discovery::ApiResource;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::manifest::{Manifest, ObjectKey, Problem, ROOT_APP};
+use crate::manifest::{Allowed, Manifest, ObjectKey, Problem, ROOT_APP};
 use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 use desired::is_subset;
 
@@ -24,8 +24,8 @@ pub struct SyncOptions {
     pub state_namespace: String,
     /// Delete managed objects that left Git.
     pub prune: bool,
-    /// Namespaces manifests may use; empty allows all.
-    pub allowed_namespaces: Vec<String>,
+    /// Where objects may land (`--namespaces`, `--cluster-kinds`).
+    pub allowed: Allowed,
     /// Requests in flight at once while applying.
     pub concurrency: usize,
     /// Prometheus for analysis templates that name none.
@@ -38,7 +38,7 @@ impl Default for SyncOptions {
             instance: crate::DEFAULT_INSTANCE.to_string(),
             state_namespace: "gitcanary-system".to_string(),
             prune: false,
-            allowed_namespaces: Vec::new(),
+            allowed: Allowed::default(),
             concurrency: 16,
             prometheus_url: None,
         }
@@ -104,6 +104,24 @@ impl Planned<'_> {
             name: self.name().to_string(),
         }
     }
+}
+
+/// Objects that would land where `allowed` does not let them, now that
+/// discovery told each kind's scope: an object without a namespace in the
+/// default one, a cluster-scoped kind cluster-wide.
+pub fn landing_problems(objects: &[Planned<'_>], allowed: &Allowed) -> Vec<Problem> {
+    objects
+        .iter()
+        .filter_map(|item| {
+            let refusal = allowed.refusal(
+                item.manifest.kind(),
+                item.name(),
+                item.manifest.namespace(),
+                item.namespace(),
+            )?;
+            Some(item.manifest.problem(refusal))
+        })
+        .collect()
 }
 
 /// Namespaces and CRDs are applied before everything else (other objects,

@@ -100,11 +100,14 @@ pub(crate) fn plan_rollout(
         let service = find(planned, "Service", namespace, &routing.service)
             .ok_or_else(|| not_held(&target, planned, "Service", &routing.service))?;
         if let Some(problem) = overlay::selector_problem(spec, &planned[service].desired, &pod_labels) {
-            seen.selector_problem = Some(problem);
+            seen.start_problem = Some(problem);
         }
         services.push(service);
     }
 
+    if seen.start_problem.is_none() {
+        seen.start_problem = taken_canary_name(namespace, &observed.canary_live, instance);
+    }
     let plan = plan::plan(spec, &status, &seen);
     let intent = &plan.intent;
     let revisions = &observed.revisions;
@@ -152,6 +155,36 @@ pub(crate) fn plan_rollout(
         spec: target.spec,
         namespace: target.namespace,
         name: target.name,
+    })
+}
+
+/// A canary object's name held by an object this instance did not make: the
+/// release must not start, or it would write over (and later delete) it.
+fn taken_canary_name(
+    namespace: &str,
+    canary_live: &BTreeMap<(&'static str, String), Value>,
+    instance: &str,
+) -> Option<String> {
+    canary_live.iter().find_map(|((kind, name), object)| {
+        let ours = object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(instance);
+        if ours {
+            return None;
+        }
+        let mut managers: Vec<&str> = object["metadata"]["managedFields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["manager"].as_str())
+            .collect();
+        managers.dedup();
+        let managers = if managers.is_empty() {
+            "no field manager recorded".to_string()
+        } else {
+            format!("managed by {}", managers.join(", "))
+        };
+        Some(format!(
+            "{kind} {namespace}/{name} already exists and gitcanary did not make it ({managers}); the canary needs that name: rename or delete that {kind}"
+        ))
     })
 }
 

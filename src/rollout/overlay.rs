@@ -155,6 +155,10 @@ pub fn stable_workload(
 ) -> Value {
     let mut desired = git.clone();
     let replicas = git["spec"]["replicas"].as_i64().unwrap_or(1);
+    if !desired["spec"].is_object() {
+        // Refused by validation; never a panic on what Git holds.
+        return desired;
+    }
     match (kind, intent.canary_replicas) {
         (WorkloadKind::StatefulSet, Some(canary)) => {
             // Git's template with the highest ordinals updated first.
@@ -193,8 +197,11 @@ pub fn canary_deployment(spec: &RolloutSpec, git: &Value, replicas: i32, rollout
         },
         "spec": git["spec"].clone(),
     });
-    if canary["metadata"]["labels"].is_null() {
+    if !canary["metadata"]["labels"].is_object() {
         canary["metadata"].as_object_mut().expect("a mapping").remove("labels");
+    }
+    if !canary["spec"].is_object() {
+        canary["spec"] = json!({}); // refused by validation; never a panic
     }
     canary["spec"]["replicas"] = json!(replicas);
     let marker = BTreeMap::from([(CANARY_LABEL.to_string(), "true".to_string())]);
@@ -264,13 +271,14 @@ pub fn weighted_route(route: &Value, service: &str, traffic: u32) -> Value {
     let traffic = traffic.min(100);
     if let Some(rules) = route["spec"]["rules"].as_array_mut() {
         for rule in rules {
-            let Some(refs) = rule["backendRefs"].as_array_mut() else {
+            let Some(refs) = rule.get_mut("backendRefs").and_then(Value::as_array_mut) else {
                 continue;
             };
-            let Some(stable) = refs
-                .iter()
-                .position(|r| r["name"].as_str() == Some(service) && r["kind"].as_str().is_none_or(|k| k == "Service"))
-            else {
+            let Some(stable) = refs.iter().position(|r| {
+                r.is_object()
+                    && r["name"].as_str() == Some(service)
+                    && r["kind"].as_str().is_none_or(|k| k == "Service")
+            }) else {
                 continue;
             };
             refs.retain(|r| r["name"].as_str() != Some(canary.as_str()));
@@ -292,7 +300,8 @@ pub fn canary_ingress(ingress: &Value, service: &str, traffic: u32) -> Value {
     let mut rules = ingress["spec"]["rules"].clone();
     if let Some(rules) = rules.as_array_mut() {
         for rule in rules {
-            let Some(paths) = rule["http"]["paths"].as_array_mut() else {
+            let paths = rule.get_mut("http").and_then(|http| http.get_mut("paths"));
+            let Some(paths) = paths.and_then(Value::as_array_mut) else {
                 continue;
             };
             for path in paths {
@@ -460,5 +469,33 @@ mod tests {
             canary["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"],
             "echo-canary"
         );
+    }
+
+    #[test]
+    fn objects_git_holds_in_the_wrong_shape_never_panic_an_overlay() {
+        let intent = Intent {
+            stable_template: StableTemplate::Live,
+            canary_replicas: Some(1),
+            traffic: Some(10),
+            pin_stable_service: true,
+            route_canary: true,
+            rollout_id: "abc".into(),
+            step: 1,
+        };
+        let odd = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo"}, "spec": "x"});
+        let template = json!({"spec": {}});
+        assert_eq!(
+            stable_workload(WorkloadKind::Deployment, &odd, Some(&template), &intent, "h")["spec"],
+            "x"
+        );
+        stable_workload(WorkloadKind::StatefulSet, &odd, None, &intent, "h");
+        let spec = spec_with(None, &[]);
+        assert_eq!(canary_deployment(&spec, &odd, 1, "abc", "h")["spec"]["replicas"], 1);
+        let route = json!({"spec": {"rules": ["all to echo", {"backendRefs": ["echo", {"name": "echo"}]}]}});
+        let weighted = weighted_route(&route, "echo", 10);
+        assert_eq!(weighted["spec"]["rules"][0], "all to echo");
+        assert_eq!(weighted["spec"]["rules"][1]["backendRefs"][1]["weight"], 90);
+        let ingress = json!({"metadata": {"name": "echo"}, "spec": {"rules": ["x", {"http": "y"}]}});
+        assert_eq!(canary_ingress(&ingress, "echo", 10)["spec"]["rules"][0], "x");
     }
 }

@@ -5,18 +5,95 @@ use std::collections::BTreeMap;
 
 use super::api::{IntOrPercent, RolloutSpec, is_rollout};
 use super::plan::parse_percent;
-use crate::manifest::{App, ManifestSet, Problem};
+use serde_json::Value;
 
-fn holds(app: &App, kind: &str, namespace: &str, name: &str) -> bool {
+use crate::manifest::{Allowed, App, Manifest, ManifestSet, Problem};
+
+fn held<'a>(app: &'a App, kind: &str, namespace: &str, name: &str) -> Option<&'a Manifest> {
     app.manifests
         .iter()
-        .any(|m| m.kind() == kind && m.name() == name && m.namespace().unwrap_or("default") == namespace)
+        .find(|m| m.kind() == kind && m.name() == name && m.namespace().unwrap_or("default") == namespace)
+}
+
+/// A path of keys into an object.
+type Path<'a> = &'a [&'a str];
+
+/// A governed object's fields that a rollout's overlays write into must be
+/// mappings (lists of mappings where a list is expected): anything else is
+/// refused here, with its file and line, rather than met mid-release.
+fn shape_problems(manifest: &Manifest) -> Vec<Problem> {
+    let object = &manifest.object;
+    let at = |path: &[&str]| path.iter().fold(object, |node, key| &node[*key]);
+    let mut problems = Vec::new();
+    let mut mapping = |path: &[&str]| {
+        let node = at(path);
+        if !node.is_null() && !node.is_object() {
+            problems.push(manifest.problem(format!(
+                "{}: {} must be a mapping, for the Rollout that governs it",
+                manifest.kind(),
+                path.join(".")
+            )));
+        }
+    };
+    let (mappings, lists): (&[Path], &[(Path, &str)]) = match manifest.kind() {
+        "Deployment" | "StatefulSet" => (
+            &[
+                &["spec"],
+                &["spec", "selector"],
+                &["spec", "template"],
+                &["spec", "template", "metadata"],
+                &["spec", "template", "metadata", "labels"],
+                &["spec", "template", "spec"],
+            ],
+            &[],
+        ),
+        "Service" => (&[&["spec"], &["spec", "selector"]], &[]),
+        "HTTPRoute" => (&[&["spec"]], &[(&["spec", "rules"], "backendRefs")]),
+        "Ingress" => (&[&["spec"]], &[(&["spec", "rules"], "http")]),
+        _ => (&[], &[]),
+    };
+    for path in mappings {
+        mapping(path);
+    }
+    for (path, inner) in lists {
+        let node = at(path);
+        let Some(items) = node.as_array() else {
+            if !node.is_null() {
+                problems.push(manifest.problem(format!("{}: {} must be a list", manifest.kind(), path.join("."))));
+            }
+            continue;
+        };
+        for (i, item) in items.iter().enumerate() {
+            let where_ = format!("{}[{i}]", path.join("."));
+            if !item.is_object() {
+                problems.push(manifest.problem(format!("{}: {where_} must be a mapping", manifest.kind())));
+                continue;
+            }
+            let nested: &[&str] = if *inner == "http" { &["http", "paths"] } else { &[inner] };
+            let parent = if *inner == "http" { &item["http"] } else { item };
+            if *inner == "http" && !parent.is_null() && !parent.is_object() {
+                problems.push(manifest.problem(format!("{}: {where_}.http must be a mapping", manifest.kind())));
+                continue;
+            }
+            let list = nested.iter().fold(item, |node, key| &node[*key]);
+            match list.as_array() {
+                Some(entries) if entries.iter().all(Value::is_object) => {}
+                None if list.is_null() => {}
+                _ => problems.push(manifest.problem(format!(
+                    "{}: {where_}.{} must be a list of mappings",
+                    manifest.kind(),
+                    nested.join(".")
+                ))),
+            }
+        }
+    }
+    problems
 }
 
 /// Every offline check of a revision's manifests, Rollouts included: what
 /// `sync`, `diff` and `gitcanary validate` run.
-pub fn validate(set: &mut ManifestSet, allowed_namespaces: &[String]) {
-    set.validate_with(allowed_namespaces, problems);
+pub fn validate(set: &mut ManifestSet, allowed: &Allowed) {
+    set.validate_with(allowed, problems);
 }
 
 /// Problems of every Rollout in the app.
@@ -39,11 +116,12 @@ pub fn problems(app: &App) -> Vec<Problem> {
                 .map(|m| manifest.problem(m)),
         );
         let target = &spec.workload_ref;
-        if !holds(app, &target.kind, namespace, &target.name) {
-            problems.push(manifest.problem(format!(
+        match held(app, &target.kind, namespace, &target.name) {
+            Some(workload) => problems.extend(shape_problems(workload)),
+            None => problems.push(manifest.problem(format!(
                 "workloadRef names {} {namespace}/{}, which is not in this app",
                 target.kind, target.name
-            )));
+            ))),
         }
         let key = (target.kind.clone(), namespace.to_string(), target.name.clone());
         if let Some(first) = governed.get(&key) {
@@ -55,27 +133,21 @@ pub fn problems(app: &App) -> Vec<Problem> {
             governed.insert(key, manifest.location());
         }
         for routing in &spec.strategy.canary.traffic_routings {
-            if !holds(app, "Service", namespace, &routing.service) {
-                problems.push(manifest.problem(format!(
-                    "trafficRoutings names Service {namespace}/{}, which is not in this app",
-                    routing.service
-                )));
-            }
-            if let Some(gateway) = &routing.gateway
-                && !holds(app, "HTTPRoute", namespace, &gateway.http_route_name)
-            {
-                problems.push(manifest.problem(format!(
-                    "trafficRoutings names HTTPRoute {namespace}/{}, which is not in this app",
-                    gateway.http_route_name
-                )));
-            }
-            if let Some(ingress) = &routing.ingress
-                && !holds(app, "Ingress", namespace, &ingress.name)
-            {
-                problems.push(manifest.problem(format!(
-                    "trafficRoutings names Ingress {namespace}/{}, which is not in this app",
-                    ingress.name
-                )));
+            let mut routed = vec![("Service", routing.service.as_str())];
+            routed.extend(
+                routing
+                    .gateway
+                    .as_ref()
+                    .map(|g| ("HTTPRoute", g.http_route_name.as_str())),
+            );
+            routed.extend(routing.ingress.as_ref().map(|i| ("Ingress", i.name.as_str())));
+            for (kind, name) in routed {
+                match held(app, kind, namespace, name) {
+                    Some(object) => problems.extend(shape_problems(object)),
+                    None => problems.push(manifest.problem(format!(
+                        "trafficRoutings names {kind} {namespace}/{name}, which is not in this app"
+                    ))),
+                }
             }
         }
     }
@@ -170,8 +242,25 @@ mod tests {
 
     fn problems(files: &[(&str, &str)]) -> Vec<String> {
         let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
-        super::validate(&mut set, &[]);
+        super::validate(&mut set, &crate::manifest::Allowed::default());
         set.problems().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn governed_objects_in_the_wrong_shape_are_refused_with_file_and_line() {
+        let workload = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: echo, namespace: demo}\nspec:\n  template: [not, a, mapping]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: demo}\nspec: {selector: labels}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: echo, namespace: demo}\nspec:\n  rules:\n  - backendRefs: [echo]\n";
+        let rollout = rollout("      - {traffic: 10%}\n");
+        let problems = problems(&[("a/w.yaml", workload), ("a/r.yaml", &rollout)]);
+        for wanted in [
+            "a/w.yaml:1: Deployment: spec.template must be a mapping",
+            "a/w.yaml:7: Service: spec.selector must be a mapping",
+            "a/w.yaml:12: HTTPRoute: spec.rules[0].backendRefs must be a list of mappings",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(wanted)),
+                "{wanted} in {problems:?}"
+            );
+        }
     }
 
     #[test]

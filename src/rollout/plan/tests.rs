@@ -363,7 +363,7 @@ fn a_selector_conflict_refuses_the_release_until_fixed() {
     let mut run = Run::new();
     run.step(&observed("v1", 0));
     let mut seen = observed("v2", 1);
-    seen.selector_problem = Some("label version=base is overridden".into());
+    seen.start_problem = Some("label version=base is overridden".into());
     let plan = run.step(&seen);
     assert_eq!(run.status.phase, Phase::Failed);
     assert_eq!(plan.intent.canary_replicas, None);
@@ -371,7 +371,7 @@ fn a_selector_conflict_refuses_the_release_until_fixed() {
         run.status.failed_template_hash.is_empty(),
         "the template itself did not fail"
     );
-    seen.selector_problem = None;
+    seen.start_problem = None;
     run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
 }

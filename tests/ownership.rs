@@ -1,0 +1,212 @@
+//! gitcanary writes and deletes only what it made: a canary's name taken by
+//! someone else's object stops the release, and that object is left alone.
+
+mod support;
+
+use std::time::Duration;
+
+use gitcanary::cluster::Cluster;
+use gitcanary::rollout::api::{Phase, Rollout};
+use gitcanary::source::{Credentials, Source};
+use gitcanary::sync::{SyncOptions, SyncReport, sync};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, DeleteParams, PostParams};
+use support::git_server::GitServer;
+
+const STEPS: &str = "  strategy:\n    canary:\n      trafficRoutings: [{service: echo, gateway: {httpRouteName: echo}}]\n      steps:\n      - {traffic: 50%, replicas: 1, pause: {}}\n      - {traffic: 100%}\n";
+
+async fn sync_once(cluster: &Cluster, url: &str, cache: &std::path::Path, ns: &str) -> SyncReport {
+    let source = Source::open(url, "main", "", Credentials::default(), cache).expect("source");
+    let revision = tokio::task::spawn_blocking(move || source.fetch())
+        .await
+        .expect("no panic")
+        .expect("fetch");
+    let options = SyncOptions {
+        instance: format!("test-{ns}"),
+        state_namespace: ns.to_string(),
+        ..SyncOptions::default()
+    };
+    sync(cluster, &revision, &options).await.expect("sync runs")
+}
+
+fn image_of(deployment: &Deployment) -> Option<String> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+}
+
+#[tokio::test]
+async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched() {
+    let client = support::client().await;
+    support::agent::install_rollout_crd(&client).await;
+    let ns = support::namespace(&client, "own-canary").await;
+    let server = GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    let cache = tempfile::tempdir().expect("cache");
+    let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let rollouts: Api<Rollout> = Api::namespaced(client.clone(), &ns);
+
+    // Someone's own Deployment, named as gitcanary names a canary.
+    let theirs: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "echo-canary", "namespace": ns},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "theirs"}},
+            "template": {"metadata": {"labels": {"app": "theirs"}},
+                "spec": {"containers": [{"name": "theirs", "image": "registry.test/theirs:1"}]}}}
+    }))
+    .expect("a Deployment");
+    let params = PostParams {
+        field_manager: Some("kubectl-create".into()),
+        ..PostParams::default()
+    };
+    deployments.create(&params, &theirs).await.expect("created by hand");
+
+    support::agent::write_echo_app(&repo, &ns, "1.0", STEPS);
+    repo.commit_and_push("echo 1.0");
+    support::eventually(
+        "echo 1.0 is synced and available",
+        Duration::from_secs(60),
+        async || {
+            let report = sync_once(&cluster, &repo.file_url(), cache.path(), &ns).await;
+            (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
+        },
+    )
+    .await;
+    // Several syncs with no release: their Deployment is still there.
+    let kept = deployments.get_opt("echo-canary").await.expect("readable");
+    assert_eq!(
+        kept.as_ref().and_then(image_of).as_deref(),
+        Some("registry.test/theirs:1"),
+        "someone else's Deployment was deleted or changed"
+    );
+
+    support::agent::write_echo_app(&repo, &ns, "2.0", STEPS);
+    repo.commit_and_push("echo 2.0");
+    let report = sync_once(&cluster, &repo.file_url(), cache.path(), &ns).await;
+    assert!(report.app("echo").expect("echo").canary_applied.is_empty());
+    let status = rollouts.get("echo").await.expect("rollout").status.expect("a status");
+    assert_eq!(status.phase, Phase::Failed);
+    let message = status.canary_status.expect("canary status").message;
+    assert!(
+        message.contains(&format!(
+            "Deployment {ns}/echo-canary already exists and gitcanary did not make it (managed by kubectl-create)"
+        )),
+        "{message}"
+    );
+    assert!(message.contains("rename or delete"), "{message}");
+    let kept = deployments.get("echo-canary").await.expect("still there");
+    assert_eq!(image_of(&kept).as_deref(), Some("registry.test/theirs:1"));
+
+    // Once the name is free, the release starts with a canary of gitcanary's own.
+    deployments
+        .delete("echo-canary", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    support::eventually(
+        "the hand-made Deployment is gone",
+        Duration::from_secs(30),
+        async || {
+            deployments
+                .get_opt("echo-canary")
+                .await
+                .expect("readable")
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let report = sync_once(&cluster, &repo.file_url(), cache.path(), &ns).await;
+    assert_eq!(
+        report
+            .app("echo")
+            .expect("echo")
+            .canary_applied
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["echo-canary"]
+    );
+    let canary = deployments.get("echo-canary").await.expect("the canary");
+    assert_eq!(image_of(&canary).as_deref(), Some("registry.test/echo:2.0"));
+    assert_eq!(
+        rollouts
+            .get("echo")
+            .await
+            .expect("rollout")
+            .status
+            .expect("status")
+            .phase,
+        Phase::Progressing
+    );
+}
+
+#[tokio::test]
+async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manifest_omits() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "own-allow").await;
+    let server = GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    let cache = tempfile::tempdir().expect("cache");
+    let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
+    repo.write(
+        "sneaky/cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: no-namespace}\ndata: {color: blue}\n",
+    )
+    .write(
+        "sneaky/binding.yaml",
+        &format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {ns}-everyone-admin}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}\nsubjects: [{{kind: Group, name: system:authenticated, apiGroup: rbac.authorization.k8s.io}}]\n"),
+    )
+    .write(
+        "fine/cm.yaml",
+        &format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: fine, namespace: {ns}}}\ndata: {{color: blue}}\n"),
+    );
+    repo.commit_and_push("one app reaches outside its namespace");
+    let source = Source::open(&repo.file_url(), "main", "", Credentials::default(), cache.path()).expect("source");
+    let revision = tokio::task::spawn_blocking(move || source.fetch())
+        .await
+        .expect("no panic")
+        .expect("fetch");
+    let options = SyncOptions {
+        instance: format!("test-{ns}"),
+        state_namespace: ns.clone(),
+        allowed: gitcanary::manifest::Allowed {
+            namespaces: vec![ns.clone()],
+            cluster_kinds: Vec::new(),
+        },
+        ..SyncOptions::default()
+    };
+    let report = sync(&cluster, &revision, &options).await.expect("sync runs");
+    let sneaky = report.app("sneaky").expect("sneaky");
+    assert!(sneaky.applied.is_empty());
+    let problems: Vec<String> = sneaky.problems.iter().map(ToString::to_string).collect();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("sneaky/cm.yaml:1: no namespace: it would land in \"default\"")),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("sneaky/binding.yaml:1: ClusterRoleBinding is cluster-scoped")),
+        "{problems:?}"
+    );
+    assert_eq!(report.app("fine").expect("fine").applied.len(), 1);
+    let defaults: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), "default");
+    assert!(defaults.get_opt("no-namespace").await.expect("readable").is_none());
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+    assert!(
+        bindings
+            .get_opt(&format!("{ns}-everyone-admin"))
+            .await
+            .expect("readable")
+            .is_none()
+    );
+}
