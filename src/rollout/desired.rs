@@ -176,6 +176,7 @@ fn taken_canary_name(
             .flatten()
             .filter_map(|f| f["manager"].as_str())
             .collect();
+        managers.sort_unstable();
         managers.dedup();
         let managers = if managers.is_empty() {
             "no field manager recorded".to_string()
