@@ -150,71 +150,77 @@ impl Metrics {
             self.syncs_ok.load(Ordering::Relaxed),
             self.syncs_failed.load(Ordering::Relaxed)
         );
-        counter(
-            &mut out,
-            "gitcanary_objects_applied_total",
-            "Objects written by server-side apply.",
-            &self.objects_applied,
-        );
-        counter(
-            &mut out,
-            "gitcanary_objects_unchanged_total",
-            "Objects found in place and not written.",
-            &self.objects_unchanged,
-        );
-        counter(
-            &mut out,
-            "gitcanary_objects_pruned_total",
-            "Objects deleted because they left Git.",
-            &self.objects_pruned,
-        );
-        counter(
-            &mut out,
-            "gitcanary_objects_drifted_total",
-            "Objects changed by someone else and put back.",
-            &self.objects_drifted,
-        );
-        counter(
-            &mut out,
-            "gitcanary_rollout_phase_changes_total",
-            "Rollout phase changes seen.",
-            &self.rollout_transitions,
-        );
-        counter(
-            &mut out,
-            "gitcanary_writeback_commits_total",
-            "Promote and revert commits pushed.",
-            &self.writeback_commits,
-        );
-        counter(
-            &mut out,
-            "gitcanary_writeback_failures_total",
-            "Write-backs that failed and wait for the next sync.",
-            &self.writeback_failures,
-        );
+        let sync_counters = [
+            (
+                "gitcanary_objects_applied_total",
+                "Objects written by server-side apply.",
+                &self.objects_applied,
+            ),
+            (
+                "gitcanary_objects_unchanged_total",
+                "Objects found in place and not written.",
+                &self.objects_unchanged,
+            ),
+            (
+                "gitcanary_objects_pruned_total",
+                "Objects deleted because they left Git.",
+                &self.objects_pruned,
+            ),
+            (
+                "gitcanary_objects_drifted_total",
+                "Objects changed by someone else and put back.",
+                &self.objects_drifted,
+            ),
+            (
+                "gitcanary_rollout_phase_changes_total",
+                "Rollout phase changes seen.",
+                &self.rollout_transitions,
+            ),
+            (
+                "gitcanary_writeback_commits_total",
+                "Promote and revert commits pushed.",
+                &self.writeback_commits,
+            ),
+            (
+                "gitcanary_writeback_failures_total",
+                "Write-backs that failed and wait for the next sync.",
+                &self.writeback_failures,
+            ),
+        ];
+        for (name, help, value) in sync_counters {
+            counter(&mut out, name, help, value);
+        }
         let _ = writeln!(
             out,
             "# HELP gitcanary_source_up Whether the last fetch of the Git source succeeded.\n# TYPE gitcanary_source_up gauge\ngitcanary_source_up {}",
             self.source_up.load(Ordering::Relaxed)
         );
-        counter(
-            &mut out,
-            "gitcanary_github_requests_total",
-            "GitHub API requests sent.",
-            &self.github_requests,
-        );
-        counter(
-            &mut out,
-            "gitcanary_github_errors_total",
-            "GitHub API requests that failed (no answer or an error status).",
-            &self.github_errors,
-        );
-        counter(
-            &mut out,
-            "gitcanary_github_rate_limited_total",
-            "GitHub answers that asked the agent to back off (403/429 rate limits).",
-            &self.github_rate_limited,
-        );
+        let github_counters = [
+            (
+                "gitcanary_github_requests_total",
+                "GitHub API requests sent.",
+                &self.github_requests,
+            ),
+            (
+                "gitcanary_github_errors_total",
+                "GitHub API requests that failed (no answer or an error status).",
+                &self.github_errors,
+            ),
+            (
+                "gitcanary_github_rate_limited_total",
+                "GitHub answers that asked the agent to back off (403/429 rate limits).",
+                &self.github_rate_limited,
+            ),
+        ];
+        for (name, help, value) in github_counters {
+            counter(&mut out, name, help, value);
+        }
+        self.render_cluster(&mut out);
+        out
+    }
+
+    /// The API server requests and each rollout's phase.
+    fn render_cluster(&self, out: &mut String) {
         if let Some(requests) = self.kube_requests.get() {
             let _ = writeln!(
                 out,
@@ -235,7 +241,6 @@ impl Metrics {
                 "gitcanary_rollout_phase{{namespace=\"{namespace}\",rollout=\"{name}\",phase=\"{phase}\"}} 1"
             );
         }
-        out
     }
 }
 

@@ -439,3 +439,41 @@ async fn an_object_moved_to_another_app_is_not_pruned() {
         "b's object survives m's prune"
     );
 }
+
+#[tokio::test]
+async fn an_inventory_that_cannot_be_read_stops_prune_says_so_and_is_kept() {
+    let f = Fixture::new("sync-inventory").await;
+    f.repo
+        .write("a/one.yaml", &configmap(&f.ns, "a1", "blue"))
+        .write("a/two.yaml", &configmap(&f.ns, "a2", "blue"));
+    f.repo.commit_and_push("two objects");
+    assert!(f.sync(true).await.is_clean());
+    let status_name = format!("test-{}-app-a", f.ns);
+    let broken = serde_json::json!({"data": {"inventory": "[{\"kind\": broken"}});
+    f.configmaps()
+        .patch(&status_name, &PatchParams::default(), &Patch::Merge(&broken))
+        .await
+        .expect("the inventory is damaged");
+
+    f.repo.remove("a/two.yaml");
+    f.repo.commit_and_push("a2 leaves Git");
+    let report = f.sync(true).await;
+    let a = report.app("a").expect("a");
+    assert_eq!(a.result, AppResult::Failed);
+    assert!(a.pruned.is_empty());
+    assert!(
+        a.problems
+            .iter()
+            .any(|p| p.message.contains("the recorded inventory cannot be read")
+                && p.message.contains("nothing is pruned for this app")),
+        "{:?}",
+        a.problems
+    );
+    assert_eq!(f.color("a2").await.as_deref(), Some("blue"), "nothing was pruned");
+    let status = f.configmaps().get(&status_name).await.expect("the status");
+    assert_eq!(
+        status.data.expect("data").get("inventory").map(String::as_str),
+        Some("[{\"kind\": broken"),
+        "the inventory is kept as it was, never read as empty"
+    );
+}

@@ -341,3 +341,75 @@ fn a_source_annotation_names_the_app_by_its_directory() {
     assert!(!belongs_to("api/deploy.yaml:3", "web"));
     assert!(belongs_to("deploy.yaml:1", ROOT_APP));
 }
+
+/// Everything a plan decided, by name: what is written and why, what is
+/// unchanged, whether the app is fresh, the prunes, what stays in the inventory.
+type Decided = (
+    Vec<(String, Reason)>,
+    Vec<String>,
+    bool,
+    Vec<Deletion>,
+    Vec<InventoryEntry>,
+);
+
+fn decided(plan: &AppPlan<'_>) -> Decided {
+    let unchanged = plan
+        .unchanged
+        .iter()
+        .map(|(i, _)| plan.objects[*i].name().to_string())
+        .collect();
+    (
+        reasons(plan),
+        unchanged,
+        plan.fresh,
+        plan.prunes.clone(),
+        plan.kept.clone(),
+    )
+}
+
+#[test]
+fn one_commit_that_changes_keeps_and_removes_is_planned_whole() {
+    let (kept, edited, added) = (
+        manifest("web", "ConfigMap", "kept"),
+        manifest("web", "ConfigMap", "edited"),
+        manifest("web", "ConfigMap", "added"),
+    );
+    let (kept, edited, added) = (planned(&kept), planned(&edited), planned(&added));
+    let live_kept = live_copy(&kept.desired);
+    let mut live_edited = live_copy(&edited.desired);
+    live_edited["data"]["color"] = json!("green");
+    live_edited["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] = json!("an-older-hash");
+    let live = live_of(&[(kept.key.clone(), live_kept), (edited.key.clone(), live_edited)]);
+    let mut case = Case::new(vec![kept, edited, added]);
+    case.live = live;
+    case.prune = true;
+    case.previous = vec![
+        entry("ConfigMap", "kept"),
+        entry("ConfigMap", "edited"),
+        entry("ConfigMap", "removed"),
+    ];
+    case.left_git = BTreeMap::from([(
+        entry("ConfigMap", "removed").key(),
+        live_meta(Some(INSTANCE), "web/removed.yaml:1"),
+    )]);
+    let (plan, _) = case.plan();
+    assert_eq!(
+        decided(&plan),
+        (
+            vec![
+                ("edited".to_string(), Reason::Change),
+                ("added".to_string(), Reason::Create)
+            ],
+            vec!["kept".to_string()],
+            false,
+            vec![Deletion {
+                api_version: "v1".to_string(),
+                key: entry("ConfigMap", "removed").key(),
+                uid: "uid-9".to_string(),
+                resource_version: Some("42".to_string()),
+            }],
+            Vec::new(),
+        )
+    );
+    assert!(plan.pending.is_empty() && plan.problems.is_empty());
+}
