@@ -7,26 +7,25 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gitcanary::cluster::{Change, Cluster, ObjectDiff};
+use gitcanary::cluster::{Change, ObjectDiff};
 use gitcanary::manifest::Problem;
-use gitcanary::source::{Credentials, Revision, Source};
-use gitcanary::sync::{AppResult, SyncOptions, SyncReport, diff, sync};
+use gitcanary::sync::{AppResult, SyncReport, diff, sync};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use support::git_server::{GitRepo, GitServer};
 
 fn configmap(ns: &str, name: &str, color: &str) -> String {
     format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: {color}\n")
 }
 
-struct Fixture {
-    _server: GitServer,
-    repo: GitRepo,
-    ns: String,
-    cluster: Cluster,
-    client: kube::Client,
-    cache: tempfile::TempDir,
+/// The shared fixture, with `diff` and `sync` as these tests call them (always with prune).
+struct Fixture(support::library::Fixture);
+
+impl std::ops::Deref for Fixture {
+    type Target = support::library::Fixture;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// What a diff or a sync changes: (kind, name) written, and deleted.
@@ -78,54 +77,17 @@ fn set(items: &[(&str, &str)]) -> BTreeSet<(String, String)> {
 
 impl Fixture {
     async fn new(prefix: &str) -> Fixture {
-        let client = support::client().await;
-        support::agent::install_rollout_crd(&client).await;
-        let ns = support::namespace(&client, prefix).await;
-        let server = GitServer::start(None).await;
-        let repo = server.create_repo("apps");
-        let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
-        Fixture {
-            _server: server,
-            repo,
-            ns,
-            cluster,
-            client,
-            cache: tempfile::tempdir().expect("cache dir"),
-        }
-    }
-
-    fn options(&self) -> SyncOptions {
-        SyncOptions {
-            instance: format!("test-{}", self.ns),
-            state_namespace: self.ns.clone(),
-            prune: true,
-            ..SyncOptions::default()
-        }
-    }
-
-    async fn revision(&self) -> Revision {
-        let source = Source::open(
-            &self.repo.file_url(),
-            "main",
-            "",
-            Credentials::default(),
-            self.cache.path(),
-        )
-        .expect("source");
-        tokio::task::spawn_blocking(move || source.fetch())
-            .await
-            .expect("no panic")
-            .expect("fetch")
+        Fixture(support::library::Fixture::with_rollouts(prefix).await)
     }
 
     async fn sync(&self) -> SyncReport {
-        sync(&self.cluster, &self.revision().await, &self.options())
+        sync(&self.cluster, &self.revision().await, &self.options(true))
             .await
             .expect("sync runs")
     }
 
     async fn diff(&self) -> (Vec<ObjectDiff>, Vec<Problem>) {
-        diff(&self.cluster, &self.revision().await, &self.options())
+        diff(&self.cluster, &self.revision().await, &self.options(true))
             .await
             .expect("diff runs")
     }
@@ -137,14 +99,6 @@ impl Fixture {
         let report = self.sync().await;
         assert_eq!(made(&report), listed, "the sync did other than the diff listed");
         (listed, report)
-    }
-
-    fn configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    async fn color(&self, name: &str) -> Option<String> {
-        support::color_of(&self.configmaps(), name).await
     }
 
     async fn create_by_hand(&self, name: &str, color: &str) {

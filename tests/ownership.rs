@@ -5,28 +5,16 @@ mod support;
 
 use std::time::Duration;
 
-use gitcanary::cluster::Cluster;
 use gitcanary::rollout::api::{Phase, Rollout};
-use gitcanary::source::{Credentials, Source};
 use gitcanary::sync::{SyncOptions, SyncReport, sync};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DeleteParams, PostParams};
-use support::git_server::GitServer;
+use support::library::Fixture;
 
 const STEPS: &str = "  strategy:\n    canary:\n      trafficRoutings: [{service: echo, gateway: {httpRouteName: echo}}]\n      steps:\n      - {traffic: 50%, replicas: 1, pause: {}}\n      - {traffic: 100%}\n";
 
-async fn sync_once(cluster: &Cluster, url: &str, cache: &std::path::Path, ns: &str) -> SyncReport {
-    let source = Source::open(url, "main", "", Credentials::default(), cache).expect("source");
-    let revision = tokio::task::spawn_blocking(move || source.fetch())
-        .await
-        .expect("no panic")
-        .expect("fetch");
-    let options = SyncOptions {
-        instance: format!("test-{ns}"),
-        state_namespace: ns.to_string(),
-        ..SyncOptions::default()
-    };
-    sync(cluster, &revision, &options).await.expect("sync runs")
+async fn sync_once(f: &Fixture, options: &SyncOptions) -> SyncReport {
+    sync(&f.cluster, &f.revision().await, options).await.expect("sync runs")
 }
 
 fn image_of(deployment: &Deployment) -> Option<String> {
@@ -44,15 +32,10 @@ fn image_of(deployment: &Deployment) -> Option<String> {
 
 #[tokio::test]
 async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched() {
-    let client = support::client().await;
-    support::agent::install_rollout_crd(&client).await;
-    let ns = support::namespace(&client, "own-canary").await;
-    let server = GitServer::start(None).await;
-    let repo = server.create_repo("apps");
-    let cache = tempfile::tempdir().expect("cache");
-    let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let rollouts: Api<Rollout> = Api::namespaced(client.clone(), &ns);
+    let f = Fixture::with_rollouts("own-canary").await;
+    let (client, ns, repo, options) = (&f.client, &f.ns, &f.repo, f.options(false));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let rollouts: Api<Rollout> = Api::namespaced(client.clone(), ns);
 
     // Someone's own Deployment, named as gitcanary names a canary.
     let theirs: Deployment = serde_json::from_value(serde_json::json!({
@@ -68,13 +51,13 @@ async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched
     };
     deployments.create(&params, &theirs).await.expect("created by hand");
 
-    support::agent::write_echo_app(&repo, &ns, "1.0", STEPS);
+    support::agent::write_echo_app(repo, ns, "1.0", STEPS);
     repo.commit_and_push("echo 1.0");
     support::eventually(
         "echo 1.0 is synced and available",
         Duration::from_secs(60),
         async || {
-            let report = sync_once(&cluster, &repo.file_url(), cache.path(), &ns).await;
+            let report = sync_once(&f, &options).await;
             (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
         },
     )
@@ -87,9 +70,9 @@ async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched
         "someone else's Deployment was deleted or changed"
     );
 
-    support::agent::write_echo_app(&repo, &ns, "2.0", STEPS);
+    support::agent::write_echo_app(repo, ns, "2.0", STEPS);
     repo.commit_and_push("echo 2.0");
-    let report = sync_once(&cluster, &repo.file_url(), cache.path(), &ns).await;
+    let report = sync_once(&f, &options).await;
     assert!(report.app("echo").expect("echo").canary_applied.is_empty());
     let status = rollouts.get("echo").await.expect("rollout").status.expect("a status");
     assert_eq!(status.phase, Phase::Failed);
@@ -122,7 +105,7 @@ async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched
         },
     )
     .await;
-    let report = sync_once(&cluster, &repo.file_url(), cache.path(), &ns).await;
+    let report = sync_once(&f, &options).await;
     assert_eq!(
         report
             .app("echo")
@@ -149,12 +132,8 @@ async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched
 
 #[tokio::test]
 async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manifest_omits() {
-    let client = support::client().await;
-    let ns = support::namespace(&client, "own-allow").await;
-    let server = GitServer::start(None).await;
-    let repo = server.create_repo("apps");
-    let cache = tempfile::tempdir().expect("cache");
-    let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
+    let f = Fixture::new("own-allow").await;
+    let (client, ns, repo) = (&f.client, &f.ns, &f.repo);
     repo.write(
         "sneaky/cm.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: no-namespace}\ndata: {color: blue}\n",
@@ -168,21 +147,14 @@ async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manife
         &format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: fine, namespace: {ns}}}\ndata: {{color: blue}}\n"),
     );
     repo.commit_and_push("one app reaches outside its namespace");
-    let source = Source::open(&repo.file_url(), "main", "", Credentials::default(), cache.path()).expect("source");
-    let revision = tokio::task::spawn_blocking(move || source.fetch())
-        .await
-        .expect("no panic")
-        .expect("fetch");
     let options = SyncOptions {
-        instance: format!("test-{ns}"),
-        state_namespace: ns.clone(),
         allowed: gitcanary::manifest::Allowed {
             namespaces: vec![ns.clone()],
             cluster_kinds: Vec::new(),
         },
-        ..SyncOptions::default()
+        ..f.options(false)
     };
-    let report = sync(&cluster, &revision, &options).await.expect("sync runs");
+    let report = sync_once(&f, &options).await;
     let sneaky = report.app("sneaky").expect("sneaky");
     assert!(sneaky.applied.is_empty());
     let problems: Vec<String> = sneaky.problems.iter().map(ToString::to_string).collect();

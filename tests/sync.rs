@@ -5,13 +5,11 @@ mod support;
 
 use std::time::Duration;
 
-use gitcanary::cluster::{AppStatus, Cluster};
-use gitcanary::source::{Credentials, Source};
-use gitcanary::sync::{AppResult, SyncOptions, SyncReport, sync};
+use gitcanary::cluster::AppStatus;
+use gitcanary::sync::{AppResult, SyncReport, sync};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use support::git_server::{GitRepo, GitServer};
 
 fn configmap(ns: &str, name: &str, color: &str) -> String {
     format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: {color}\n")
@@ -23,66 +21,25 @@ fn deployment(ns: &str, name: &str, replicas: &str) -> String {
     )
 }
 
-struct Fixture {
-    _server: GitServer,
-    repo: GitRepo,
-    ns: String,
-    cluster: Cluster,
-    client: kube::Client,
-    cache: tempfile::TempDir,
+/// The shared fixture, with `sync` as these tests call it.
+struct Fixture(support::library::Fixture);
+
+impl std::ops::Deref for Fixture {
+    type Target = support::library::Fixture;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Fixture {
     async fn new(prefix: &str) -> Fixture {
-        let client = support::client().await;
-        let ns = support::namespace(&client, prefix).await;
-        let server = GitServer::start(None).await;
-        let repo = server.create_repo("apps");
-        let cluster = Cluster::from_client(client.clone()).await.expect("discovery");
-        Fixture {
-            _server: server,
-            repo,
-            ns,
-            cluster,
-            client,
-            cache: tempfile::tempdir().expect("cache dir"),
-        }
-    }
-
-    fn options(&self, prune: bool) -> SyncOptions {
-        SyncOptions {
-            instance: format!("test-{}", self.ns),
-            state_namespace: self.ns.clone(),
-            prune,
-            ..SyncOptions::default()
-        }
+        Fixture(support::library::Fixture::new(prefix).await)
     }
 
     async fn sync(&self, prune: bool) -> SyncReport {
-        let source = Source::open(
-            &self.repo.file_url(),
-            "main",
-            "",
-            Credentials::default(),
-            self.cache.path(),
-        )
-        .expect("source");
-        let revision = tokio::task::spawn_blocking(move || source.fetch())
-            .await
-            .expect("no panic")
-            .expect("fetch");
-        sync(&self.cluster, &revision, &self.options(prune))
+        sync(&self.cluster, &self.revision().await, &self.options(prune))
             .await
             .expect("sync runs")
-    }
-
-    fn configmaps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    async fn color(&self, name: &str) -> Option<String> {
-        let cm = self.configmaps().get_opt(name).await.expect("readable")?;
-        cm.data.and_then(|d| d.get("color").cloned())
     }
 
     async fn resource_version(&self, name: &str) -> String {

@@ -566,14 +566,7 @@ impl Planner<'_> {
         for _ in 0..(self.steps() as usize * 5 + 5) {
             let canary = self.canary().clone();
             let index = canary.current_step_index.clamp(1, self.steps().max(1));
-            let step = self
-                .spec
-                .strategy
-                .canary
-                .steps
-                .get(index as usize - 1)
-                .cloned()
-                .unwrap_or_default();
+            let step = self.step_at(index);
             let here = Here {
                 index,
                 wanted: step_replicas(&step, self.observed.replicas),
@@ -603,6 +596,16 @@ impl Planner<'_> {
         // Unreachable in practice; hold the current state.
         let traffic = traffic_at(self.spec, self.canary().current_step_index);
         self.release_intent(StableTemplate::Live, self.observed.canary_ready, traffic)
+    }
+
+    /// Step `index` (from 1) of the spec.
+    fn step_at(&self, index: u32) -> CanaryStep {
+        let steps = &self.spec.strategy.canary.steps;
+        index
+            .checked_sub(1)
+            .and_then(|i| steps.get(i as usize))
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn grace(&self) -> Duration {
@@ -923,14 +926,7 @@ impl Planner<'_> {
     /// out, traffic returns to it and the canary is removed.
     fn promote(&mut self, index: u32) -> Intent {
         let observed = self.observed;
-        let last = self
-            .spec
-            .strategy
-            .canary
-            .steps
-            .get(index as usize - 1)
-            .cloned()
-            .unwrap_or_default();
+        let last = self.step_at(index);
         let wanted = step_replicas(&last, observed.replicas);
         if !observed.stable_rolled_out {
             self.canary().message = "promoting: the stable workload is rolling out the new template".into();

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod git_server;
 pub mod github;
+pub mod library;
 pub mod prometheus;
 mod serve;
 pub use serve::serve_on_own_thread;
