@@ -402,10 +402,9 @@ mod tests {
         assert_eq!(canary["metadata"]["annotations"][CANARY_HASH_ANNOTATION], "h2");
     }
 
-    #[test]
-    fn stable_keeps_its_template_while_a_release_runs() {
-        let live_template = json!({"metadata": {"labels": {"app": "echo"}}, "spec": {"containers": [{"name": "echo", "image": "echo:1"}]}});
-        let intent = Intent {
+    /// Step 1 of release abc: one canary pod, 10% of traffic.
+    fn mid_release() -> Intent {
+        Intent {
             stable_template: StableTemplate::Live,
             canary_replicas: Some(1),
             traffic: Some(10),
@@ -413,7 +412,13 @@ mod tests {
             route_canary: true,
             rollout_id: "abc".into(),
             step: 1,
-        };
+        }
+    }
+
+    #[test]
+    fn stable_keeps_its_template_while_a_release_runs() {
+        let live_template = json!({"metadata": {"labels": {"app": "echo"}}, "spec": {"containers": [{"name": "echo", "image": "echo:1"}]}});
+        let intent = mid_release();
         let stable = stable_workload(
             WorkloadKind::Deployment,
             &workload(),
@@ -473,15 +478,7 @@ mod tests {
 
     #[test]
     fn objects_git_holds_in_the_wrong_shape_never_panic_an_overlay() {
-        let intent = Intent {
-            stable_template: StableTemplate::Live,
-            canary_replicas: Some(1),
-            traffic: Some(10),
-            pin_stable_service: true,
-            route_canary: true,
-            rollout_id: "abc".into(),
-            step: 1,
-        };
+        let intent = mid_release();
         let odd = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo"}, "spec": "x"});
         let template = json!({"spec": {}});
         assert_eq!(
