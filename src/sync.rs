@@ -52,6 +52,8 @@ pub struct AppReport {
     pub applied: Vec<ObjectKey>,
     pub unchanged: usize,
     pub pruned: Vec<ObjectKey>,
+    /// Adopted Namespaces that left Git: gitcanary's fields removed, the Namespace kept.
+    pub released: Vec<ObjectKey>,
     /// Canary objects (workload, Service, Ingress) this sync wrote.
     pub canary_applied: Vec<ObjectKey>,
     /// Canary objects this sync deleted (the release ended or went back).
@@ -293,7 +295,7 @@ async fn reconcile_app(
         Ok(prepared) => prepared,
         Err(problems) => return Ok(Reconciled::Refused(AppResult::Invalid, problems)),
     };
-    let mut reconciled = apply_app(cluster, app, prepared, &observed.live, options).await?;
+    let mut reconciled = apply_app(cluster, app, prepared, &observed.live, previous_inventory, options).await?;
     if let (Some(unreadable), Reconciled::Applied(report, _)) = (unreadable, &mut reconciled) {
         report.result = AppResult::Failed;
         report.problems.push(app_problem(
@@ -313,13 +315,18 @@ async fn apply_app(
     app: &App,
     prepared: Prepared<'_>,
     live: &LiveObjects,
+    previous: &[InventoryEntry],
     options: &SyncOptions,
 ) -> Result<Reconciled> {
     let Prepared { mut plan, rollouts } = prepared;
-    let started = jiff::Timestamp::now();
+    let adoption = Adoption {
+        started: jiff::Timestamp::now(),
+        previous,
+        adopt_all: options.adopt,
+    };
     // The API server validates everything before anything is written.
     if !plan.fresh {
-        let problems = dry_run(cluster, &plan, live, options).await?;
+        let problems = dry_run(cluster, &plan, live, &adoption, options).await?;
         if !problems.is_empty() {
             return Ok(Reconciled::Refused(AppResult::Invalid, problems));
         }
@@ -328,9 +335,9 @@ async fn apply_app(
     let mut report = report_of(app, AppResult::Synced, Vec::new());
     // Canary objects first, so that a route never names a canary Service that does not exist yet.
     report.canary_applied = apply_canary_objects(cluster, app, &rollouts, &mut failures).await;
-    let applied = apply_objects(cluster, &mut plan, live, options, &mut failures).await?;
+    let applied = apply_objects(cluster, &mut plan, live, &adoption, options, &mut failures).await?;
     if plan.fresh && !failures.is_empty() {
-        take_back(cluster, &plan.objects, &applied.results, started).await;
+        take_back(cluster, &plan.objects, &applied.results, adoption.started).await;
         failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
         return Ok(Reconciled::Refused(AppResult::Invalid, failures));
     }
@@ -346,7 +353,7 @@ async fn apply_app(
         report.applied.push(key);
     }
     finish_rollouts(cluster, app, &rollouts, &mut report, &mut failures).await;
-    let inventory = prune(cluster, app, &mut plan, &mut report, &mut failures).await;
+    let inventory = prune(cluster, app, &mut plan, &applied, previous, &mut report, &mut failures).await;
     report.health = if applied.results.iter().all(plan::is_healthy) {
         "Healthy".to_string()
     } else {
@@ -391,6 +398,8 @@ struct Applied {
     results: Vec<Value>,
     /// Indices of the objects written, in the order written.
     written: Vec<usize>,
+    /// Objects that existed and were taken over in this sync, as asked.
+    adopted: BTreeSet<ObjectKey>,
 }
 
 /// Namespaces and CRDs first; then, once those CRDs are established, the
@@ -399,15 +408,20 @@ async fn apply_objects(
     cluster: &Cluster,
     plan: &mut AppPlan<'_>,
     live: &LiveObjects,
+    adoption: &Adoption<'_>,
     options: &SyncOptions,
     failures: &mut Vec<Problem>,
 ) -> Result<Applied> {
-    let mut results: Vec<Value> = vec![Value::Null; plan.objects.len()];
+    let mut applied = Applied {
+        results: vec![Value::Null; plan.objects.len()],
+        written: Vec::new(),
+        adopted: BTreeSet::new(),
+    };
     for (index, health) in std::mem::take(&mut plan.unchanged) {
-        results[index] = health;
+        applied.results[index] = health;
     }
     let (first, mut rest) = plan.staged_writes();
-    failures.extend(apply_writes(cluster, &plan.objects, &first, live, &mut results, options).await);
+    failures.extend(apply_writes(cluster, &plan.objects, &first, live, adoption, &mut applied, options).await);
     let crds: Vec<&str> = first
         .iter()
         .filter(|&&i| plan.objects[i].manifest.kind() == "CustomResourceDefinition")
@@ -426,18 +440,18 @@ async fn apply_objects(
             continue;
         };
         match live.get(&item.key) {
-            Some(current) if is_subset(&item.desired, &current) => results.push(plan::health_view(&current)),
+            Some(current) if is_subset(&item.desired, &current) => applied.results.push(plan::health_view(&current)),
             _ => {
                 rest.push(plan.objects.len());
-                results.push(Value::Null);
+                applied.results.push(Value::Null);
             }
         }
         plan.objects.push(item);
     }
-    failures.extend(apply_writes(cluster, &plan.objects, &rest, live, &mut results, options).await);
-    let mut written = first;
-    written.append(&mut rest);
-    Ok(Applied { results, written })
+    failures.extend(apply_writes(cluster, &plan.objects, &rest, live, adoption, &mut applied, options).await);
+    applied.written = first;
+    applied.written.append(&mut rest);
+    Ok(applied)
 }
 
 /// After the app's objects: the canary objects no longer wanted go (routes
@@ -469,16 +483,24 @@ async fn finish_rollouts(
     report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
 }
 
-/// The plan's prunes; returns the inventory to record: what Git holds now,
-/// plus what left Git but was not pruned.
+/// The plan's prunes and releases; returns the inventory to record: what
+/// Git holds now (adopted or created), plus what left Git but was not pruned.
 async fn prune(
     cluster: &Cluster,
     app: &App,
     plan: &mut AppPlan<'_>,
+    applied: &Applied,
+    previous: &[InventoryEntry],
     report: &mut AppReport,
     failures: &mut Vec<Problem>,
 ) -> Vec<InventoryEntry> {
-    let mut inventory: Vec<InventoryEntry> = plan.objects.iter().map(Planned::inventory_entry).collect();
+    let was_adopted =
+        |key: &ObjectKey| applied.adopted.contains(key) || previous.iter().any(|e| e.adopted && e.key() == *key);
+    let mut inventory: Vec<InventoryEntry> = plan
+        .objects
+        .iter()
+        .map(|item| item.inventory_entry(was_adopted(&item.key)))
+        .collect();
     inventory.append(&mut plan.kept);
     failures.append(&mut plan.problems);
     for deletion in &plan.prunes {
@@ -494,17 +516,54 @@ async fn prune(
             }
         }
     }
+    for entry in &plan.releases {
+        match cluster.resolve(&entry.api_version, &entry.kind).await {
+            Some(resolved) => {
+                release(cluster, &resolved, &release_target(entry)).await;
+                report.released.push(entry.key());
+            }
+            None => inventory.push(entry.clone()),
+        }
+    }
     inventory.sort();
     inventory
 }
 
-/// Applies the objects at `indices`; each result goes to `results`, each refusal is returned.
+/// The object an inventory entry names, as [`release`] needs it.
+fn release_target(entry: &InventoryEntry) -> Value {
+    let mut object = json!({"apiVersion": entry.api_version, "kind": entry.kind, "metadata": {"name": entry.name}});
+    if let Some(namespace) = &entry.namespace {
+        object["metadata"]["namespace"] = json!(namespace);
+    }
+    object
+}
+
+/// What decides whether an object written as new may be taken over.
+struct Adoption<'a> {
+    /// When the sync began: an object created before is not gitcanary's new one.
+    started: jiff::Timestamp,
+    /// The app's inventory as the last sync left it.
+    previous: &'a [InventoryEntry],
+    /// `--adopt`: take over every existing object (a migration).
+    adopt_all: bool,
+}
+
+impl Adoption<'_> {
+    fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
+        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
+    }
+}
+
+/// Applies the objects at `indices`; each result goes to `results`, each
+/// refusal is returned. An object that already existed and that nothing
+/// asked to adopt is refused, and gitcanary's fields are taken back from it.
 async fn apply_writes(
     cluster: &Cluster,
     objects: &[Planned<'_>],
     indices: &[usize],
     live: &LiveObjects,
-    results: &mut [Value],
+    adoption: &Adoption<'_>,
+    applied: &mut Applied,
     options: &SyncOptions,
 ) -> Vec<Problem> {
     let outcomes = stream::iter(indices.iter().map(|&i| async move {
@@ -524,12 +583,37 @@ async fn apply_writes(
     .await;
     let mut problems = Vec::new();
     for (index, outcome) in outcomes {
+        let item = &objects[index];
         match outcome {
-            Ok(value) => results[index] = value,
+            Ok(answer) if live.contains_key(&item.key) => applied.results[index] = answer,
+            Ok(answer) => match adoption.creation(item, &answer) {
+                plan::Creation::Created => applied.results[index] = answer,
+                plan::Creation::Adopted => {
+                    applied.adopted.insert(item.key.clone());
+                    applied.results[index] = answer;
+                }
+                plan::Creation::Refused(message) => {
+                    release(cluster, &item.resolved, &item.desired).await;
+                    problems.push(item.manifest.problem(message));
+                }
+            },
             Err(problem) => problems.push(problem),
         }
     }
     problems
+}
+
+/// Removes gitcanary's fields (its label and annotations among them) from an
+/// object it does not keep, by applying an empty configuration.
+async fn release(cluster: &Cluster, resolved: &crate::plan::Resolved, object: &Value) {
+    let mut empty = json!({"apiVersion": object["apiVersion"], "kind": object["kind"],
+        "metadata": {"name": object["metadata"]["name"]}});
+    if let Some(namespace) = object["metadata"]["namespace"].as_str() {
+        empty["metadata"]["namespace"] = json!(namespace);
+    }
+    if let Err(error) = cluster.apply(resolved, &empty, false, Mode::Apply).await {
+        warn!(object = %object["metadata"]["name"], error = %api_message(&error), "could not take back gitcanary's fields");
+    }
 }
 
 /// Namespaces (of the objects at `indices`) that exist now. Objects in a
@@ -564,6 +648,7 @@ async fn dry_run(
     cluster: &Cluster,
     plan: &AppPlan<'_>,
     live: &LiveObjects,
+    adoption: &Adoption<'_>,
     options: &SyncOptions,
 ) -> Result<Vec<Problem>> {
     let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
@@ -573,16 +658,15 @@ async fn dry_run(
         .filter(|&i| plan.objects[i].namespace().is_none_or(|ns| namespaces.contains(ns)));
     let outcomes = stream::iter(checkable.map(|i| async move {
         let item = &plan.objects[i];
-        cluster
-            .apply(
-                &item.resolved,
-                &item.desired,
-                live.contains_key(&item.key),
-                Mode::DryRun,
-            )
-            .await
-            .err()
-            .map(|e| refused(item, &e))
+        let ours = live.contains_key(&item.key);
+        match cluster.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
+            Err(e) => Some(refused(item, &e)),
+            Ok(_) if ours => None,
+            Ok(answer) => match adoption.creation(item, &serde_json::to_value(answer).unwrap_or(Value::Null)) {
+                plan::Creation::Refused(message) => Some(item.manifest.problem(message)),
+                plan::Creation::Created | plan::Creation::Adopted => None,
+            },
+        }
     }))
     .buffer_unordered(options.concurrency.max(1))
     .collect::<Vec<_>>()
@@ -618,14 +702,7 @@ async fn take_back(cluster: &Cluster, objects: &[Planned<'_>], results: &[Value]
             .is_some_and(|t| t.as_second() >= started_second);
         let item = &objects[index];
         if !only_ours || !created {
-            let mut empty = json!({"apiVersion": item.desired["apiVersion"], "kind": item.desired["kind"],
-                "metadata": {"name": item.name()}});
-            if let Some(namespace) = item.namespace() {
-                empty["metadata"]["namespace"] = json!(namespace);
-            }
-            if let Err(error) = cluster.apply(&item.resolved, &empty, false, Mode::Apply).await {
-                warn!(object = %item.key, error = %api_message(&error), "could not take back gitcanary's fields");
-            }
+            release(cluster, &item.resolved, &item.desired).await;
             continue;
         }
         let deletion = plan::Deletion {
@@ -704,6 +781,7 @@ fn report_of(app: &App, result: AppResult, problems: Vec<Problem>) -> AppReport 
         applied: Vec::new(),
         unchanged: 0,
         pruned: Vec::new(),
+        released: Vec::new(),
         canary_applied: Vec::new(),
         canary_deleted: Vec::new(),
         drifted: Vec::new(),
@@ -875,6 +953,27 @@ async fn dry_run_diff(
                 write.live.as_ref(),
                 &after,
             ));
+        }
+    }
+    for entry in &plan.releases {
+        let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
+            continue;
+        };
+        let target = release_target(entry);
+        let before = read_value(cluster, &resolved, entry.namespace.as_deref(), &entry.name)
+            .await
+            .ok()
+            .flatten();
+        match cluster.apply(&resolved, &target, false, Mode::DryRun).await {
+            Ok(after) => {
+                let after = serde_json::to_value(after).unwrap_or(Value::Null);
+                diffs.push(write_diff(entry.key(), String::new(), before.as_ref(), &after));
+            }
+            Err(e) => problems.push(Problem {
+                file: String::new(),
+                line: 0,
+                message: format!("releasing {}: {}", entry.key(), api_message(&e)),
+            }),
         }
     }
     let deletions = prepared

@@ -182,3 +182,109 @@ async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manife
             .is_none()
     );
 }
+
+#[tokio::test]
+async fn an_existing_object_is_taken_over_only_when_asked_and_an_adopted_namespace_survives_prune() {
+    let f = Fixture::new("own-adopt").await;
+    let ns = f.ns.clone();
+    let team = format!("{ns}-team");
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(f.client.clone());
+    let params = PostParams {
+        field_manager: Some("kubectl-create".into()),
+        ..PostParams::default()
+    };
+    // Objects that were there before gitcanary: a ConfigMap and a Namespace.
+    let existing: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "existing", "namespace": ns}, "data": {"color": "blue"}}),
+    )
+    .expect("a ConfigMap");
+    f.configmaps()
+        .create(&params, &existing)
+        .await
+        .expect("created by hand");
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": team}})).expect("a Namespace");
+    namespaces.create(&params, &namespace).await.expect("created by hand");
+    let managed_by = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+        labels.and_then(|l| l.get("gitcanary.io/managed-by").cloned())
+    };
+
+    // A brand-new app that names the existing ConfigMap: refused, nothing of it kept.
+    let configmap = |annotations: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: existing\n  namespace: {ns}\n{annotations}data:\n  color: blue\n"
+        )
+    };
+    f.repo.write("a/existing.yaml", &configmap("")).write(
+        "a/new.yaml",
+        &format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: new, namespace: {ns}}}\ndata: {{color: blue}}\n"),
+    );
+    f.repo.commit_and_push("claims an existing ConfigMap");
+    let report = sync_once(&f, &f.options(true)).await;
+    let a = report.app("a").expect("a");
+    assert_eq!(a.result, gitcanary::sync::AppResult::Invalid);
+    let problem = a
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .find(|p| p.starts_with("a/existing.yaml:1:"))
+        .expect("named");
+    assert!(
+        problem.contains("already exists and this instance does not manage it (field managers: kubectl-create)"),
+        "{problem}"
+    );
+    assert!(problem.contains("gitcanary.io/adopt: \"true\""), "{problem}");
+    assert_eq!(f.color("new").await, None, "the new app is taken back whole");
+    let kept = f.configmaps().get("existing").await.expect("still there");
+    assert_eq!(
+        managed_by(kept.metadata.labels.as_ref()),
+        None,
+        "gitcanary's label was taken back"
+    );
+
+    // Asked for: adopted, and recorded as adopted.
+    f.repo.write(
+        "a/existing.yaml",
+        &configmap("  annotations: {gitcanary.io/adopt: \"true\"}\n"),
+    );
+    f.repo.write(
+        "b/team.yaml",
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {team}\n  annotations: {{gitcanary.io/adopt: \"true\"}}\n"),
+    );
+    f.repo.commit_and_push("adopts them");
+    let report = sync_once(&f, &f.options(true)).await;
+    assert!(report.is_clean(), "{:?}", report.problems().collect::<Vec<_>>());
+    let adopted = f.configmaps().get("existing").await.expect("adopted");
+    assert_eq!(managed_by(adopted.metadata.labels.as_ref()), Some(format!("test-{ns}")));
+    let status = f
+        .configmaps()
+        .get(&format!("test-{ns}-app-b"))
+        .await
+        .expect("app b's status");
+    let inventory = status.data.expect("data")["inventory"].clone();
+    assert!(inventory.contains("\"adopted\":true"), "{inventory}");
+
+    // The Namespace leaves Git: released, never deleted.
+    f.repo.remove("b/team.yaml");
+    f.repo.write(
+        "b/other.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: other, namespace: {ns}}}\ndata: {{color: blue}}\n"
+        ),
+    );
+    f.repo.commit_and_push("the Namespace leaves Git");
+    let report = sync_once(&f, &f.options(true)).await;
+    let b = report.app("b").expect("b");
+    assert!(b.pruned.is_empty(), "{:?}", b.pruned);
+    assert_eq!(
+        b.released.iter().map(|k| k.name.clone()).collect::<Vec<_>>(),
+        vec![team.clone()]
+    );
+    let released = namespaces.get(&team).await.expect("the Namespace is still there");
+    assert!(released.metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        managed_by(released.metadata.labels.as_ref()),
+        None,
+        "gitcanary's label is gone"
+    );
+}

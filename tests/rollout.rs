@@ -549,8 +549,13 @@ async fn putting_a_rollout_on_a_running_deployment_restarts_no_pod() {
     let cluster = Cluster::of(&scenario);
     let app = App::new(&scenario.ns, "1.0", "      steps:\n      - {replicas: 1, pause: {}}\n");
     app.write(&scenario);
-    // The Deployment already runs, created by someone else from the same manifest.
-    let manifest = std::fs::read_to_string(scenario.repo.path().join("echo/deployment.yaml")).expect("manifest");
+    // The Deployment already runs, created by someone else from the same
+    // manifest; the manifest asks gitcanary to adopt it.
+    let path = scenario.repo.path().join("echo/deployment.yaml");
+    let manifest = std::fs::read_to_string(&path)
+        .expect("manifest")
+        .replacen("metadata:\n", "metadata:\n  annotations: {gitcanary.io/adopt: \"true\"}\n", 1);
+    std::fs::write(&path, &manifest).expect("written");
     let deployment: Deployment = serde_saphyr::from_str(&manifest).expect("a Deployment");
     Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns)
         .create(&PostParams::default(), &deployment)

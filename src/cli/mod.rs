@@ -62,6 +62,10 @@ pub struct SourceArgs {
     /// Delete managed objects that left Git.
     #[arg(long)]
     pub prune: bool,
+    /// Take over objects that already exist in the cluster (a migration to
+    /// gitcanary); without it, only manifests annotated gitcanary.io/adopt: "true".
+    #[arg(long)]
+    pub adopt: bool,
     #[command(flatten)]
     pub allowed: AllowedArgs,
     /// Name of this agent instance (the gitcanary.io/managed-by label value).
@@ -203,6 +207,7 @@ pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
         state_namespace: args.state_namespace.clone(),
         prune: args.prune,
         allowed: args.allowed.to_allowed(),
+        adopt: args.adopt,
         prometheus_url: args.prometheus_url.clone(),
         ..SyncOptions::default()
     }

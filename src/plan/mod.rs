@@ -30,6 +30,9 @@ pub struct SyncOptions {
     pub concurrency: usize,
     /// Prometheus for analysis templates that name none.
     pub prometheus_url: Option<String>,
+    /// Take over every object that already exists (`--adopt`, for a migration);
+    /// otherwise only those whose manifest says `gitcanary.io/adopt: "true"`.
+    pub adopt: bool,
 }
 
 impl Default for SyncOptions {
@@ -41,6 +44,7 @@ impl Default for SyncOptions {
             allowed: Allowed::default(),
             concurrency: 16,
             prometheus_url: None,
+            adopt: false,
         }
     }
 }
@@ -61,6 +65,9 @@ pub struct InventoryEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub name: String,
+    /// The object existed before gitcanary applied it, and was adopted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
 }
 
 impl InventoryEntry {
@@ -96,14 +103,90 @@ impl Planned<'_> {
     pub fn is_staged_first(&self) -> bool {
         is_staged_first(self.manifest)
     }
-    pub fn inventory_entry(&self) -> InventoryEntry {
+    pub fn inventory_entry(&self, adopted: bool) -> InventoryEntry {
         InventoryEntry {
             api_version: self.manifest.api_version().to_string(),
             kind: self.manifest.kind().to_string(),
             namespace: self.namespace().map(str::to_string),
             name: self.name().to_string(),
+            adopted,
         }
     }
+
+    /// The manifest asks gitcanary to take over an object that already exists.
+    pub fn asks_adoption(&self) -> bool {
+        self.manifest.object["metadata"]["annotations"][ADOPT_ANNOTATION].as_str() == Some("true")
+    }
+}
+
+/// On a manifest: take over the object of that name if it already exists.
+pub const ADOPT_ANNOTATION: &str = "gitcanary.io/adopt";
+
+/// Whether an object the API server answered for (an apply or its dry run)
+/// existed before this sync: someone else's field manager holds some of it,
+/// or it was created before the sync began.
+pub fn existed_before(answer: &Value, started: jiff::Timestamp) -> Option<Vec<String>> {
+    let mut managers: Vec<String> = answer["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["manager"].as_str())
+        .filter(|m| *m != crate::FIELD_MANAGER)
+        .map(str::to_string)
+        .collect();
+    managers.sort();
+    managers.dedup();
+    let created_before = answer["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .is_some_and(|t| t.as_second() < started.as_second());
+    (created_before || !managers.is_empty()).then_some(managers)
+}
+
+/// How an object written as new turned out, decided from the API server's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Creation {
+    /// gitcanary made it.
+    Created,
+    /// It existed and was taken over, as asked (or it was this app's already).
+    Adopted,
+    /// It existed and nothing asked to take it over: the message says why and how.
+    Refused(String),
+}
+
+/// The adoption rule: an object that already exists and that this instance
+/// does not manage is taken over only when its manifest says
+/// `gitcanary.io/adopt: "true"` or the agent runs with `--adopt`.
+pub fn creation(
+    item: &Planned<'_>,
+    answer: &Value,
+    started: jiff::Timestamp,
+    previous: &[InventoryEntry],
+    adopt_all: bool,
+) -> Creation {
+    let Some(managers) = existed_before(answer, started) else {
+        return Creation::Created;
+    };
+    if let Some(entry) = previous.iter().find(|e| e.key() == item.key) {
+        // This app's already (its label was removed, say).
+        return if entry.adopted {
+            Creation::Adopted
+        } else {
+            Creation::Created
+        };
+    }
+    if adopt_all || item.asks_adoption() {
+        return Creation::Adopted;
+    }
+    let managers = if managers.is_empty() {
+        "no other field manager".to_string()
+    } else {
+        format!("field managers: {}", managers.join(", "))
+    };
+    Creation::Refused(format!(
+        "{} already exists and this instance does not manage it ({managers}): to take it over, annotate the manifest {ADOPT_ANNOTATION}: \"true\" (or run the agent with --adopt for a migration); or rename it",
+        item.key
+    ))
 }
 
 /// Objects that would land where `allowed` does not let them, now that
@@ -239,6 +322,7 @@ impl Deletion {
             kind: self.key.kind.clone(),
             namespace: self.key.namespace.clone(),
             name: self.key.name.clone(),
+            adopted: false,
         }
     }
 }
@@ -258,6 +342,9 @@ pub struct AppPlan<'a> {
     pub fresh: bool,
     /// Objects that left Git, to delete (only with `--prune`).
     pub prunes: Vec<Deletion>,
+    /// Adopted Namespaces that left Git: released (gitcanary's fields and
+    /// labels removed), never deleted, by prune.
+    pub releases: Vec<InventoryEntry>,
     /// Objects that left Git and stay in the inventory (not pruned, or not readable).
     pub kept: Vec<InventoryEntry>,
     /// Why some of `kept` could not be decided on.
@@ -381,6 +468,7 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
             .all(|p| !live.contains_key(&p.key) && p.manifest.kind() != "CustomResourceDefinition");
 
     let mut prunes = Vec::new();
+    let mut releases = Vec::new();
     let mut kept = Vec::new();
     let mut problems = Vec::new();
     for entry in left_git(&objects, &pending, previous) {
@@ -404,7 +492,9 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
                 let ours = meta.managed_by.as_deref() == Some(instance);
                 let moved =
                     revision.holds(&entry.key()) || meta.source.as_deref().is_some_and(|file| !belongs_to(file, app));
-                if ours && !moved {
+                if ours && !moved && entry.adopted && entry.kind == "Namespace" {
+                    releases.push(entry);
+                } else if ours && !moved {
                     prunes.push(Deletion::of(&entry.api_version, entry.key(), meta));
                 }
             }
@@ -423,6 +513,7 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
         pending,
         fresh,
         prunes,
+        releases,
         kept,
         problems,
     }

@@ -71,6 +71,7 @@ fn entry(kind: &str, name: &str) -> InventoryEntry {
         kind: kind.to_string(),
         namespace: Some("demo".to_string()),
         name: name.to_string(),
+        adopted: false,
     }
 }
 
@@ -310,6 +311,7 @@ fn prune_deletes_workloads_before_namespaces() {
         kind: "Namespace".to_string(),
         namespace: None,
         name: "demo".to_string(),
+        adopted: false,
     };
     case.previous = vec![namespace.clone(), entry("Deployment", "web")];
     case.left_git = BTreeMap::from([
@@ -412,4 +414,75 @@ fn one_commit_that_changes_keeps_and_removes_is_planned_whole() {
         )
     );
     assert!(plan.pending.is_empty() && plan.problems.is_empty());
+}
+
+fn answer(created_at: &str, managers: &[&str]) -> Value {
+    let fields: Vec<Value> = managers.iter().map(|m| json!({"manager": m})).collect();
+    json!({"metadata": {"creationTimestamp": created_at, "managedFields": fields}})
+}
+
+#[test]
+fn an_object_that_already_existed_is_adopted_only_when_asked() {
+    let started: jiff::Timestamp = "2026-12-01T10:00:00Z".parse().expect("a time");
+    let fresh = answer("2026-12-01T10:00:00Z", &["gitcanary"]);
+    let theirs = answer("2026-11-01T08:00:00Z", &["kubectl-create", "gitcanary"]);
+    let plain = manifest("web", "ConfigMap", "a");
+    let mut asking = manifest("web", "ConfigMap", "a");
+    asking.object["metadata"]["annotations"] = json!({ADOPT_ANNOTATION: "true"});
+    let (plain, asking) = (planned(&plain), planned(&asking));
+
+    assert_eq!(creation(&plain, &fresh, started, &[], false), Creation::Created);
+    match creation(&plain, &theirs, started, &[], false) {
+        Creation::Refused(message) => {
+            assert!(message.contains("ConfigMap demo/a already exists and this instance does not manage it"));
+            assert!(message.contains("field managers: kubectl-create"));
+            assert!(message.contains("gitcanary.io/adopt: \"true\""));
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(creation(&asking, &theirs, started, &[], false), Creation::Adopted);
+    assert_eq!(
+        creation(&plain, &theirs, started, &[], true),
+        Creation::Adopted,
+        "--adopt"
+    );
+    // Made by another agent under the same field manager name, long before.
+    let another_agent = answer("2026-11-01T08:00:00Z", &["gitcanary"]);
+    assert!(matches!(
+        creation(&plain, &another_agent, started, &[], false),
+        Creation::Refused(_)
+    ));
+    // This app's own object, whose label someone removed, is no stranger.
+    let ours = [entry("ConfigMap", "a")];
+    assert_eq!(creation(&plain, &theirs, started, &ours, false), Creation::Created);
+}
+
+#[test]
+fn an_adopted_namespace_that_leaves_git_is_released_never_deleted() {
+    let mut case = Case::new(Vec::new());
+    case.prune = true;
+    let namespace = InventoryEntry {
+        api_version: "v1".to_string(),
+        kind: "Namespace".to_string(),
+        namespace: None,
+        name: "team".to_string(),
+        adopted: true,
+    };
+    let adopted_map = InventoryEntry {
+        adopted: true,
+        ..entry("ConfigMap", "adopted")
+    };
+    case.previous = vec![namespace.clone(), adopted_map.clone()];
+    case.left_git = BTreeMap::from([
+        (namespace.key(), live_meta(Some(INSTANCE), "web/ns.yaml:1")),
+        (adopted_map.key(), live_meta(Some(INSTANCE), "web/adopted.yaml:1")),
+    ]);
+    let (plan, _) = case.plan();
+    assert_eq!(plan.releases, vec![namespace]);
+    let pruned: Vec<&str> = plan.prunes.iter().map(|d| d.key.name.as_str()).collect();
+    assert_eq!(
+        pruned,
+        vec!["adopted"],
+        "an adopted object was given to gitcanary: prune deletes it"
+    );
 }
