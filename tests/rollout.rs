@@ -552,9 +552,11 @@ async fn putting_a_rollout_on_a_running_deployment_restarts_no_pod() {
     // The Deployment already runs, created by someone else from the same
     // manifest; the manifest asks gitcanary to adopt it.
     let path = scenario.repo.path().join("echo/deployment.yaml");
-    let manifest = std::fs::read_to_string(&path)
-        .expect("manifest")
-        .replacen("metadata:\n", "metadata:\n  annotations: {gitcanary.io/adopt: \"true\"}\n", 1);
+    let manifest = std::fs::read_to_string(&path).expect("manifest").replacen(
+        "metadata:\n",
+        "metadata:\n  annotations: {gitcanary.io/adopt: \"true\"}\n",
+        1,
+    );
     std::fs::write(&path, &manifest).expect("written");
     let deployment: Deployment = serde_saphyr::from_str(&manifest).expect("a Deployment");
     Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns)
@@ -649,27 +651,36 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
     })
     .await;
 
+    // Every version of the StatefulSet, from a watch: a poll on a loaded
+    // machine can miss a batch that lasts only its 2 s pause.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<i32>::new()));
+    let recorder = {
+        let (sts, seen) = (sts.clone(), seen.clone());
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::runtime::{WatchStreamExt, watcher};
+            let events = watcher(sts, watcher::Config::default().fields("metadata.name=db")).applied_objects();
+            let mut events = std::pin::pin!(events);
+            while let Some(Ok(set)) = events.next().await {
+                let partition = set
+                    .spec
+                    .and_then(|s| s.update_strategy)
+                    .and_then(|u| u.rolling_update)
+                    .and_then(|r| r.partition)
+                    .unwrap_or(0);
+                let mut seen = seen.lock().expect("partitions");
+                // Leading zeros are the StatefulSet before the release.
+                if (!seen.is_empty() || partition > 0) && seen.last() != Some(&partition) {
+                    seen.push(partition);
+                }
+            }
+        })
+    };
     write("2");
     scenario.repo.commit_and_push("db 2");
-    let partitions = std::cell::RefCell::new(Vec::new());
     eventually("all batches released", WAIT, || async {
         let set = sts.get("db").await.ok()?;
         let phase = rollouts.get("db").await.ok()?.status?.phase;
-        let partition = set
-            .spec
-            .as_ref()?
-            .update_strategy
-            .as_ref()?
-            .rolling_update
-            .as_ref()?
-            .partition
-            .unwrap_or(0);
-        if phase != Phase::Healthy {
-            let mut seen = partitions.borrow_mut();
-            if seen.last() != Some(&partition) {
-                seen.push(partition);
-            }
-        }
         let image = set.spec.as_ref()?.template.spec.as_ref()?.containers[0].image.clone();
         let status = set.status?;
         let done = phase == Phase::Healthy
@@ -679,7 +690,9 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
         done.then_some(())
     })
     .await;
-    let partitions = partitions.into_inner();
+    recorder.abort();
+    let partitions = std::mem::take(&mut *seen.lock().expect("partitions"));
+    assert!(!partitions.is_empty(), "the release went through no batch");
     assert!(
         partitions[0] >= 2,
         "the first batch holds back at least two pods: {partitions:?}"
