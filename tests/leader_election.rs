@@ -70,7 +70,13 @@ async fn only_the_leader_acts_and_a_killed_leader_is_replaced_within_the_lease()
     } else {
         (&mut b, &mut a, "agent-a")
     };
-    let writers = [leader.log_text(), follower.log_text()]
+    // The status is written before the sync's log line: wait for the line.
+    let leader_log = eventually("the leader logs its sync", WAIT, || async {
+        Some(leader.log_text()).filter(|log| log.contains("app synced"))
+    })
+    .await;
+    assert!(leader_log.contains("app synced"));
+    let writers = [leader_log, follower.log_text()]
         .iter()
         .filter(|log| log.contains("app synced"))
         .count();
