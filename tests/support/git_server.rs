@@ -117,12 +117,25 @@ impl GitRepo {
         let dir = self.work.path();
         run(dir, "git", &["add", "-A"]);
         run(dir, "git", &["commit", "-q", "--allow-empty", "-m", message]);
-        // gitcanary may have pushed (a status or revert commit): take it first, as a user would.
-        let _ = std::process::Command::new("git")
-            .args(["pull", "-q", "--rebase", remote, "main"])
-            .current_dir(dir)
-            .output();
-        run(dir, "git", &["push", "-q", remote, "HEAD:main"]);
+        // gitcanary may have pushed (a status or revert commit), even between
+        // the pull and the push: take it first and try again, as a user would.
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let pushed = (0..10).any(|attempt| {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = git(&["pull", "-q", "--rebase", remote, "main"]);
+            git(&["push", "-q", remote, "HEAD:main"])
+        });
+        if !pushed {
+            run(dir, "git", &["push", "-q", remote, "HEAD:main"]); // fails, with git's reason
+        }
         run(dir, "git", &["rev-parse", "HEAD"]).trim().to_string()
     }
 
