@@ -104,6 +104,15 @@ impl<'m> Case<'m> {
             prune: false,
         }
     }
+    /// With `--prune`: the ConfigMap `name` left Git, and observe found it so.
+    fn left_git(name: &str, found: LeftGit) -> Self {
+        let mut case = Case::new(Vec::new());
+        case.prune = true;
+        case.previous = vec![entry("ConfigMap", name)];
+        case.left_git = BTreeMap::from([(entry("ConfigMap", name).key(), found)]);
+        case
+    }
+
     fn plan(self) -> (AppPlan<'m>, Vec<InventoryEntry>) {
         let Case {
             objects,
@@ -242,40 +251,22 @@ fn prune_deletes_only_this_instances_object_as_it_was_read() {
 
 #[test]
 fn an_unlabelled_lookalike_in_the_inventory_is_never_pruned() {
-    let mut case = Case::new(Vec::new());
-    case.prune = true;
-    case.previous = vec![entry("ConfigMap", "lookalike")];
-    case.left_git = BTreeMap::from([(
-        entry("ConfigMap", "lookalike").key(),
-        live_meta(None, "web/lookalike.yaml:1"),
-    )]);
+    let case = Case::left_git("lookalike", live_meta(None, "web/lookalike.yaml:1"));
     let (plan, _) = case.plan();
     assert!(plan.prunes.is_empty());
 }
 
 #[test]
 fn an_object_moved_to_another_app_in_the_same_commit_is_not_pruned() {
-    let mut case = Case::new(Vec::new());
-    case.prune = true;
-    case.previous = vec![entry("ConfigMap", "moved")];
-    case.left_git = BTreeMap::from([(
-        entry("ConfigMap", "moved").key(),
-        live_meta(Some(INSTANCE), "api/moved.yaml:1"),
-    )]);
+    let case = Case::left_git("moved", live_meta(Some(INSTANCE), "api/moved.yaml:1"));
     let (plan, _) = case.plan();
     assert!(plan.prunes.is_empty());
 }
 
 #[test]
 fn an_object_another_app_now_holds_is_not_pruned_even_before_that_app_applied_it() {
-    let mut case = Case::new(Vec::new());
-    case.prune = true;
-    case.previous = vec![entry("ConfigMap", "moved")];
     // The live object still names this app: the other app has not synced yet.
-    case.left_git = BTreeMap::from([(
-        entry("ConfigMap", "moved").key(),
-        live_meta(Some(INSTANCE), "web/moved.yaml:1"),
-    )]);
+    let mut case = Case::left_git("moved", live_meta(Some(INSTANCE), "web/moved.yaml:1"));
     let elsewhere = manifest("api", "ConfigMap", "moved");
     case.revision = RevisionKeys::of([&elsewhere].into_iter());
     let (plan, _) = case.plan();
@@ -284,13 +275,7 @@ fn an_object_another_app_now_holds_is_not_pruned_even_before_that_app_applied_it
 
 #[test]
 fn an_object_that_cannot_be_read_is_kept_and_named() {
-    let mut case = Case::new(Vec::new());
-    case.prune = true;
-    case.previous = vec![entry("ConfigMap", "hidden")];
-    case.left_git = BTreeMap::from([(
-        entry("ConfigMap", "hidden").key(),
-        LeftGit::Unreadable("forbidden".to_string()),
-    )]);
+    let case = Case::left_git("hidden", LeftGit::Unreadable("forbidden".to_string()));
     let (plan, _) = case.plan();
     assert!(plan.prunes.is_empty());
     assert_eq!(plan.kept, vec![entry("ConfigMap", "hidden")]);
