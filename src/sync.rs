@@ -955,7 +955,26 @@ async fn dry_run_diff(
             ));
         }
     }
-    for entry in &plan.releases {
+    release_diffs(cluster, &plan.releases, &mut diffs, &mut problems).await;
+    let deletions = prepared
+        .rollouts
+        .iter()
+        .flat_map(|w| w.canary_deletions.iter())
+        .chain(plan.prunes.iter());
+    for deletion in deletions {
+        diffs.extend(deletion_diff(cluster, deletion).await);
+    }
+    (diffs, problems)
+}
+
+/// What releasing each adopted Namespace would change.
+async fn release_diffs(
+    cluster: &Cluster,
+    releases: &[InventoryEntry],
+    diffs: &mut Vec<ObjectDiff>,
+    problems: &mut Vec<Problem>,
+) {
+    for entry in releases {
         let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
             continue;
         };
@@ -976,33 +995,24 @@ async fn dry_run_diff(
             }),
         }
     }
-    let deletions = prepared
-        .rollouts
-        .iter()
-        .flat_map(|w| w.canary_deletions.iter())
-        .chain(plan.prunes.iter());
-    for deletion in deletions {
-        let shown = match cluster.resolve(&deletion.api_version, &deletion.key.kind).await {
-            Some(resolved) => read_value(
-                cluster,
-                &resolved,
-                deletion.key.namespace.as_deref(),
-                &deletion.key.name,
-            )
-            .await
-            .ok()
-            .flatten(),
-            None => None,
-        };
-        let shown = shown.unwrap_or_else(|| json!({"metadata": {"name": deletion.key.name, "uid": deletion.uid}}));
-        diffs.extend(ObjectDiff::between(
-            deletion.key.clone(),
-            String::new(),
-            Some(&shown),
-            None,
-        ));
-    }
-    (diffs, problems)
+}
+
+/// A delete the sync would make, shown with the object it removes.
+async fn deletion_diff(cluster: &Cluster, deletion: &plan::Deletion) -> Option<ObjectDiff> {
+    let shown = match cluster.resolve(&deletion.api_version, &deletion.key.kind).await {
+        Some(resolved) => read_value(
+            cluster,
+            &resolved,
+            deletion.key.namespace.as_deref(),
+            &deletion.key.name,
+        )
+        .await
+        .ok()
+        .flatten(),
+        None => None,
+    };
+    let shown = shown.unwrap_or_else(|| json!({"metadata": {"name": deletion.key.name, "uid": deletion.uid}}));
+    ObjectDiff::between(deletion.key.clone(), String::new(), Some(&shown), None)
 }
 
 /// A diff for an object the sync would write, even when only gitcanary's

@@ -58,7 +58,7 @@ fn made(report: &SyncReport) -> Changes {
             report
                 .apps
                 .iter()
-                .flat_map(|a| a.applied.iter().chain(a.canary_applied.iter()))
+                .flat_map(|a| a.applied.iter().chain(&a.canary_applied).chain(&a.released))
                 .collect(),
         ),
         deleted: pairs(
