@@ -228,7 +228,7 @@ async fn observe_and_plan<'a>(
     app: &'a App,
     commit: &str,
     observed: &Observed,
-    previous: &[InventoryEntry],
+    previous: Option<&AppStatus>,
     options: &SyncOptions,
     measure: bool,
 ) -> Result<std::result::Result<Prepared<'a>, Vec<Problem>>> {
@@ -249,8 +249,10 @@ async fn observe_and_plan<'a>(
     if !problems.is_empty() {
         return Ok(Err(problems));
     }
-    let left_git = if options.prune {
-        observe::left_git(cluster, &plan::left_git(&objects, &resolved.pending, previous)).await
+    let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
+    let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
+    let left_git = if options.prune && unreadable.is_none() {
+        observe::left_git(cluster, &plan::left_git(&objects, &resolved.pending, inventory)).await
     } else {
         BTreeMap::new()
     };
@@ -259,9 +261,10 @@ async fn observe_and_plan<'a>(
         objects,
         pending: resolved.pending,
         live: &observed.live,
-        previous,
+        previous: inventory,
         left_git: &left_git,
         revision: &observed.revision,
+        unreadable_inventory: unreadable.map(|u| u.error.as_str()),
         has_rollouts: !rollouts.is_empty(),
         instance: &options.instance,
         prune: options.prune,
@@ -277,36 +280,12 @@ async fn reconcile_app(
     previous: Option<&AppStatus>,
     options: &SyncOptions,
 ) -> Result<Reconciled> {
-    let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
-    let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-    // Prune must never act on a forgotten inventory.
-    let prune_options;
-    let options = match unreadable {
-        Some(_) if options.prune => {
-            prune_options = SyncOptions {
-                prune: false,
-                ..options.clone()
-            };
-            &prune_options
-        }
-        _ => options,
-    };
-    let prepared = match observe_and_plan(cluster, app, commit, observed, previous_inventory, options, true).await? {
+    let prepared = match observe_and_plan(cluster, app, commit, observed, previous, options, true).await? {
         Ok(prepared) => prepared,
         Err(problems) => return Ok(Reconciled::Refused(AppResult::Invalid, problems)),
     };
-    let mut reconciled = apply_app(cluster, app, prepared, &observed.live, previous_inventory, options).await?;
-    if let (Some(unreadable), Reconciled::Applied(report, _)) = (unreadable, &mut reconciled) {
-        report.result = AppResult::Failed;
-        report.problems.push(app_problem(
-            app,
-            format!(
-                "the recorded inventory cannot be read ({}): nothing is pruned for this app until its status ConfigMap is fixed or deleted",
-                unreadable.error
-            ),
-        ));
-    }
-    Ok(reconciled)
+    let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
+    apply_app(cluster, app, prepared, &observed.live, previous_inventory, options).await
 }
 
 /// The apply stage: executes the plan through the one write path.
@@ -857,22 +836,10 @@ pub async fn diff(
     let mut problems = Vec::new();
     for app in revision.manifests.apps.values() {
         let previous = statuses.get(&app.name);
-        let mut app_options = options.clone();
-        if let Some(unreadable) = previous.and_then(|p| p.unreadable_inventory.as_ref()) {
-            app_options.prune = false;
-            problems.push(app_problem(
-                app,
-                format!(
-                    "the recorded inventory cannot be read ({}): nothing would be pruned",
-                    unreadable.error
-                ),
-            ));
-        }
-        let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
         let commit = revision.commit_for(&app.name);
-        match observe_and_plan(cluster, app, commit, &observed, inventory, &app_options, false).await? {
+        match observe_and_plan(cluster, app, commit, &observed, previous, options, false).await? {
             Ok(prepared) => {
-                let (app_diffs, app_problems) = dry_run_diff(cluster, &prepared, &observed.live, &app_options).await;
+                let (app_diffs, app_problems) = dry_run_diff(cluster, &prepared, &observed.live, options).await;
                 diffs.extend(app_diffs);
                 problems.extend(app_problems);
                 problems.extend(prepared.plan.problems.iter().cloned());

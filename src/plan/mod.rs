@@ -423,6 +423,9 @@ pub struct AppInputs<'a, 'o> {
     pub live: &'o LiveObjects,
     /// The inventory the last sync recorded.
     pub previous: &'o [InventoryEntry],
+    /// Why the recorded inventory could not be read, when it could not: then
+    /// nothing is pruned, whatever `prune` says.
+    pub unreadable_inventory: Option<&'o str>,
     /// What observe read of each entry that left Git (only with `--prune`).
     pub left_git: &'o BTreeMap<ObjectKey, LeftGit>,
     /// Every object the revision holds, in any app (see [`RevisionKeys`]).
@@ -443,6 +446,7 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
         previous,
         left_git: observed,
         revision,
+        unreadable_inventory,
         has_rollouts,
         instance,
         prune,
@@ -471,6 +475,17 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
     let mut releases = Vec::new();
     let mut kept = Vec::new();
     let mut problems = Vec::new();
+    // Prune must never act on a forgotten inventory.
+    let prune = prune && unreadable_inventory.is_none();
+    if let Some(error) = unreadable_inventory {
+        problems.push(Problem {
+            file: app.to_string(),
+            line: 0,
+            message: format!(
+                "the recorded inventory cannot be read ({error}): nothing is pruned for this app until its status ConfigMap is fixed or deleted"
+            ),
+        });
+    }
     for entry in left_git(&objects, &pending, previous) {
         if !prune {
             kept.push(entry);

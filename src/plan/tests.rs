@@ -75,6 +75,16 @@ fn entry(kind: &str, name: &str) -> InventoryEntry {
     }
 }
 
+fn namespace_entry(name: &str, adopted: bool) -> InventoryEntry {
+    InventoryEntry {
+        api_version: "v1".to_string(),
+        kind: "Namespace".to_string(),
+        namespace: None,
+        name: name.to_string(),
+        adopted,
+    }
+}
+
 fn live_meta(managed_by: Option<&str>, source: &str) -> LeftGit {
     LeftGit::Live(LiveMeta {
         uid: "uid-9".to_string(),
@@ -90,6 +100,7 @@ struct Case<'m> {
     previous: Vec<InventoryEntry>,
     left_git: BTreeMap<ObjectKey, LeftGit>,
     revision: RevisionKeys,
+    unreadable_inventory: Option<&'static str>,
     prune: bool,
 }
 
@@ -101,6 +112,7 @@ impl<'m> Case<'m> {
             previous: Vec::new(),
             left_git: BTreeMap::new(),
             revision: RevisionKeys::default(),
+            unreadable_inventory: None,
             prune: false,
         }
     }
@@ -120,6 +132,7 @@ impl<'m> Case<'m> {
             previous,
             left_git,
             revision,
+            unreadable_inventory,
             prune,
         } = self;
         let plan = plan_app(AppInputs {
@@ -130,6 +143,7 @@ impl<'m> Case<'m> {
             previous: &previous,
             left_git: &left_git,
             revision: &revision,
+            unreadable_inventory,
             has_rollouts: false,
             instance: INSTANCE,
             prune,
@@ -291,13 +305,7 @@ fn an_object_that_cannot_be_read_is_kept_and_named() {
 fn prune_deletes_workloads_before_namespaces() {
     let mut case = Case::new(Vec::new());
     case.prune = true;
-    let namespace = InventoryEntry {
-        api_version: "v1".to_string(),
-        kind: "Namespace".to_string(),
-        namespace: None,
-        name: "demo".to_string(),
-        adopted: false,
-    };
+    let namespace = namespace_entry("demo", false);
     case.previous = vec![namespace.clone(), entry("Deployment", "web")];
     case.left_git = BTreeMap::from([
         (namespace.key(), live_meta(Some(INSTANCE), "web/ns.yaml:1")),
@@ -446,13 +454,7 @@ fn an_object_that_already_existed_is_adopted_only_when_asked() {
 fn an_adopted_namespace_that_leaves_git_is_released_never_deleted() {
     let mut case = Case::new(Vec::new());
     case.prune = true;
-    let namespace = InventoryEntry {
-        api_version: "v1".to_string(),
-        kind: "Namespace".to_string(),
-        namespace: None,
-        name: "team".to_string(),
-        adopted: true,
-    };
+    let namespace = namespace_entry("team", true);
     let adopted_map = InventoryEntry {
         adopted: true,
         ..entry("ConfigMap", "adopted")
@@ -469,5 +471,20 @@ fn an_adopted_namespace_that_leaves_git_is_released_never_deleted() {
         pruned,
         vec!["adopted"],
         "an adopted object was given to gitcanary: prune deletes it"
+    );
+}
+
+#[test]
+fn an_unreadable_inventory_prunes_nothing_and_says_so() {
+    let mut case = Case::left_git("gone", live_meta(Some(INSTANCE), "web/gone.yaml:1"));
+    case.unreadable_inventory = Some("expected value at line 1");
+    let (plan, _) = case.plan();
+    assert!(plan.prunes.is_empty());
+    assert_eq!(plan.kept, vec![entry("ConfigMap", "gone")]);
+    assert_eq!(plan.problems.len(), 1);
+    assert!(
+        plan.problems[0]
+            .message
+            .starts_with("the recorded inventory cannot be read (expected value at line 1): nothing is pruned")
     );
 }
