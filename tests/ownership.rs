@@ -131,6 +131,94 @@ async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched
 }
 
 #[tokio::test]
+async fn a_canary_is_its_rollouts_own_and_a_suffix_frees_a_taken_name() {
+    let f = Fixture::with_rollouts("own-rollout").await;
+    let (client, ns, repo, options) = (&f.client, &f.ns, &f.repo, f.options(false));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let rollouts: Api<Rollout> = Api::namespaced(client.clone(), ns);
+
+    // Another Rollout's canary, made by this instance: same label, same name.
+    let other: Rollout = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout",
+        "metadata": {"name": "other", "namespace": ns},
+        "spec": {"workloadRef": {"kind": "Deployment", "name": "elsewhere"},
+            "strategy": {"canary": {"steps": [{"replicas": 1}]}}}
+    }))
+    .expect("a Rollout");
+    let other = rollouts.create(&PostParams::default(), &other).await.expect("created");
+    let others: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "echo-canary", "namespace": ns,
+            "labels": {"gitcanary.io/managed-by": options.instance},
+            "ownerReferences": [{"apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout",
+                "name": "other", "uid": other.metadata.uid.clone().expect("a uid")}]},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "other"}},
+            "template": {"metadata": {"labels": {"app": "other"}},
+                "spec": {"containers": [{"name": "other", "image": "registry.test/other:1"}]}}}
+    }))
+    .expect("a Deployment");
+    deployments
+        .create(&PostParams::default(), &others)
+        .await
+        .expect("created");
+
+    support::agent::write_echo_app(repo, ns, "1.0", STEPS);
+    repo.commit_and_push("echo 1.0");
+    support::eventually(
+        "echo 1.0 is synced and available",
+        Duration::from_secs(60),
+        async || {
+            let report = sync_once(&f, &options).await;
+            (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
+        },
+    )
+    .await;
+    // Syncs with no release clean up echo's canary: the other Rollout's stays.
+    let kept = deployments.get_opt("echo-canary").await.expect("readable");
+    assert_eq!(
+        kept.as_ref().and_then(image_of).as_deref(),
+        Some("registry.test/other:1"),
+        "another Rollout's canary was deleted"
+    );
+
+    support::agent::write_echo_app(repo, ns, "2.0", STEPS);
+    repo.commit_and_push("echo 2.0");
+    sync_once(&f, &options).await;
+    let status = rollouts.get("echo").await.expect("rollout").status.expect("a status");
+    assert_eq!(status.phase, Phase::Failed);
+    let message = status.canary_status.expect("canary status").message;
+    assert!(
+        message.contains(&format!(
+            "Deployment {ns}/echo-canary already exists and it is the canary of Rollout {ns}/other"
+        )) && message.contains("set spec.strategy.canary.canarySuffix"),
+        "{message}"
+    );
+
+    // Another suffix: the next release runs beside the taken name.
+    let suffixed = STEPS.replace("    canary:\n", "    canary:\n      canarySuffix: -next\n");
+    support::agent::write_echo_app(repo, ns, "3.0", &suffixed);
+    repo.commit_and_push("echo 3.0, canaries named -next");
+    let report = sync_once(&f, &options).await;
+    let applied: Vec<&str> = report
+        .app("echo")
+        .expect("echo")
+        .canary_applied
+        .iter()
+        .map(|k| k.name.as_str())
+        .collect();
+    assert_eq!(applied, vec!["echo-next"]);
+    let canary = deployments.get("echo-next").await.expect("the canary");
+    assert_eq!(image_of(&canary).as_deref(), Some("registry.test/echo:3.0"));
+    let echo = rollouts.get("echo").await.expect("rollout");
+    let owners = canary.metadata.owner_references.unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!((owners[0].kind.as_str(), owners[0].name.as_str()), ("Rollout", "echo"));
+    assert_eq!(Some(&owners[0].uid), echo.metadata.uid.as_ref());
+    assert_eq!(echo.status.expect("status").phase, Phase::Progressing);
+    let kept = deployments.get("echo-canary").await.expect("still there");
+    assert_eq!(image_of(&kept).as_deref(), Some("registry.test/other:1"));
+}
+
+#[tokio::test]
 async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manifest_omits() {
     let f = Fixture::new("own-allow").await;
     let (client, ns, repo) = (&f.client, &f.ns, &f.repo);

@@ -138,6 +138,22 @@ pub struct CanaryStrategy {
     /// `revert` (default) or `hold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<OnFailure>,
+    /// Appended to the workload's, Services' and Ingresses' names to name
+    /// their canaries (default `-canary`); change it when a name is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_suffix: Option<String>,
+}
+
+pub const DEFAULT_CANARY_SUFFIX: &str = "-canary";
+
+impl CanaryStrategy {
+    /// The name of the canary of the object called `name`.
+    pub fn canary_name(&self, name: &str) -> String {
+        format!(
+            "{name}{}",
+            self.canary_suffix.as_deref().unwrap_or(DEFAULT_CANARY_SUFFIX)
+        )
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::api::RolloutSpec;
+use super::api::{API_VERSION, CanaryStrategy, DEFAULT_CANARY_SUFFIX, GROUP, RolloutSpec};
 use super::engine::{CanaryWrite, RolloutWork};
 use super::observe::RolloutObserved;
-use super::overlay::{self, WorkloadKind, canary_name};
+use super::overlay::{self, WorkloadKind};
 use super::plan;
 use crate::manifest::{ObjectKey, Problem};
 use crate::plan::desired::{is_subset, rehash};
@@ -105,8 +105,13 @@ pub(crate) fn plan_rollout(
         services.push(service);
     }
 
+    let owner = CanaryOwner {
+        instance,
+        rollout: &target.name,
+        rollout_uid: observed.rollout_uid.as_deref(),
+    };
     if seen.start_problem.is_none() {
-        seen.start_problem = taken_canary_name(namespace, &observed.canary_live, instance);
+        seen.start_problem = taken_canary_name(namespace, &observed.canary_live, &owner, &spec.strategy.canary);
     }
     let plan = plan::plan(spec, &status, &seen);
     let intent = &plan.intent;
@@ -123,12 +128,13 @@ pub(crate) fn plan_rollout(
     let (mut wanted, unwanted) = overlay_routes(planned, &target, &services, &plan, revisions, &git_workload)?;
     for object in &mut wanted {
         mark_managed(object, instance, &manifest.location());
+        owner.mark(object);
     }
     let changes = CanaryObjects {
         live: &observed.canary_live,
         kinds: &observed.canary_kinds,
         namespace,
-        instance,
+        owner: &owner,
     };
     let canary_writes = changes.writes(wanted).map_err(|problem| manifest.problem(problem))?;
     let canary_deletions = changes.deletions(unwanted);
@@ -158,35 +164,89 @@ pub(crate) fn plan_rollout(
     })
 }
 
-/// A canary object's name held by an object this instance did not make: the
+/// Whose canary objects these are: this instance's, made for this Rollout.
+struct CanaryOwner<'o> {
+    instance: &'o str,
+    rollout: &'o str,
+    /// `None` until the Rollout exists; no release runs before that.
+    rollout_uid: Option<&'o str>,
+}
+
+impl CanaryOwner<'_> {
+    /// Canary objects name their Rollout, so that they go with it when it is
+    /// deleted and no other Rollout's cleanup takes them.
+    fn mark(&self, object: &mut Value) {
+        if let Some(uid) = self.rollout_uid {
+            object["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": API_VERSION,
+                "kind": "Rollout",
+                "name": self.rollout,
+                "uid": uid,
+            }]);
+        }
+    }
+
+    /// The Rollout a live canary object names, when it names one.
+    fn named_rollout(object: &Value) -> Option<(&str, &str)> {
+        object["metadata"]["ownerReferences"]
+            .as_array()?
+            .iter()
+            .find(|r| r["kind"] == "Rollout" && r["apiVersion"].as_str().is_some_and(|v| v.starts_with(GROUP)))
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap_or_default(),
+                    r["uid"].as_str().unwrap_or_default(),
+                )
+            })
+    }
+
+    /// This instance made the object for this Rollout. One that names no
+    /// Rollout was made before canary objects named theirs, and counts.
+    fn owns(&self, object: &Value) -> bool {
+        object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(self.instance)
+            && Self::named_rollout(object).is_none_or(|(_, uid)| Some(uid) == self.rollout_uid)
+    }
+}
+
+/// A canary object's name held by an object this Rollout did not make: the
 /// release must not start, or it would write over (and later delete) it.
 fn taken_canary_name(
     namespace: &str,
     canary_live: &BTreeMap<(&'static str, String), Value>,
-    instance: &str,
+    owner: &CanaryOwner<'_>,
+    canary: &CanaryStrategy,
 ) -> Option<String> {
     canary_live.iter().find_map(|((kind, name), object)| {
-        let ours = object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(instance);
-        if ours {
+        if owner.owns(object) {
             return None;
         }
-        let mut managers: Vec<&str> = object["metadata"]["managedFields"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f["manager"].as_str())
-            .collect();
-        managers.sort_unstable();
-        managers.dedup();
-        let managers = if managers.is_empty() {
-            "no field manager recorded".to_string()
-        } else {
-            format!("managed by {}", managers.join(", "))
+        let holder = match CanaryOwner::named_rollout(object) {
+            Some((rollout, _)) if object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(owner.instance) => {
+                format!("it is the canary of Rollout {namespace}/{rollout}")
+            }
+            _ => format!("gitcanary did not make it ({})", field_managers(object)),
         };
+        let suffix = canary.canary_suffix.as_deref().unwrap_or(DEFAULT_CANARY_SUFFIX);
         Some(format!(
-            "{kind} {namespace}/{name} already exists and gitcanary did not make it ({managers}); the canary needs that name: rename or delete that {kind}"
+            "{kind} {namespace}/{name} already exists and {holder}; the canary needs that name: rename or delete that {kind}, or set spec.strategy.canary.canarySuffix to something other than {suffix:?}"
         ))
     })
+}
+
+fn field_managers(object: &Value) -> String {
+    let mut managers: Vec<&str> = object["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["manager"].as_str())
+        .collect();
+    managers.sort_unstable();
+    managers.dedup();
+    if managers.is_empty() {
+        "no field manager recorded".to_string()
+    } else {
+        format!("managed by {}", managers.join(", "))
+    }
 }
 
 /// Unwanted canary objects, by apiVersion, kind and name.
@@ -214,7 +274,11 @@ fn overlay_routes(
                 &intent.rollout_id,
                 &plan.status.canary_template_hash,
             )),
-            None => unwanted.push(("apps/v1", "Deployment", canary_name(&spec.workload_ref.name))),
+            None => unwanted.push((
+                "apps/v1",
+                "Deployment",
+                spec.strategy.canary.canary_name(&spec.workload_ref.name),
+            )),
         }
     }
     for (routing, &service) in spec.strategy.canary.traffic_routings.iter().zip(services) {
@@ -226,7 +290,7 @@ fn overlay_routes(
                 &revisions.canary,
             ));
         } else if intent.canary_replicas.is_none() {
-            unwanted.push(("v1", "Service", canary_name(&routing.service)));
+            unwanted.push(("v1", "Service", spec.strategy.canary.canary_name(&routing.service)));
         }
         if intent.pin_stable_service {
             let pinned = overlay::pinned_stable_service(&planned[service].desired, kind, &revisions.stable);
@@ -236,7 +300,7 @@ fn overlay_routes(
             let route = find(planned, "HTTPRoute", namespace, &gateway.http_route_name)
                 .ok_or_else(|| not_held(target, planned, "HTTPRoute", &gateway.http_route_name))?;
             if let Some(traffic) = intent.traffic {
-                let weighted = overlay::weighted_route(&planned[route].desired, &routing.service, traffic);
+                let weighted = overlay::weighted_route(spec, &planned[route].desired, &routing.service, traffic);
                 set_desired(&mut planned[route], weighted);
             }
         }
@@ -245,11 +309,16 @@ fn overlay_routes(
                 .ok_or_else(|| not_held(target, planned, "Ingress", &ingress.name))?;
             match intent.traffic {
                 Some(traffic) => wanted.push(overlay::canary_ingress(
+                    spec,
                     &planned[index].desired,
                     &routing.service,
                     traffic,
                 )),
-                None => unwanted.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name))),
+                None => unwanted.push((
+                    "networking.k8s.io/v1",
+                    "Ingress",
+                    spec.strategy.canary.canary_name(&ingress.name),
+                )),
             }
         }
     }
@@ -261,7 +330,7 @@ struct CanaryObjects<'o> {
     live: &'o BTreeMap<(&'static str, String), Value>,
     kinds: &'o BTreeMap<&'static str, Resolved>,
     namespace: &'o str,
-    instance: &'o str,
+    owner: &'o CanaryOwner<'o>,
 }
 
 impl CanaryObjects<'_> {
@@ -284,9 +353,9 @@ impl CanaryObjects<'_> {
             .map(|(_, v)| v)
     }
 
-    /// The live object, when it is this instance's.
+    /// The live object, when this Rollout made it.
     fn ours(&self, object: &Value) -> Option<LiveMeta> {
-        LiveMeta::of(object).filter(|m| m.managed_by.as_deref() == Some(self.instance))
+        LiveMeta::of(object).filter(|_| self.owner.owns(object))
     }
 
     /// The wanted canary objects that differ from what the cluster has.

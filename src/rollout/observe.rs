@@ -16,7 +16,7 @@ use super::analysis;
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::desired::Target;
 use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
-use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind, canary_name};
+use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind};
 use super::plan::Observed;
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_subset};
@@ -28,6 +28,8 @@ pub(crate) struct RolloutObserved {
     /// What the planner reads (the selector check is added by `desired`).
     pub planner: Observed,
     pub previous: Option<RolloutStatus>,
+    /// The live Rollout's uid, which its canary objects name.
+    pub rollout_uid: Option<String>,
     /// The last GitHub comment whose command was handled.
     pub last_command_comment: u64,
     pub revisions: Revisions,
@@ -101,7 +103,7 @@ pub(crate) async fn observe_rollout(
     let canary_live = observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name).await?;
     let (revisions, stable_template) = match target.kind {
         WorkloadKind::Deployment => {
-            let canary = canary_live.get(&("Deployment", canary_name(&workload_ref.name)));
+            let canary = canary_live.get(&("Deployment", spec.strategy.canary.canary_name(&workload_ref.name)));
             observe_deployment(
                 cluster,
                 &mut observed,
@@ -131,6 +133,7 @@ pub(crate) async fn observe_rollout(
     Ok(RolloutObserved {
         planner: observed,
         previous,
+        rollout_uid: live_rollout.as_ref().and_then(|r| r.metadata.uid.clone()),
         last_command_comment: annotation(LAST_COMMENT_ANNOTATION)
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
@@ -153,7 +156,9 @@ async fn measure_due(
     let routing = spec.strategy.canary.traffic_routings.first();
     let bindings = analysis::Bindings {
         namespace: namespace.to_string(),
-        canary_service: routing.map(|r| canary_name(&r.service)).unwrap_or_default(),
+        canary_service: routing
+            .map(|r| spec.strategy.canary.canary_name(&r.service))
+            .unwrap_or_default(),
         stable_service: routing.map(|r| r.service.clone()).unwrap_or_default(),
         canary_revision: revisions.canary.clone(),
         stable_revision: revisions.stable.clone(),
@@ -202,12 +207,16 @@ async fn observe_canary_objects(
 ) -> Result<BTreeMap<(&'static str, String), Value>> {
     let mut names: Vec<(&'static str, &'static str, String)> = Vec::new();
     if kind == WorkloadKind::Deployment {
-        names.push(("apps/v1", "Deployment", canary_name(workload)));
+        names.push(("apps/v1", "Deployment", spec.strategy.canary.canary_name(workload)));
     }
     for routing in &spec.strategy.canary.traffic_routings {
-        names.push(("v1", "Service", canary_name(&routing.service)));
+        names.push(("v1", "Service", spec.strategy.canary.canary_name(&routing.service)));
         if let Some(ingress) = &routing.ingress {
-            names.push(("networking.k8s.io/v1", "Ingress", canary_name(&ingress.name)));
+            names.push((
+                "networking.k8s.io/v1",
+                "Ingress",
+                spec.strategy.canary.canary_name(&ingress.name),
+            ));
         }
     }
     let mut live = BTreeMap::new();

@@ -43,10 +43,6 @@ impl WorkloadKind {
     }
 }
 
-pub fn canary_name(name: &str) -> String {
-    format!("{name}-canary")
-}
-
 /// What the overlays need besides Git and the intent.
 #[derive(Debug, Clone, Default)]
 pub struct Revisions {
@@ -129,13 +125,13 @@ pub fn selector_problem(
             Some(actual) if patched.contains_key(&key) => {
                 return Some(format!(
                     "the canary Service {} would select {key}={value}, but patchPodTemplateMetadata sets {key}={actual} on canary pods, so it would select none: add \"{key}\" to canaryService.selector.remove (or set canaryService.selector.add.{key}: {actual})",
-                    canary_name(service)
+                    spec.strategy.canary.canary_name(service)
                 ));
             }
             actual => {
                 return Some(format!(
                     "the canary Service {} would select {key}={value}, but canary pods have {}: fix the Service selector or add \"{key}\" to canaryService.selector.remove",
-                    canary_name(service),
+                    spec.strategy.canary.canary_name(service),
                     actual.map_or("no such label".to_string(), |a| format!("{key}={a}"))
                 ));
             }
@@ -190,7 +186,7 @@ pub fn canary_deployment(spec: &RolloutSpec, git: &Value, replicas: i32, rollout
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": canary_name(git["metadata"]["name"].as_str().unwrap_or_default()),
+            "name": spec.strategy.canary.canary_name(git["metadata"]["name"].as_str().unwrap_or_default()),
             "namespace": git["metadata"]["namespace"].clone(),
             "labels": git["metadata"]["labels"].clone(),
             "annotations": {CANARY_HASH_ANNOTATION: canary_hash},
@@ -245,7 +241,7 @@ pub fn canary_service(spec: &RolloutSpec, stable: &Value, kind: WorkloadKind, ca
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": canary_name(stable["metadata"]["name"].as_str().unwrap_or_default()),
+            "name": spec.strategy.canary.canary_name(stable["metadata"]["name"].as_str().unwrap_or_default()),
             "namespace": stable["metadata"]["namespace"].clone(),
         },
         "spec": {"type": "ClusterIP", "ports": ports, "selector": selector},
@@ -265,9 +261,9 @@ pub fn pinned_stable_service(stable: &Value, kind: WorkloadKind, stable_revision
 
 /// The HTTPRoute with every rule that sends to the stable Service split
 /// between it and the canary Service; other rules untouched.
-pub fn weighted_route(route: &Value, service: &str, traffic: u32) -> Value {
+pub fn weighted_route(spec: &RolloutSpec, route: &Value, service: &str, traffic: u32) -> Value {
     let mut route = route.clone();
-    let canary = canary_name(service);
+    let canary = spec.strategy.canary.canary_name(service);
     let traffic = traffic.min(100);
     if let Some(rules) = route["spec"]["rules"].as_array_mut() {
         for rule in rules {
@@ -295,8 +291,8 @@ pub fn weighted_route(route: &Value, service: &str, traffic: u32) -> Value {
 
 /// The nginx canary Ingress: the stable Ingress's rules pointed at the
 /// canary Service, with nginx's canary annotations.
-pub fn canary_ingress(ingress: &Value, service: &str, traffic: u32) -> Value {
-    let canary_service = canary_name(service);
+pub fn canary_ingress(spec: &RolloutSpec, ingress: &Value, service: &str, traffic: u32) -> Value {
+    let canary_service = spec.strategy.canary.canary_name(service);
     let mut rules = ingress["spec"]["rules"].clone();
     if let Some(rules) = rules.as_array_mut() {
         for rule in rules {
@@ -311,22 +307,22 @@ pub fn canary_ingress(ingress: &Value, service: &str, traffic: u32) -> Value {
             }
         }
     }
-    let mut spec = json!({"rules": rules});
+    let mut ingress_spec = json!({"rules": rules});
     if let Some(class) = ingress["spec"]["ingressClassName"].as_str() {
-        spec["ingressClassName"] = json!(class);
+        ingress_spec["ingressClassName"] = json!(class);
     }
     json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
         "metadata": {
-            "name": canary_name(ingress["metadata"]["name"].as_str().unwrap_or_default()),
+            "name": spec.strategy.canary.canary_name(ingress["metadata"]["name"].as_str().unwrap_or_default()),
             "namespace": ingress["metadata"]["namespace"].clone(),
             "annotations": {
                 "nginx.ingress.kubernetes.io/canary": "true",
                 "nginx.ingress.kubernetes.io/canary-weight": traffic.min(100).to_string(),
             },
         },
-        "spec": spec,
+        "spec": ingress_spec,
     })
 }
 
@@ -449,14 +445,14 @@ mod tests {
             {"backendRefs": [{"name": "echo", "port": 80}]},
             {"backendRefs": [{"name": "other", "port": 80}]}
         ]}});
-        let weighted = weighted_route(&route, "echo", 30);
+        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 30);
         assert_eq!(
             weighted["spec"]["rules"][0]["backendRefs"],
             json!([{"name": "echo", "port": 80, "weight": 70}, {"name": "echo-canary", "port": 80, "weight": 30}])
         );
         assert_eq!(weighted["spec"]["rules"][1], route["spec"]["rules"][1]);
         // Applying twice gives the same route.
-        assert_eq!(weighted_route(&weighted, "echo", 30), weighted);
+        assert_eq!(weighted_route(&RolloutSpec::default(), &weighted, "echo", 30), weighted);
     }
 
     #[test]
@@ -464,7 +460,7 @@ mod tests {
         let ingress = json!({"metadata": {"name": "echo", "namespace": "demo"}, "spec": {"ingressClassName": "nginx", "rules": [
             {"host": "echo.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "echo", "port": {"number": 80}}}}]}}
         ]}});
-        let canary = canary_ingress(&ingress, "echo", 20);
+        let canary = canary_ingress(&RolloutSpec::default(), &ingress, "echo", 20);
         assert_eq!(canary["metadata"]["name"], "echo-canary");
         assert_eq!(
             canary["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary-weight"],
@@ -489,10 +485,13 @@ mod tests {
         let spec = spec_with(None, &[]);
         assert_eq!(canary_deployment(&spec, &odd, 1, "abc", "h")["spec"]["replicas"], 1);
         let route = json!({"spec": {"rules": ["all to echo", {"backendRefs": ["echo", {"name": "echo"}]}]}});
-        let weighted = weighted_route(&route, "echo", 10);
+        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 10);
         assert_eq!(weighted["spec"]["rules"][0], "all to echo");
         assert_eq!(weighted["spec"]["rules"][1]["backendRefs"][1]["weight"], 90);
         let ingress = json!({"metadata": {"name": "echo"}, "spec": {"rules": ["x", {"http": "y"}]}});
-        assert_eq!(canary_ingress(&ingress, "echo", 10)["spec"]["rules"][0], "x");
+        assert_eq!(
+            canary_ingress(&RolloutSpec::default(), &ingress, "echo", 10)["spec"]["rules"][0],
+            "x"
+        );
     }
 }

@@ -217,6 +217,39 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
     if let Some(Err(e)) = canary.progress_deadline.as_ref().map(|d| d.to_std()) {
         problems.push(format!("progressDeadline: {e}"));
     }
+    if let Some(id) = &spec.rollout_id
+        && !is_label_value(id)
+    {
+        problems.push(format!(
+            "rolloutID {id:?} must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit (it names branches and labels)"
+        ));
+    }
+    if let Some(suffix) = &canary.canary_suffix
+        && (suffix.is_empty()
+            || !suffix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'))
+    {
+        problems.push(format!(
+            "canarySuffix {suffix:?} must be lowercase letters, digits and '-' (it ends Kubernetes names)"
+        ));
+    }
+    let mut named = vec![spec.workload_ref.name.as_str()];
+    named.extend(canary.traffic_routings.iter().map(|r| r.service.as_str()));
+    named.extend(
+        canary
+            .traffic_routings
+            .iter()
+            .filter_map(|r| Some(r.ingress.as_ref()?.name.as_str())),
+    );
+    for name in named {
+        let canary_name = canary.canary_name(name);
+        if canary_name.len() > 63 {
+            problems.push(format!(
+                "the canary of {name} would be called {canary_name}, longer than Kubernetes' 63 characters: shorten the name or canarySuffix"
+            ));
+        }
+    }
     for routing in &canary.traffic_routings {
         if routing.gateway.is_none() && routing.ingress.is_none() {
             problems.push(format!(
@@ -234,6 +267,17 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
         }
     }
     problems
+}
+
+/// A Kubernetes label value, and so also safe in branch names and comments.
+fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let edge = |b: &u8| b.is_ascii_alphanumeric();
+    value.len() <= 63
+        && bytes.first().is_none_or(edge)
+        && bytes.last().is_none_or(edge)
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
+        && !value.contains("..")
 }
 
 #[cfg(test)]
@@ -331,6 +375,52 @@ mod tests {
         ]);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("already has a Rollout (echo/a.yaml:1)"));
+    }
+
+    #[test]
+    fn rollout_ids_and_canary_suffixes_that_cannot_name_things_are_refused() {
+        let base = rollout("      - {traffic: 10%}\n");
+        let with = |field: &str| base.replace("  strategy:\n", &format!("  {field}\n  strategy:\n"));
+        let found = problems(&[
+            ("echo/app.yaml", WORKLOAD),
+            ("echo/rollout.yaml", &with("rolloutID: \"a\\n/gitcanary promote\"")),
+        ]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("rolloutID \"a\\n/gitcanary promote\" must be")),
+            "{found:?}"
+        );
+        let found = problems(&[
+            ("echo/app.yaml", WORKLOAD),
+            ("echo/rollout.yaml", &with("rolloutID: v1..2")),
+        ]);
+        assert!(found.iter().any(|p| p.contains("rolloutID \"v1..2\"")), "{found:?}");
+        let suffixed = base.replace("    canary:\n", "    canary:\n      canarySuffix: -Next\n");
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &suffixed)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("canarySuffix \"-Next\" must be lowercase")),
+            "{found:?}"
+        );
+        let long = base.replace(
+            "    canary:\n",
+            &format!("    canary:\n      canarySuffix: -{}\n", "x".repeat(60)),
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &long)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("longer than Kubernetes' 63 characters")),
+            "{found:?}"
+        );
+        let fine =
+            with("rolloutID: release-2.4_rc1").replace("    canary:\n", "    canary:\n      canarySuffix: -next\n");
+        assert_eq!(
+            problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &fine)]),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
