@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::cluster::observe::{self, resolve_manifest};
-use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, api_message, ensure_namespace};
+use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, Writer, api_message, ensure_namespace};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
 use crate::plan::desired::is_subset;
 use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
@@ -285,12 +285,20 @@ async fn reconcile_app(
         Err(problems) => return Ok(Reconciled::Refused(AppResult::Invalid, problems)),
     };
     let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-    apply_app(cluster, app, prepared, &observed.live, previous_inventory, options).await
+    apply_app(
+        &cluster.writer(options.tenant_of(&app.name)),
+        app,
+        prepared,
+        &observed.live,
+        previous_inventory,
+        options,
+    )
+    .await
 }
 
 /// The apply stage: executes the plan through the one write path.
 async fn apply_app(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     app: &App,
     prepared: Prepared<'_>,
     live: &LiveObjects,
@@ -305,7 +313,7 @@ async fn apply_app(
     };
     // The API server validates everything before anything is written.
     if !plan.fresh {
-        let problems = dry_run(cluster, &plan, live, &adoption, options).await?;
+        let problems = dry_run(writer, &plan, live, &adoption, options).await?;
         if !problems.is_empty() {
             return Ok(Reconciled::Refused(AppResult::Invalid, problems));
         }
@@ -313,10 +321,10 @@ async fn apply_app(
     let mut failures = Vec::new();
     let mut report = report_of(app, AppResult::Synced, Vec::new());
     // Canary objects first, so that a route never names a canary Service that does not exist yet.
-    report.canary_applied = apply_canary_objects(cluster, app, &rollouts, &mut failures).await;
-    let applied = apply_objects(cluster, &mut plan, live, &adoption, options, &mut failures).await?;
+    report.canary_applied = apply_canary_objects(writer, app, &rollouts, &mut failures).await;
+    let applied = apply_objects(writer, &mut plan, live, &adoption, options, &mut failures).await?;
     if plan.fresh && !failures.is_empty() {
-        take_back(cluster, &plan.objects, &applied.results, adoption.started).await;
+        take_back(writer, &plan.objects, &applied.results, adoption.started).await;
         failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
         return Ok(Reconciled::Refused(AppResult::Invalid, failures));
     }
@@ -331,8 +339,8 @@ async fn apply_app(
         }
         report.applied.push(key);
     }
-    finish_rollouts(cluster, app, &rollouts, &mut report, &mut failures).await;
-    let inventory = prune(cluster, app, &mut plan, &applied, previous, &mut report, &mut failures).await;
+    finish_rollouts(writer, app, &rollouts, &mut report, &mut failures).await;
+    let inventory = prune(writer, app, &mut plan, &applied, previous, &mut report, &mut failures).await;
     report.health = if applied.results.iter().all(plan::is_healthy) {
         "Healthy".to_string()
     } else {
@@ -347,7 +355,7 @@ async fn apply_app(
 
 /// The canary objects that differ from the cluster; returns those written.
 async fn apply_canary_objects(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     app: &App,
     rollouts: &[RolloutWork],
     failures: &mut Vec<Problem>,
@@ -355,7 +363,7 @@ async fn apply_canary_objects(
     let mut written = Vec::new();
     for work in rollouts {
         for write in &work.canary_writes {
-            match cluster
+            match writer
                 .apply(&write.resolved, &write.object, write.ours, Mode::Apply)
                 .await
             {
@@ -384,13 +392,14 @@ struct Applied {
 /// Namespaces and CRDs first; then, once those CRDs are established, the
 /// objects of the kinds they add; then the rest.
 async fn apply_objects(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     plan: &mut AppPlan<'_>,
     live: &LiveObjects,
     adoption: &Adoption<'_>,
     options: &SyncOptions,
     failures: &mut Vec<Problem>,
 ) -> Result<Applied> {
+    let cluster = writer.cluster();
     let mut applied = Applied {
         results: vec![Value::Null; plan.objects.len()],
         written: Vec::new(),
@@ -400,7 +409,7 @@ async fn apply_objects(
         applied.results[index] = health;
     }
     let (first, mut rest) = plan.staged_writes();
-    failures.extend(apply_writes(cluster, &plan.objects, &first, live, adoption, &mut applied, options).await);
+    failures.extend(apply_writes(writer, &plan.objects, &first, live, adoption, &mut applied, options).await);
     let crds: Vec<&str> = first
         .iter()
         .filter(|&&i| plan.objects[i].manifest.kind() == "CustomResourceDefinition")
@@ -427,7 +436,7 @@ async fn apply_objects(
         }
         plan.objects.push(item);
     }
-    failures.extend(apply_writes(cluster, &plan.objects, &rest, live, adoption, &mut applied, options).await);
+    failures.extend(apply_writes(writer, &plan.objects, &rest, live, adoption, &mut applied, options).await);
     applied.written = first;
     applied.written.append(&mut rest);
     Ok(applied)
@@ -436,15 +445,16 @@ async fn apply_objects(
 /// After the app's objects: the canary objects no longer wanted go (routes
 /// are back on stable by now), then each rollout reports.
 async fn finish_rollouts(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     app: &App,
     rollouts: &[RolloutWork],
     report: &mut AppReport,
     failures: &mut Vec<Problem>,
 ) {
+    let cluster = writer.cluster();
     for work in rollouts {
         for deletion in &work.canary_deletions {
-            match cluster.delete(deletion, Mode::Apply).await {
+            match writer.delete(deletion, Mode::Apply).await {
                 Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
                 Ok(_) => {}
                 Err(error) => {
@@ -465,7 +475,7 @@ async fn finish_rollouts(
 /// The plan's prunes and releases; returns the inventory to record: what
 /// Git holds now (adopted or created), plus what left Git but was not pruned.
 async fn prune(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     app: &App,
     plan: &mut AppPlan<'_>,
     applied: &Applied,
@@ -473,6 +483,7 @@ async fn prune(
     report: &mut AppReport,
     failures: &mut Vec<Problem>,
 ) -> Vec<InventoryEntry> {
+    let cluster = writer.cluster();
     let was_adopted =
         |key: &ObjectKey| applied.adopted.contains(key) || previous.iter().any(|e| e.adopted && e.key() == *key);
     let mut inventory: Vec<InventoryEntry> = plan
@@ -483,7 +494,7 @@ async fn prune(
     inventory.append(&mut plan.kept);
     failures.append(&mut plan.problems);
     for deletion in &plan.prunes {
-        match cluster.delete(deletion, Mode::Apply).await {
+        match writer.delete(deletion, Mode::Apply).await {
             Ok(Deleted::Deleted) => report.pruned.push(deletion.key.clone()),
             Ok(Deleted::Gone) => {}
             // Another app took it over, or someone re-created it: keep tracking it.
@@ -498,7 +509,7 @@ async fn prune(
     for entry in &plan.releases {
         match cluster.resolve(&entry.api_version, &entry.kind).await {
             Some(resolved) => {
-                release(cluster, &resolved, &release_target(entry)).await;
+                release(writer, &resolved, &release_target(entry)).await;
                 report.released.push(entry.key());
             }
             None => inventory.push(entry.clone()),
@@ -537,7 +548,7 @@ impl Adoption<'_> {
 /// refusal is returned. An object that already existed and that nothing
 /// asked to adopt is refused, and gitcanary's fields are taken back from it.
 async fn apply_writes(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     objects: &[Planned<'_>],
     indices: &[usize],
     live: &LiveObjects,
@@ -547,7 +558,7 @@ async fn apply_writes(
 ) -> Vec<Problem> {
     let outcomes = stream::iter(indices.iter().map(|&i| async move {
         let item = &objects[i];
-        let outcome = cluster
+        let outcome = writer
             .apply(&item.resolved, &item.desired, live.contains_key(&item.key), Mode::Apply)
             .await
             .map(|applied| serde_json::to_value(applied).unwrap_or(Value::Null))
@@ -572,7 +583,7 @@ async fn apply_writes(
                     applied.results[index] = answer;
                 }
                 plan::Creation::Refused(message) => {
-                    release(cluster, &item.resolved, &item.desired).await;
+                    release(writer, &item.resolved, &item.desired).await;
                     problems.push(item.manifest.problem(message));
                 }
             },
@@ -584,13 +595,13 @@ async fn apply_writes(
 
 /// Removes gitcanary's fields (its label and annotations among them) from an
 /// object it does not keep, by applying an empty configuration.
-async fn release(cluster: &Cluster, resolved: &crate::plan::Resolved, object: &Value) {
+async fn release(writer: &Writer<'_>, resolved: &crate::plan::Resolved, object: &Value) {
     let mut empty = json!({"apiVersion": object["apiVersion"], "kind": object["kind"],
         "metadata": {"name": object["metadata"]["name"]}});
     if let Some(namespace) = object["metadata"]["namespace"].as_str() {
         empty["metadata"]["namespace"] = json!(namespace);
     }
-    if let Err(error) = cluster.apply(resolved, &empty, false, Mode::Apply).await {
+    if let Err(error) = writer.apply(resolved, &empty, false, Mode::Apply).await {
         warn!(object = %object["metadata"]["name"], error = %api_message(&error), "could not take back gitcanary's fields");
     }
 }
@@ -624,12 +635,13 @@ async fn existing_namespaces(
 }
 
 async fn dry_run(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     plan: &AppPlan<'_>,
     live: &LiveObjects,
     adoption: &Adoption<'_>,
     options: &SyncOptions,
 ) -> Result<Vec<Problem>> {
+    let cluster = writer.cluster();
     let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
     let namespaces = existing_namespaces(cluster, &plan.objects, &indices).await?;
     let checkable = indices
@@ -638,7 +650,7 @@ async fn dry_run(
     let outcomes = stream::iter(checkable.map(|i| async move {
         let item = &plan.objects[i];
         let ours = live.contains_key(&item.key);
-        match cluster.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
+        match writer.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
             Err(e) => Some(refused(item, &e)),
             Ok(_) if ours => None,
             Ok(answer) => match adoption.creation(item, &serde_json::to_value(answer).unwrap_or(Value::Null)) {
@@ -667,7 +679,7 @@ fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
 /// deletes the objects it created (gitcanary their only field manager,
 /// created after the sync began), and from an object that someone else
 /// made it removes gitcanary's fields by applying an empty configuration.
-async fn take_back(cluster: &Cluster, objects: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
+async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
     let started_second = started.as_second();
     for (index, applied) in results.iter().enumerate().rev() {
         let Some(meta) = LiveMeta::of(applied) else {
@@ -681,14 +693,14 @@ async fn take_back(cluster: &Cluster, objects: &[Planned<'_>], results: &[Value]
             .is_some_and(|t| t.as_second() >= started_second);
         let item = &objects[index];
         if !only_ours || !created {
-            release(cluster, &item.resolved, &item.desired).await;
+            release(writer, &item.resolved, &item.desired).await;
             continue;
         }
         let deletion = plan::Deletion {
             resource_version: None,
             ..plan::Deletion::of(item.manifest.api_version(), item.key.clone(), &meta)
         };
-        if let Err(error) = cluster.delete(&deletion, Mode::Apply).await {
+        if let Err(error) = writer.delete(&deletion, Mode::Apply).await {
             warn!(object = %item.key, error = %api_message(&error), "could not take back an object of a failed app");
         }
     }
@@ -839,7 +851,13 @@ pub async fn diff(
         let commit = revision.commit_for(&app.name);
         match observe_and_plan(cluster, app, commit, &observed, previous, options, false).await? {
             Ok(prepared) => {
-                let (app_diffs, app_problems) = dry_run_diff(cluster, &prepared, &observed.live, options).await;
+                let (app_diffs, app_problems) = dry_run_diff(
+                    &cluster.writer(options.tenant_of(&app.name)),
+                    &prepared,
+                    &observed.live,
+                    options,
+                )
+                .await;
                 diffs.extend(app_diffs);
                 problems.extend(app_problems);
                 problems.extend(prepared.plan.problems.iter().cloned());
@@ -854,11 +872,12 @@ pub async fn diff(
 /// The apply stage of `diff`: each write dry-run through the one apply path,
 /// each delete shown with the object it would remove.
 async fn dry_run_diff(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     prepared: &Prepared<'_>,
     live: &LiveObjects,
     options: &SyncOptions,
 ) -> (Vec<ObjectDiff>, Vec<Problem>) {
+    let cluster = writer.cluster();
     let plan = &prepared.plan;
     let mut diffs = Vec::new();
     let mut problems = Vec::new();
@@ -872,7 +891,7 @@ async fn dry_run_diff(
                 .await
                 .map_err(|e| item.manifest.problem(api_message(&e)))?,
         };
-        let after = match cluster.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
+        let after = match writer.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
             Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
             // A namespace that does not exist yet: show the object as Git has it.
             Err(kube::Error::Api(status)) if status.code == 404 && before.is_none() => item.desired.clone(),
@@ -899,7 +918,7 @@ async fn dry_run_diff(
     }
     for work in &prepared.rollouts {
         for write in &work.canary_writes {
-            let after = match cluster
+            let after = match writer
                 .apply(&write.resolved, &write.object, write.ours, Mode::DryRun)
                 .await
             {
@@ -922,7 +941,7 @@ async fn dry_run_diff(
             ));
         }
     }
-    release_diffs(cluster, &plan.releases, &mut diffs, &mut problems).await;
+    release_diffs(writer, &plan.releases, &mut diffs, &mut problems).await;
     let deletions = prepared
         .rollouts
         .iter()
@@ -936,11 +955,12 @@ async fn dry_run_diff(
 
 /// What releasing each adopted Namespace would change.
 async fn release_diffs(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     releases: &[InventoryEntry],
     diffs: &mut Vec<ObjectDiff>,
     problems: &mut Vec<Problem>,
 ) {
+    let cluster = writer.cluster();
     for entry in releases {
         let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
             continue;
@@ -950,7 +970,7 @@ async fn release_diffs(
             .await
             .ok()
             .flatten();
-        match cluster.apply(&resolved, &target, false, Mode::DryRun).await {
+        match writer.apply(&resolved, &target, false, Mode::DryRun).await {
             Ok(after) => {
                 let after = serde_json::to_value(after).unwrap_or(Value::Null);
                 diffs.push(write_diff(entry.key(), String::new(), before.as_ref(), &after));

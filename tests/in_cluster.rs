@@ -223,3 +223,49 @@ async fn deploy_is_accepted_by_the_api_server_and_meets_the_restricted_pod_secur
     }
     assert!(!stderr.contains("PodSecurity"), "{stderr}");
 }
+
+#[tokio::test]
+async fn the_tenant_example_bounds_what_a_commit_to_its_app_may_write() {
+    let f = support::library::Fixture::new("tenant-example").await;
+    let kubeconfig = service_account_kubeconfig(&f.client, f.cache.path()).await;
+    apply_file(&f.client, &repo_root().join("deploy/tenant-example/tenant.yaml")).await;
+    let configmap = |name: &str, ns: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata: {{k: v}}\n")
+    };
+    let inside = format!("{}-config", f.ns);
+    f.repo.write("team-a/config.yaml", &configmap(&inside, "team-a"));
+    f.repo.write("team-a/outside.yaml", &configmap("outside", &f.ns));
+    f.repo.commit_and_push("team-a writes inside and outside its namespace");
+
+    // The agent as deploy/ makes it, with the mapping of the example.
+    let agent = gitcanary::cluster::Cluster::connect(Some(&kubeconfig), None)
+        .await
+        .expect("the agent's identity connects");
+    let mut options = f.options(false);
+    options
+        .tenants
+        .insert("team-a".into(), "team-a/gitcanary-tenant".parse().expect("a ServiceAccount"));
+    let report = gitcanary::sync::sync(&agent, &f.revision().await, &options)
+        .await
+        .expect("sync runs");
+    let team = report.app("team-a").expect("team-a");
+    let problems: Vec<String> = team.problems.iter().map(ToString::to_string).collect();
+    assert!(
+        problems.iter().any(|p| p.starts_with("team-a/outside.yaml:1:")
+            && p.contains("system:serviceaccount:team-a:gitcanary-tenant")
+            && p.contains("forbidden")),
+        "{problems:?}"
+    );
+    let inside_api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(f.client.clone(), "team-a");
+    assert!(inside_api.get_opt(&inside).await.expect("readable").is_none(), "the app is whole or nothing");
+    assert!(f.configmaps().get_opt("outside").await.expect("readable").is_none());
+
+    f.repo.remove("team-a/outside.yaml");
+    f.repo.commit_and_push("team-a keeps to its namespace");
+    let report = gitcanary::sync::sync(&agent, &f.revision().await, &options)
+        .await
+        .expect("sync runs");
+    let team = report.app("team-a").expect("team-a");
+    assert!(team.problems.is_empty(), "{:?}", team.problems);
+    assert!(inside_api.get_opt(&inside).await.expect("readable").is_some());
+}

@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cluster::{Cluster, render_diff};
+use crate::plan::ServiceAccountRef;
 use crate::rollout::cli::{Signal, send_signal};
 use crate::source::{Credentials, Source};
 use crate::sync::SyncOptions;
@@ -68,6 +69,15 @@ pub struct SourceArgs {
     pub adopt: bool,
     #[command(flatten)]
     pub allowed: AllowedArgs,
+    /// APP=NAMESPACE/SERVICEACCOUNT (repeatable, or comma-separated): every
+    /// write of the app is made as that ServiceAccount, so RBAC bounds what a
+    /// commit to it can do.
+    #[arg(long = "tenant", env = "GITCANARY_TENANTS", value_delimiter = ',', value_parser = parse_tenant)]
+    pub tenants: Vec<(String, ServiceAccountRef)>,
+    /// NAMESPACE/SERVICEACCOUNT for the apps --tenant does not name; default:
+    /// they write as the agent.
+    #[arg(long, env = "GITCANARY_DEFAULT_SERVICE_ACCOUNT", value_parser = parse_service_account)]
+    pub default_service_account: Option<ServiceAccountRef>,
     /// Name of this agent instance (the gitcanary.io/managed-by label value).
     #[arg(long, default_value = "gitcanary")]
     pub instance: String,
@@ -201,6 +211,17 @@ pub fn validate(dir: PathBuf, allowed: AllowedArgs) -> Result<ExitCode, Error> {
     })
 }
 
+fn parse_service_account(value: &str) -> Result<ServiceAccountRef, String> {
+    value.parse()
+}
+
+fn parse_tenant(value: &str) -> Result<(String, ServiceAccountRef), String> {
+    let (app, account) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not APP=NAMESPACE/SERVICEACCOUNT"))?;
+    Ok((app.to_string(), account.parse()?))
+}
+
 pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
     SyncOptions {
         instance: args.instance.clone(),
@@ -208,6 +229,8 @@ pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
         prune: args.prune,
         allowed: args.allowed.to_allowed(),
         adopt: args.adopt,
+        tenants: args.tenants.iter().cloned().collect(),
+        default_tenant: args.default_service_account.clone(),
         prometheus_url: args.prometheus_url.clone(),
         ..SyncOptions::default()
     }

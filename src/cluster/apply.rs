@@ -2,14 +2,19 @@
 //! gitcanary writes for an app (Git's objects with their overlays, canary
 //! objects, the take-back of a failed new app) and every delete it makes
 //! (prune, canary cleanup) goes through here, each with a dry-run mode that
-//! `gitcanary diff` uses.
+//! `gitcanary diff` uses. Writes are made by a [`Writer`]: as the agent, or
+//! as the ServiceAccount the agent's configuration maps the app to, so that
+//! Kubernetes RBAC bounds what a commit to that app can do.
 
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use http::{HeaderValue, Request};
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::client::Body;
 use serde_json::Value;
 
 use super::Cluster;
 use crate::FIELD_MANAGER;
-use crate::plan::{Deletion, Resolved};
+use crate::plan::{Deletion, Resolved, ServiceAccountRef};
 
 /// Whether a write reaches the cluster or only the API server's checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +33,71 @@ pub enum Deleted {
     Changed,
 }
 
+/// The identity an app's writes are made as.
+pub struct Writer<'c> {
+    cluster: &'c Cluster,
+    client: Client,
+    /// `None`: the agent's own.
+    tenant: Option<&'c ServiceAccountRef>,
+}
+
 impl Cluster {
+    /// Writes as `tenant` (impersonated), or as the agent when `None`.
+    pub fn writer<'c>(&'c self, tenant: Option<&'c ServiceAccountRef>) -> Writer<'c> {
+        let client = match tenant {
+            None => self.client.clone(),
+            Some(account) => {
+                let mut clients = self.impersonating.lock().unwrap_or_else(|e| e.into_inner());
+                clients
+                    .entry(account.user())
+                    .or_insert_with(|| impersonating(&self.client, account))
+                    .clone()
+            }
+        };
+        Writer {
+            cluster: self,
+            client,
+            tenant,
+        }
+    }
+}
+
+/// A client that sends every request of `base` as the ServiceAccount. The
+/// API server adds the ServiceAccount's groups itself.
+fn impersonating(base: &Client, account: &ServiceAccountRef) -> Client {
+    let base = base.clone();
+    let default_namespace = base.default_namespace().to_string();
+    // Validated names: a header value cannot fail; an empty one is refused by the server.
+    let user = HeaderValue::from_str(&account.user()).unwrap_or(HeaderValue::from_static(""));
+    let service = tower::service_fn(move |mut request: Request<Body>| {
+        let (base, user) = (base.clone(), user.clone());
+        async move {
+            request.headers_mut().insert("Impersonate-User", user);
+            base.send(request).await
+        }
+    });
+    Client::new(service, default_namespace)
+}
+
+impl<'c> Writer<'c> {
+    /// The cluster, for reads (always the agent's).
+    pub fn cluster(&self) -> &'c Cluster {
+        self.cluster
+    }
+
+    /// Whose identity the writes are made as, for messages.
+    pub fn identity(&self) -> String {
+        self.tenant
+            .map_or_else(|| "the agent".to_string(), |t| format!("ServiceAccount {t}"))
+    }
+
+    fn api(&self, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (resolved.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &resolved.resource),
+            _ => Api::all_with(self.client.clone(), &resolved.resource),
+        }
+    }
+
     /// Server-side apply with gitcanary's field manager. Conflicts are forced
     /// only on an object this instance already manages (`ours`), so that a
     /// `kubectl edit` is healed but someone else's object is not taken over.
@@ -53,7 +122,7 @@ impl Cluster {
             .patch(name, &params, &Patch::Apply(object))
             .await?;
         if mode == Mode::Apply {
-            self.own_writes.record(&applied);
+            self.cluster.own_writes.record(&applied);
         }
         Ok(applied)
     }
@@ -61,7 +130,7 @@ impl Cluster {
     /// Deletes the object decided on, and only it: the uid (and
     /// resourceVersion, when the plan recorded one) must still match.
     pub async fn delete(&self, deletion: &Deletion, mode: Mode) -> Result<Deleted, kube::Error> {
-        let Some(resolved) = self.resolve(&deletion.api_version, &deletion.key.kind).await else {
+        let Some(resolved) = self.cluster.resolve(&deletion.api_version, &deletion.key.kind).await else {
             return Ok(Deleted::Gone);
         };
         let params = DeleteParams {

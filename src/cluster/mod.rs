@@ -7,7 +7,7 @@ mod inventory;
 pub mod observe;
 mod requests;
 
-pub use apply::{Deleted, Mode, api_message};
+pub use apply::{Deleted, Mode, Writer, api_message};
 pub use diff::{Change, ObjectDiff, render_diff};
 pub use inventory::{APP_STATUS_LABEL, AppStatus, UnreadableInventory, ensure_namespace};
 pub use requests::RequestCounts;
@@ -35,6 +35,8 @@ pub struct Cluster {
     /// The object versions a sync wrote itself, so that their watch events do
     /// not wake the agent for another sync.
     pub own_writes: OwnWrites,
+    /// Clients that impersonate an app's ServiceAccount, by user name.
+    impersonating: std::sync::Mutex<std::collections::HashMap<String, Client>>,
 }
 
 /// The last resourceVersion gitcanary's own apply gave each object (by uid).
@@ -107,6 +109,7 @@ impl Cluster {
             requests: RequestCounts::default(),
             discovered_at: std::sync::Mutex::new(std::time::Instant::now()),
             own_writes: OwnWrites::default(),
+            impersonating: std::sync::Mutex::default(),
         })
     }
 

@@ -33,6 +33,58 @@ pub struct SyncOptions {
     /// Take over every object that already exists (`--adopt`, for a migration);
     /// otherwise only those whose manifest says `gitcanary.io/adopt: "true"`.
     pub adopt: bool,
+    /// The ServiceAccount each app's writes are made as (`--tenant`), from
+    /// the agent's configuration, never from the repository.
+    pub tenants: BTreeMap<String, ServiceAccountRef>,
+    /// For apps `tenants` does not name (`--default-service-account`);
+    /// `None`: those apps write as the agent.
+    pub default_tenant: Option<ServiceAccountRef>,
+}
+
+impl SyncOptions {
+    /// The identity the app's writes are made as; `None`: the agent's own.
+    pub fn tenant_of(&self, app: &str) -> Option<&ServiceAccountRef> {
+        self.tenants.get(app).or(self.default_tenant.as_ref())
+    }
+}
+
+/// A ServiceAccount, written `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The user name Kubernetes authenticates the ServiceAccount as.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+impl std::fmt::Display for ServiceAccountRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl std::str::FromStr for ServiceAccountRef {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, String> {
+        let dns_label = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        };
+        match value.split_once('/') {
+            Some((namespace, name)) if dns_label(namespace) && dns_label(name) => Ok(ServiceAccountRef {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            }),
+            _ => Err(format!("{value:?} is not NAMESPACE/SERVICEACCOUNT")),
+        }
+    }
 }
 
 impl Default for SyncOptions {
@@ -45,6 +97,8 @@ impl Default for SyncOptions {
             concurrency: 16,
             prometheus_url: None,
             adopt: false,
+            tenants: BTreeMap::new(),
+            default_tenant: None,
         }
     }
 }
