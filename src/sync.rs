@@ -129,7 +129,10 @@ async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &
         }
     }
     let live = observe::list_live(cluster, &manifests.apps, &options.instance, options.concurrency).await?;
-    let revision = RevisionKeys::of(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    let revision = RevisionKeys::of(
+        manifests.apps.values().flat_map(|a| a.manifests.iter()),
+        &options.allowed.default_namespace,
+    );
     Ok(Observed {
         crd_kinds,
         live,
@@ -235,7 +238,7 @@ async fn observe_and_plan<'a>(
     if !app.problems.is_empty() {
         return Ok(Err(app.problems.clone()));
     }
-    let resolved = observe::resolve_app(cluster, app, &observed.crd_kinds, &options.instance).await;
+    let resolved = observe::resolve_app(cluster, app, &observed.crd_kinds, options).await;
     if !resolved.problems.is_empty() {
         return Ok(Err(resolved.problems));
     }
@@ -252,7 +255,16 @@ async fn observe_and_plan<'a>(
     let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
     let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
     let left_git = if options.prune && unreadable.is_none() {
-        observe::left_git(cluster, &plan::left_git(&objects, &resolved.pending, inventory)).await
+        observe::left_git(
+            cluster,
+            &plan::left_git(
+                &objects,
+                &resolved.pending,
+                inventory,
+                &options.allowed.default_namespace,
+            ),
+        )
+        .await
     } else {
         BTreeMap::new()
     };
@@ -267,6 +279,7 @@ async fn observe_and_plan<'a>(
         unreadable_inventory: unreadable.map(|u| u.error.as_str()),
         has_rollouts: !rollouts.is_empty(),
         instance: &options.instance,
+        default_namespace: &options.allowed.default_namespace,
         prune: options.prune,
     });
     Ok(Ok(Prepared { plan, rollouts }))
@@ -420,7 +433,7 @@ async fn apply_objects(
         cluster.refresh_discovery().await?;
     }
     for manifest in std::mem::take(&mut plan.pending) {
-        let Some(item) = resolve_manifest(cluster, manifest, &options.instance).await else {
+        let Some(item) = resolve_manifest(cluster, manifest, options).await else {
             failures.push(manifest.problem(format!(
                 "kind {} is still not served after its CRD was applied",
                 manifest.kind()

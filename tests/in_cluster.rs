@@ -242,9 +242,10 @@ async fn the_tenant_example_bounds_what_a_commit_to_its_app_may_write() {
         .await
         .expect("the agent's identity connects");
     let mut options = f.options(false);
-    options
-        .tenants
-        .insert("team-a".into(), "team-a/gitcanary-tenant".parse().expect("a ServiceAccount"));
+    options.tenants.insert(
+        "team-a".into(),
+        "team-a/gitcanary-tenant".parse().expect("a ServiceAccount"),
+    );
     let report = gitcanary::sync::sync(&agent, &f.revision().await, &options)
         .await
         .expect("sync runs");
@@ -257,7 +258,10 @@ async fn the_tenant_example_bounds_what_a_commit_to_its_app_may_write() {
         "{problems:?}"
     );
     let inside_api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(f.client.clone(), "team-a");
-    assert!(inside_api.get_opt(&inside).await.expect("readable").is_none(), "the app is whole or nothing");
+    assert!(
+        inside_api.get_opt(&inside).await.expect("readable").is_none(),
+        "the app is whole or nothing"
+    );
     assert!(f.configmaps().get_opt("outside").await.expect("readable").is_none());
 
     f.repo.remove("team-a/outside.yaml");

@@ -238,7 +238,7 @@ async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manife
     let options = SyncOptions {
         allowed: gitcanary::manifest::Allowed {
             namespaces: vec![ns.clone()],
-            cluster_kinds: Vec::new(),
+            ..Default::default()
         },
         ..f.options(false)
     };
@@ -269,6 +269,23 @@ async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manife
             .expect("readable")
             .is_none()
     );
+
+    // With --default-namespace, that ConfigMap lands in the allowed namespace.
+    repo.remove("sneaky/binding.yaml");
+    repo.commit_and_push("only the ConfigMap without a namespace");
+    let mut options = options.clone();
+    options.allowed.default_namespace = ns.clone();
+    let report = sync_once(&f, &options).await;
+    let sneaky = report.app("sneaky").expect("sneaky");
+    assert!(sneaky.problems.is_empty(), "{:?}", sneaky.problems);
+    assert!(
+        f.configmaps()
+            .get_opt("no-namespace")
+            .await
+            .expect("readable")
+            .is_some()
+    );
+    assert!(defaults.get_opt("no-namespace").await.expect("readable").is_none());
 }
 
 #[tokio::test]

@@ -91,7 +91,10 @@ async fn a_tenant_app_cannot_write_beyond_its_service_account_and_other_apps_sti
     let account = format!("system:serviceaccount:{ns}:deployer");
     for (file, object) in [
         ("team/deployment.yaml", format!("Deployment.apps {elsewhere}/intruder")),
-        ("team/binding.yaml", format!("ClusterRoleBinding.rbac.authorization.k8s.io {binding}")),
+        (
+            "team/binding.yaml",
+            format!("ClusterRoleBinding.rbac.authorization.k8s.io {binding}"),
+        ),
     ] {
         assert!(
             problems.iter().any(|p| p.starts_with(&format!("{file}:1:"))

@@ -30,6 +30,9 @@ pub struct AllowedArgs {
     /// (comma-separated, e.g. Namespace); a Namespace only of a listed name.
     #[arg(long, value_delimiter = ',')]
     pub cluster_kinds: Vec<String>,
+    /// Where a namespaced object whose manifest names no namespace lands.
+    #[arg(long, default_value = manifest::DEFAULT_NAMESPACE)]
+    pub default_namespace: String,
 }
 
 impl AllowedArgs {
@@ -37,6 +40,7 @@ impl AllowedArgs {
         manifest::Allowed {
             namespaces: self.namespaces.clone(),
             cluster_kinds: self.cluster_kinds.clone(),
+            default_namespace: self.default_namespace.clone(),
         }
     }
 }

@@ -10,7 +10,7 @@ use kube::api::ListParams;
 use super::{Cluster, api_message};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
 use crate::plan::desired::prepare;
-use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, key_of};
+use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, SyncOptions, key_of};
 use crate::{Error, MANAGED_BY_LABEL, Result};
 
 /// Every live object of this instance, of the kinds the apps hold.
@@ -92,7 +92,7 @@ pub async fn resolve_app<'a>(
     cluster: &Cluster,
     app: &'a App,
     crd_kinds: &BTreeSet<(String, String)>,
-    instance: &str,
+    options: &SyncOptions,
 ) -> ResolvedApp<'a> {
     let mut resolved_app = ResolvedApp {
         objects: Vec::new(),
@@ -100,7 +100,7 @@ pub async fn resolve_app<'a>(
         problems: Vec::new(),
     };
     for manifest in &app.manifests {
-        match resolve_manifest(cluster, manifest, instance).await {
+        match resolve_manifest(cluster, manifest, options).await {
             Some(planned) => resolved_app.objects.push(planned),
             None if crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string())) => {
                 resolved_app.pending.push(manifest)
@@ -121,9 +121,18 @@ pub async fn resolve_app<'a>(
 }
 
 /// The object to apply for a manifest, when the API server serves its kind.
-pub async fn resolve_manifest<'a>(cluster: &Cluster, manifest: &'a Manifest, instance: &str) -> Option<Planned<'a>> {
+pub async fn resolve_manifest<'a>(
+    cluster: &Cluster,
+    manifest: &'a Manifest,
+    options: &SyncOptions,
+) -> Option<Planned<'a>> {
     let resolved = cluster.resolve(manifest.api_version(), manifest.kind()).await?;
-    let desired = prepare(manifest, resolved.namespaced, instance);
+    let desired = prepare(
+        manifest,
+        resolved.namespaced,
+        &options.instance,
+        &options.allowed.default_namespace,
+    );
     let key = key_of(&desired, manifest);
     Some(Planned {
         manifest,

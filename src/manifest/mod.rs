@@ -187,10 +187,23 @@ const CLUSTER_SCOPED_KINDS: [&str; 16] = [
 
 /// Where objects may land: `--namespaces` (empty allows everything) and,
 /// under it, the cluster-scoped kinds allowed (`--cluster-kinds`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Allowed {
     pub namespaces: Vec<String>,
     pub cluster_kinds: Vec<String>,
+    /// Where a namespaced object whose manifest names no namespace lands
+    /// (`--default-namespace`).
+    pub default_namespace: String,
+}
+
+impl Default for Allowed {
+    fn default() -> Self {
+        Allowed {
+            namespaces: Vec::new(),
+            cluster_kinds: Vec::new(),
+            default_namespace: DEFAULT_NAMESPACE.to_string(),
+        }
+    }
 }
 
 impl Allowed {
@@ -225,7 +238,7 @@ impl Allowed {
         let namespace = if CLUSTER_SCOPED_KINDS.contains(&manifest.kind()) {
             None
         } else {
-            Some(declared.unwrap_or(DEFAULT_NAMESPACE))
+            Some(declared.unwrap_or(&self.default_namespace))
         };
         self.refusal(manifest.kind(), manifest.name(), declared, namespace)
     }
@@ -339,7 +352,7 @@ mod tests {
         );
         let allowed = Allowed {
             namespaces: vec!["demo".to_string()],
-            cluster_kinds: Vec::new(),
+            ..Allowed::default()
         };
         set.validate(&allowed);
         let problem = set.problems().next().expect("a problem");
@@ -362,7 +375,7 @@ mod tests {
         ];
         let mut allowed = Allowed {
             namespaces: vec!["demo".to_string()],
-            cluster_kinds: Vec::new(),
+            ..Allowed::default()
         };
         let problems = |allowed: &Allowed| {
             let mut set = set(&files);

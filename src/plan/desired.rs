@@ -10,7 +10,7 @@ use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 /// The object to apply for a manifest: namespace filled in for namespaced
 /// kinds (removed for cluster-scoped ones), inventory label and source
 /// annotation added, and the hash of all that recorded in an annotation.
-pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str) -> Value {
+pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str, default_namespace: &str) -> Value {
     let mut object = manifest.object.clone();
     let metadata = object["metadata"]
         .as_object_mut()
@@ -18,7 +18,7 @@ pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str) -> Value {
     if namespaced {
         metadata
             .entry("namespace")
-            .or_insert_with(|| Value::String("default".to_string()));
+            .or_insert_with(|| Value::String(default_namespace.to_string()));
     } else {
         metadata.remove("namespace");
     }
@@ -124,8 +124,16 @@ mod tests {
             &manifest(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}})),
             true,
             "agent-1",
+            "default",
         );
         assert_eq!(object["metadata"]["namespace"], "default");
+        let configured = prepare(
+            &manifest(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}})),
+            true,
+            "agent-1",
+            "team-a",
+        );
+        assert_eq!(configured["metadata"]["namespace"], "team-a", "--default-namespace");
         assert_eq!(object["metadata"]["labels"][MANAGED_BY_LABEL], "agent-1");
         assert_eq!(object["metadata"]["annotations"][SOURCE_ANNOTATION], "web/cm.yaml:3");
         assert!(object["metadata"]["annotations"][APPLIED_HASH_ANNOTATION].is_string());

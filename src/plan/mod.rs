@@ -417,25 +417,30 @@ impl AppPlan<'_> {
 
 /// Inventory entries of `previous` that none of the app's objects (resolved or
 /// pending) names any more.
-pub fn left_git(objects: &[Planned<'_>], pending: &[&Manifest], previous: &[InventoryEntry]) -> Vec<InventoryEntry> {
+pub fn left_git(
+    objects: &[Planned<'_>],
+    pending: &[&Manifest],
+    previous: &[InventoryEntry],
+    default_namespace: &str,
+) -> Vec<InventoryEntry> {
     let current: BTreeSet<ObjectKey> = objects.iter().map(|p| p.key.clone()).collect();
     previous
         .iter()
         .filter(|entry| {
             let key = entry.key();
-            !current.contains(&key) && !pending.iter().any(|m| names_pending(m, &key))
+            !current.contains(&key) && !pending.iter().any(|m| names_pending(m, &key, default_namespace))
         })
         .cloned()
         .collect()
 }
 
 /// A pending manifest's namespace is not resolved yet (its kind is not served):
-/// one without a namespace names the entry in any namespace `default` or none.
-fn names_pending(manifest: &Manifest, key: &ObjectKey) -> bool {
+/// one without a namespace names the entry in the default namespace or none.
+fn names_pending(manifest: &Manifest, key: &ObjectKey, default_namespace: &str) -> bool {
     let same = manifest.group() == key.group && manifest.kind() == key.kind && manifest.name() == key.name;
     same && match manifest.namespace() {
         Some(ns) => key.namespace.as_deref() == Some(ns),
-        None => key.namespace.as_deref().is_none_or(|ns| ns == "default"),
+        None => key.namespace.as_deref().is_none_or(|ns| ns == default_namespace),
     }
 }
 
@@ -448,14 +453,14 @@ pub struct RevisionKeys {
 }
 
 impl RevisionKeys {
-    pub fn of<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> RevisionKeys {
+    pub fn of<'a>(manifests: impl Iterator<Item = &'a Manifest>, default_namespace: &str) -> RevisionKeys {
         let mut keys = BTreeSet::new();
         for manifest in manifests {
             let key = manifest.key();
             if key.namespace.is_none() {
-                // Resolved later: `default` for a namespaced kind, none for a cluster-scoped one.
+                // Resolved later: the default namespace for a namespaced kind, none for a cluster-scoped one.
                 keys.insert(ObjectKey {
-                    namespace: Some("default".to_string()),
+                    namespace: Some(default_namespace.to_string()),
                     ..key.clone()
                 });
             }
@@ -487,6 +492,8 @@ pub struct AppInputs<'a, 'o> {
     /// The app governs workloads with Rollouts.
     pub has_rollouts: bool,
     pub instance: &'o str,
+    /// Where an object whose manifest names no namespace lands.
+    pub default_namespace: &'o str,
     pub prune: bool,
 }
 
@@ -503,6 +510,7 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
         unreadable_inventory,
         has_rollouts,
         instance,
+        default_namespace,
         prune,
     } = inputs;
     let mut writes = Vec::new();
@@ -540,7 +548,7 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
             ),
         });
     }
-    for entry in left_git(&objects, &pending, previous) {
+    for entry in left_git(&objects, &pending, previous, default_namespace) {
         if !prune {
             kept.push(entry);
             continue;

@@ -27,7 +27,7 @@ fn manifest(app: &str, kind: &str, name: &str) -> Manifest {
 
 fn planned(manifest: &Manifest) -> Planned<'_> {
     let namespaced = !matches!(manifest.kind(), "Namespace" | "CustomResourceDefinition");
-    let desired = prepare(manifest, namespaced, INSTANCE);
+    let desired = prepare(manifest, namespaced, INSTANCE, "default");
     let key = key_of(&desired, manifest);
     let (group, version) = manifest
         .api_version()
@@ -146,6 +146,7 @@ impl<'m> Case<'m> {
             unreadable_inventory,
             has_rollouts: false,
             instance: INSTANCE,
+            default_namespace: "default",
             prune,
         });
         (plan, previous)
@@ -282,7 +283,7 @@ fn an_object_another_app_now_holds_is_not_pruned_even_before_that_app_applied_it
     // The live object still names this app: the other app has not synced yet.
     let mut case = Case::left_git("moved", live_meta(Some(INSTANCE), "web/moved.yaml:1"));
     let elsewhere = manifest("api", "ConfigMap", "moved");
-    case.revision = RevisionKeys::of([&elsewhere].into_iter());
+    case.revision = RevisionKeys::of([&elsewhere].into_iter(), "default");
     let (plan, _) = case.plan();
     assert!(plan.prunes.is_empty());
 }
@@ -324,10 +325,24 @@ fn an_object_still_in_git_is_never_a_prune_candidate() {
     let a = manifest("web", "ConfigMap", "a");
     let objects = vec![planned(&a)];
     let previous = vec![entry("ConfigMap", "a"), entry("ConfigMap", "b")];
-    assert_eq!(left_git(&objects, &[], &previous), vec![entry("ConfigMap", "b")]);
+    assert_eq!(
+        left_git(&objects, &[], &previous, "default"),
+        vec![entry("ConfigMap", "b")]
+    );
     // An object whose kind its CRD has yet to add still counts as in Git.
     let pending = manifest("web", "ConfigMap", "b");
-    assert!(left_git(&objects, &[&pending], &previous).is_empty());
+    assert!(left_git(&objects, &[&pending], &previous, "default").is_empty());
+    // One that names no namespace is in the default namespace, whichever it is.
+    let mut unnamespaced = pending.clone();
+    unnamespaced.object["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("namespace");
+    assert!(left_git(&objects, &[&unnamespaced], &previous, "demo").is_empty());
+    assert_eq!(
+        left_git(&objects, &[&unnamespaced], &previous, "team-a"),
+        vec![entry("ConfigMap", "b")]
+    );
 }
 
 #[test]

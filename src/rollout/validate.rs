@@ -9,10 +9,10 @@ use serde_json::Value;
 
 use crate::manifest::{Allowed, App, Manifest, ManifestSet, Problem};
 
-fn held<'a>(app: &'a App, kind: &str, namespace: &str, name: &str) -> Option<&'a Manifest> {
+fn held<'a>(app: &'a App, default_namespace: &str, kind: &str, namespace: &str, name: &str) -> Option<&'a Manifest> {
     app.manifests
         .iter()
-        .find(|m| m.kind() == kind && m.name() == name && m.namespace().unwrap_or("default") == namespace)
+        .find(|m| m.kind() == kind && m.name() == name && m.namespace().unwrap_or(default_namespace) == namespace)
 }
 
 /// A path of keys into an object.
@@ -93,11 +93,12 @@ fn shape_problems(manifest: &Manifest) -> Vec<Problem> {
 /// Every offline check of a revision's manifests, Rollouts included: what
 /// `sync`, `diff` and `gitcanary validate` run.
 pub fn validate(set: &mut ManifestSet, allowed: &Allowed) {
-    set.validate_with(allowed, problems);
+    set.validate_with(allowed, |app| problems(app, &allowed.default_namespace));
 }
 
-/// Problems of every Rollout in the app.
-pub fn problems(app: &App) -> Vec<Problem> {
+/// Problems of every Rollout in the app; objects that name no namespace are
+/// in `default_namespace`.
+pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut governed: BTreeMap<(String, String, String), String> = BTreeMap::new();
     for manifest in app.manifests.iter().filter(|m| is_rollout(m)) {
@@ -108,7 +109,7 @@ pub fn problems(app: &App) -> Vec<Problem> {
                 continue;
             }
         };
-        let namespace = manifest.namespace().unwrap_or("default");
+        let namespace = manifest.namespace().unwrap_or(default_namespace);
         problems.extend(spec_problems(&spec).into_iter().map(|m| manifest.problem(m)));
         problems.extend(
             super::analysis::problems(&spec)
@@ -116,7 +117,7 @@ pub fn problems(app: &App) -> Vec<Problem> {
                 .map(|m| manifest.problem(m)),
         );
         let target = &spec.workload_ref;
-        match held(app, &target.kind, namespace, &target.name) {
+        match held(app, default_namespace, &target.kind, namespace, &target.name) {
             Some(workload) => problems.extend(shape_problems(workload)),
             None => problems.push(manifest.problem(format!(
                 "workloadRef names {} {namespace}/{}, which is not in this app",
@@ -142,7 +143,7 @@ pub fn problems(app: &App) -> Vec<Problem> {
             );
             routed.extend(routing.ingress.as_ref().map(|i| ("Ingress", i.name.as_str())));
             for (kind, name) in routed {
-                match held(app, kind, namespace, name) {
+                match held(app, default_namespace, kind, namespace, name) {
                     Some(object) => problems.extend(shape_problems(object)),
                     None => problems.push(manifest.problem(format!(
                         "trafficRoutings names {kind} {namespace}/{name}, which is not in this app"
