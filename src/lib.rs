@@ -79,6 +79,12 @@ pub enum Error {
     #[error("{task} stopped unexpectedly: {message}")]
     Panicked { task: &'static str, message: String },
 
+    /// A revision whose manifests together pass the cap: nothing of it is read.
+    #[error(
+        "{revision}: its manifests are more than {limit} bytes together ({path} passes the cap); nothing of it is applied"
+    )]
+    RevisionTooLarge { revision: String, path: String, limit: u64 },
+
     /// A GitHub API call failed; `status` is the HTTP status when there was an answer.
     #[error("GitHub: {context}: {message}")]
     GitHub {
@@ -98,6 +104,7 @@ impl Error {
             Error::Git { .. } => "git",
             Error::Kube { .. } => "kubernetes",
             Error::Kubeconfig(_) => "kubeconfig",
+            Error::RevisionTooLarge { .. } => "revision_too_large",
             Error::Serialize { .. } => "serialize",
             Error::PushRejected { .. } => "push_rejected",
             Error::NotEstablished { .. } => "crd_not_established",

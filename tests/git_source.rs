@@ -127,3 +127,51 @@ async fn each_app_knows_the_commit_that_last_changed_it() {
     assert_eq!(revision.commit_for("api"), api_change);
     assert_eq!(revision.commit_for("root"), first);
 }
+
+#[tokio::test]
+async fn blobs_are_measured_before_they_are_read_and_a_revision_has_a_total_cap() {
+    let server = GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    // 5 MiB that Git stores in a few kilobytes: only its header is read.
+    let huge = format!("# {}\n", "a".repeat(5 * 1024 * 1024));
+    repo.write("web/settings.yaml", CONFIGMAP);
+    repo.write("blob/huge.yaml", &huge);
+    repo.commit_and_push("one file over the limit");
+    let cache = tempfile::tempdir().expect("cache dir");
+    let fetch = || {
+        let source = Source::open(&repo.file_url(), "main", "", Credentials::default(), cache.path()).expect("source");
+        tokio::task::spawn_blocking(move || source.fetch())
+    };
+    let revision = fetch().await.expect("no panic").expect("fetched");
+    assert_eq!(
+        revision.manifests.apps["web"].manifests.len(),
+        1,
+        "other apps still load"
+    );
+    let problems: Vec<String> = revision.manifests.apps["blob"]
+        .problems
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        problems,
+        vec![format!(
+            "blob/huge.yaml:1: file is {} bytes, larger than the 4194304-byte limit; it was not read",
+            huge.len()
+        )]
+    );
+
+    // The same blob under 13 names is 65 MiB of manifests: over the 64 MiB cap.
+    for copy in 0..13 {
+        repo.write(&format!("blob/copy-{copy:02}.yaml"), &huge);
+    }
+    let pushed = repo.commit_and_push("65 MiB of manifests");
+    let error = fetch().await.expect("no panic").expect_err("refused whole");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "commit {pushed}: its manifests are more than 67108864 bytes together (blob/copy-"
+        )),
+        "{message}"
+    );
+}

@@ -5,12 +5,72 @@ use serde_json::Value;
 use super::{App, Manifest, ManifestSet, Problem, ROOT_APP};
 use crate::{Error, Result};
 
-/// Largest manifest file read; bigger ones are reported, not parsed.
-const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest manifest file read; bigger ones are reported, not read.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Largest sum of a revision's manifest files; a bigger revision is refused whole.
+pub const MAX_REVISION_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Counts a revision's manifest bytes against [`MAX_REVISION_BYTES`] and
+/// holds back files over [`MAX_FILE_BYTES`], both before anything is read.
+#[derive(Debug, Default)]
+pub struct SizeCheck {
+    total: u64,
+    /// Files too large to read, with their size.
+    pub oversized: Vec<(String, u64)>,
+}
+
+impl SizeCheck {
+    /// Whether the file (of `bytes`, known from its header or metadata) is
+    /// to be read; `Err` once the revision passes the cap.
+    pub fn admit(&mut self, revision: &str, path: &str, bytes: u64) -> Result<bool> {
+        self.total += bytes;
+        if self.total > MAX_REVISION_BYTES {
+            return Err(Error::RevisionTooLarge {
+                revision: revision.to_string(),
+                path: path.to_string(),
+                limit: MAX_REVISION_BYTES,
+            });
+        }
+        if bytes > MAX_FILE_BYTES {
+            self.oversized.push((path.to_string(), bytes));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Each file held back becomes a problem of its app.
+    pub fn report(self, set: &mut ManifestSet) {
+        for (path, bytes) in self.oversized {
+            let app_name = app_of(&path);
+            let app = set.apps.entry(app_name.clone()).or_insert_with(|| App {
+                name: app_name,
+                ..App::default()
+            });
+            app.problems.push(too_large(&path, bytes));
+        }
+    }
+}
+
+fn too_large(path: &str, bytes: u64) -> Problem {
+    Problem {
+        file: path.to_string(),
+        line: 1,
+        message: format!("file is {bytes} bytes, larger than the {MAX_FILE_BYTES}-byte limit; it was not read"),
+    }
+}
+
+fn app_of(path: &str) -> String {
+    match path.split_once('/') {
+        Some((dir, _)) => dir.to_string(),
+        None => ROOT_APP.to_string(),
+    }
+}
 
 /// Loads every `.yaml`/`.yml` file under `root` (hidden directories skipped).
 pub fn load_dir(root: &Path) -> Result<ManifestSet> {
     let mut files = Vec::new();
+    let mut sizes = SizeCheck::default();
     for entry in walkdir::WalkDir::new(root)
         .sort_by_file_name()
         .into_iter()
@@ -25,13 +85,20 @@ pub fn load_dir(root: &Path) -> Result<ManifestSet> {
         }
         let relative = entry.path().strip_prefix(root).unwrap_or(entry.path());
         let relative = relative.to_string_lossy().replace('\\', "/");
-        let content = std::fs::read(entry.path()).map_err(|source| Error::Read {
+        let read_error = |source| Error::Read {
             path: entry.path().display().to_string(),
             source,
-        })?;
+        };
+        let bytes = entry.metadata().map_err(|e| read_error(e.into()))?.len();
+        if !sizes.admit(&root.display().to_string(), &relative, bytes)? {
+            continue;
+        }
+        let content = std::fs::read(entry.path()).map_err(read_error)?;
         files.push((relative, content));
     }
-    Ok(load_files(files.into_iter()))
+    let mut set = load_files(files.into_iter());
+    sizes.report(&mut set);
+    Ok(set)
 }
 
 pub(crate) fn is_yaml(path: &str) -> bool {
@@ -46,10 +113,7 @@ pub fn load_files(files: impl Iterator<Item = (String, Vec<u8>)>) -> ManifestSet
         if !is_yaml(&path) {
             continue;
         }
-        let app_name = match path.split_once('/') {
-            Some((dir, _)) => dir.to_string(),
-            None => ROOT_APP.to_string(),
-        };
+        let app_name = app_of(&path);
         let app = set.apps.entry(app_name.clone()).or_insert_with(|| App {
             name: app_name.clone(),
             ..App::default()
@@ -65,14 +129,8 @@ fn parse_file(app_name: &str, path: &str, content: &[u8], app: &mut App) {
         line,
         message,
     };
-    if content.len() > MAX_FILE_BYTES {
-        app.problems.push(problem(
-            1,
-            format!(
-                "file is {} bytes, larger than the {MAX_FILE_BYTES}-byte limit",
-                content.len()
-            ),
-        ));
+    if content.len() as u64 > MAX_FILE_BYTES {
+        app.problems.push(too_large(path, content.len() as u64));
         return;
     }
     let Ok(text) = std::str::from_utf8(content) else {

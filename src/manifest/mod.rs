@@ -3,7 +3,7 @@
 
 pub(crate) mod load;
 
-pub use load::{load_dir, load_files};
+pub use load::{MAX_FILE_BYTES, MAX_REVISION_BYTES, SizeCheck, load_dir, load_files};
 
 use std::collections::BTreeMap;
 use std::fmt;

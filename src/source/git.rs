@@ -185,14 +185,30 @@ impl GitSource {
         };
         let mut files = Vec::new();
         let mut failure = None;
-        tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        let mut sizes = manifest::SizeCheck::default();
+        let odb = repo.odb().map_err(Error::git("opening the object database"))?;
+        let revision = format!("commit {}", commit.id());
+        let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
             let name = entry.name().unwrap_or_default();
             if name.starts_with('.') {
                 return git2::TreeWalkResult::Skip;
             }
             if entry.kind() == Some(git2::ObjectType::Blob) && is_yaml(name) {
-                match repo.find_blob(entry.id()) {
-                    Ok(blob) => files.push((format!("{dir}{name}"), blob.content().to_vec())),
+                let path = format!("{dir}{name}");
+                // The header gives the size without inflating the blob.
+                let read = odb
+                    .read_header(entry.id())
+                    .map_err(Error::git("reading a manifest blob's header"))
+                    .and_then(|(bytes, _)| sizes.admit(&revision, &path, bytes as u64))
+                    .and_then(|admitted| {
+                        admitted
+                            .then(|| repo.find_blob(entry.id()).map(|b| b.content().to_vec()))
+                            .transpose()
+                            .map_err(Error::git("reading a manifest blob"))
+                    });
+                match read {
+                    Ok(Some(content)) => files.push((path, content)),
+                    Ok(None) => {}
                     Err(e) => {
                         failure = Some(e);
                         return git2::TreeWalkResult::Abort;
@@ -200,12 +216,15 @@ impl GitSource {
                 }
             }
             git2::TreeWalkResult::Ok
-        })
-        .map_err(Error::git("walking the commit tree"))?;
+        });
+        // An aborted walk is an error of its own; the cause is `failure`.
         if let Some(e) = failure {
-            return Err(Error::git("reading a manifest blob")(e));
+            return Err(e);
         }
-        Ok(manifest::load_files(files.into_iter()))
+        walked.map_err(Error::git("walking the commit tree"))?;
+        let mut set = manifest::load_files(files.into_iter());
+        sizes.report(&mut set);
+        Ok(set)
     }
 
     fn fetch_options(&self) -> FetchOptions<'_> {
