@@ -107,6 +107,39 @@ fn validate_prints_file_and_line_and_exits_by_outcome() {
 }
 
 #[test]
+fn validate_knows_the_schemas_and_fails_where_sync_would() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::create_dir_all(dir.path().join("api")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("web/rollout.yaml"),
+        "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: web, namespace: demo}\nspec:\n  workloadRef: {kind: Deployment, name: web}\n  strategy:\n    canary:\n      stepz: []\n      steps:\n      - {replicas: 1, pause: {duration: true}}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("api/deployment.yaml"),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: api, namespace: demo}\nspec:\n  replicas: three\n  selector: {matchLabels: {app: api}}\n  template: {}\n",
+    )
+    .expect("write");
+    let (code, stdout, _) = output(gitcanary().arg("validate").arg(dir.path()));
+    assert_eq!(code, 1, "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("api/deployment.yaml:1: Deployment api: spec.replicas: invalid type: string \"three\""),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("web/rollout.yaml:1: Rollout spec.strategy.canary.stepz: unknown field (known: "),
+        "{stdout}"
+    );
+    assert_eq!(
+        lines[2],
+        "web/rollout.yaml:1: Rollout spec.strategy.canary.steps[0].pause.duration: must be a number or a string, not a boolean"
+    );
+}
+
+#[test]
 fn validate_checks_analysis_templates() {
     let dir = tempfile::tempdir().expect("dir");
     std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");

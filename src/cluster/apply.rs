@@ -8,7 +8,7 @@
 
 use http::{HeaderValue, Request};
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, ValidationDirective};
 use kube::client::Body;
 use serde_json::Value;
 
@@ -110,7 +110,8 @@ impl<'c> Writer<'c> {
     ) -> Result<DynamicObject, kube::Error> {
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let namespace = object["metadata"]["namespace"].as_str();
-        let mut params = PatchParams::apply(FIELD_MANAGER);
+        // Strict: a field the server would drop is an error, as `validate` says.
+        let mut params = PatchParams::apply(FIELD_MANAGER).validation(ValidationDirective::Strict);
         if ours {
             params = params.force();
         }

@@ -2,6 +2,7 @@
 //! remembering its file and line. Apps are the top-level directories.
 
 pub(crate) mod load;
+pub mod schema;
 
 pub use load::{MAX_FILE_BYTES, MAX_REVISION_BYTES, SizeCheck, load_dir, load_files};
 
@@ -271,6 +272,11 @@ fn object_problems(manifest: &Manifest, allowed: &Allowed) -> Vec<Problem> {
             problems.extend(allowed.offline_refusal(manifest).map(|m| manifest.problem(m)))
         }
         _ => problems.push(manifest.problem("metadata.namespace must be a string")),
+    }
+    if problems.is_empty()
+        && let Some(problem) = schema::typed_problem(manifest)
+    {
+        problems.push(manifest.problem(format!("{} {}: {problem}", manifest.kind(), manifest.name())));
     }
     problems
 }

@@ -7,6 +7,7 @@ use super::api::{IntOrPercent, RolloutSpec, is_rollout};
 use super::plan::parse_percent;
 use serde_json::Value;
 
+use crate::manifest::schema::schema_problems;
 use crate::manifest::{Allowed, App, Manifest, ManifestSet, Problem};
 
 fn held<'a>(app: &'a App, default_namespace: &str, kind: &str, namespace: &str, name: &str) -> Option<&'a Manifest> {
@@ -96,12 +97,31 @@ pub fn validate(set: &mut ManifestSet, allowed: &Allowed) {
     set.validate_with(allowed, |app| problems(app, &allowed.default_namespace));
 }
 
+/// The schema of a Rollout's spec, from the CRD that `gitcanary crd` prints.
+fn spec_schema() -> &'static Value {
+    static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    SCHEMA.get_or_init(|| {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(super::api::Rollout::crd()).unwrap_or_default();
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+    })
+}
+
 /// Problems of every Rollout in the app; objects that name no namespace are
 /// in `default_namespace`.
 pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut governed: BTreeMap<(String, String, String), String> = BTreeMap::new();
     for manifest in app.manifests.iter().filter(|m| is_rollout(m)) {
+        let against_schema = schema_problems(&manifest.object["spec"], spec_schema(), "spec");
+        if !against_schema.is_empty() {
+            problems.extend(
+                against_schema
+                    .into_iter()
+                    .map(|m| manifest.problem(format!("Rollout {m}"))),
+            );
+            continue;
+        }
         let spec: RolloutSpec = match serde_json::from_value(manifest.object["spec"].clone()) {
             Ok(spec) => spec,
             Err(e) => {
@@ -295,17 +315,24 @@ mod tests {
     fn governed_objects_in_the_wrong_shape_are_refused_with_file_and_line() {
         let workload = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: echo, namespace: demo}\nspec:\n  template: [not, a, mapping]\n---\napiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: demo}\nspec: {selector: labels}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: echo, namespace: demo}\nspec:\n  rules:\n  - backendRefs: [echo]\n";
         let rollout = rollout("      - {traffic: 10%}\n");
-        let problems = problems(&[("a/w.yaml", workload), ("a/r.yaml", &rollout)]);
+        let found = problems(&[("a/w.yaml", workload), ("a/r.yaml", &rollout)]);
+        // Built-in kinds are refused by their types, before the Rollout is read.
         for wanted in [
-            "a/w.yaml:1: Deployment: spec.template must be a mapping",
-            "a/w.yaml:7: Service: spec.selector must be a mapping",
-            "a/w.yaml:12: HTTPRoute: spec.rules[0].backendRefs must be a list of mappings",
+            "a/w.yaml:1: Deployment echo: spec.template: invalid type: sequence",
+            "a/w.yaml:7: Service echo: spec.selector: invalid type: string \"labels\"",
         ] {
-            assert!(
-                problems.iter().any(|p| p.starts_with(wanted)),
-                "{wanted} in {problems:?}"
-            );
+            assert!(found.iter().any(|p| p.starts_with(wanted)), "{wanted} in {found:?}");
         }
+        let typed_fine = workload
+            .replace("  template: [not, a, mapping]\n", "  template: {}\n")
+            .replace("spec: {selector: labels}", "spec: {selector: {app: echo}}");
+        let found = problems(&[("a/w.yaml", &typed_fine), ("a/r.yaml", &rollout)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.starts_with("a/w.yaml:12: HTTPRoute: spec.rules[0].backendRefs must be a list of mappings")),
+            "{found:?}"
+        );
     }
 
     #[test]
