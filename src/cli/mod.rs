@@ -203,8 +203,13 @@ pub fn validate(dir: PathBuf, allowed: AllowedArgs) -> Result<ExitCode, Error> {
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
     let mut set = manifest::load_dir(&dir)?;
-    crate::rollout::validate::validate(&mut set, &allowed.to_allowed());
-    let problems: Vec<_> = set.problems().collect();
+    let options = SyncOptions {
+        allowed: allowed.to_allowed(),
+        ..SyncOptions::default()
+    };
+    crate::rollout::validate::validate(&mut set, &options.allowed);
+    let planned = crate::rollout::offline::plan_problems(&set, &options);
+    let problems: Vec<_> = set.problems().chain(planned.iter()).collect();
     for problem in &problems {
         println!("{problem}");
     }

@@ -167,7 +167,7 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// Cluster-scoped kinds of Kubernetes and of the Gateway API, for checks
 /// made without a cluster; a sync asks discovery instead.
-const CLUSTER_SCOPED_KINDS: [&str; 16] = [
+pub const CLUSTER_SCOPED_KINDS: [&str; 16] = [
     "Namespace",
     "Node",
     "PersistentVolume",

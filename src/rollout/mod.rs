@@ -7,6 +7,7 @@ pub mod cli;
 mod desired;
 pub mod engine;
 mod observe;
+pub mod offline;
 pub mod overlay;
 pub mod plan;
 pub mod prometheus;

@@ -1,0 +1,184 @@
+//! The plan stage without a cluster: every valid app planned against an
+//! empty cluster, and each of its Rollouts walked from a release's start to
+//! its promote, with overlays, as the planner would decide them. `gitcanary
+//! validate` runs it, so that a revision the planner would refuse fails
+//! offline too; the `pipeline` fuzz target runs it on arbitrary repositories.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use kube::api::{ApiResource, GroupVersionKind};
+
+use super::api::{RolloutStatus, is_rollout};
+use super::desired::{Target, plan_rollout};
+use super::observe::RolloutObserved;
+use super::overlay::Revisions;
+use super::plan::Observed;
+use crate::manifest::{CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
+use crate::plan::desired::{canonical_hash, prepare};
+use crate::plan::{AppInputs, LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions, key_of, plan_app};
+
+/// Reconciles of a release walked offline: enough for every step and the promote.
+const WALK_EXTRA: usize = 4;
+
+/// Problems the plan stage finds in a validated revision.
+pub fn plan_problems(set: &ManifestSet, options: &SyncOptions) -> Vec<Problem> {
+    let default_namespace = &options.allowed.default_namespace;
+    let revision = RevisionKeys::of(set.apps.values().flat_map(|a| a.manifests.iter()), default_namespace);
+    let mut problems = Vec::new();
+    for app in set.apps.values().filter(|a| a.is_valid()) {
+        let mut objects: Vec<Planned<'_>> = app.manifests.iter().map(|m| offline_planned(m, options)).collect();
+        let live = LiveObjects::default();
+        let has_rollouts = app.manifests.iter().any(is_rollout);
+        let plan = plan_app(AppInputs {
+            app: &app.name,
+            objects: objects.iter().map(|p| offline_planned(p.manifest, options)).collect(),
+            pending: Vec::new(),
+            live: &live,
+            previous: &[],
+            left_git: &BTreeMap::new(),
+            revision: &revision,
+            unreadable_inventory: None,
+            has_rollouts,
+            instance: &options.instance,
+            default_namespace,
+            prune: options.prune,
+        });
+        problems.extend(plan.problems);
+        let rollouts: Vec<usize> = (0..objects.len()).filter(|&i| is_rollout(objects[i].manifest)).collect();
+        for index in rollouts {
+            if let Err(problem) = walk_release(&mut objects, index, &options.instance) {
+                problems.push(problem);
+            }
+        }
+    }
+    problems
+}
+
+/// An object as the sync would plan it, with its kind's scope taken from the
+/// well-known cluster-scoped kinds.
+fn offline_planned<'a>(manifest: &'a Manifest, options: &SyncOptions) -> Planned<'a> {
+    let (group, version) = manifest.api_version().rsplit_once('/').unwrap_or(("", manifest.api_version()));
+    let gvk = GroupVersionKind::gvk(group, version, manifest.kind());
+    let plural = format!("{}s", manifest.kind().to_ascii_lowercase());
+    let resolved = Resolved {
+        resource: ApiResource::from_gvk_with_plural(&gvk, &plural),
+        namespaced: !CLUSTER_SCOPED_KINDS.contains(&manifest.kind()),
+    };
+    let desired = prepare(
+        manifest,
+        resolved.namespaced,
+        &options.instance,
+        &options.allowed.default_namespace,
+    );
+    let key = key_of(&desired, manifest);
+    Planned {
+        manifest,
+        resolved,
+        desired,
+        key,
+    }
+}
+
+/// One Rollout's release, from a template change to its promote: every
+/// reconcile planned, its overlays made, its status fed to the next.
+fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Result<RolloutStatus, Problem> {
+    let first = Target::find(objects, index)?;
+    let steps = first.spec.strategy.canary.steps.len();
+    let template = &objects[first.workload].manifest.object["spec"]["template"];
+    let git_hash = canonical_hash(template);
+    let replicas = objects[first.workload].desired["spec"]["replicas"].as_i64().unwrap_or(1) as i32;
+    // The workload ran another template before this commit.
+    let mut status = Some(RolloutStatus {
+        stable_template_hash: "offline-stable".to_string(),
+        stable_commit: "offline-stable-commit".to_string(),
+        ..RolloutStatus::default()
+    });
+    let mut now = Timestamp::UNIX_EPOCH;
+    for round in 0..steps + WALK_EXTRA {
+        let target = Target::find(objects, index)?;
+        let observed = RolloutObserved {
+            planner: Observed {
+                commit: "offline".to_string(),
+                git_template_hash: git_hash.clone(),
+                workload_exists: true,
+                workload_stable_hash: Some("offline-stable".to_string()),
+                replicas,
+                canary_ready: replicas,
+                stable_rolled_out: round > 0,
+                promote_signal: Some(format!("offline-{round}")),
+                stable_revision: "stable".to_string(),
+                canary_revision: "canary".to_string(),
+                now,
+                ..Observed::default()
+            },
+            previous: status.clone(),
+            rollout_uid: Some("offline-uid".to_string()),
+            last_command_comment: 0,
+            revisions: Revisions {
+                stable: "stable".to_string(),
+                canary: "canary".to_string(),
+            },
+            stable_template: Some(template.clone()),
+            canary_live: BTreeMap::new(),
+            canary_kinds: canary_kinds(),
+        };
+        let work = plan_rollout(objects, target, observed, instance)?;
+        status = Some(work.plan.status);
+        now = now.saturating_add(SignedDuration::from_hours(1)).unwrap_or(now);
+    }
+    Ok(status.unwrap_or_default())
+}
+
+fn canary_kinds() -> BTreeMap<&'static str, Resolved> {
+    [
+        ("apps", "v1", "Deployment", "deployments"),
+        ("", "v1", "Service", "services"),
+        ("networking.k8s.io", "v1", "Ingress", "ingresses"),
+    ]
+    .into_iter()
+    .map(|(group, version, kind, plural)| {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        (
+            kind,
+            Resolved {
+                resource: ApiResource::from_gvk_with_plural(&gvk, plural),
+                namespaced: true,
+            },
+        )
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::load_files;
+
+    fn problems(files: &[(&str, &str)]) -> Vec<String> {
+        let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
+        crate::rollout::validate::validate(&mut set, &crate::manifest::Allowed::default());
+        let mut found: Vec<String> = set.problems().map(ToString::to_string).collect();
+        found.extend(plan_problems(&set, &SyncOptions::default()).iter().map(ToString::to_string));
+        found
+    }
+
+    const APP: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: echo, namespace: demo}\nspec:\n  replicas: 4\n  selector: {matchLabels: {app: echo}}\n  template:\n    metadata: {labels: {app: echo}}\n    spec: {containers: [{name: echo, image: echo:2}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: demo}\nspec: {selector: {app: echo}, ports: [{port: 80}]}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: echo, namespace: demo}\nspec:\n  rules:\n  - backendRefs: [{name: echo, port: 80}]\n---\napiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: echo, namespace: demo}\nspec:\n  workloadRef: {kind: Deployment, name: echo}\n  strategy:\n    canary:\n      trafficRoutings: [{service: echo, gateway: {httpRouteName: echo}}]\n      steps:\n      - {traffic: 25%, pause: {duration: 60}}\n      - {traffic: 50%, pause: {}}\n      - {traffic: 100%}\n";
+
+    #[test]
+    fn a_good_release_walks_to_its_promote_offline() {
+        assert_eq!(problems(&[("echo/app.yaml", APP)]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_walk_takes_a_release_through_every_step_to_its_promote() {
+        let set = load_files([("echo/app.yaml".to_string(), APP.as_bytes().to_vec())].into_iter());
+        let app = &set.apps["echo"];
+        let options = SyncOptions::default();
+        let mut objects: Vec<Planned<'_>> = app.manifests.iter().map(|m| offline_planned(m, &options)).collect();
+        let status = walk_release(&mut objects, 3, &options.instance).expect("planned");
+        assert_eq!(status.phase, crate::rollout::api::Phase::Healthy, "{status:?}");
+        assert_eq!(status.stable_commit, "offline", "promoted: {status:?}");
+        assert_eq!(status.step_history.len(), 3, "{status:?}");
+    }
+}
