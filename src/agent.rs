@@ -245,7 +245,8 @@ fn watch_files(dir: &std::path::Path, triggers: mpsc::Sender<Trigger>) -> Option
 /// (`kubectl edit`, a deletion) is put back within seconds.
 #[derive(Default)]
 struct DriftWatch {
-    watches: HashMap<(String, String), JoinHandle<()>>,
+    /// By apiVersion, kind and namespace (`None`: all namespaces).
+    watches: HashMap<(String, String, Option<String>), JoinHandle<()>>,
 }
 
 impl DriftWatch {
@@ -257,38 +258,60 @@ impl DriftWatch {
         triggers: &mpsc::Sender<Trigger>,
     ) {
         for (api_version, kind) in kinds {
-            let id = (api_version.clone(), kind.clone());
-            if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
-                continue;
-            }
             let Some(resolved) = cluster.resolve(api_version, kind).await else {
                 continue;
             };
-            // Metadata only: any change bumps resourceVersion, and whole
-            // objects would cost memory and parsing for nothing.
-            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(cluster.client.clone(), &resolved.resource);
-            let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
-            let triggers = triggers.clone();
-            let cluster = cluster.clone();
-            let handle = tokio::spawn(async move {
-                let mut events = std::pin::pin!(watcher(api, config).default_backoff());
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(watcher::Event::Apply(object)) => {
-                            let version = object.metadata.uid.zip(object.metadata.resource_version);
-                            let _ = triggers.try_send(Trigger::Drift(version));
-                        }
-                        Ok(watcher::Event::Delete(object)) => {
-                            cluster.own_writes.forget(object.metadata.uid.as_deref());
-                            let _ = triggers.try_send(Trigger::Drift(None));
-                        }
-                        Ok(_) => {}
-                        Err(error) => debug!(%error, "drift watch interrupted; it resumes"),
-                    }
+            // Under --namespaces, in those namespaces only (as the sync lists).
+            let scopes: Vec<Option<String>> = match &options.allowed.namespaces[..] {
+                namespaces if resolved.namespaced && !namespaces.is_empty() => {
+                    namespaces.iter().cloned().map(Some).collect()
                 }
-            });
-            self.watches.insert(id, handle);
+                _ => vec![None],
+            };
+            for scope in scopes {
+                let id = (api_version.clone(), kind.clone(), scope);
+                if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
+                    continue;
+                }
+                let handle = Self::watch(cluster, &resolved, id.2.as_deref(), options, triggers);
+                self.watches.insert(id, handle);
+            }
         }
+    }
+
+    fn watch(
+        cluster: &Arc<Cluster>,
+        resolved: &crate::plan::Resolved,
+        namespace: Option<&str>,
+        options: &SyncOptions,
+        triggers: &mpsc::Sender<Trigger>,
+    ) -> JoinHandle<()> {
+        // Metadata only: any change bumps resourceVersion, and whole
+        // objects would cost memory and parsing for nothing.
+        let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+            Some(ns) => Api::namespaced_with(cluster.client.clone(), ns, &resolved.resource),
+            None => Api::all_with(cluster.client.clone(), &resolved.resource),
+        };
+        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
+        let triggers = triggers.clone();
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(object)) => {
+                        let version = object.metadata.uid.zip(object.metadata.resource_version);
+                        let _ = triggers.try_send(Trigger::Drift(version));
+                    }
+                    Ok(watcher::Event::Delete(object)) => {
+                        cluster.own_writes.forget(object.metadata.uid.as_deref());
+                        let _ = triggers.try_send(Trigger::Drift(None));
+                    }
+                    Ok(_) => {}
+                    Err(error) => debug!(%error, "drift watch interrupted; it resumes"),
+                }
+            }
+        })
     }
 }
 

@@ -128,7 +128,7 @@ async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &
             break;
         }
     }
-    let live = observe::list_live(cluster, &manifests.apps, &options.instance, options.concurrency).await?;
+    let live = observe::list_live(cluster, &manifests.apps, options).await?;
     let revision = RevisionKeys::of(
         manifests.apps.values().flat_map(|a| a.manifests.iter()),
         &options.allowed.default_namespace,

@@ -166,8 +166,8 @@ fn validate_checks_analysis_templates() {
 fn crd_prints_what_deploy_ships() {
     let (code, stdout, _) = output(gitcanary().arg("crd"));
     assert_eq!(code, 0);
-    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crd.yaml"))
-        .expect("deploy/crd.yaml");
+    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/crd.yaml"))
+        .expect("deploy/base/crd.yaml");
     assert_eq!(stdout, shipped);
     assert!(stdout.contains("kind: CustomResourceDefinition") && stdout.contains("name: rollouts.gitcanary.io"));
 }

@@ -57,9 +57,14 @@ async fn apply_file(client: &Client, path: &Path) {
 /// The agent's identity as the cluster sees it: a kubeconfig holding a
 /// token of the `gitcanary` ServiceAccount, after `deploy/`'s RBAC is in place.
 async fn service_account_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
-    for file in ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml"] {
+    for file in ["base/namespace.yaml", "base/serviceaccount.yaml", "rbac.yaml"] {
         apply_file(admin, &repo_root().join("deploy").join(file)).await;
     }
+    token_kubeconfig(admin, "gitcanary", dir).await
+}
+
+/// A kubeconfig holding a token of the ServiceAccount `account` of the agent's namespace.
+async fn token_kubeconfig(admin: &Client, account: &str, dir: &Path) -> PathBuf {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), AGENT_NAMESPACE);
     let request = TokenRequest {
         spec: Some(TokenRequestSpec {
@@ -70,7 +75,7 @@ async fn service_account_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
     };
     let issued: TokenRequest = eventually("a ServiceAccount token", WAIT, || async {
         accounts
-            .create_subresource("token", "gitcanary", &PostParams::default(), &request)
+            .create_subresource("token", account, &PostParams::default(), &request)
             .await
             .ok()
     })
@@ -84,7 +89,7 @@ async fn service_account_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
         details.server.as_deref().expect("server"),
         details.certificate_authority.as_deref().expect("CA file"),
     );
-    let path = dir.join("service-account.kubeconfig");
+    let path = dir.join(format!("{account}.kubeconfig"));
     std::fs::write(&path, kubeconfig).expect("kubeconfig written");
     path
 }
@@ -201,27 +206,47 @@ async fn the_service_account_reads_no_secrets() {
 async fn deploy_is_accepted_by_the_api_server_and_meets_the_restricted_pod_security() {
     // Namespaced objects cannot be dry-run before their namespace exists.
     let admin = support::client().await;
-    apply_file(&admin, &repo_root().join("deploy/namespace.yaml")).await;
+    apply_file(&admin, &repo_root().join("deploy/base/namespace.yaml")).await;
+    apply_file(&admin, &repo_root().join("deploy/tenant-example/tenant.yaml")).await; // team-a
     let kubectl = support::kubeconfig().with_file_name("kubectl");
-    let output = std::process::Command::new(&kubectl)
-        .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
-        .args(["apply", "-k", &repo_root().join("deploy").display().to_string()])
-        .args(["--dry-run=server", "--server-side", "--force-conflicts"])
-        .output()
-        .expect("kubectl runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}{stderr}");
-    for kind in [
-        "customresourcedefinition",
-        "clusterrole",
-        "deployment",
-        "service/gitcanary",
-        "configmap/gitcanary-config",
+    for (variant, kinds) in [
+        ("deploy", &["clusterrole.rbac.authorization.k8s.io/gitcanary "][..]),
+        (
+            "deploy/namespaced",
+            &[
+                "role.rbac.authorization.k8s.io/gitcanary ",
+                "clusterrole.rbac.authorization.k8s.io/gitcanary-namespaced ",
+            ][..],
+        ),
+        (
+            "deploy/tenant-example",
+            &["role.rbac.authorization.k8s.io/gitcanary-tenant "][..],
+        ),
     ] {
-        assert!(stdout.contains(kind), "{kind} missing from:\n{stdout}");
+        let output = std::process::Command::new(&kubectl)
+            .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
+            .args(["apply", "-k", &repo_root().join(variant).display().to_string()])
+            .args(["--dry-run=server", "--server-side", "--force-conflicts"])
+            .output()
+            .expect("kubectl runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{variant}: {stdout}{stderr}");
+        let shared: &[&str] = if variant == "deploy/tenant-example" {
+            &[]
+        } else {
+            &[
+                "customresourcedefinition",
+                "deployment",
+                "service/gitcanary",
+                "configmap/gitcanary-config",
+            ]
+        };
+        for kind in shared.iter().chain(kinds) {
+            assert!(stdout.contains(kind), "{variant}: {kind} missing from:\n{stdout}");
+        }
+        assert!(!stderr.contains("PodSecurity"), "{variant}: {stderr}");
     }
-    assert!(!stderr.contains("PodSecurity"), "{stderr}");
 }
 
 #[tokio::test]
@@ -272,4 +297,85 @@ async fn the_tenant_example_bounds_what_a_commit_to_its_app_may_write() {
     let team = report.app("team-a").expect("team-a");
     assert!(team.problems.is_empty(), "{:?}", team.problems);
     assert!(inside_api.get_opt(&inside).await.expect("readable").is_some());
+}
+
+#[tokio::test]
+async fn the_namespaced_variant_syncs_and_heals_with_roles_only() {
+    let scenario = Scenario::new("rbac-namespaced").await;
+    let admin = &scenario.client;
+    // deploy/namespaced/ for an account of this test's own, so that the
+    // ClusterRole other tests bind to `gitcanary` plays no part.
+    let account = "gitcanary-namespaced-test";
+    apply_file(admin, &repo_root().join("deploy/base/namespace.yaml")).await;
+    let rbac = std::fs::read_to_string(repo_root().join("deploy/namespaced/rbac.yaml"))
+        .expect("readable")
+        .replace(
+            "  - kind: ServiceAccount\n    name: gitcanary\n",
+            &format!("  - kind: ServiceAccount\n    name: {account}\n"),
+        );
+    let objects = scenario.cache.path().join("rbac.yaml");
+    std::fs::write(&objects, rbac).expect("written");
+    apply_file(admin, &repo_root().join("deploy/tenant-example/tenant.yaml")).await; // the namespace team-a
+    apply_file(admin, &objects).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), AGENT_NAMESPACE);
+    let body = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}});
+    accounts
+        .patch(account, &PatchParams::apply("gitcanary-tests"), &Patch::Apply(&body))
+        .await
+        .expect("the account");
+    let kubeconfig = token_kubeconfig(admin, account, scenario.cache.path()).await;
+
+    let name = format!("{}-settings", scenario.ns);
+    scenario.repo.write(
+        "team-a/settings.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: team-a}}\ndata: {{color: blue}}\n"
+        ),
+    );
+    scenario.repo.commit_and_push("settings in team-a");
+    let kubeconfig_arg = kubeconfig.display().to_string();
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &[
+            "--kubeconfig",
+            &kubeconfig_arg,
+            "--state-namespace",
+            AGENT_NAMESPACE,
+            "--namespaces",
+            "team-a",
+        ],
+        &[],
+    );
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "team-a");
+    let color = || async {
+        configmaps
+            .get_opt(&name)
+            .await
+            .ok()
+            .flatten()?
+            .data?
+            .get("color")
+            .cloned()
+    };
+    eventually("synced with Roles only", WAIT, || async {
+        (color().await.as_deref() == Some("blue")).then_some(())
+    })
+    .await;
+    let edit = serde_json::json!({"data": {"color": "red"}});
+    configmaps
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("edited by hand");
+    eventually("the edit is put back", WAIT, || async {
+        (color().await.as_deref() == Some("blue")).then_some(())
+    })
+    .await;
+    let log = agent.log_text();
+    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+    assert!(
+        !log.contains("drift watch interrupted"),
+        "the watches are namespaced: {log}"
+    );
 }

@@ -24,7 +24,7 @@ use crate::{Error, manifest};
 pub struct AllowedArgs {
     /// Namespaces manifests may use (comma-separated); default all. An object
     /// without a namespace lands in `default`, which must then be listed.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, env = "GITCANARY_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
     /// With --namespaces: the cluster-scoped kinds manifests may hold
     /// (comma-separated, e.g. Namespace); a Namespace only of a listed name.

@@ -13,13 +13,10 @@ use crate::plan::desired::prepare;
 use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, SyncOptions, key_of};
 use crate::{Error, MANAGED_BY_LABEL, Result};
 
-/// Every live object of this instance, of the kinds the apps hold.
-pub async fn list_live(
-    cluster: &Cluster,
-    apps: &BTreeMap<String, App>,
-    instance: &str,
-    concurrency: usize,
-) -> Result<LiveObjects> {
+/// Every live object of this instance, of the kinds the apps hold. Under
+/// `--namespaces`, namespaced kinds are listed in those namespaces only, so
+/// that Roles there (deploy/namespaced/) are all the agent needs.
+pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &SyncOptions) -> Result<LiveObjects> {
     let mut kinds: BTreeMap<(String, String), Resolved> = BTreeMap::new();
     for manifest in apps.values().flat_map(|a| a.manifests.iter()) {
         let id = (manifest.api_version().to_string(), manifest.kind().to_string());
@@ -30,11 +27,20 @@ pub async fn list_live(
             kinds.insert(id, resolved);
         }
     }
-    let selector = format!("{MANAGED_BY_LABEL}={instance}");
-    let lists = stream::iter(kinds.into_values().map(|resolved| {
+    let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
+    let scoped = kinds.into_values().flat_map(|resolved| {
+        let scopes: Vec<Option<&str>> = match &options.allowed.namespaces[..] {
+            namespaces if resolved.namespaced && !namespaces.is_empty() => {
+                namespaces.iter().map(|ns| Some(ns.as_str())).collect()
+            }
+            _ => vec![None],
+        };
+        scopes.into_iter().map(move |scope| (resolved.clone(), scope))
+    });
+    let lists = stream::iter(scoped.map(|(resolved, scope)| {
         let selector = selector.clone();
         async move {
-            let api = cluster.api(&resolved, None);
+            let api = cluster.api(&resolved, scope);
             let mut params = ListParams::default().labels(&selector).limit(500);
             let mut objects = Vec::new();
             loop {
@@ -57,7 +63,7 @@ pub async fn list_live(
             Ok::<_, Error>(objects)
         }
     }))
-    .buffer_unordered(concurrency.max(1))
+    .buffer_unordered(options.concurrency.max(1))
     .try_collect::<Vec<_>>()
     .await?;
     Ok(lists.into_iter().flatten().collect())

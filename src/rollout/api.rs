@@ -613,10 +613,10 @@ spec:
 
     #[test]
     fn deploy_holds_the_crd_the_rust_types_generate() {
-        let shipped = include_str!("../../deploy/crd.yaml");
+        let shipped = include_str!("../../deploy/base/crd.yaml");
         assert!(
             shipped == crd_yaml(),
-            "deploy/crd.yaml is out of date: run `cargo run -- crd > deploy/crd.yaml`"
+            "deploy/base/crd.yaml is out of date: run `cargo run -- crd > deploy/base/crd.yaml`"
         );
     }
 

@@ -45,7 +45,9 @@ pub fn plan_problems(set: &ManifestSet, options: &SyncOptions) -> Vec<Problem> {
             prune: options.prune,
         });
         problems.extend(plan.problems);
-        let rollouts: Vec<usize> = (0..objects.len()).filter(|&i| is_rollout(objects[i].manifest)).collect();
+        let rollouts: Vec<usize> = (0..objects.len())
+            .filter(|&i| is_rollout(objects[i].manifest))
+            .collect();
         for index in rollouts {
             if let Err(problem) = walk_release(&mut objects, index, &options.instance) {
                 problems.push(problem);
@@ -58,7 +60,10 @@ pub fn plan_problems(set: &ManifestSet, options: &SyncOptions) -> Vec<Problem> {
 /// An object as the sync would plan it, with its kind's scope taken from the
 /// well-known cluster-scoped kinds.
 fn offline_planned<'a>(manifest: &'a Manifest, options: &SyncOptions) -> Planned<'a> {
-    let (group, version) = manifest.api_version().rsplit_once('/').unwrap_or(("", manifest.api_version()));
+    let (group, version) = manifest
+        .api_version()
+        .rsplit_once('/')
+        .unwrap_or(("", manifest.api_version()));
     let gvk = GroupVersionKind::gvk(group, version, manifest.kind());
     let plural = format!("{}s", manifest.kind().to_ascii_lowercase());
     let resolved = Resolved {
@@ -87,7 +92,9 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
     let steps = first.spec.strategy.canary.steps.len();
     let template = &objects[first.workload].manifest.object["spec"]["template"];
     let git_hash = canonical_hash(template);
-    let replicas = objects[first.workload].desired["spec"]["replicas"].as_i64().unwrap_or(1) as i32;
+    let replicas = objects[first.workload].desired["spec"]["replicas"]
+        .as_i64()
+        .unwrap_or(1) as i32;
     // The workload ran another template before this commit.
     let mut status = Some(RolloutStatus {
         stable_template_hash: "offline-stable".to_string(),
@@ -159,7 +166,11 @@ mod tests {
         let mut set = load_files(files.iter().map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())));
         crate::rollout::validate::validate(&mut set, &crate::manifest::Allowed::default());
         let mut found: Vec<String> = set.problems().map(ToString::to_string).collect();
-        found.extend(plan_problems(&set, &SyncOptions::default()).iter().map(ToString::to_string));
+        found.extend(
+            plan_problems(&set, &SyncOptions::default())
+                .iter()
+                .map(ToString::to_string),
+        );
         found
     }
 
