@@ -104,6 +104,15 @@ impl Agent {
             .local_dir()
             .and_then(|dir| watch_files(dir, triggers.clone()));
         let mut drift = DriftWatch::default();
+        let github = self.github.clone().map(|github| {
+            GitHubTask::spawn(
+                github,
+                self.cluster.clone(),
+                self.source.clone(),
+                self.writeback.author.clone(),
+                triggers.clone(),
+            )
+        });
         let _ = triggers.try_send(Trigger::Start);
         loop {
             let first = tokio::select! {
@@ -140,7 +149,10 @@ impl Agent {
             let outcome = self.sync_once().await;
             drop(timer);
             match outcome {
-                Ok(report) => self.report(report, &triggers, &mut drift, sync_started).await,
+                Ok(report) => {
+                    self.report(report, &triggers, &mut drift, github.as_ref(), sync_started)
+                        .await
+                }
                 Err(error) => {
                     self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
                     error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
@@ -156,6 +168,7 @@ impl Agent {
         mut report: SyncReport,
         triggers: &mpsc::Sender<Trigger>,
         drift: &mut DriftWatch,
+        github: Option<&GitHubTask>,
         sync_started: tokio::time::Instant,
     ) {
         self.ready.store(true, Ordering::Relaxed);
@@ -172,15 +185,8 @@ impl Agent {
             // Sync the commit just pushed.
             let _ = triggers.try_send(Trigger::Timer);
         }
-        if let Some(github) = &self.github {
-            GitHubReporter {
-                github,
-                cluster: &self.cluster,
-                source: &self.source,
-                author: &self.writeback.author,
-            }
-            .report(&report)
-            .await;
+        if let Some(github) = github {
+            github.submit(report.clone());
             let waiting = report
                 .apps
                 .iter()
@@ -208,6 +214,75 @@ impl Agent {
         if !report.is_clean() {
             info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
         }
+    }
+}
+
+/// GitHub reporting in a task of its own, so that a slow or hanging GitHub
+/// delays the comment, never the release. It reports the latest sync, with
+/// every rollout that changed since the last report it finished.
+struct GitHubTask {
+    pending: Arc<std::sync::Mutex<Option<SyncReport>>>,
+    wake: Arc<tokio::sync::Notify>,
+    task: JoinHandle<()>,
+}
+
+impl GitHubTask {
+    fn spawn(
+        github: Arc<GitHub>,
+        cluster: Arc<Cluster>,
+        source: Arc<Source>,
+        author: crate::writeback::Author,
+        triggers: mpsc::Sender<Trigger>,
+    ) -> GitHubTask {
+        let pending: Arc<std::sync::Mutex<Option<SyncReport>>> = Arc::default();
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn({
+            let (pending, wake) = (pending.clone(), wake.clone());
+            async move {
+                loop {
+                    wake.notified().await;
+                    let Some(report) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                        continue;
+                    };
+                    let reporter = GitHubReporter {
+                        github: &github,
+                        cluster: &cluster,
+                        source: &source,
+                        author: &author,
+                    };
+                    if reporter.report(&report).await {
+                        // A decision was handed to a rollout: act on it now.
+                        let _ = triggers.try_send(Trigger::Timer);
+                    }
+                }
+            }
+        });
+        GitHubTask { pending, wake, task }
+    }
+
+    /// Queues the report; one not yet reported is replaced, keeping what changed in it.
+    fn submit(&self, mut report: SyncReport) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(older) = pending.take() {
+            let changed: BTreeSet<(String, String)> = older
+                .apps
+                .iter()
+                .flat_map(|a| a.rollouts.iter())
+                .filter(|r| r.changed)
+                .map(|r| (r.namespace.clone(), r.name.clone()))
+                .collect();
+            for rollout in report.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
+                rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
+            }
+        }
+        *pending = Some(report);
+        self.wake.notify_one();
+    }
+}
+
+impl Drop for GitHubTask {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

@@ -362,6 +362,46 @@ async fn a_superseded_release_closes_its_promotion_pull_request() {
 }
 
 #[tokio::test]
+async fn a_github_that_never_answers_delays_the_comment_never_the_release() {
+    let scenario = Scenario::new("gh-hang").await;
+    let hole = support::BlackHole::start();
+    let url = format!("http://{}", hole.addr);
+    write_app_with_steps(&scenario, "1.0", "      - {replicas: 1, pause: {duration: 1}}\n");
+    scenario.repo.commit_and_push("echo 1.0");
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--github-url", &url, "--github-repo", "acme/apps"],
+        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+    );
+    wait_for_phase(&scenario, Phase::Healthy).await;
+
+    // A timed pause runs out and the release promotes while GitHub hangs.
+    write_app_with_steps(&scenario, "2.0", "      - {replicas: 1, pause: {duration: 1}}\n");
+    let released = scenario.repo.commit_and_push("echo 2.0");
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    eventually("2.0 promoted while GitHub hangs", WAIT, || async {
+        let status = rollouts.get_opt("echo").await.ok().flatten()?.status?;
+        (status.phase == Phase::Healthy && status.stable_commit == released).then_some(())
+    })
+    .await;
+
+    // An indefinite pause, and the CLI aborts it.
+    write_app(&scenario, "3.0");
+    scenario.repo.commit_and_push("echo 3.0");
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    wait_for_failure(&scenario).await;
+    // And each GitHub call gives up in time, so later reports are not stuck behind it.
+    eventually("a GitHub call times out", WAIT, || async {
+        agent.log_text().contains("no answer within 20 s").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_rate_limited_github_is_left_alone_until_its_reset() {
     let fake = GitHubFake::start().await;
     fake.carry("abc123", 5);

@@ -78,6 +78,13 @@ pub fn rate_limit_wait(status: u16, headers: &http::HeaderMap, now_epoch: u64) -
     Some(Duration::from_secs(seconds.clamp(1, 3600)))
 }
 
+/// How long GitHub may take to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request may wait for GitHub between bytes.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one call may take in all, answer read included.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
 impl GitHub {
     /// `repository` is `owner/name`; `base_url` is `https://api.github.com` or an Enterprise or test URL.
     pub fn new(base_url: &str, token: &str, repository: &str, metrics: Arc<Metrics>) -> Result<GitHub> {
@@ -93,6 +100,9 @@ impl GitHub {
             .base_uri(base_url)
             .map_err(setup)?
             .personal_token(token.to_string())
+            .set_connect_timeout(Some(CONNECT_TIMEOUT))
+            .set_read_timeout(Some(REQUEST_TIMEOUT))
+            .set_write_timeout(Some(REQUEST_TIMEOUT))
             .build()
             .map_err(setup)?;
         Ok(GitHub {
@@ -121,6 +131,20 @@ impl GitHub {
     /// Every GitHub call goes through here: counted, refused locally while
     /// GitHub asked for quiet, and backed off as the rate-limit headers say.
     async fn call(&self, method: Method, rest: &str, body: Option<&Value>, context: &str) -> Result<Value> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.call_once(method, rest, body, context)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+                Err(Error::GitHub {
+                    context: context.to_string(),
+                    status: None,
+                    message: format!("no answer within {} s", CALL_TIMEOUT.as_secs()),
+                })
+            }
+        }
+    }
+
+    async fn call_once(&self, method: Method, rest: &str, body: Option<&Value>, context: &str) -> Result<Value> {
         let error = |status: Option<u16>, message: String| Error::GitHub {
             context: context.to_string(),
             status,

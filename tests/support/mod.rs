@@ -225,3 +225,23 @@ impl Drop for DedicatedControlPlane {
             .output();
     }
 }
+
+/// A TCP server that accepts connections and never answers: a dependency
+/// that hangs. Its connections are held until it is dropped.
+pub struct BlackHole {
+    pub addr: std::net::SocketAddr,
+}
+
+impl BlackHole {
+    pub fn start() -> BlackHole {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming().flatten() {
+                held.push(stream);
+            }
+        });
+        BlackHole { addr }
+    }
+}
