@@ -198,6 +198,41 @@ async fn broken_forged_replayed_and_oversized_webhooks_are_refused_and_the_agent
 }
 
 #[tokio::test]
+async fn a_git_remote_that_never_answers_fails_the_fetch_in_time_and_probes_still_answer() {
+    let scenario = Scenario::new("git-hang").await;
+    let hole = support::BlackHole::start();
+    let url = format!("http://{}/apps.git", hole.addr);
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--repo", &url, "--poll-interval", "5"],
+        &[],
+    );
+    let addr = agent.address().await;
+    // While the fetch hangs, the agent answers its probes.
+    let (status, _) = support::http(&addr, "GET", "/healthz", &[], b"").expect("an answer");
+    assert_eq!(status, 200);
+    let metric = |name: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let (_, text) = support::http(&addr, "GET", "/metrics", &[], b"")?;
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        }
+    };
+    eventually("the stalled fetch fails", WAIT, || async {
+        (metric("gitcanary_git_fetch_errors_total").await? >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(metric("gitcanary_source_up").await, Some(0), "the metrics say why");
+    let log = agent.log_text();
+    assert!(log.contains("sync failed; the cluster keeps what it had"), "{log}");
+    assert!(!log.contains("secret"), "{log}");
+}
+
+#[tokio::test]
 async fn a_git_remote_that_goes_away_leaves_the_cluster_as_it_was_and_sync_resumes() {
     let scenario = Scenario::new("git-gone").await;
     scenario

@@ -118,10 +118,8 @@ impl<'c> Writer<'c> {
         if mode == Mode::DryRun {
             params = params.dry_run();
         }
-        let applied = self
-            .api(resolved, namespace)
-            .patch(name, &params, &Patch::Apply(object))
-            .await?;
+        let api = self.api(resolved, namespace);
+        let applied = within_write_timeout(api.patch(name, &params, &Patch::Apply(object))).await?;
         if mode == Mode::Apply {
             self.cluster.own_writes.record(&applied);
         }
@@ -143,12 +141,27 @@ impl<'c> Writer<'c> {
             ..DeleteParams::background()
         };
         let api = self.api(&resolved, deletion.key.namespace.as_deref());
-        match api.delete(&deletion.key.name, &params).await {
+        match within_write_timeout(api.delete(&deletion.key.name, &params)).await {
             Ok(_) => Ok(Deleted::Deleted),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(Deleted::Gone),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Deleted::Changed),
             Err(error) => Err(error),
         }
+    }
+}
+
+/// How long one write may wait for the API server: a hanging server
+/// delays this app's sync, never the agent.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn within_write_timeout<T>(
+    write: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+        Ok(answer) => answer,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer from the API server within {} s", WRITE_TIMEOUT.as_secs()).into(),
+        )),
     }
 }
 

@@ -64,8 +64,32 @@ pub struct GitSource {
     mirror: PathBuf,
 }
 
+/// How long a Git server may take to accept a connection.
+const CONNECT_TIMEOUT_MS: i32 = 10_000;
+/// How long a fetch or push may wait for the server between bytes.
+const TRANSFER_STALL_MS: i32 = 20_000;
+
+/// Sets libgit2's network timeouts, once, before the first remote is opened:
+/// a Git server that accepts and never answers fails the fetch in time.
+fn set_network_timeouts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: libgit2's global options are written once, here, before
+        // this process opens any remote (every GitSource is made through
+        // `new`), so no other thread reads them meanwhile.
+        let set = unsafe {
+            git2::opts::set_server_connect_timeout_in_milliseconds(CONNECT_TIMEOUT_MS)
+                .and_then(|()| git2::opts::set_server_timeout_in_milliseconds(TRANSFER_STALL_MS))
+        };
+        if let Err(error) = set {
+            tracing::warn!(%error, "libgit2 takes no network timeouts; a hanging Git server stalls the fetch");
+        }
+    });
+}
+
 impl GitSource {
     pub fn new(url: String, branch: &str, path: &str, credentials: Credentials, cache: &Path) -> GitSource {
+        set_network_timeouts();
         let id = hex::encode(&Sha256::digest(url.as_bytes())[..8]);
         GitSource {
             mirror: cache.join("repos").join(id),
