@@ -26,6 +26,13 @@ pub struct ServerState {
     pub metrics: Arc<Metrics>,
     /// Recent `X-GitHub-Delivery` ids: a replayed delivery is acted on once.
     pub deliveries: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    /// Webhook requests that may be served at once.
+    pub webhook_permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// Permits for the webhook requests served at once.
+pub fn webhook_permits() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_REQUESTS))
 }
 
 /// Delivery ids remembered against replays.
@@ -50,13 +57,37 @@ impl ServerState {
 }
 
 pub fn router(state: ServerState) -> Router {
+    let webhook_bound = axum::middleware::from_fn_with_state(state.webhook_permits.clone(), bounded);
     Router::new()
-        .route("/webhook", post(github_webhook))
+        .route("/webhook", post(github_webhook).route_layer(webhook_bound))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(webhook::MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Webhook requests served at once; more get 503 at once instead of waiting.
+const MAX_CONCURRENT_REQUESTS: usize = 32;
+/// How long a webhook request (its body included) may take.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Every webhook request: a bounded number at once, each within a deadline,
+/// so a slow or flooding client cannot tie the server up; the probes and
+/// metrics are not counted against it.
+async fn bounded(
+    State(permits): State<Arc<tokio::sync::Semaphore>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Ok(_permit) = permits.try_acquire() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "too many requests at once").into_response();
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (StatusCode::REQUEST_TIMEOUT, "the request took too long").into_response(),
+    }
 }
 
 /// Serves until the listener fails; returns the bound address at once.
@@ -154,6 +185,77 @@ mod tests {
             .unwrap_or(0)
     }
 
+    fn test_state() -> (ServerState, mpsc::Receiver<Trigger>) {
+        let (triggers, queue) = crate::agent::trigger_channel();
+        let state = ServerState {
+            webhook_secret: Some(Arc::from(&b"s3cret"[..])),
+            branch: "main".into(),
+            triggers,
+            ready: Arc::new(AtomicBool::new(true)),
+            metrics: Arc::new(Metrics::default()),
+            deliveries: Arc::default(),
+            webhook_permits: webhook_permits(),
+        };
+        (state, queue)
+    }
+
+    async fn status_of(stream: &mut tokio::net::TcpStream) -> u16 {
+        use tokio::io::AsyncReadExt;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("read");
+        response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn slow_and_flooding_webhook_clients_are_bounded_and_the_probes_still_answer() {
+        use tokio::io::AsyncWriteExt;
+        let (state, _queue) = test_state();
+        let state_permits = state.webhook_permits.clone();
+        let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
+            .await
+            .expect("serves");
+        // Clients that promise a body and never send it hold every permit.
+        let mut slow = Vec::new();
+        for _ in 0..MAX_CONCURRENT_REQUESTS {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let head = "POST /webhook HTTP/1.1\r\nHost: test\r\nConnection: close\r\nX-GitHub-Event: push\r\nContent-Length: 1000\r\n\r\n{";
+            stream.write_all(head.as_bytes()).await.expect("write");
+            slow.push(stream);
+        }
+        // Once the server holds them all, the next one finds no permit.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while state_permits.available_permits() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            state_permits.available_permits(),
+            0,
+            "the slow clients hold every permit"
+        );
+        let started = std::time::Instant::now();
+        assert_eq!(
+            post(addr, "ping", b"{}", "sha256=00").await,
+            503,
+            "one too many is refused at once"
+        );
+        assert!(started.elapsed() < REQUEST_TIMEOUT);
+        let mut probe = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        assert_eq!(status_of(&mut probe).await, 200, "the probes are not counted");
+        // The slow ones are cut off at the deadline.
+        for stream in &mut slow {
+            assert_eq!(status_of(stream).await, 408);
+        }
+        assert!(started.elapsed() < REQUEST_TIMEOUT * 2);
+    }
+
     #[tokio::test]
     async fn a_signed_comment_event_wakes_the_agent_and_a_forged_one_does_not() {
         let (triggers, mut queue) = crate::agent::trigger_channel();
@@ -164,6 +266,7 @@ mod tests {
             ready: Arc::new(AtomicBool::new(true)),
             metrics: Arc::new(Metrics::default()),
             deliveries: Arc::default(),
+            webhook_permits: webhook_permits(),
         };
         let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
             .await

@@ -107,6 +107,23 @@ fn validate_prints_file_and_line_and_exits_by_outcome() {
 }
 
 #[test]
+fn an_empty_webhook_secret_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (code, _, stderr) = output(
+        gitcanary()
+            .args(["run", "--repo"])
+            .arg(dir.path())
+            .args(["--listen", "127.0.0.1:0", "--no-leader-election"])
+            .env("GITCANARY_WEBHOOK_SECRET", ""),
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("the webhook secret in GITCANARY_WEBHOOK_SECRET is empty"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn validate_knows_the_schemas_and_fails_where_sync_would() {
     let dir = tempfile::tempdir().expect("dir");
     std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");

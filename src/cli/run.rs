@@ -64,6 +64,11 @@ pub async fn run_agent(
     listen: Option<SocketAddr>,
     leader: Option<LeaderArgs>,
 ) -> Result<ExitCode, Error> {
+    // Configuration first: a bad setting fails before anything connects.
+    let secret = match listen {
+        Some(_) => webhook_secret()?,
+        None => None,
+    };
     let source = Arc::new(open_source(&args.source)?);
     let cluster = Arc::new(connect(&args.source).await?);
     let options = options(&args.source);
@@ -73,7 +78,6 @@ pub async fn run_agent(
     let _ = metrics.kube_requests.set(cluster.requests.clone());
     let (triggers, queue) = trigger_channel();
     if let Some(addr) = listen {
-        let secret = webhook_secret()?;
         let state = ServerState {
             webhook_secret: secret.map(Arc::from),
             branch: args.source.branch.clone(),
@@ -81,6 +85,7 @@ pub async fn run_agent(
             ready: ready.clone(),
             metrics: metrics.clone(),
             deliveries: Arc::default(),
+            webhook_permits: crate::server::webhook_permits(),
         };
         let bound = serve(addr, state).await.map_err(|source| Error::Read {
             path: format!("listen address {addr}"),
@@ -204,14 +209,26 @@ fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Re
 }
 
 /// `GITCANARY_WEBHOOK_SECRET` or the file named by `GITCANARY_WEBHOOK_SECRET_FILE`.
+/// An empty secret is refused: anyone could sign with it.
 fn webhook_secret() -> Result<Option<Vec<u8>>, Error> {
-    if let Ok(secret) = std::env::var("GITCANARY_WEBHOOK_SECRET") {
-        return Ok(Some(secret.into_bytes()));
+    let (secret, origin) = if let Ok(secret) = std::env::var("GITCANARY_WEBHOOK_SECRET") {
+        (secret.into_bytes(), "GITCANARY_WEBHOOK_SECRET".to_string())
+    } else {
+        match std::env::var("GITCANARY_WEBHOOK_SECRET_FILE") {
+            Ok(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|source| Error::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                (text.trim_end().as_bytes().to_vec(), format!("the file {path}"))
+            }
+            Err(_) => return Ok(None),
+        }
+    };
+    if secret.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::Usage(format!(
+            "the webhook secret in {origin} is empty: set one (openssl rand -hex 20) or unset it to turn webhooks off"
+        )));
     }
-    match std::env::var("GITCANARY_WEBHOOK_SECRET_FILE") {
-        Ok(path) => std::fs::read_to_string(&path)
-            .map(|s| Some(s.trim_end().as_bytes().to_vec()))
-            .map_err(|source| Error::Read { path, source }),
-        Err(_) => Ok(None),
-    }
+    Ok(Some(secret))
 }
