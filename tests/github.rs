@@ -204,7 +204,7 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
 
     // A reader's approval and a reader's command change nothing, even with a
     // writer's approval on another pull request.
-    let unrelated = fake.open_pull("docs-typo", "main", "Fix a typo");
+    let unrelated = fake.open_pull_as("bob", "acme", "docs-typo", "main", "Fix a typo");
     fake.review(unrelated, "alice", "APPROVED");
     fake.review(gate.number, "mallory", "APPROVED");
     fake.comment(gate.number, "mallory", "/gitcanary promote");
@@ -278,6 +278,109 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     assert_eq!(phase(&scenario).await, Some(Phase::Healthy));
 }
 
+/// Waits until the agent has read the gate's reviews `times` more times.
+async fn reviews_read(fake: &GitHubFake, gate: u64, times: usize) {
+    let path = format!("/pulls/{gate}/reviews");
+    let before = fake.count("GET", &path);
+    eventually("the agent reads the gate's reviews again", WAIT, || async {
+        (fake.count("GET", &path) >= before + times).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_gate_merges_only_the_commit_gitcanary_pushed_approved_by_someone_who_may() {
+    let scenario = Scenario::new("gh-gate-rules").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    for writer in ["alice", "carol", "release-bot[bot]"] {
+        fake.grant(writer, "write");
+    }
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry_by(&commit, 7, "carol");
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let gate = promotion_pull(&fake, 1).await;
+
+    // The change's own author, and a bot nobody listed, cannot pass the gate.
+    fake.review(gate.number, "carol", "APPROVED");
+    fake.review(gate.number, "release-bot[bot]", "APPROVED");
+    reviews_read(&fake, gate.number, 2).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    assert!(
+        fake.pulls().iter().any(|p| p.number == gate.number && p.open),
+        "not merged"
+    );
+
+    // Someone pushes to the gate branch; a writer's approval of that head
+    // merges nothing, and gitcanary says why.
+    let repo = scenario.repo.path();
+    support::run(repo, "git", &["fetch", "-q", "origin", &gate.head]);
+    support::run(repo, "git", &["checkout", "-q", "-B", "sneak", "FETCH_HEAD"]);
+    std::fs::write(
+        repo.join("echo/extra.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: extra}\n",
+    )
+    .expect("write");
+    support::run(repo, "git", &["add", "-A"]);
+    support::run(repo, "git", &["commit", "-q", "-m", "ride along"]);
+    support::run(repo, "git", &["push", "-q", "origin", &format!("HEAD:{}", gate.head)]);
+    support::run(repo, "git", &["checkout", "-q", "main"]);
+    fake.review(gate.number, "alice", "APPROVED");
+    eventually("the gate says why it stays closed", WAIT, || async {
+        fake.comments_on(gate.number)
+            .iter()
+            .any(|(_, _, b)| b.contains("not the commit gitcanary pushed"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    assert!(
+        fake.pulls().iter().any(|p| p.number == gate.number && p.open),
+        "not merged"
+    );
+    let main = scenario.git(&["ls-tree", "-r", "--name-only", "main"]);
+    assert!(!main.contains("echo/extra.yaml"), "nothing rode along: {main}");
+}
+
+#[tokio::test]
+async fn commands_are_found_however_far_down_and_gitcanarys_own_never_count() {
+    let scenario = Scenario::new("gh-paged").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    // Even with write access, gitcanary's own account gives no commands.
+    fake.grant("gitcanary[bot]", "write");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    for i in 0..120 {
+        fake.comment(7, "bob", &format!("looks fine ({i})"));
+    }
+    // gitcanary's own account quoting a command is not a command.
+    fake.comment(7, "gitcanary[bot]", "/gitcanary promote");
+    let listed = fake.count("GET", "/issues/7/comments");
+    eventually("the agent reads the comments again", WAIT, || async {
+        (fake.count("GET", "/issues/7/comments") >= listed + 4).then_some(())
+    })
+    .await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+
+    // A writer's command as the 122nd comment, on the second page.
+    fake.comment(7, "alice", "/gitcanary promote");
+    eventually("the promote is seen", WAIT, || async {
+        (phase(&scenario).await != Some(Phase::Paused)).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second_one() {
     let scenario = Scenario::new("gh-gate-close").await;
@@ -293,9 +396,13 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
     fake.carry(&commit, 8);
     let gate = promotion_pull(&fake, 1).await;
     agent.kill();
+    let reviews = format!("/pulls/{}/reviews", gate.number);
+    let looked = fake.count("GET", &reviews);
     let _agent = start_agent(&scenario, &fake);
-    // Several command polls of the new agent.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    eventually("the restarted agent looks at its gate", WAIT, || async {
+        (fake.count("GET", &reviews) > looked).then_some(())
+    })
+    .await;
     assert_eq!(phase(&scenario).await, Some(Phase::Paused));
     assert_eq!(
         fake.pulls().len(),
@@ -303,7 +410,20 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
         "a restarted agent finds its promotion pull request"
     );
 
-    fake.close(gate.number);
+    // A triager may close pull requests, but not abort a release.
+    fake.grant("trent", "triage");
+    fake.close_as(gate.number, "trent");
+    eventually("trent is told and the gate is open again", WAIT, || async {
+        let told = fake.comments_on(gate.number).iter().any(|(_, _, b)| {
+            b.starts_with("@trent closed this promotion pull request, but only a writer's close aborts")
+        });
+        let open = fake.pulls().iter().any(|p| p.number == gate.number && p.open);
+        (told && open).then_some(())
+    })
+    .await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+
+    fake.close_as(gate.number, "alice");
     wait_for_failure(&scenario).await;
     let revert = eventually("the revert commit", WAIT, || async {
         scenario

@@ -127,6 +127,14 @@ pub struct SyncArgs {
     /// pull-request comments, commit statuses and /gitcanary commands.
     #[arg(long, env = "GITCANARY_GITHUB_REPO")]
     pub github_repo: Option<String>,
+    /// Let the author of a change approve its own promotion pull request
+    /// (GitHub's own rule forbids it; off by default).
+    #[arg(long)]
+    pub gate_allow_self_approval: bool,
+    /// Bot accounts whose approvals pass a promotion pull request
+    /// (comma-separated, e.g. release-bot[bot]); no other bot's count.
+    #[arg(long, value_delimiter = ',')]
+    pub gate_bots: Vec<String>,
 }
 
 #[derive(Args)]

@@ -200,7 +200,14 @@ fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Re
         },
     };
     match token {
-        Some(token) => Ok(Some(GitHub::new(&args.github_url, &token, repo, metrics)?)),
+        Some(token) => {
+            let mut github = GitHub::new(&args.github_url, &token, repo, metrics)?;
+            github.gate_policy = crate::github::GatePolicy {
+                allow_self_approval: args.gate_allow_self_approval,
+                bots: args.gate_bots.clone(),
+            };
+            Ok(Some(github))
+        }
         None => {
             tracing::warn!("--github-repo is set but no GITCANARY_GITHUB_TOKEN: GitHub reporting is off");
             Ok(None)

@@ -6,7 +6,7 @@
 
 use tracing::{info, warn};
 
-use super::{GitHub, PullRequest};
+use super::{GitHub, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::engine::RolloutSummary;
 use crate::writeback::{GateFile, gate_branch};
@@ -59,6 +59,18 @@ pub struct GateRequest<'a> {
     pub base: &'a str,
     /// Pull requests that carried the release, for the link in the body.
     pub carried_by: &'a [u64],
+    /// Their authors: they may not pass their own change's gate.
+    pub authors: &'a [String],
+}
+
+/// The hidden line of a promotion pull request's body that names the commit
+/// gitcanary pushed: nothing else is merged.
+const GATE_COMMIT_MARKER: &str = "<!-- gitcanary:gate-commit ";
+
+fn gate_commit(body: &str) -> Option<&str> {
+    let start = body.find(GATE_COMMIT_MARKER)? + GATE_COMMIT_MARKER.len();
+    let rest = &body[start..];
+    Some(rest[..rest.find(" -->")?].trim())
 }
 
 impl GateRequest<'_> {
@@ -92,7 +104,12 @@ impl GateRequest<'_> {
         )
     }
 
-    fn body(&self) -> String {
+    /// The file the gate's commit writes, and the only one it may change.
+    fn gate_path(&self) -> String {
+        format!(".gitcanary/gates/{}/{}.yaml", self.rollout.namespace, self.rollout.name)
+    }
+
+    fn body(&self, commit: &str) -> String {
         let rollout = self.rollout;
         let carried = if self.carried_by.is_empty() {
             format!("commit {}", rollout.status.canary_commit)
@@ -106,7 +123,7 @@ impl GateRequest<'_> {
         format!(
             "Release `{}` of `{}/{}` (carried by {carried}) waits at step {}.\n\n\
              **Approve** this pull request (write access needed) and gitcanary merges it and goes on; \
-             merging it yourself does the same. **Closing it unmerged aborts the release** and reverts it in Git.\n\n{}",
+             merging it yourself does the same. **Closing it unmerged aborts the release** and reverts it in Git.\n\n{}\n{GATE_COMMIT_MARKER}{commit} -->",
             rollout.status.rollout_id,
             rollout.namespace,
             rollout.name,
@@ -120,15 +137,21 @@ impl GateRequest<'_> {
 /// branch first). Returns it with what it says.
 pub async fn drive<F>(github: &GitHub, request: &GateRequest<'_>, push_branch: F) -> Result<(PullRequest, Verdict)>
 where
-    F: AsyncFnOnce(String) -> Result<()>,
+    F: AsyncFnOnce(String) -> Result<String>,
 {
     let branch = request.branch();
-    let pull = match github.pull_for_branch(&branch).await? {
+    let repository = github.repository();
+    // Only a pull request from this repository into the tracked branch is the gate.
+    let found = github
+        .pull_for_branch(&branch)
+        .await?
+        .filter(|p| p.head_repo == repository && p.base_ref == request.base);
+    let pull = match found {
         Some(pull) => pull,
         None => {
-            push_branch(branch.clone()).await?;
+            let commit = push_branch(branch.clone()).await?;
             match github
-                .create_pull(&branch, request.base, &request.title(), &request.body())
+                .create_pull(&branch, request.base, &request.title(), &request.body(&commit))
                 .await
             {
                 Ok(pull) => {
@@ -166,12 +189,63 @@ async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>)
         });
     }
     if !pull.open {
-        return Ok(Verdict::Abort {
-            token: format!("{} closed unmerged", gate_token(number)),
-        });
+        return closed(github, number).await;
     }
-    for user in github.approvers(number).await? {
-        if !github.can_write(&user).await? {
+    // What would be merged is exactly the commit gitcanary pushed, and it
+    // changes the gate file only; anything else keeps the gate closed.
+    let pushed = gate_commit(&pull.body).unwrap_or_default();
+    if pushed.is_empty() || pull.head_sha != pushed {
+        explain(
+            github,
+            number,
+            "head",
+            &format!(
+                "The head of this pull request is {}, not the commit gitcanary pushed ({}): the gate stays closed. \
+                 Only the gate file may be merged through it; a writer can comment `/gitcanary promote` instead.",
+                short(&pull.head_sha),
+                if pushed.is_empty() {
+                    "none recorded"
+                } else {
+                    short(pushed)
+                }
+            ),
+        )
+        .await;
+        return Ok(Verdict::Waiting);
+    }
+    let gate_path = request.gate_path();
+    let others: Vec<String> = github
+        .pull_files(number)
+        .await?
+        .into_iter()
+        .filter(|f| *f != gate_path)
+        .collect();
+    if !others.is_empty() {
+        explain(
+            github,
+            number,
+            "files",
+            &format!(
+                "This pull request changes more than the gate file ({}): the gate stays closed.",
+                escape_inline(&others.join(", "))
+            ),
+        )
+        .await;
+        return Ok(Verdict::Waiting);
+    }
+    let own = github.login().await?.to_string();
+    let policy = &github.gate_policy;
+    for approval in github.approvals(number).await? {
+        let user = &approval.user;
+        // An approval counts for the commit it was given on, and only from
+        // someone who may decide: a writer, not the change's own author
+        // (unless allowed), a bot only when listed, never gitcanary itself.
+        if approval.commit != pull.head_sha
+            || *user == own
+            || (approval.bot && !policy.bots.contains(user))
+            || (!policy.allow_self_approval && request.authors.contains(user))
+            || !github.can_write(user).await?
+        {
             continue;
         }
         let title = format!("{} (approved by {user})", request.title());
@@ -187,21 +261,62 @@ async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>)
                 message,
                 ..
             }) => {
-                let marker = format!("<!-- gitcanary:merge-refused {number} -->");
-                let body = format!(
-                    "@{user} approved, but GitHub refused the merge ({status}: {message}). \
-                     The gate stays closed until the branch's rules are met and it merges; \
-                     a writer can also comment `/gitcanary promote`."
-                );
-                if let Err(error) = github.upsert_comment(number, &marker, &body).await {
-                    warn!(%error, "GitHub: cannot explain the refused merge");
-                }
+                explain(
+                    github,
+                    number,
+                    "merge-refused",
+                    &format!(
+                        "@{user} approved, but GitHub refused the merge ({status}: {}). \
+                         The gate stays closed until the branch's rules are met and it merges; \
+                         a writer can also comment `/gitcanary promote`.",
+                        escape_inline(&message)
+                    ),
+                )
+                .await;
                 Ok(Verdict::Waiting)
             }
             Err(error) => Err(error),
         };
     }
     Ok(Verdict::Waiting)
+}
+
+/// A gate closed unmerged aborts only when a writer closed it; anyone
+/// else's close is answered and undone.
+async fn closed(github: &GitHub, number: u64) -> Result<Verdict> {
+    let closer = github.closed_by(number).await?;
+    if let Some(closer) = &closer
+        && github.can_write(closer).await?
+    {
+        return Ok(Verdict::Abort {
+            token: format!("{} closed unmerged", gate_token(number)),
+        });
+    }
+    let who = closer
+        .as_deref()
+        .map_or_else(|| "someone".to_string(), |c| format!("@{c}"));
+    github
+        .reply(
+            number,
+            &format!(
+                "{who} closed this promotion pull request, but only a writer's close aborts the release: gitcanary reopens it."
+            ),
+        )
+        .await?;
+    github.reopen_pull(number).await?;
+    Ok(Verdict::Waiting)
+}
+
+/// Says on the pull request why the gate stays closed, once per reason.
+async fn explain(github: &GitHub, number: u64, reason: &str, body: &str) {
+    let marker = format!("<!-- gitcanary:gate-{reason} {number} -->");
+    if let Err(error) = github.upsert_comment(number, &marker, body).await {
+        warn!(%error, "GitHub: cannot say why the gate stays closed");
+    }
+}
+
+fn short(sha: &str) -> &str {
+    &sha[..sha.len().min(12)]
 }
 
 /// Closes this rollout's open promotion pull requests other than `keep`,

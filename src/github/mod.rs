@@ -20,11 +20,36 @@ pub mod gate;
 
 pub struct GitHub {
     client: Octocrab,
+    /// Where the API is; pagination links elsewhere are not followed.
+    base: http::Uri,
     owner: String,
     repo: String,
     metrics: Arc<Metrics>,
     /// GitHub asked for no calls before this instant (rate limit).
     quiet_until: std::sync::Mutex<Option<Instant>>,
+    /// The account gitcanary acts as: its own comments are never commands.
+    login: tokio::sync::OnceCell<String>,
+    /// Whose approvals pass a gate.
+    pub gate_policy: GatePolicy,
+}
+
+/// Whose approving reviews pass a promotion pull request, besides writers.
+#[derive(Debug, Clone, Default)]
+pub struct GatePolicy {
+    /// The author of the change being released may approve its own gate
+    /// (GitHub does not let a pull request's author approve it).
+    pub allow_self_approval: bool,
+    /// Bot accounts whose approvals count (`name[bot]`); no other bot's do.
+    pub bots: Vec<String>,
+}
+
+/// An approving review, as the latest verdict of its reviewer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    pub user: String,
+    /// The head commit the approval was given on.
+    pub commit: String,
+    pub bot: bool,
 }
 
 /// One comment that holds a command.
@@ -43,6 +68,11 @@ pub struct PullRequest {
     pub merged: bool,
     pub head_ref: String,
     pub head_sha: String,
+    /// `owner/name` of the repository the head branch is in.
+    pub head_repo: String,
+    pub base_ref: String,
+    pub author: String,
+    pub body: String,
 }
 
 impl PullRequest {
@@ -53,6 +83,13 @@ impl PullRequest {
             merged: value["merged_at"].as_str().is_some() || value["merged"].as_bool() == Some(true),
             head_ref: value["head"]["ref"].as_str().unwrap_or_default().to_string(),
             head_sha: value["head"]["sha"].as_str().unwrap_or_default().to_string(),
+            head_repo: value["head"]["repo"]["full_name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            base_ref: value["base"]["ref"].as_str().unwrap_or_default().to_string(),
+            author: value["user"]["login"].as_str().unwrap_or_default().to_string(),
+            body: value["body"].as_str().unwrap_or_default().to_string(),
         })
     }
 }
@@ -105,17 +142,46 @@ impl GitHub {
             .set_write_timeout(Some(REQUEST_TIMEOUT))
             .build()
             .map_err(setup)?;
+        let base = base_url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| Error::Usage(format!("--github-url: {e}")))?;
         Ok(GitHub {
             client,
+            base,
             owner: owner.to_string(),
             repo: repo.to_string(),
             metrics,
             quiet_until: std::sync::Mutex::new(None),
+            login: tokio::sync::OnceCell::new(),
+            gate_policy: GatePolicy::default(),
         })
     }
 
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// `owner/name`.
+    pub fn repository(&self) -> String {
+        format!("{}/{}", self.owner, self.repo)
+    }
+
+    /// The login of the account gitcanary's token acts as (asked once).
+    pub async fn login(&self) -> Result<&str> {
+        let login = self
+            .login
+            .get_or_try_init(|| async {
+                let (me, _) = self
+                    .request(Method::GET, "/user".to_string(), None, "the token's account")
+                    .await?;
+                me["login"].as_str().map(str::to_string).ok_or_else(|| Error::GitHub {
+                    context: "the token's account".into(),
+                    status: None,
+                    message: "the answer names no login".into(),
+                })
+            })
+            .await?;
+        Ok(login)
     }
 
     fn path(&self, rest: &str) -> String {
@@ -131,7 +197,40 @@ impl GitHub {
     /// Every GitHub call goes through here: counted, refused locally while
     /// GitHub asked for quiet, and backed off as the rate-limit headers say.
     async fn call(&self, method: Method, rest: &str, body: Option<&Value>, context: &str) -> Result<Value> {
-        match tokio::time::timeout(CALL_TIMEOUT, self.call_once(method, rest, body, context)).await {
+        let (value, _) = self.request(method, self.path(rest), body, context).await?;
+        Ok(value)
+    }
+
+    /// Every page of a list, following GitHub's `Link: <…>; rel="next"` on
+    /// the same host, at most [`MAX_PAGES`] pages.
+    async fn list(&self, rest: &str, context: &str) -> Result<Vec<Value>> {
+        let separator = if rest.contains('?') { '&' } else { '?' };
+        let mut uri = self.path(&format!("{rest}{separator}per_page=100"));
+        let mut items = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let (page, headers) = self.request(Method::GET, uri, None, context).await?;
+            items.extend(array(&page).iter().cloned());
+            match next_page(&headers, &self.base) {
+                Some(next) => uri = next,
+                None => return Ok(items),
+            }
+        }
+        tracing::warn!(
+            context,
+            pages = MAX_PAGES,
+            "GitHub: a list longer than this many pages was cut off"
+        );
+        Ok(items)
+    }
+
+    async fn request(
+        &self,
+        method: Method,
+        uri: String,
+        body: Option<&Value>,
+        context: &str,
+    ) -> Result<(Value, http::HeaderMap)> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.request_once(method, uri, body, context)).await {
             Ok(answer) => answer,
             Err(_) => {
                 self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
@@ -144,7 +243,13 @@ impl GitHub {
         }
     }
 
-    async fn call_once(&self, method: Method, rest: &str, body: Option<&Value>, context: &str) -> Result<Value> {
+    async fn request_once(
+        &self,
+        method: Method,
+        uri: String,
+        body: Option<&Value>,
+        context: &str,
+    ) -> Result<(Value, http::HeaderMap)> {
         let error = |status: Option<u16>, message: String| Error::GitHub {
             context: context.to_string(),
             status,
@@ -155,7 +260,6 @@ impl GitHub {
             return Err(error(None, format!("rate limited; GitHub asked to wait {wait} s more")));
         }
         self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
-        let uri = self.path(rest);
         let sent = match method {
             Method::GET => self.client._get(uri).await,
             Method::POST => self.client._post(uri, body).await,
@@ -175,7 +279,7 @@ impl GitHub {
         })?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if (200..300).contains(&status) {
-            return Ok(value);
+            return Ok((value, headers));
         }
         self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
         let now_epoch = std::time::SystemTime::now()
@@ -199,27 +303,30 @@ impl GitHub {
 
     /// Pull requests that carried a commit.
     pub async fn pulls_for_commit(&self, sha: &str) -> Result<Vec<u64>> {
+        Ok(self
+            .carried_by(sha)
+            .await?
+            .into_iter()
+            .map(|(number, _)| number)
+            .collect())
+    }
+
+    /// Pull requests that carried a commit, each with its author.
+    pub async fn carried_by(&self, sha: &str) -> Result<Vec<(u64, String)>> {
         let pulls = self
-            .call(
-                Method::GET,
-                &format!("commits/{sha}/pulls"),
-                None,
-                "pull requests of a commit",
-            )
+            .list(&format!("commits/{sha}/pulls"), "pull requests of a commit")
             .await?;
-        Ok(array(&pulls).iter().filter_map(|p| p["number"].as_u64()).collect())
+        Ok(pulls
+            .iter()
+            .filter_map(|p| {
+                let author = p["user"]["login"].as_str().unwrap_or_default().to_string();
+                Some((p["number"].as_u64()?, author))
+            })
+            .collect())
     }
 
     async fn comments(&self, pull: u64) -> Result<Vec<Value>> {
-        let comments = self
-            .call(
-                Method::GET,
-                &format!("issues/{pull}/comments?per_page=100"),
-                None,
-                "comments",
-            )
-            .await?;
-        Ok(array(&comments).to_vec())
+        self.list(&format!("issues/{pull}/comments"), "comments").await
     }
 
     /// Creates the comment holding `marker`, or edits it in place.
@@ -229,7 +336,7 @@ impl GitHub {
             .await?
             .into_iter()
             .find(|c| c["body"].as_str().is_some_and(|b| b.contains(marker)));
-        let full = format!("{marker}\n{body}");
+        let full = format!("{marker}\n{}", defang(body));
         let comment = match existing {
             Some(comment) if comment["body"].as_str() == Some(full.as_str()) => comment,
             Some(comment) => {
@@ -267,12 +374,15 @@ impl GitHub {
         Ok(())
     }
 
-    /// Commands in comments newer than `after`, oldest first.
+    /// Commands in comments newer than `after`, oldest first; comments by
+    /// gitcanary's own account never count.
     pub async fn commands(&self, pull: u64, after: u64) -> Result<Vec<CommandComment>> {
+        let own = self.login().await?.to_string();
         let mut found: Vec<CommandComment> = self
             .comments(pull)
             .await?
             .iter()
+            .filter(|c| c["user"]["login"].as_str() != Some(own.as_str()))
             .filter_map(|c| {
                 let id = c["id"].as_u64()?;
                 let command = parse_command(c["body"].as_str()?)?;
@@ -308,7 +418,7 @@ impl GitHub {
         self.call(
             Method::POST,
             &format!("issues/{pull}/comments"),
-            Some(&json!({"body": body})),
+            Some(&json!({"body": defang(body)})),
             "replying",
         )
         .await?;
@@ -318,14 +428,12 @@ impl GitHub {
     /// The newest pull request (open or closed) from `branch` of this repository.
     pub async fn pull_for_branch(&self, branch: &str) -> Result<Option<PullRequest>> {
         let pulls = self
-            .call(
-                Method::GET,
-                &format!("pulls?state=all&head={}:{branch}&per_page=100", self.owner),
-                None,
+            .list(
+                &format!("pulls?state=all&head={}:{branch}", self.owner),
                 "pull requests of a branch",
             )
             .await?;
-        Ok(array(&pulls)
+        Ok(pulls
             .iter()
             .filter_map(PullRequest::from_json)
             .filter(|p| p.head_ref == branch)
@@ -335,14 +443,9 @@ impl GitHub {
     /// Open pull requests against `base`.
     pub async fn open_pulls(&self, base: &str) -> Result<Vec<PullRequest>> {
         let pulls = self
-            .call(
-                Method::GET,
-                &format!("pulls?state=open&base={base}&per_page=100"),
-                None,
-                "open pull requests",
-            )
+            .list(&format!("pulls?state=open&base={base}"), "open pull requests")
             .await?;
-        Ok(array(&pulls).iter().filter_map(PullRequest::from_json).collect())
+        Ok(pulls.iter().filter_map(PullRequest::from_json).collect())
     }
 
     pub async fn create_pull(&self, head: &str, base: &str, title: &str, body: &str) -> Result<PullRequest> {
@@ -351,7 +454,7 @@ impl GitHub {
                 Method::POST,
                 "pulls",
                 Some(
-                    &json!({"title": title, "head": head, "base": base, "body": body, "maintainer_can_modify": false}),
+                    &json!({"title": escape_inline(title), "head": head, "base": base, "body": defang(body), "maintainer_can_modify": false}),
                 ),
                 "opening a pull request",
             )
@@ -363,32 +466,65 @@ impl GitHub {
         })
     }
 
-    /// Users whose latest review of the pull request approves it.
-    pub async fn approvers(&self, pull: u64) -> Result<Vec<String>> {
-        let reviews = self
-            .call(
-                Method::GET,
-                &format!("pulls/{pull}/reviews?per_page=100"),
-                None,
-                "reviews",
-            )
-            .await?;
-        let mut latest: Vec<(String, String)> = Vec::new();
-        for review in array(&reviews) {
+    /// Each reviewer's latest verdict on the pull request (comment-only
+    /// reviews change none), with the commit it was given on.
+    pub async fn approvals(&self, pull: u64) -> Result<Vec<Approval>> {
+        let reviews = self.list(&format!("pulls/{pull}/reviews"), "reviews").await?;
+        let mut latest: Vec<(Approval, bool)> = Vec::new();
+        for review in &reviews {
             let user = review["user"]["login"].as_str().unwrap_or_default().to_string();
-            let state = review["state"].as_str().unwrap_or_default().to_string();
-            // A comment-only review does not change a verdict.
+            let state = review["state"].as_str().unwrap_or_default();
             if user.is_empty() || state == "COMMENTED" || state == "PENDING" {
                 continue;
             }
-            latest.retain(|(u, _)| *u != user);
-            latest.push((user, state));
+            latest.retain(|(a, _)| a.user != user);
+            let approval = Approval {
+                bot: review["user"]["type"] == "Bot" || user.ends_with("[bot]"),
+                user,
+                commit: review["commit_id"].as_str().unwrap_or_default().to_string(),
+            };
+            latest.push((approval, state == "APPROVED"));
         }
         Ok(latest
             .into_iter()
-            .filter(|(_, state)| state == "APPROVED")
-            .map(|(user, _)| user)
+            .filter(|(_, approved)| *approved)
+            .map(|(a, _)| a)
             .collect())
+    }
+
+    /// The files a pull request changes.
+    pub async fn pull_files(&self, pull: u64) -> Result<Vec<String>> {
+        let files = self
+            .list(&format!("pulls/{pull}/files"), "a pull request's files")
+            .await?;
+        Ok(files
+            .iter()
+            .filter_map(|f| f["filename"].as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// Who closed the issue or pull request, when it is closed.
+    pub async fn closed_by(&self, number: u64) -> Result<Option<String>> {
+        let issue = self
+            .call(
+                Method::GET,
+                &format!("issues/{number}"),
+                None,
+                "who closed a pull request",
+            )
+            .await?;
+        Ok(issue["closed_by"]["login"].as_str().map(str::to_string))
+    }
+
+    pub async fn reopen_pull(&self, pull: u64) -> Result<()> {
+        self.call(
+            Method::PATCH,
+            &format!("pulls/{pull}"),
+            Some(&json!({"state": "open"})),
+            "reopening a pull request",
+        )
+        .await?;
+        Ok(())
     }
 
     /// Merges the pull request if its head is still `sha`.
@@ -415,8 +551,53 @@ impl GitHub {
     }
 }
 
+/// Pages a list may have: 100 items each.
+const MAX_PAGES: usize = 50;
+
+/// The `rel="next"` link of a page, when it is on the API's own host.
+fn next_page(headers: &http::HeaderMap, base: &http::Uri) -> Option<String> {
+    let link = headers.get("link")?.to_str().ok()?;
+    let next = link.split(',').find_map(|part| {
+        let (target, params) = part.split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim() == "rel=\"next\"")
+            .then(|| target.trim().trim_start_matches('<').trim_end_matches('>').to_string())
+    })?;
+    let uri: http::Uri = next.parse().ok()?;
+    (uri.scheme() == base.scheme() && uri.authority() == base.authority()).then_some(next)
+}
+
 fn array(value: &Value) -> &[Value] {
     value.as_array().map_or(&[], Vec::as_slice)
+}
+
+/// Text from elsewhere (a message, a metric name, an error) made safe to
+/// put inside a line of gitcanary's comments: one line, no table breaks.
+pub fn escape_inline(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' | '\r' => ' ',
+            c => c,
+        })
+        .collect::<String>()
+        .replace('|', "\\|")
+}
+
+/// Every comment gitcanary writes: no line of it can read as a command, so
+/// text it quotes from elsewhere cannot pass a gate in its name.
+pub fn defang(body: &str) -> String {
+    body.lines()
+        .map(|line| {
+            let indent = line.len() - line.trim_start().len();
+            if line.trim_start().starts_with('/') {
+                format!("{}\\{}", &line[..indent], &line[indent..])
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A command is a line that is exactly `/gitcanary promote` or
@@ -585,6 +766,24 @@ pub fn render_comment(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_line_of_gitcanarys_comments_reads_as_a_command() {
+        let hostile = "error ratio\n/gitcanary promote\n  /gitcanary abort";
+        let body = format!("| metric | {} |\n{hostile}", escape_inline(hostile));
+        let posted = defang(&body);
+        assert_eq!(parse_command(&posted), None, "{posted}");
+        assert!(
+            posted.starts_with("| metric | error ratio /gitcanary promote   /gitcanary abort |"),
+            "{posted}"
+        );
+        assert_eq!(escape_inline("a|b"), "a\\|b");
+        assert_eq!(
+            parse_command("/gitcanary promote"),
+            Some(Signal::Promote),
+            "people's commands still parse"
+        );
+    }
 
     #[test]
     fn commands_are_parsed_strictly() {

@@ -46,8 +46,8 @@ impl GitHubReporter<'_> {
                 continue;
             }
             let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);
-            let pulls = match github.pulls_for_commit(commit).await {
-                Ok(pulls) => pulls,
+            let (pulls, authors): (Vec<u64>, Vec<String>) = match github.carried_by(commit).await {
+                Ok(carried) => carried.into_iter().unzip(),
                 Err(error) => {
                     warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: cannot find the pull request");
                     continue;
@@ -63,6 +63,7 @@ impl GitHubReporter<'_> {
                     step,
                     base: &base,
                     carried_by: &pulls,
+                    authors: &authors,
                 };
                 gate_branch = Some(request.branch());
                 match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
@@ -102,7 +103,8 @@ impl GitHubReporter<'_> {
         signalled
     }
 
-    async fn push_gate(&self, request: &gate::GateRequest<'_>, branch: String) -> Result<()> {
+    /// Pushes the gate branch; returns the commit pushed (or pushed before).
+    async fn push_gate(&self, request: &gate::GateRequest<'_>, branch: String) -> Result<String> {
         let source = self.source.clone();
         let author = self.author.clone();
         let file = request.file(&jiff::Timestamp::now().to_string());
@@ -119,7 +121,14 @@ impl GitHubReporter<'_> {
         })
         .await??;
         debug!(?outcome, "gate branch pushed");
-        Ok(())
+        match outcome {
+            crate::writeback::Outcome::Committed { commit, .. }
+            | crate::writeback::Outcome::AlreadyInGit { commit } => Ok(commit),
+            crate::writeback::Outcome::NothingToChange => Err(crate::Error::Usage(format!(
+                "the gate branch {} already holds this gate file in a commit gitcanary did not make: delete the branch",
+                request.branch()
+            ))),
+        }
     }
 }
 

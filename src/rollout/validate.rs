@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::api::{IntOrPercent, RolloutSpec, is_rollout};
+use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::plan::parse_percent;
 use serde_json::Value;
 
@@ -113,6 +114,13 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
     let mut governed: BTreeMap<(String, String, String), String> = BTreeMap::new();
     for manifest in app.manifests.iter().filter(|m| is_rollout(m)) {
+        for signal in [PROMOTE_ANNOTATION, ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION] {
+            if !manifest.object["metadata"]["annotations"][signal].is_null() {
+                problems.push(manifest.problem(format!(
+                    "annotation {signal} is gitcanary's own signal and cannot come from Git (a merge would act on a release nobody reviewed, and every sync would fire it again): use `gitcanary promote`/`abort`, a `/gitcanary` comment or the promotion pull request"
+                )));
+            }
+        }
         let against_schema = schema_problems(&manifest.object["spec"], spec_schema(), "spec");
         if !against_schema.is_empty() {
             problems.extend(
@@ -448,6 +456,20 @@ mod tests {
         assert_eq!(
             problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &fine)]),
             Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn signals_held_in_git_are_refused() {
+        let r = rollout("      - {replicas: 1, pause: {}}\n").replace(
+            "metadata: {name: echo, namespace: demo}",
+            "metadata: {name: echo, namespace: demo, annotations: {gitcanary.io/promote: \"yes\"}}",
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &r)]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("echo/rollout.yaml:1: annotation gitcanary.io/promote is gitcanary's own signal"),
+            "{found:?}"
         );
     }
 

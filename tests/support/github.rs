@@ -35,6 +35,8 @@ pub struct Data {
     pub bare: Option<PathBuf>,
     /// API token -> user; any other token acts as `gitcanary[bot]`.
     pub tokens: BTreeMap<String, String>,
+    /// Pull request carrying a commit -> its author (default `carol`).
+    pub authors: BTreeMap<u64, String>,
     next_id: u64,
 }
 
@@ -48,8 +50,14 @@ pub struct FakePull {
     pub open: bool,
     pub merged_by: Option<String>,
     pub merge_commit: Option<String>,
-    /// (id, user, state) in the order submitted.
-    pub reviews: Vec<(u64, String, String)>,
+    /// (id, user, state, the head commit it was given on) in the order submitted.
+    pub reviews: Vec<(u64, String, String, String)>,
+    /// Who opened it.
+    pub author: String,
+    /// Who closed it, when it is closed.
+    pub closed_by: Option<String>,
+    /// The owner of the repository its head branch is in (a fork's, or this one's).
+    pub head_owner: String,
 }
 
 #[derive(Clone)]
@@ -100,6 +108,9 @@ impl GitHubFake {
             )
             .route("/repos/{owner}/{repo}/commits/{sha}/statuses", get(list_statuses))
             .route("/repos/{owner}/{repo}/pulls/{pull}/merge", put(merge_pull))
+            .route("/repos/{owner}/{repo}/pulls/{pull}/files", get(list_files))
+            .route("/repos/{owner}/{repo}/issues/{pull}", get(get_issue))
+            .route("/user", get(authenticated_user))
             .layer(axum::middleware::from_fn_with_state(data.clone(), record))
             .with_state(data.clone());
         let addr = super::serve_on_own_thread(app, "GitHub fake");
@@ -125,16 +136,23 @@ impl GitHubFake {
         let mut data = self.data.lock().expect("lock");
         data.next_id += 1;
         let id = data.next_id;
+        let head = data
+            .pull_requests
+            .iter()
+            .find(|p| p.number == pull)
+            .map(|p| p.head.clone())
+            .expect("the pull request exists");
+        let commit = branch_sha(&data, &head).unwrap_or_default();
         let pull = data
             .pull_requests
             .iter_mut()
             .find(|p| p.number == pull)
             .expect("the pull request exists");
-        pull.reviews.push((id, user.to_string(), state.to_string()));
+        pull.reviews.push((id, user.to_string(), state.to_string(), commit));
     }
 
-    /// A pull request as if a user opened it from `head`.
-    pub fn open_pull(&self, head: &str, base: &str, title: &str) -> u64 {
+    /// A pull request as if `author` opened it from `head_owner`'s `head`.
+    pub fn open_pull_as(&self, author: &str, head_owner: &str, head: &str, base: &str, title: &str) -> u64 {
         let mut data = self.data.lock().expect("lock");
         data.next_id += 1;
         let number = data.next_id;
@@ -148,12 +166,15 @@ impl GitHubFake {
             merged_by: None,
             merge_commit: None,
             reviews: Vec::new(),
+            author: author.into(),
+            closed_by: None,
+            head_owner: head_owner.into(),
         });
         number
     }
 
-    /// Closes a pull request unmerged, as a user would in the web UI.
-    pub fn close(&self, pull: u64) {
+    /// Closes a pull request unmerged, as `user` would in the web UI.
+    pub fn close_as(&self, pull: u64, user: &str) {
         let mut data = self.data.lock().expect("lock");
         let pull = data
             .pull_requests
@@ -161,6 +182,7 @@ impl GitHubFake {
             .find(|p| p.number == pull)
             .expect("the pull request exists");
         pull.open = false;
+        pull.closed_by = Some(user.to_string());
     }
 
     /// Merges a pull request as `user` would with the merge button.
@@ -173,13 +195,14 @@ impl GitHubFake {
     }
 
     pub fn carry(&self, sha: &str, pull: u64) {
-        self.data
-            .lock()
-            .expect("lock")
-            .pulls
-            .entry(sha.to_string())
-            .or_default()
-            .push(pull);
+        self.carry_by(sha, pull, "carol");
+    }
+
+    /// `author`'s pull request `pull` carried the commit `sha`.
+    pub fn carry_by(&self, sha: &str, pull: u64, author: &str) {
+        let mut data = self.data.lock().expect("lock");
+        data.pulls.entry(sha.to_string()).or_default().push(pull);
+        data.authors.insert(pull, author.to_string());
     }
 
     /// Requests with `token` act as `user` (for people using the API, as the demo does).
@@ -322,15 +345,17 @@ fn pull_json(owner: &str, repo: &str, pull: &FakePull, data: &Data) -> Value {
         "id": 9000 + n, "node_id": "PR_kwDOA", "number": n,
         "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{n}"),
         "state": if pull.open { "open" } else { "closed" }, "locked": false, "draft": false,
-        "title": pull.title, "body": pull.body, "user": user("gitcanary[bot]"),
+        "title": pull.title, "body": pull.body, "user": user(&pull.author),
         "created_at": "2026-11-30T12:00:00Z", "updated_at": "2026-11-30T12:00:00Z",
         "closed_at": if pull.open { Value::Null } else { json!("2026-11-30T12:30:00Z") },
         "merged_at": if pull.merged_by.is_some() { json!("2026-11-30T12:30:00Z") } else { Value::Null },
         "merge_commit_sha": pull.merge_commit,
         "merged": pull.merged_by.is_some(),
         "merged_by": pull.merged_by.as_deref().map(user),
-        "head": {"label": format!("{owner}:{}", pull.head), "ref": pull.head, "sha": head_sha, "user": user(owner)},
-        "base": {"label": format!("{owner}:{}", pull.base), "ref": pull.base, "sha": base_sha, "user": user(owner)},
+        "head": {"label": format!("{}:{}", pull.head_owner, pull.head), "ref": pull.head, "sha": head_sha, "user": user(&pull.head_owner),
+            "repo": {"full_name": format!("{}/{repo}", pull.head_owner), "name": repo, "owner": user(&pull.head_owner)}},
+        "base": {"label": format!("{owner}:{}", pull.base), "ref": pull.base, "sha": base_sha, "user": user(owner),
+            "repo": {"full_name": format!("{owner}/{repo}"), "name": repo, "owner": user(owner)}},
         "author_association": "NONE"
     })
 }
@@ -339,27 +364,75 @@ async fn list_pulls(
     State(data): State<Shared>,
     Path((owner, repo)): Path<(String, String)>,
     Query(query): Query<BTreeMap<String, String>>,
-) -> Json<Value> {
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
     let data = data.lock().expect("lock");
     let state = query.get("state").map_or("open", String::as_str);
+    // GitHub's `head` filter is `user:ref`: the owner of the head's repository and the branch.
     let head = query
         .get("head")
-        .map(|h| h.split_once(':').map_or(h.as_str(), |(_, b)| b));
+        .map(|h| h.split_once(':').unwrap_or((owner.as_str(), h.as_str())));
     let pulls: Vec<Value> = data
         .pull_requests
         .iter()
         .rev()
         .filter(|p| state == "all" || (state == "open") == p.open)
-        .filter(|p| head.is_none_or(|h| h == p.head))
+        .filter(|p| head.is_none_or(|(user, branch)| user == p.head_owner && branch == p.head))
         .filter(|p| query.get("base").is_none_or(|b| *b == p.base))
         .map(|p| pull_json(&owner, &repo, p, &data))
         .collect();
-    Json(Value::Array(pulls))
+    paginate(pulls, &query, &uri, &headers)
+}
+
+/// One page of a list as GitHub serves it: `per_page` (default 30, at most
+/// 100) items of page `page`, and a `Link` header with the next and last pages.
+fn paginate(
+    items: Vec<Value>,
+    query: &BTreeMap<String, String>,
+    uri: &Uri,
+    headers: &axum::http::HeaderMap,
+) -> axum::response::Response {
+    let per_page = query
+        .get("per_page")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30usize)
+        .clamp(1, 100);
+    let page = query.get("page").and_then(|v| v.parse().ok()).unwrap_or(1usize).max(1);
+    let last = items.len().div_ceil(per_page).max(1);
+    let shown: Vec<Value> = items.into_iter().skip((page - 1) * per_page).take(per_page).collect();
+    let host = headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("localhost");
+    let link_to = |n: usize| {
+        let mut params: Vec<String> = query
+            .iter()
+            .filter(|(k, _)| k.as_str() != "page")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        params.push(format!("page={n}"));
+        format!("<http://{host}{}?{}>", uri.path(), params.join("&"))
+    };
+    let mut links = Vec::new();
+    if page < last {
+        links.push(format!("{}; rel=\"next\"", link_to(page + 1)));
+        links.push(format!("{}; rel=\"last\"", link_to(last)));
+    }
+    if page > 1 {
+        links.push(format!("{}; rel=\"first\"", link_to(1)));
+        links.push(format!("{}; rel=\"prev\"", link_to(page - 1)));
+    }
+    let mut response = Json(Value::Array(shown)).into_response();
+    if !links.is_empty() {
+        response
+            .headers_mut()
+            .insert("link", links.join(", ").parse().expect("a header value"));
+    }
+    response
 }
 
 async fn create_pull(
     State(data): State<Shared>,
     Path((owner, repo)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<Value>,
 ) -> axum::response::Response {
     let mut data = data.lock().expect("lock");
@@ -386,6 +459,9 @@ async fn create_pull(
         merged_by: None,
         merge_commit: None,
         reviews: Vec::new(),
+        author: caller(&data, &headers),
+        closed_by: None,
+        head_owner: owner.clone(),
     };
     let answer = pull_json(&owner, &repo, &pull, &data);
     data.pull_requests.push(pull);
@@ -408,17 +484,33 @@ async fn get_pull(
 async fn edit_pull(
     State(data): State<Shared>,
     Path((owner, repo, number)): Path<(String, String, u64)>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<Value>,
 ) -> Result<Json<Value>, StatusCode> {
     let mut data = data.lock().expect("lock");
+    let editor = caller(&data, &headers);
+    // The author, and triage access or more, may close and reopen.
+    let may_close = matches!(
+        data.permissions.get(&editor).map(String::as_str),
+        Some("triage" | "write" | "maintain" | "admin")
+    );
     let pull = data
         .pull_requests
         .iter_mut()
         .find(|p| p.number == number)
         .ok_or(StatusCode::NOT_FOUND)?;
+    if body["state"].is_string() && !(may_close || pull.author == editor) {
+        return Err(StatusCode::FORBIDDEN);
+    }
     match body["state"].as_str() {
-        Some("closed") if pull.merged_by.is_none() => pull.open = false,
-        Some("open") if pull.merged_by.is_none() => pull.open = true,
+        Some("closed") if pull.merged_by.is_none() => {
+            pull.open = false;
+            pull.closed_by = Some(editor);
+        }
+        Some("open") if pull.merged_by.is_none() => {
+            pull.open = true;
+            pull.closed_by = None;
+        }
         _ => {}
     }
     let pull = pull.clone();
@@ -428,6 +520,32 @@ async fn edit_pull(
 async fn list_reviews(
     State(data): State<Shared>,
     Path((owner, repo, number)): Path<(String, String, u64)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let data = data.lock().expect("lock");
+    let Some(pull) = data.pull_requests.iter().find(|p| p.number == number) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let reviews: Vec<Value> = pull
+        .reviews
+        .iter()
+        .map(|(id, login, state, commit)| {
+            json!({"id": id, "node_id": "PRR_kwDOA", "user": user(login), "body": "", "state": state,
+                "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{number}#pullrequestreview-{id}"),
+                "pull_request_url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{number}"),
+                "submitted_at": "2026-11-30T12:10:00Z", "commit_id": commit, "author_association": "COLLABORATOR"})
+        })
+        .collect();
+    paginate(reviews, &query, &uri, &headers)
+}
+
+/// `GET /repos/{owner}/{repo}/issues/{number}`: a pull request is an issue,
+/// and the issue says who closed it.
+async fn get_issue(
+    State(data): State<Shared>,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
 ) -> Result<Json<Value>, StatusCode> {
     let data = data.lock().expect("lock");
     let pull = data
@@ -435,18 +553,51 @@ async fn list_reviews(
         .iter()
         .find(|p| p.number == number)
         .ok_or(StatusCode::NOT_FOUND)?;
-    let head_sha = branch_sha(&data, &pull.head).unwrap_or_default();
-    let reviews: Vec<Value> = pull
-        .reviews
-        .iter()
-        .map(|(id, login, state)| {
-            json!({"id": id, "node_id": "PRR_kwDOA", "user": user(login), "body": "", "state": state,
-                "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{number}#pullrequestreview-{id}"),
-                "pull_request_url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{number}"),
-                "submitted_at": "2026-11-30T12:10:00Z", "commit_id": head_sha, "author_association": "COLLABORATOR"})
+    Ok(Json(json!({
+        "id": 8000 + number, "number": number, "title": pull.title, "body": pull.body,
+        "state": if pull.open { "open" } else { "closed" }, "user": user(&pull.author),
+        "closed_by": pull.closed_by.as_deref().or(pull.merged_by.as_deref()).map(user),
+        "pull_request": {"url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{number}")},
+        "url": format!("https://api.github.example.test/repos/{owner}/{repo}/issues/{number}"),
+    })))
+}
+
+/// `GET /repos/{owner}/{repo}/pulls/{number}/files`: what its head changes against its base.
+async fn list_files(
+    State(data): State<Shared>,
+    Path((_owner, _repo, number)): Path<(String, String, u64)>,
+    Query(query): Query<BTreeMap<String, String>>,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let data = data.lock().expect("lock");
+    let Some(pull) = data.pull_requests.iter().find(|p| p.number == number) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Some(bare) = data.bare.as_ref() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let range = format!("refs/heads/{}...refs/heads/{}", pull.base, pull.head);
+    let names = git_in(bare, &["diff", "--name-status", &range]).unwrap_or_default();
+    let files: Vec<Value> = names
+        .lines()
+        .filter_map(|line| line.split_once('\t'))
+        .map(|(status, name)| {
+            let status = match status {
+                "A" => "added",
+                "D" => "removed",
+                _ => "modified",
+            };
+            json!({"filename": name, "status": status, "sha": "0000000000000000000000000000000000000000"})
         })
         .collect();
-    Ok(Json(Value::Array(reviews)))
+    paginate(files, &query, &uri, &headers)
+}
+
+/// `GET /user`: who the token is.
+async fn authenticated_user(State(data): State<Shared>, headers: axum::http::HeaderMap) -> Json<Value> {
+    let data = data.lock().expect("lock");
+    Json(user(&caller(&data, &headers)))
 }
 
 async fn merge_pull(
@@ -572,7 +723,7 @@ async fn pulls_for_commit(
         .map(|n| {
             json!({
                 "id": 9000 + n, "number": n, "state": "closed", "title": format!("Change {n}"),
-                "user": user("alice"), "merged_at": "2026-11-30T11:00:00Z", "merge_commit_sha": sha,
+                "user": user(data.authors.get(n).map_or("carol", String::as_str)), "merged_at": "2026-11-30T11:00:00Z", "merge_commit_sha": sha,
                 "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{n}"),
                 "url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{n}"),
                 "head": {"ref": format!("change-{n}"), "sha": sha}, "base": {"ref": "main"}
@@ -585,7 +736,10 @@ async fn pulls_for_commit(
 async fn list_comments(
     State(data): State<Shared>,
     Path((owner, repo, pull)): Path<(String, String, u64)>,
-) -> Json<Value> {
+    Query(query): Query<BTreeMap<String, String>>,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
     let data = data.lock().expect("lock");
     let comments: Vec<Value> = data
         .comments
@@ -593,7 +747,7 @@ async fn list_comments(
         .filter(|c| c.0 == pull)
         .map(|c| comment_json(&owner, &repo, pull, c.1, &c.2, &c.3))
         .collect();
-    Json(Value::Array(comments))
+    paginate(comments, &query, &uri, &headers)
 }
 
 async fn create_comment(
@@ -629,14 +783,31 @@ async fn create_review(
     };
     data.next_id += 1;
     let id = data.next_id;
+    let Some(head) = data
+        .pull_requests
+        .iter()
+        .find(|p| p.number == number)
+        .map(|p| p.head.clone())
+    else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let commit = body["commit_id"]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| branch_sha(&data, &head))
+        .unwrap_or_default();
     let Some(pull) = data.pull_requests.iter_mut().find(|p| p.number == number) else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    pull.reviews.push((id, reviewer.clone(), state.to_string()));
+    if pull.author == reviewer && state != "COMMENTED" {
+        return unprocessable("Can not approve your own pull request");
+    }
+    pull.reviews
+        .push((id, reviewer.clone(), state.to_string(), commit.clone()));
     Json(
         json!({"id": id, "node_id": "PRR_kwDOA", "user": user(&reviewer), "body": body["body"], "state": state,
         "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{number}#pullrequestreview-{id}"),
-        "submitted_at": "2026-11-30T12:10:00Z", "author_association": "COLLABORATOR"}),
+        "submitted_at": "2026-11-30T12:10:00Z", "commit_id": commit, "author_association": "COLLABORATOR"}),
     )
     .into_response()
 }
