@@ -347,7 +347,7 @@ async fn a_gate_merges_only_the_commit_gitcanary_pushed_approved_by_someone_who_
 }
 
 #[tokio::test]
-async fn commands_are_found_however_far_down_and_gitcanarys_own_never_count() {
+async fn commands_are_found_however_far_down_and_neither_gitcanarys_own_nor_earlier_ones_count() {
     let scenario = Scenario::new("gh-paged").await;
     let fake = GitHubFake::start_for(&scenario.repo.bare).await;
     fake.grant("alice", "write");
@@ -357,11 +357,13 @@ async fn commands_are_found_however_far_down_and_gitcanarys_own_never_count() {
     scenario.repo.commit_and_push("echo 1.0");
     let _agent = start_agent(&scenario, &fake);
     wait_for_phase(&scenario, Phase::Healthy).await;
+    // A writer's command written before the release began is not for it.
+    fake.comment(7, "alice", "/gitcanary promote");
     write_app(&scenario, "2.0");
     let commit = scenario.repo.commit_and_push("echo 2.0");
     fake.carry(&commit, 7);
     wait_for_phase(&scenario, Phase::Paused).await;
-    for i in 0..120 {
+    for i in 0..119 {
         fake.comment(7, "bob", &format!("looks fine ({i})"));
     }
     // gitcanary's own account quoting a command is not a command.

@@ -374,15 +374,21 @@ impl GitHub {
         Ok(())
     }
 
-    /// Commands in comments newer than `after`, oldest first; comments by
-    /// gitcanary's own account never count.
-    pub async fn commands(&self, pull: u64, after: u64) -> Result<Vec<CommandComment>> {
+    /// Commands in comments newer than `after` and written since the release
+    /// began (`since`), oldest first; comments by gitcanary's own account
+    /// never count.
+    pub async fn commands(&self, pull: u64, after: u64, since: Option<jiff::Timestamp>) -> Result<Vec<CommandComment>> {
         let own = self.login().await?.to_string();
+        let written_since = |c: &Value| {
+            let created = c["created_at"].as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
+            since.is_none_or(|since| created.is_some_and(|created| created >= since))
+        };
         let mut found: Vec<CommandComment> = self
             .comments(pull)
             .await?
             .iter()
             .filter(|c| c["user"]["login"].as_str() != Some(own.as_str()))
+            .filter(|c| written_since(c))
             .filter_map(|c| {
                 let id = c["id"].as_u64()?;
                 let command = parse_command(c["body"].as_str()?)?;

@@ -165,7 +165,13 @@ async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSu
     let mut last = rollout.last_command_comment;
     let mut signalled = false;
     for pull in pulls {
-        let commands = match github.commands(*pull, rollout.last_command_comment).await {
+        // A command written before this release began is not for it.
+        let began = rollout
+            .status
+            .step_history
+            .first()
+            .and_then(|step| step.started_at.parse::<jiff::Timestamp>().ok());
+        let commands = match github.commands(*pull, rollout.last_command_comment, began).await {
             Ok(commands) => commands,
             Err(error) => {
                 warn!(%error, pull, "GitHub: cannot read commands");

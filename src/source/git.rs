@@ -271,11 +271,20 @@ impl GitSource {
     pub(crate) fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut callbacks = RemoteCallbacks::new();
         let mut attempts = 0;
-        callbacks.credentials(move |_url, username_from_url, allowed| {
+        let configured_host = host_of(&self.url);
+        callbacks.credentials(move |url, username_from_url, allowed| {
             // libgit2 asks again after a rejected credential; one try is enough.
             attempts += 1;
             if attempts > 1 {
                 return Err(git2::Error::from_str("authentication failed"));
+            }
+            // Credentials go only to the configured host, never to one a redirect names.
+            if host_of(url) != configured_host {
+                return Err(git2::Error::from_str(&format!(
+                    "{} asks for credentials, but they are only for {}",
+                    redact_url(url),
+                    configured_host.as_deref().unwrap_or("the configured host")
+                )));
             }
             let creds = &self.credentials;
             if allowed.contains(CredentialType::SSH_KEY)
@@ -297,18 +306,27 @@ impl GitSource {
     }
 }
 
-/// Removes any `user:password@` from a URL before it is shown.
+/// Removes any `user:password@` from a URL before it is shown, whatever the
+/// password holds (`/`, `@`) and with or without a path. An `@` in the path
+/// is taken for credentials too: shown less, never more.
 pub fn redact_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('/') {
-            Some((authority, path)) if authority.contains('@') => {
-                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-                format!("{scheme}://***@{host}/{path}")
-            }
-            _ => url.to_string(),
-        },
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
         None => url.to_string(),
     }
+}
+
+/// The host (and port) a URL names, without credentials.
+fn host_of(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let after_credentials = rest[..end].rfind('@').map_or(rest, |at| &rest[at + 1..]);
+    let host = after_credentials.split('/').next()?;
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
 }
 
 /// Commits searched for the one that last changed an app.
@@ -358,6 +376,38 @@ mod tests {
             redact_url("https://git.example/org/repo.git"),
             "https://git.example/org/repo.git"
         );
+        assert_eq!(
+            redact_url("https://bob:pa/ss@w0rd@git.example/org/repo.git"),
+            "https://***@git.example/org/repo.git",
+            "a password holding / and @"
+        );
+        assert_eq!(
+            redact_url("https://bob:s3cret@git.example"),
+            "https://***@git.example",
+            "no path"
+        );
+        assert_eq!(
+            redact_url("ssh://git@git.example:22/org/repo.git"),
+            "ssh://***@git.example:22/org/repo.git"
+        );
+        assert_eq!(
+            redact_url("https://git.example/org/repo.git?ref=a@b"),
+            "https://git.example/org/repo.git?ref=a@b"
+        );
+    }
+
+    #[test]
+    fn credentials_are_only_for_the_configured_host() {
+        assert_eq!(
+            host_of("https://bob:pa/ss@Git.Example:8443/org/repo"),
+            Some("git.example:8443".into())
+        );
+        assert_eq!(host_of("https://git.example"), Some("git.example".into()));
+        assert_ne!(
+            host_of("https://evil.example/org/repo"),
+            host_of("https://git.example/org/repo")
+        );
+        assert_eq!(host_of("file:///tmp/repo.git"), None);
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct Data {
     pub tokens: BTreeMap<String, String>,
     /// Pull request carrying a commit -> its author (default `carol`).
     pub authors: BTreeMap<u64, String>,
+    /// Comment id -> when it was written.
+    pub comment_times: BTreeMap<u64, String>,
     next_id: u64,
 }
 
@@ -74,13 +76,21 @@ fn user(login: &str) -> Value {
            "url": format!("https://api.github.example.test/users/{login}")})
 }
 
-fn comment_json(owner: &str, repo: &str, pull: u64, id: u64, login: &str, body: &str) -> Value {
+/// Now, as GitHub writes times.
+fn now() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap_or_else(|_| jiff::Timestamp::now())
+        .to_string()
+}
+
+fn comment_json(owner: &str, repo: &str, pull: u64, id: u64, login: &str, body: &str, at: &str) -> Value {
     json!({
         "id": id, "node_id": "IC_kwDOA", "body": body, "user": user(login),
         "url": format!("https://api.github.example.test/repos/{owner}/{repo}/issues/comments/{id}"),
         "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{pull}#issuecomment-{id}"),
         "issue_url": format!("https://api.github.example.test/repos/{owner}/{repo}/issues/{pull}"),
-        "created_at": "2026-11-30T12:00:00Z", "updated_at": "2026-11-30T12:00:00Z",
+        "created_at": at, "updated_at": at,
         "author_association": "CONTRIBUTOR"
     })
 }
@@ -228,6 +238,7 @@ impl GitHubFake {
         data.next_id += 1;
         let id = data.next_id;
         data.comments.push((pull, id, user.to_string(), body.to_string()));
+        data.comment_times.insert(id, now());
         id
     }
 
@@ -745,7 +756,10 @@ async fn list_comments(
         .comments
         .iter()
         .filter(|c| c.0 == pull)
-        .map(|c| comment_json(&owner, &repo, pull, c.1, &c.2, &c.3))
+        .map(|c| {
+            let at = data.comment_times.get(&c.1).cloned().unwrap_or_else(now);
+            comment_json(&owner, &repo, pull, c.1, &c.2, &c.3, &at)
+        })
         .collect();
     paginate(comments, &query, &uri, &headers)
 }
@@ -762,9 +776,11 @@ async fn create_comment(
     let id = data.next_id;
     let text = body["body"].as_str().unwrap_or_default().to_string();
     data.comments.push((pull, id, author.clone(), text.clone()));
+    let at = now();
+    data.comment_times.insert(id, at.clone());
     (
         StatusCode::CREATED,
-        Json(comment_json(&owner, &repo, pull, id, &author, &text)),
+        Json(comment_json(&owner, &repo, pull, id, &author, &text, &at)),
     )
 }
 
@@ -843,14 +859,9 @@ async fn edit_comment(
         .find(|c| c.1 == id)
         .ok_or(StatusCode::NOT_FOUND)?;
     comment.3 = body["body"].as_str().unwrap_or_default().to_string();
-    Ok(Json(comment_json(
-        &owner,
-        &repo,
-        comment.0,
-        id,
-        &comment.2.clone(),
-        &comment.3.clone(),
-    )))
+    let (pull, login, text) = (comment.0, comment.2.clone(), comment.3.clone());
+    let at = data.comment_times.get(&id).cloned().unwrap_or_else(now);
+    Ok(Json(comment_json(&owner, &repo, pull, id, &login, &text, &at)))
 }
 
 async fn create_status(
