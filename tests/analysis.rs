@@ -176,7 +176,7 @@ async fn prometheus_gone_mid_analysis_pauses_the_release_and_never_promotes() {
         .replace(TEMPLATE, &template);
     scenario.repo.write("echo/rollout.yaml", &text);
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = AgentProcess::start_with(
+    let agent = AgentProcess::start_with(
         &scenario.repo,
         &scenario.ns,
         scenario.cache.path(),
@@ -207,7 +207,7 @@ async fn prometheus_gone_mid_analysis_pauses_the_release_and_never_promotes() {
     let message = paused.canary_status.expect("canary").message;
     assert!(message.contains("inconclusive"), "{message}");
     assert!(message.contains("unreachable"), "{message}");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    agent.wait_for_syncs(3).await;
     let still = status(&scenario).await.expect("status");
     assert_eq!(still.phase, Phase::Paused, "never promoted on missing data");
     assert_eq!(still.canary_status.expect("canary").current_step_index, 1);

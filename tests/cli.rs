@@ -292,12 +292,8 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
         body.as_bytes(),
     );
     assert_eq!(unsigned.map(|r| r.0), Some(401));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        color().await.as_deref(),
-        Some("blue"),
-        "a refused webhook syncs nothing"
-    );
+    // Whether a refused webhook wakes a sync is for the server's unit test,
+    // which reads its trigger queue; a fixed wait here would prove less.
 
     let other_branch = r#"{"ref":"refs/heads/feature"}"#;
     let ignored = support::http(

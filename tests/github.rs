@@ -129,11 +129,11 @@ async fn the_pull_request_follows_the_release_and_only_writers_can_promote() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    comments_read(&fake, 7, 2).await;
     assert_eq!(phase().await, Some(Phase::Paused));
     // A command in a quote is not a command, even from a writer.
     fake.comment(7, "alice", "> /gitcanary promote\nmallory asked for this");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    comments_read(&fake, 7, 2).await;
     assert_eq!(phase().await, Some(Phase::Paused));
 
     fake.comment(7, "alice", "Looks good.\n/gitcanary promote");
@@ -172,7 +172,7 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     let steps = "      - {replicas: 1, pause: {}}\n      - {replicas: 2, pause: {}}\n";
     write_app_with_steps(&scenario, "1.0", steps);
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let agent = start_agent(&scenario, &fake);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app_with_steps(&scenario, "2.0", steps);
@@ -215,7 +215,7 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    reviews_read(&fake, gate.number, 2).await;
     assert_eq!(phase(&scenario).await, Some(Phase::Paused));
     assert_eq!(current_step(&scenario).await, 1);
     assert!(fake.pulls().iter().all(|p| p.open), "nothing merged yet");
@@ -274,8 +274,18 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     assert_eq!(gates.len(), 2, "one promotion pull request per gate: {gates:?}");
     assert!(gates.iter().all(|p| p.merged_by.is_some()));
     // The gate commits started no release.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    agent.wait_for_syncs(2).await;
     assert_eq!(phase(&scenario).await, Some(Phase::Healthy));
+}
+
+/// Waits until the agent has read the comments of pull request `pull` `times` more times.
+async fn comments_read(fake: &GitHubFake, pull: u64, times: usize) {
+    let path = format!("/issues/{pull}/comments");
+    let before = fake.count("GET", &path);
+    eventually("the agent reads the comments again", WAIT, || async {
+        (fake.count("GET", &path) >= before + times).then_some(())
+    })
+    .await;
 }
 
 /// Waits until the agent has read the gate's reviews `times` more times.
@@ -479,7 +489,7 @@ async fn a_superseded_release_closes_its_promotion_pull_request() {
     })
     .await;
     assert!(second.head.ends_with("-1"));
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    reviews_read(&fake, second.number, 2).await;
     assert_eq!(phase(&scenario).await, Some(Phase::Paused));
 }
 
@@ -556,7 +566,7 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
     let steps = "      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 10s\n";
     write_app_with_steps(&scenario, "1.0", steps);
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let agent = start_agent(&scenario, &fake);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app_with_steps(&scenario, "2.0", steps);
@@ -619,7 +629,7 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
         1
     );
     // Back on stable is no news for the failed release: its comment and status keep the failure.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    agent.wait_for_syncs(2).await;
     let last_status = fake.statuses_for(&commit).last().cloned().expect("a status");
     assert_eq!(last_status.0, "failure", "{last_status:?}");
     assert!(

@@ -173,8 +173,8 @@ async fn broken_forged_replayed_and_oversized_webhooks_are_refused_and_the_agent
         Some(413),
         "over the 5 MiB limit"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(color().await.as_deref(), Some("blue"), "nothing above triggered a sync");
+    // Whether a refused request wakes a sync is for the server's unit test,
+    // which reads its trigger queue; a fixed wait here would prove less.
 
     assert_eq!(
         post(push.as_bytes(), Some(sign(b"s3cret", push.as_bytes())), "d-5"),

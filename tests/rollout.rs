@@ -343,7 +343,7 @@ async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_ret
     let scenario = Scenario::new("ro-deadline").await;
     // hold: no revert commit, so the failed version stays in Git and must not be retried.
     let strategy = "      steps:\n      - {traffic: 20%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n      gracePeriodSeconds: 1\n      progressDeadline: 4s\n      onFailure: hold\n";
-    let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
+    let (agent, cluster) = running_on_1_0(&scenario, strategy).await;
 
     let mut broken = App::new(&scenario.ns, "2.0-broken", strategy);
     broken.extra_pod_labels = ", gitcanary.test/never-ready: \"true\"";
@@ -385,7 +385,7 @@ async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_ret
     assert_eq!(cluster.weights().await, restored());
     assert_eq!(cluster.image("echo").await.as_deref(), Some("registry.test/echo:1.0"));
     // It stays failed (no second attempt) while Git still asks for the broken version.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    agent.wait_for_syncs(2).await;
     assert!(cluster.deployment("echo-canary").await.is_none());
     assert_eq!(cluster.phase_and_step().await.map(|p| p.0), Some(Phase::Failed));
 }
@@ -585,12 +585,12 @@ async fn putting_a_rollout_on_a_running_deployment_restarts_no_pod() {
     let before = pods(&cluster).await;
 
     scenario.repo.commit_and_push("echo under gitcanary");
-    let _agent = scenario.start_agent();
+    let agent = scenario.start_agent();
     eventually("adopted", WAIT, || async {
         (cluster.phase_and_step().await.map(|p| p.0) == Some(Phase::Healthy)).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    agent.wait_for_syncs(2).await;
     assert_eq!(pods(&cluster).await, before, "no pod was replaced");
     assert!(cluster.deployment("echo-canary").await.is_none());
 }

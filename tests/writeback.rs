@@ -67,7 +67,7 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
     let scenario = Scenario::new("wb-promote").await;
     app(&scenario, "1.0", false);
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = scenario.start_agent();
+    let agent = scenario.start_agent();
     healthy_on(&scenario, "1.0").await;
     app(&scenario, "2.0", false);
     let released = scenario.repo.commit_and_push("echo 2.0");
@@ -99,7 +99,7 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
         status(&scenario).await?.pending_writeback.is_none().then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    agent.wait_for_syncs(2).await;
     let status = status(&scenario).await.expect("status");
     assert_eq!(status.phase, Phase::Healthy);
     assert_eq!(status.stable_commit, released);

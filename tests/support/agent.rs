@@ -136,6 +136,30 @@ impl AgentProcess {
         .await
     }
 
+    /// Syncs finished so far (any result), from its `/metrics`.
+    pub async fn syncs(&self) -> u64 {
+        let addr = self.address().await;
+        let Some((_, text)) = super::http(&addr, "GET", "/metrics", &[], b"") else {
+            return 0;
+        };
+        text.lines()
+            .filter(|l| l.starts_with("gitcanary_syncs_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Waits until the agent has finished `more` syncs after this call: the
+    /// evidence that it looked, before a test says that nothing changed.
+    pub async fn wait_for_syncs(&self, more: u64) {
+        let before = self.syncs().await;
+        super::eventually(
+            &format!("{more} more syncs"),
+            std::time::Duration::from_secs(90),
+            || async { (self.syncs().await >= before + more).then_some(()) },
+        )
+        .await;
+    }
+
     /// Whether the process still runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
