@@ -325,6 +325,13 @@ async fn a_gate_merges_only_the_commit_gitcanary_pushed_approved_by_someone_who_
         "not merged"
     );
 
+    // A fork's pull request from a branch of the same name is not the gate,
+    // even when a writer closes it.
+    let fork = fake.open_pull_as("mallory", "mallory", &gate.head, "main", "Promote, from a fork");
+    fake.close_as(fork, "alice");
+    reviews_read(&fake, gate.number, 2).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+
     // Someone pushes to the gate branch; a writer's approval of that head
     // merges nothing, and gitcanary says why.
     let repo = scenario.repo.path();

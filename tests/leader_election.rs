@@ -137,8 +137,14 @@ async fn a_leader_stopped_with_sigterm_hands_the_lease_over_at_once() {
         (holder(&scenario).await.as_deref() == Some("agent-a")).then_some(())
     })
     .await;
-    let _b = long("agent-b");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b = long("agent-b");
+    // b looked at the Lease, found a leading, and waits.
+    eventually("b waits for the lease", WAIT, || async {
+        b.log_text()
+            .contains("another agent leads; waiting for the lease")
+            .then_some(())
+    })
+    .await;
     assert_eq!(holder(&scenario).await.as_deref(), Some("agent-a"));
     assert!(a.terminate(), "a exits cleanly");
     let stopped = Instant::now();
