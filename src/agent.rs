@@ -140,6 +140,9 @@ impl Agent {
                 _ => false,
             };
             if burst.iter().all(own_echo) {
+                self.metrics
+                    .own_write_events
+                    .fetch_add(burst.len() as u64, Ordering::Relaxed);
                 continue;
             }
             let reasons: BTreeSet<&str> = burst.iter().map(Trigger::reason).collect();

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub sync_duration: Histogram,
     pub fetch_duration: Histogram,
     pub fetch_errors: AtomicU64,
+    /// Watch events of gitcanary's own writes, recognised and slept through.
+    pub own_write_events: AtomicU64,
     pub syncs_ok: AtomicU64,
     pub syncs_failed: AtomicU64,
     pub objects_applied: AtomicU64,
@@ -143,6 +145,12 @@ impl Metrics {
             "gitcanary_git_fetch_errors_total",
             "Fetches of the source that failed.",
             &self.fetch_errors,
+        );
+        counter(
+            &mut out,
+            "gitcanary_own_write_events_total",
+            "Watch events of gitcanary's own writes, which wake no sync.",
+            &self.own_write_events,
         );
         let _ = writeln!(
             out,

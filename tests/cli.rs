@@ -76,6 +76,16 @@ fn sync_count(addr: &str) -> u64 {
         .expect("the sync count")
 }
 
+/// A plain counter of the agent's `/metrics`.
+fn counter(addr: &str, name: &str) -> u64 {
+    let (_, metrics) = support::http(addr, "GET", "/metrics", &[], b"").expect("metrics answer");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in the metrics"))
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -308,6 +318,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     );
     assert_eq!(ignored.map(|r| r.0), Some(200));
 
+    let before_webhook = sync_count(&addr);
     let signed = sign(b"hook-secret", body.as_bytes());
     let accepted = support::http(
         &addr,
@@ -324,8 +335,12 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
 
     // Someone edits a managed field: the agent's watch puts it back, in one
     // sync (the watch event of its own repair does not wake it again).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    support::eventually("the webhook's sync is counted", Duration::from_secs(15), || async {
+        (sync_count(&addr) > before_webhook).then_some(())
+    })
+    .await;
     let syncs_before_edit = sync_count(&addr);
+    let echoes_before_edit = counter(&addr, "gitcanary_own_write_events_total");
     let edit = serde_json::json!({"data": {"color": "hacked"}});
     configmaps
         .patch("settings", &PatchParams::default(), &Patch::Merge(&edit))
@@ -335,7 +350,11 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
         (color().await.as_deref() == Some("green")).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The agent saw the watch event of its own repair, and slept through it.
+    support::eventually("the repair's own watch event", Duration::from_secs(15), || async {
+        (counter(&addr, "gitcanary_own_write_events_total") > echoes_before_edit).then_some(())
+    })
+    .await;
     assert_eq!(
         sync_count(&addr),
         syncs_before_edit + 1,
