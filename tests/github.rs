@@ -533,6 +533,34 @@ async fn a_github_that_never_answers_delays_the_comment_never_the_release() {
     let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
     wait_for_failure(&scenario).await;
+
+    // Canary pods that never become ready: the deadline fires all the same.
+    // (First the abort's revert commit lands; the next change builds on it.)
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    support::run(
+        scenario.repo.path(),
+        "git",
+        &["pull", "-q", "--rebase", "origin", "main"],
+    );
+    write_app_with_steps(
+        &scenario,
+        "4.0-broken",
+        "      - {replicas: 1, pause: {}}\n      progressDeadline: 3s\n      onFailure: hold\n",
+    );
+    let deployment = scenario.repo.path().join("echo/deployment.yaml");
+    let text = std::fs::read_to_string(&deployment).expect("readable").replace(
+        "    metadata:\n      labels: {app: echo}",
+        "    metadata:\n      labels: {app: echo, gitcanary.test/never-ready: \"true\"}",
+    );
+    assert!(text.contains("never-ready"), "{text}");
+    std::fs::write(&deployment, text).expect("written");
+    scenario.repo.commit_and_push("echo 4.0, never ready");
+    eventually("the deadline fires while GitHub hangs", WAIT, || async {
+        let status = rollouts.get_opt("echo").await.ok().flatten()?.status?;
+        let message = status.canary_status?.message;
+        (status.phase == Phase::Failed && message.contains("not ready within 3s")).then_some(())
+    })
+    .await;
     // And each GitHub call gives up in time, so later reports are not stuck behind it.
     eventually("a GitHub call times out", WAIT, || async {
         agent.log_text().contains("no answer within 20 s").then_some(())

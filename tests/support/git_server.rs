@@ -130,7 +130,16 @@ impl GitRepo {
             if attempt > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            let _ = git(&["pull", "-q", "--rebase", remote, "main"]);
+            let pulled = git(&["pull", "-q", "--rebase", remote, "main"]);
+            let git_dir = dir.join(".git");
+            if !pulled && (git_dir.join("rebase-merge").exists() || git_dir.join("rebase-apply").exists()) {
+                // A conflict with gitcanary's commit: a test that means to
+                // build on it must pull first. Never push a half-done rebase.
+                let _ = git(&["rebase", "--abort"]);
+                panic!(
+                    "the commit {message:?} conflicts with what the remote holds now; pull before changing those files"
+                );
+            }
             git(&["push", "-q", remote, "HEAD:main"])
         });
         if !pushed {
