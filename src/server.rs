@@ -258,16 +258,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_signed_comment_event_wakes_the_agent_and_a_forged_one_does_not() {
-        let (triggers, mut queue) = crate::agent::trigger_channel();
-        let state = ServerState {
-            webhook_secret: Some(Arc::from(&b"s3cret"[..])),
-            branch: "main".into(),
-            triggers,
-            ready: Arc::new(AtomicBool::new(true)),
-            metrics: Arc::new(Metrics::default()),
-            deliveries: Arc::default(),
-            webhook_permits: webhook_permits(),
-        };
+        let (state, mut queue) = test_state();
         let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
             .await
             .expect("serves");

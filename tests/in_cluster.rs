@@ -349,16 +349,7 @@ async fn the_namespaced_variant_syncs_and_heals_with_roles_only() {
         &[],
     );
     let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "team-a");
-    let color = || async {
-        configmaps
-            .get_opt(&name)
-            .await
-            .ok()
-            .flatten()?
-            .data?
-            .get("color")
-            .cloned()
-    };
+    let color = || support::color_of(&configmaps, &name);
     eventually("synced with Roles only", WAIT, || async {
         (color().await.as_deref() == Some("blue")).then_some(())
     })

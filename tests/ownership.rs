@@ -17,6 +17,21 @@ async fn sync_once(f: &Fixture, options: &SyncOptions) -> SyncReport {
     sync(&f.cluster, &f.revision().await, options).await.expect("sync runs")
 }
 
+/// echo 1.0 pushed, and synced until it is available.
+async fn echo_available(f: &Fixture, options: &SyncOptions, steps: &str) {
+    support::agent::write_echo_app(&f.repo, &f.ns, "1.0", steps);
+    f.repo.commit_and_push("echo 1.0");
+    support::eventually(
+        "echo 1.0 is synced and available",
+        Duration::from_secs(60),
+        async || {
+            let report = sync_once(f, options).await;
+            (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
+        },
+    )
+    .await;
+}
+
 fn image_of(deployment: &Deployment) -> Option<String> {
     deployment
         .spec
@@ -51,17 +66,7 @@ async fn a_canary_name_someone_else_holds_stops_the_release_and_is_never_touched
     };
     deployments.create(&params, &theirs).await.expect("created by hand");
 
-    support::agent::write_echo_app(repo, ns, "1.0", STEPS);
-    repo.commit_and_push("echo 1.0");
-    support::eventually(
-        "echo 1.0 is synced and available",
-        Duration::from_secs(60),
-        async || {
-            let report = sync_once(&f, &options).await;
-            (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
-        },
-    )
-    .await;
+    echo_available(&f, &options, STEPS).await;
     // Several syncs with no release: their Deployment is still there.
     let kept = deployments.get_opt("echo-canary").await.expect("readable");
     assert_eq!(
@@ -161,17 +166,7 @@ async fn a_canary_is_its_rollouts_own_and_a_suffix_frees_a_taken_name() {
         .await
         .expect("created");
 
-    support::agent::write_echo_app(repo, ns, "1.0", STEPS);
-    repo.commit_and_push("echo 1.0");
-    support::eventually(
-        "echo 1.0 is synced and available",
-        Duration::from_secs(60),
-        async || {
-            let report = sync_once(&f, &options).await;
-            (report.is_clean() && report.app("echo").is_some_and(|a| a.health == "Healthy")).then_some(())
-        },
-    )
-    .await;
+    echo_available(&f, &options, STEPS).await;
     // Syncs with no release clean up echo's canary: the other Rollout's stays.
     let kept = deployments.get_opt("echo-canary").await.expect("readable");
     assert_eq!(

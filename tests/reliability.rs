@@ -105,6 +105,14 @@ async fn settings_color(scenario: &Scenario) -> Option<String> {
 
 /// `gitcanary sync --once` of a directory as the instance `instance`,
 /// keeping its status in the namespace `ns`.
+/// A plain counter or gauge of the agent's `/metrics`.
+fn metric_of(addr: &str, name: &str) -> Option<u64> {
+    let (_, text) = support::http(addr, "GET", "/metrics", &[], b"")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
 fn sync_once(dir: &Path, instance: &str, ns: &str) -> std::process::Output {
     gitcanary()
         .args(["sync", "--once", "--repo", &dir.display().to_string()])
@@ -215,12 +223,7 @@ async fn a_git_remote_that_never_answers_fails_the_fetch_in_time_and_probes_stil
     assert_eq!(status, 200);
     let metric = |name: &'static str| {
         let addr = addr.clone();
-        async move {
-            let (_, text) = support::http(&addr, "GET", "/metrics", &[], b"")?;
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        }
+        async move { metric_of(&addr, name) }
     };
     eventually("the stalled fetch fails", WAIT, || async {
         (metric("gitcanary_git_fetch_errors_total").await? >= 1).then_some(())
@@ -255,12 +258,7 @@ async fn a_git_remote_that_goes_away_leaves_the_cluster_as_it_was_and_sync_resum
     .await;
     let metric = |name: &'static str| {
         let addr = addr.clone();
-        async move {
-            let (_, text) = support::http(&addr, "GET", "/metrics", &[], b"")?;
-            text.lines()
-                .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        }
+        async move { metric_of(&addr, name) }
     };
     assert_eq!(metric("gitcanary_source_up").await, Some(1));
 
@@ -530,18 +528,23 @@ async fn a_refused_new_app_takes_back_only_what_it_created() {
         .expect("created by someone else");
     let dir = tempfile::tempdir().expect("dir");
     std::fs::create_dir_all(dir.path().join("app")).expect("mkdir");
-    // Shares an object someone else made, creates one, and has one the API server refuses.
+    // Shares an object someone else made, creates one, and has one only the
+    // API server refuses (a port out of range: validation cannot know).
     std::fs::write(dir.path().join("app/shared.yaml"), configmap(&ns, "shared", "blue")).expect("write");
     std::fs::write(dir.path().join("app/mine.yaml"), configmap(&ns, "mine", "blue")).expect("write");
     std::fs::write(
-        dir.path().join("app/typed.yaml"),
-        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: typed, namespace: {ns}}}\nspec:\n  replicas: \"three\"\n  selector: {{matchLabels: {{app: typed}}}}\n  template:\n    metadata: {{labels: {{app: typed}}}}\n    spec: {{containers: [{{name: web, image: web:1}}]}}\n"),
+        dir.path().join("app/refused.yaml"),
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: refused, namespace: {ns}}}\nspec:\n  ports: [{{port: 99999}}]\n"),
     )
     .expect("write");
     let output = sync_once(dir.path(), &format!("take-back-{ns}"), &ns);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("app/typed.yaml:1: "), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("app/refused.yaml:1: applying Service ") && stdout.contains("must be between 1 and 65535"),
+        "{stdout}"
+    );
     assert!(
         configmaps.get_opt("mine").await.expect("get").is_none(),
         "what it created is taken back"

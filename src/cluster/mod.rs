@@ -39,6 +39,23 @@ pub struct Cluster {
     impersonating: std::sync::Mutex<std::collections::HashMap<String, Client>>,
 }
 
+/// Discovery, tried again when it fails: an API group that goes away while
+/// it runs (a CRD deleted meanwhile) fails the whole run.
+async fn discover(client: &Client) -> Result<Discovery> {
+    let mut attempt = 0;
+    loop {
+        match Discovery::new(client.clone()).run().await {
+            Ok(discovery) => return Ok(discovery),
+            Err(error) if attempt < 3 => {
+                attempt += 1;
+                tracing::debug!(%error, attempt, "discovery failed; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
+            }
+            Err(error) => return Err(Error::kube("discovering the API server's resources")(error)),
+        }
+    }
+}
+
 /// The last resourceVersion gitcanary's own apply gave each object (by uid).
 #[derive(Debug, Default)]
 pub struct OwnWrites {
@@ -99,10 +116,7 @@ impl Cluster {
     }
 
     pub async fn from_client(client: Client) -> Result<Cluster> {
-        let discovery = Discovery::new(client.clone())
-            .run()
-            .await
-            .map_err(Error::kube("discovering the API server's resources"))?;
+        let discovery = discover(&client).await?;
         Ok(Cluster {
             client,
             discovery: RwLock::new(discovery),
@@ -115,10 +129,7 @@ impl Cluster {
 
     /// Runs discovery again, after CRDs were added.
     pub async fn refresh_discovery(&self) -> Result<()> {
-        let fresh = Discovery::new(self.client.clone())
-            .run()
-            .await
-            .map_err(Error::kube("discovering the API server's resources"))?;
+        let fresh = discover(&self.client).await?;
         *self.discovery.write().await = fresh;
         *self.discovered_at.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
         Ok(())

@@ -9,8 +9,7 @@ use kube::api::ListParams;
 
 use super::{Cluster, api_message};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
-use crate::plan::desired::prepare;
-use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, SyncOptions, key_of};
+use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, SyncOptions};
 use crate::{Error, MANAGED_BY_LABEL, Result};
 
 /// Every live object of this instance, of the kinds the apps hold. Under
@@ -133,19 +132,7 @@ pub async fn resolve_manifest<'a>(
     options: &SyncOptions,
 ) -> Option<Planned<'a>> {
     let resolved = cluster.resolve(manifest.api_version(), manifest.kind()).await?;
-    let desired = prepare(
-        manifest,
-        resolved.namespaced,
-        &options.instance,
-        &options.allowed.default_namespace,
-    );
-    let key = key_of(&desired, manifest);
-    Some(Planned {
-        manifest,
-        resolved,
-        desired,
-        key,
-    })
+    Some(Planned::new(manifest, resolved, options))
 }
 
 /// Reads each inventory entry that left Git, for prune to decide on.

@@ -523,14 +523,7 @@ impl GitHub {
     }
 
     pub async fn reopen_pull(&self, pull: u64) -> Result<()> {
-        self.call(
-            Method::PATCH,
-            &format!("pulls/{pull}"),
-            Some(&json!({"state": "open"})),
-            "reopening a pull request",
-        )
-        .await?;
-        Ok(())
+        self.set_pull_state(pull, "open", "reopening a pull request").await
     }
 
     /// Merges the pull request if its head is still `sha`.
@@ -546,11 +539,15 @@ impl GitHub {
     }
 
     pub async fn close_pull(&self, pull: u64) -> Result<()> {
+        self.set_pull_state(pull, "closed", "closing a pull request").await
+    }
+
+    async fn set_pull_state(&self, pull: u64, state: &str, context: &str) -> Result<()> {
         self.call(
             Method::PATCH,
             &format!("pulls/{pull}"),
-            Some(&json!({"state": "closed"})),
-            "closing a pull request",
+            Some(&json!({"state": state})),
+            context,
         )
         .await?;
         Ok(())

@@ -147,7 +147,24 @@ pub struct Planned<'a> {
     pub key: ObjectKey,
 }
 
-impl Planned<'_> {
+impl<'a> Planned<'a> {
+    /// The object to apply for a manifest of a kind resolved as `resolved`.
+    pub fn new(manifest: &'a Manifest, resolved: Resolved, options: &SyncOptions) -> Planned<'a> {
+        let desired = desired::prepare(
+            manifest,
+            resolved.namespaced,
+            &options.instance,
+            &options.allowed.default_namespace,
+        );
+        let key = key_of(&desired, manifest);
+        Planned {
+            manifest,
+            resolved,
+            desired,
+            key,
+        }
+    }
+
     pub fn namespace(&self) -> Option<&str> {
         self.desired["metadata"]["namespace"].as_str()
     }

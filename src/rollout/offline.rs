@@ -15,8 +15,8 @@ use super::observe::RolloutObserved;
 use super::overlay::Revisions;
 use super::plan::Observed;
 use crate::manifest::{CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
-use crate::plan::desired::{canonical_hash, prepare};
-use crate::plan::{AppInputs, LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions, key_of, plan_app};
+use crate::plan::desired::canonical_hash;
+use crate::plan::{AppInputs, LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions, plan_app};
 
 /// Reconciles of a release walked offline: enough for every step and the promote.
 const WALK_EXTRA: usize = 4;
@@ -70,19 +70,7 @@ fn offline_planned<'a>(manifest: &'a Manifest, options: &SyncOptions) -> Planned
         resource: ApiResource::from_gvk_with_plural(&gvk, &plural),
         namespaced: !CLUSTER_SCOPED_KINDS.contains(&manifest.kind()),
     };
-    let desired = prepare(
-        manifest,
-        resolved.namespaced,
-        &options.instance,
-        &options.allowed.default_namespace,
-    );
-    let key = key_of(&desired, manifest);
-    Planned {
-        manifest,
-        resolved,
-        desired,
-        key,
-    }
+    Planned::new(manifest, resolved, options)
 }
 
 /// One Rollout's release, from a template change to its promote: every
