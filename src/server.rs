@@ -168,7 +168,7 @@ mod tests {
     use super::*;
 
     async fn post(addr: SocketAddr, event: &str, body: &[u8], signature: &str) -> u16 {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let head = format!(
             "POST /webhook HTTP/1.1\r\nHost: test\r\nConnection: close\r\nX-GitHub-Event: {event}\r\nX-Hub-Signature-256: {signature}\r\nContent-Length: {}\r\n\r\n",
@@ -176,13 +176,7 @@ mod tests {
         );
         stream.write_all(head.as_bytes()).await.expect("write");
         stream.write_all(body).await.expect("write");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.expect("read");
-        response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
+        status_of(&mut stream).await
     }
 
     fn test_state() -> (ServerState, mpsc::Receiver<Trigger>) {
