@@ -339,15 +339,9 @@ impl DriftWatch {
             let Some(resolved) = cluster.resolve(api_version, kind).await else {
                 continue;
             };
-            // Under --namespaces, in those namespaces only (as the sync lists).
-            let scopes: Vec<Option<String>> = match &options.allowed.namespaces[..] {
-                namespaces if resolved.namespaced && !namespaces.is_empty() => {
-                    namespaces.iter().cloned().map(Some).collect()
-                }
-                _ => vec![None],
-            };
-            for scope in scopes {
-                let id = (api_version.clone(), kind.clone(), scope);
+            // Where the sync lists the kind.
+            for scope in options.scopes(resolved.namespaced) {
+                let id = (api_version.clone(), kind.clone(), scope.map(str::to_string));
                 if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
                     continue;
                 }

@@ -33,12 +33,10 @@ pub enum Deleted {
     Changed,
 }
 
-/// The identity an app's writes are made as.
+/// The identity an app's writes are made as: the agent's, or a tenant's.
 pub struct Writer<'c> {
     cluster: &'c Cluster,
     client: Client,
-    /// `None`: the agent's own.
-    tenant: Option<&'c ServiceAccountRef>,
 }
 
 impl Cluster {
@@ -54,11 +52,7 @@ impl Cluster {
                     .clone()
             }
         };
-        Writer {
-            cluster: self,
-            client,
-            tenant,
-        }
+        Writer { cluster: self, client }
     }
 }
 
@@ -85,17 +79,8 @@ impl<'c> Writer<'c> {
         self.cluster
     }
 
-    /// Whose identity the writes are made as, for messages.
-    pub fn identity(&self) -> String {
-        self.tenant
-            .map_or_else(|| "the agent".to_string(), |t| format!("ServiceAccount {t}"))
-    }
-
     fn api(&self, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
-        match (resolved.namespaced, namespace) {
-            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &resolved.resource),
-            _ => Api::all_with(self.client.clone(), &resolved.resource),
-        }
+        super::api_for(&self.client, resolved, namespace)
     }
 
     /// Server-side apply with gitcanary's field manager. Conflicts are forced

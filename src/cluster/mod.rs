@@ -159,9 +159,14 @@ impl Cluster {
     }
 
     pub fn api(&self, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
-        match (resolved.namespaced, namespace) {
-            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &resolved.resource),
-            _ => Api::all_with(self.client.clone(), &resolved.resource),
-        }
+        api_for(&self.client, resolved, namespace)
+    }
+}
+
+/// The API of a kind through `client`: in `namespace` for a namespaced kind.
+fn api_for(client: &Client, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
+    match (resolved.namespaced, namespace) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resolved.resource),
+        _ => Api::all_with(client.clone(), &resolved.resource),
     }
 }

@@ -28,12 +28,7 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
     }
     let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
     let scoped = kinds.into_values().flat_map(|resolved| {
-        let scopes: Vec<Option<&str>> = match &options.allowed.namespaces[..] {
-            namespaces if resolved.namespaced && !namespaces.is_empty() => {
-                namespaces.iter().map(|ns| Some(ns.as_str())).collect()
-            }
-            _ => vec![None],
-        };
+        let scopes = options.scopes(resolved.namespaced);
         scopes.into_iter().map(move |scope| (resolved.clone(), scope))
     });
     let lists = stream::iter(scoped.map(|(resolved, scope)| {

@@ -42,6 +42,18 @@ pub struct SyncOptions {
 }
 
 impl SyncOptions {
+    /// Where a kind is listed and watched: under `--namespaces`, a namespaced
+    /// kind in each of those namespaces (so Roles there suffice); otherwise
+    /// everywhere (`None`).
+    pub fn scopes(&self, namespaced: bool) -> Vec<Option<&str>> {
+        match &self.allowed.namespaces[..] {
+            namespaces if namespaced && !namespaces.is_empty() => {
+                namespaces.iter().map(|ns| Some(ns.as_str())).collect()
+            }
+            _ => vec![None],
+        }
+    }
+
     /// The identity the app's writes are made as; `None`: the agent's own.
     pub fn tenant_of(&self, app: &str) -> Option<&ServiceAccountRef> {
         self.tenants.get(app).or(self.default_tenant.as_ref())
