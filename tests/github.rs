@@ -576,19 +576,19 @@ async fn a_rate_limited_github_is_left_alone_until_its_reset() {
     let github =
         gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone()).expect("client");
     fake.rate_limit_next(1);
-    let refused = github.pulls_for_commit("abc123").await.expect_err("rate limited");
+    let refused = github.carried_by("abc123").await.expect_err("rate limited");
     assert!(refused.to_string().contains("rate limit"), "{refused}");
     assert!(github.backing_off().is_some());
     let sent = fake.count("GET", "/commits/abc123/pulls");
     // Within the window no request reaches GitHub.
-    assert!(github.pulls_for_commit("abc123").await.is_err());
+    assert!(github.carried_by("abc123").await.is_err());
     assert_eq!(fake.count("GET", "/commits/abc123/pulls"), sent);
     // After the reset (the fake says 3 s), calls go through again.
     let pulls = eventually("the limit resets", Duration::from_secs(10), || async {
-        github.pulls_for_commit("abc123").await.ok()
+        github.carried_by("abc123").await.ok()
     })
     .await;
-    assert_eq!(pulls, vec![5]);
+    assert_eq!(pulls, vec![(5, "carol".to_string())]);
     let text = metrics.render();
     assert!(text.contains("gitcanary_github_rate_limited_total 1"), "{text}");
     assert!(text.contains("gitcanary_github_errors_total 1"), "{text}");

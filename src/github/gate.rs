@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use super::{GitHub, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::engine::RolloutSummary;
-use crate::writeback::{GateFile, gate_branch};
+use crate::writeback::{GateFile, gate_branch, gate_path};
 use crate::{Error, Result};
 
 /// Prefix of every promotion branch of one rollout.
@@ -106,7 +106,7 @@ impl GateRequest<'_> {
 
     /// The file the gate's commit writes, and the only one it may change.
     fn gate_path(&self) -> String {
-        format!(".gitcanary/gates/{}/{}.yaml", self.rollout.namespace, self.rollout.name)
+        gate_path(&self.rollout.namespace, &self.rollout.name)
     }
 
     fn body(&self, commit: &str) -> String {
@@ -202,11 +202,11 @@ async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>)
             &format!(
                 "The head of this pull request is {}, not the commit gitcanary pushed ({}): the gate stays closed. \
                  Only the gate file may be merged through it; a writer can comment `/gitcanary promote` instead.",
-                short(&pull.head_sha),
+                crate::short_commit(&pull.head_sha),
                 if pushed.is_empty() {
                     "none recorded"
                 } else {
-                    short(pushed)
+                    crate::short_commit(pushed)
                 }
             ),
         )
@@ -313,10 +313,6 @@ async fn explain(github: &GitHub, number: u64, reason: &str, body: &str) {
     if let Err(error) = github.upsert_comment(number, &marker, body).await {
         warn!(%error, "GitHub: cannot say why the gate stays closed");
     }
-}
-
-fn short(sha: &str) -> &str {
-    &sha[..sha.len().min(12)]
 }
 
 /// Closes this rollout's open promotion pull requests other than `keep`,

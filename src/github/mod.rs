@@ -301,16 +301,6 @@ impl GitHub {
         Err(error(Some(status), message))
     }
 
-    /// Pull requests that carried a commit.
-    pub async fn pulls_for_commit(&self, sha: &str) -> Result<Vec<u64>> {
-        Ok(self
-            .carried_by(sha)
-            .await?
-            .into_iter()
-            .map(|(number, _)| number)
-            .collect())
-    }
-
     /// Pull requests that carried a commit, each with its author.
     pub async fn carried_by(&self, sha: &str) -> Result<Vec<(u64, String)>> {
         let pulls = self

@@ -164,13 +164,13 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
 async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSummary, pulls: &[u64]) -> bool {
     let mut last = rollout.last_command_comment;
     let mut signalled = false;
+    // A command written before this release began is not for it.
+    let began = rollout
+        .status
+        .step_history
+        .first()
+        .and_then(|step| step.started_at.parse::<jiff::Timestamp>().ok());
     for pull in pulls {
-        // A command written before this release began is not for it.
-        let began = rollout
-            .status
-            .step_history
-            .first()
-            .and_then(|step| step.started_at.parse::<jiff::Timestamp>().ok());
         let commands = match github.commands(*pull, rollout.last_command_comment, began).await {
             Ok(commands) => commands,
             Err(error) => {

@@ -329,6 +329,11 @@ pub fn gate_branch(namespace: &str, name: &str, rollout_id: &str, step: u32) -> 
     format!("gitcanary/promote/{namespace}/{name}/{rollout_id}-{step}")
 }
 
+/// The file a promotion pull request's commit writes.
+pub fn gate_path(namespace: &str, name: &str) -> String {
+    format!(".gitcanary/gates/{namespace}/{name}.yaml")
+}
+
 /// What a promotion pull request commits to its branch.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -349,7 +354,7 @@ impl Writer<'_> {
     /// started from the tracked branch; a branch that already holds it is left as is.
     pub fn open_gate(&self, branch: &str, gate: &GateFile) -> Result<Outcome> {
         let (namespace, name) = gate.rollout.split_once('/').unwrap_or(("", &gate.rollout));
-        let path = format!(".gitcanary/gates/{namespace}/{name}.yaml");
+        let path = gate_path(namespace, name);
         let content = serde_saphyr::to_string(gate).map_err(|e| Error::Serialize {
             what: format!("gate of {}", gate.rollout),
             message: e.to_string(),
