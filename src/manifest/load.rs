@@ -42,12 +42,7 @@ impl SizeCheck {
     /// Each file held back becomes a problem of its app.
     pub fn report(self, set: &mut ManifestSet) {
         for (path, bytes) in self.oversized {
-            let app_name = app_of(&path);
-            let app = set.apps.entry(app_name.clone()).or_insert_with(|| App {
-                name: app_name,
-                ..App::default()
-            });
-            app.problems.push(too_large(&path, bytes));
+            app_of_file(set, &path).problems.push(too_large(&path, bytes));
         }
     }
 }
@@ -60,11 +55,16 @@ fn too_large(path: &str, bytes: u64) -> Problem {
     }
 }
 
-fn app_of(path: &str) -> String {
-    match path.split_once('/') {
+/// The app a file belongs to (its top-level directory, or the root app),
+/// made when it is the first file of it.
+fn app_of_file<'s>(set: &'s mut ManifestSet, path: &str) -> &'s mut App {
+    let name = match path.split_once('/') {
         Some((dir, _)) => dir.to_string(),
         None => ROOT_APP.to_string(),
-    }
+    };
+    set.apps
+        .entry(name.clone())
+        .or_insert_with(|| App { name, ..App::default() })
 }
 
 /// Loads every `.yaml`/`.yml` file under `root` (hidden directories skipped).
@@ -113,11 +113,8 @@ pub fn load_files(files: impl Iterator<Item = (String, Vec<u8>)>) -> ManifestSet
         if !is_yaml(&path) {
             continue;
         }
-        let app_name = app_of(&path);
-        let app = set.apps.entry(app_name.clone()).or_insert_with(|| App {
-            name: app_name.clone(),
-            ..App::default()
-        });
+        let app = app_of_file(&mut set, &path);
+        let app_name = app.name.clone();
         parse_file(&app_name, &path, &content, app);
     }
     set

@@ -246,6 +246,31 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
     if let Some(Err(e)) = canary.progress_deadline.as_ref().map(|d| d.to_std()) {
         problems.push(format!("progressDeadline: {e}"));
     }
+    problems.extend(naming_problems(spec));
+    for routing in &canary.traffic_routings {
+        if routing.gateway.is_none() && routing.ingress.is_none() {
+            problems.push(format!(
+                "trafficRoutings for Service {}: give gateway.httpRouteName or ingress.name",
+                routing.service
+            ));
+        }
+        if let Some(ingress) = &routing.ingress
+            && ingress.class_type != "nginx"
+        {
+            problems.push(format!(
+                "ingress classType {:?} is not supported: only nginx",
+                ingress.class_type
+            ));
+        }
+    }
+    problems
+}
+
+/// Names the Rollout makes: its rolloutID (in branch names, labels and
+/// comments) and its canaries' names.
+fn naming_problems(spec: &RolloutSpec) -> Vec<String> {
+    let mut problems = Vec::new();
+    let canary = &spec.strategy.canary;
     if let Some(id) = &spec.rollout_id
         && !is_label_value(id)
     {
@@ -276,22 +301,6 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
         if canary_name.len() > 63 {
             problems.push(format!(
                 "the canary of {name} would be called {canary_name}, longer than Kubernetes' 63 characters: shorten the name or canarySuffix"
-            ));
-        }
-    }
-    for routing in &canary.traffic_routings {
-        if routing.gateway.is_none() && routing.ingress.is_none() {
-            problems.push(format!(
-                "trafficRoutings for Service {}: give gateway.httpRouteName or ingress.name",
-                routing.service
-            ));
-        }
-        if let Some(ingress) = &routing.ingress
-            && ingress.class_type != "nginx"
-        {
-            problems.push(format!(
-                "ingress classType {:?} is not supported: only nginx",
-                ingress.class_type
             ));
         }
     }
