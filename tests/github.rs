@@ -374,8 +374,10 @@ async fn commands_are_found_however_far_down_and_neither_gitcanarys_own_nor_earl
     scenario.repo.commit_and_push("echo 1.0");
     let _agent = start_agent(&scenario, &fake);
     wait_for_phase(&scenario, Phase::Healthy).await;
-    // A writer's command written before the release began is not for it.
-    fake.comment(7, "alice", "/gitcanary promote");
+    // A writer's command written before the release began (a minute ago) is not for it.
+    let a_minute_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
+    let a_minute_ago = jiff::Timestamp::from_second(a_minute_ago.as_second()).expect("a time");
+    fake.comment_at(7, "alice", "/gitcanary promote", &a_minute_ago.to_string());
     write_app(&scenario, "2.0");
     let commit = scenario.repo.commit_and_push("echo 2.0");
     fake.carry(&commit, 7);

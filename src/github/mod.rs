@@ -369,9 +369,12 @@ impl GitHub {
     /// never count.
     pub async fn commands(&self, pull: u64, after: u64, since: Option<jiff::Timestamp>) -> Result<Vec<CommandComment>> {
         let own = self.login().await?.to_string();
+        // GitHub's times are whole seconds: compare in whole seconds, so a
+        // command written in the second the release began still counts.
+        let since = since.map(|t| t.as_second());
         let written_since = |c: &Value| {
             let created = c["created_at"].as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
-            since.is_none_or(|since| created.is_some_and(|created| created >= since))
+            since.is_none_or(|since| created.is_some_and(|created| created.as_second() >= since))
         };
         let mut found: Vec<CommandComment> = self
             .comments(pull)

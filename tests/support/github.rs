@@ -78,8 +78,8 @@ fn user(login: &str) -> Value {
 
 /// Now, as GitHub writes times.
 fn now() -> String {
-    jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
+    // Whole seconds, cut (not rounded) as GitHub writes them.
+    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
         .unwrap_or_else(|_| jiff::Timestamp::now())
         .to_string()
 }
@@ -234,11 +234,16 @@ impl GitHubFake {
 
     /// A comment as if `user` wrote it on the pull request.
     pub fn comment(&self, pull: u64, user: &str, body: &str) -> u64 {
+        self.comment_at(pull, user, body, &now())
+    }
+
+    /// A comment as if `user` wrote it at `at` (RFC 3339, whole seconds).
+    pub fn comment_at(&self, pull: u64, user: &str, body: &str, at: &str) -> u64 {
         let mut data = self.data.lock().expect("lock");
         data.next_id += 1;
         let id = data.next_id;
         data.comments.push((pull, id, user.to_string(), body.to_string()));
-        data.comment_times.insert(id, now());
+        data.comment_times.insert(id, at.to_string());
         id
     }
 
