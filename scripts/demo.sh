@@ -15,6 +15,8 @@ say() { printf '   %s\n' "$*"; }
 bold "Preparing (the first run builds the control plane from Go modules: 15-20 minutes)"
 scripts/setup.sh
 cache=$(tests/testenv/build.sh | tail -1)
+renderers=$(scripts/renderers.sh | tail -n 1)
+export PATH="$renderers:$PATH"
 kubectl_bin="$cache/bin/kubectl"
 cargo build --locked --quiet --bin gitcanary --example github_fake
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
@@ -214,6 +216,21 @@ say "live replicas: $(k -n demo get deployment echoserver -o jsonpath='{.spec.re
 if "$gitcanary" diff --repo "file://$work/apps.git" --cache-dir "$work/cache-diff" >/dev/null; then
   say "gitcanary diff: the cluster matches Git (exit 0)"
 fi
+
+bold "Adding a Kustomize app (base + production overlay) and a Helm chart: rendered, then synced"
+cp -r examples/kustomize/shop "$work/clone/shop"
+cp -r examples/helm/web "$work/clone/web"
+k create namespace web >/dev/null
+push "shop (Kustomize) and web (Helm)"
+webhook >/dev/null
+for _ in $(seq 1 100); do
+  k -n shop get deployment shop >/dev/null 2>&1 && k -n web get deployment web >/dev/null 2>&1 && break
+  sleep 0.2
+done
+say "shop/shop: image $(k -n shop get deployment shop -o jsonpath='{.spec.template.spec.containers[0].image}'), replicas $(k -n shop get deployment shop -o jsonpath='{.spec.replicas}') (the overlay's newTag and patch), from $(k -n shop get deployment shop -o jsonpath='{.metadata.annotations.gitcanary\.io/source}')"
+say "generated ConfigMap: $(k -n shop get configmap -o name | grep shop-config), from $(k -n shop get configmap -o jsonpath='{.items[?(@.metadata.name!="kube-root-ca.crt")].metadata.annotations.gitcanary\.io/source}')"
+say "web/web: replicas $(k -n web get deployment web -o jsonpath='{.spec.replicas}') (values-production.yaml), from $(k -n web get deployment web -o jsonpath='{.metadata.annotations.gitcanary\.io/source}')"
+say "web's HTTPRoute, rendered because the cluster serves the Gateway API: $(k -n web get httproute -o name)"
 
 bold "Summary"
 say "git log of the repository:"

@@ -16,6 +16,10 @@ scripts/setup.sh
 step "building the test control plane (first run: about 15-20 minutes on 2 cores; cached in ~/.cache/gitcanary/testenv)"
 tests/testenv/build.sh >/dev/null
 
+step "building kustomize and helm (first run: about 3 minutes; cached in ~/.cache/gitcanary/renderers)"
+renderers=$(scripts/renderers.sh | tail -n 1)
+export PATH="$renderers:$PATH"
+
 step "cargo fmt --check"
 cargo fmt --check
 

@@ -76,6 +76,7 @@ impl Agent {
     /// Fetches and syncs once.
     pub async fn sync_once(&self) -> Result<SyncReport> {
         let source = self.source.clone();
+        source.renderers().set_capabilities(self.cluster.capabilities().await);
         let timer = self.metrics.fetch_duration.start_timer();
         let fetched = crate::blocking("fetching", move || source.fetch())
             .await

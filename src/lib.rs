@@ -9,6 +9,7 @@ pub mod github;
 pub mod lease;
 pub mod manifest;
 pub mod plan;
+pub mod render;
 pub mod report;
 pub mod rollout;
 pub mod server;

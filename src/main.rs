@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use gitcanary::Error;
-use gitcanary::cli::{self, AllowedArgs, ClusterArgs, RunArgs, SourceArgs, SyncArgs};
+use gitcanary::cli::{self, AllowedArgs, ClusterArgs, RenderArgs, RunArgs, SourceArgs, SyncArgs};
 use gitcanary::rollout::cli::Signal;
 
 /// GitOps progressive delivery: canary releases driven by Git.
@@ -37,6 +37,8 @@ enum Command {
         dir: PathBuf,
         #[command(flatten)]
         allowed: AllowedArgs,
+        #[command(flatten)]
+        render: RenderArgs,
     },
     /// Show what the next sync would change; exit 1 when the cluster differs.
     Diff(SourceArgs),
@@ -101,7 +103,7 @@ fn init_logging(format: LogFormat) {
 
 async fn dispatch(command: Command) -> Result<ExitCode, Error> {
     match command {
-        Command::Validate { dir, allowed } => cli::validate(dir, allowed),
+        Command::Validate { dir, allowed, render } => cli::validate(dir, allowed, render),
         Command::Diff(args) => cli::diff(args).await,
         Command::Sync(args) if args.once => cli::sync_once(args).await,
         Command::Sync(args) => cli::run_agent(args, None, None).await,

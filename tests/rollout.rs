@@ -659,9 +659,14 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
         tokio::spawn(async move {
             use futures::StreamExt;
             use kube::runtime::{WatchStreamExt, watcher};
-            let events = watcher(sts, watcher::Config::default().fields("metadata.name=db")).applied_objects();
+            // A watch error (a timeout on a loaded machine) re-lists after a
+            // backoff instead of ending the record.
+            let events = watcher(sts, watcher::Config::default().fields("metadata.name=db"))
+                .default_backoff()
+                .applied_objects();
             let mut events = std::pin::pin!(events);
-            while let Some(Ok(set)) = events.next().await {
+            while let Some(event) = events.next().await {
+                let Ok(set) = event else { continue };
                 let partition = set
                     .spec
                     .and_then(|s| s.update_strategy)

@@ -45,6 +45,40 @@ impl AllowedArgs {
     }
 }
 
+/// How Kustomize and Helm apps are rendered.
+#[derive(Args, Clone)]
+pub struct RenderArgs {
+    /// The kustomize program for apps holding a kustomization; default `kustomize` on PATH.
+    #[arg(long, env = "GITCANARY_KUSTOMIZE")]
+    pub kustomize: Option<PathBuf>,
+    /// The helm program for apps holding Chart.yaml; default `helm` on PATH.
+    #[arg(long, env = "GITCANARY_HELM")]
+    pub helm: Option<PathBuf>,
+    /// Let kustomizations name remote bases and resources, fetched over the network.
+    #[arg(long)]
+    pub render_allow_remote: bool,
+    /// Seconds one render may run before it is stopped.
+    #[arg(long, default_value_t = 60)]
+    pub render_timeout: u64,
+    /// Largest output of one render, in bytes.
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    pub render_max_output: u64,
+}
+
+impl RenderArgs {
+    pub fn renderers(&self, default_namespace: &str) -> std::sync::Arc<crate::render::Renderers> {
+        std::sync::Arc::new(crate::render::Renderers::new(crate::render::RenderConfig {
+            kustomize: self.kustomize.clone(),
+            helm: self.helm.clone(),
+            allow_remote: self.render_allow_remote,
+            timeout: Duration::from_secs(self.render_timeout),
+            max_output: self.render_max_output,
+            default_namespace: default_namespace.to_string(),
+            ..crate::render::RenderConfig::default()
+        }))
+    }
+}
+
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
     /// Default: as kubectl finds it (KUBECONFIG, possibly several files; ~/.kube/config; in-cluster).
@@ -73,6 +107,8 @@ pub struct SourceArgs {
     pub adopt: bool,
     #[command(flatten)]
     pub allowed: AllowedArgs,
+    #[command(flatten)]
+    pub render: RenderArgs,
     /// APP=NAMESPACE/SERVICEACCOUNT (repeatable, or comma-separated): every
     /// write of the app is made as that ServiceAccount, so RBAC bounds what a
     /// commit to it can do.
@@ -206,11 +242,12 @@ pub async fn status(
     }
 }
 
-pub fn validate(dir: PathBuf, allowed: AllowedArgs) -> Result<ExitCode, Error> {
+pub fn validate(dir: PathBuf, allowed: AllowedArgs, render: RenderArgs) -> Result<ExitCode, Error> {
     if !dir.is_dir() {
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
-    let mut set = manifest::load_dir(&dir)?;
+    // Offline: Helm renders for its own default version and API versions.
+    let mut set = manifest::load_dir(&dir, &render.renderers(&allowed.default_namespace))?;
     let options = SyncOptions {
         allowed: allowed.to_allowed(),
         ..SyncOptions::default()
@@ -260,7 +297,14 @@ pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {
             .unwrap_or_else(std::env::temp_dir)
             .join(".cache/gitcanary")
     });
-    Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)
+    let renderers = args.render.renderers(&args.allowed.default_namespace);
+    Ok(Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)?.with_renderers(renderers))
+}
+
+/// Fetches the source's newest revision, rendered for the cluster.
+pub(crate) async fn fetch(source: std::sync::Arc<Source>, cluster: &Cluster) -> Result<crate::source::Revision, Error> {
+    source.renderers().set_capabilities(cluster.capabilities().await);
+    crate::blocking("fetching", move || source.fetch()).await?
 }
 
 pub(crate) async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {
@@ -268,9 +312,9 @@ pub(crate) async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {
 }
 
 pub async fn diff(args: SourceArgs) -> Result<ExitCode, Error> {
-    let source = open_source(&args)?;
+    let source = std::sync::Arc::new(open_source(&args)?);
     let cluster = connect(&args).await?;
-    let revision = crate::blocking("fetching", move || source.fetch()).await??;
+    let revision = fetch(source, &cluster).await?;
     let (diffs, problems) = crate::sync::diff(&cluster, &revision, &options(&args)).await?;
     let color = match args.color.as_str() {
         "always" => true,

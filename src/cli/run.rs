@@ -31,8 +31,7 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     let source = Arc::new(open_source(&args.source)?);
     let cluster = connect(&args.source).await?;
     let writeback = writeback_config(&args)?;
-    let fetch_source = source.clone();
-    let revision = crate::blocking("fetching", move || fetch_source.fetch()).await??;
+    let revision = super::fetch(source.clone(), &cluster).await?;
     let mut report = sync_owned(&cluster, revision, &options(&args.source)).await?;
     write_back(&cluster, &source, &writeback, &mut report).await;
     let count = |f: fn(&crate::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();

@@ -37,6 +37,8 @@ pub struct Cluster {
     pub own_writes: OwnWrites,
     /// Clients that impersonate an app's ServiceAccount, by user name.
     impersonating: std::sync::Mutex<std::collections::HashMap<String, Client>>,
+    /// The API server's version (`v1.36.3`); empty when it would not say.
+    kube_version: String,
 }
 
 /// Discovery, tried again when it fails: an API group that goes away while
@@ -117,7 +119,15 @@ impl Cluster {
 
     pub async fn from_client(client: Client) -> Result<Cluster> {
         let discovery = discover(&client).await?;
+        let kube_version = match client.apiserver_version().await {
+            Ok(info) => info.git_version,
+            Err(error) => {
+                tracing::warn!(%error, "the API server did not give its version; Helm renders for its default");
+                String::new()
+            }
+        };
         Ok(Cluster {
+            kube_version,
             client,
             discovery: RwLock::new(discovery),
             requests: RequestCounts::default(),
@@ -143,6 +153,32 @@ impl Cluster {
             return Ok(());
         }
         self.refresh_discovery().await
+    }
+
+    /// The version and API versions the cluster serves, as `helm template`
+    /// takes them (`apps/v1` and `apps/v1/Deployment`).
+    pub async fn capabilities(&self) -> crate::render::Capabilities {
+        let discovery = self.discovery.read().await;
+        let mut api_versions = Vec::new();
+        for group in discovery.groups() {
+            for version in group.versions() {
+                let group_version = if group.name().is_empty() {
+                    version.to_string()
+                } else {
+                    format!("{}/{version}", group.name())
+                };
+                for (resource, _) in group.versioned_resources(version) {
+                    api_versions.push(format!("{group_version}/{}", resource.kind));
+                }
+                api_versions.push(group_version);
+            }
+        }
+        api_versions.sort();
+        api_versions.dedup();
+        crate::render::Capabilities {
+            kube_version: self.kube_version.clone(),
+            api_versions,
+        }
     }
 
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Option<Resolved> {

@@ -3,6 +3,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{App, Manifest, ManifestSet, Problem, ROOT_APP};
+use crate::render::{DirTree, Renderers, Rendering};
 use crate::{Error, Result};
 
 /// Largest manifest file read; bigger ones are reported, not read.
@@ -67,14 +68,23 @@ fn app_of_file<'s>(set: &'s mut ManifestSet, path: &str) -> &'s mut App {
         .or_insert_with(|| App { name, ..App::default() })
 }
 
-/// Loads every `.yaml`/`.yml` file under `root` (hidden directories skipped).
-pub fn load_dir(root: &Path) -> Result<ManifestSet> {
+/// Loads every `.yaml`/`.yml` file under `root` (hidden directories
+/// skipped), rendering the apps that are Kustomize or Helm sources.
+pub fn load_dir(root: &Path, renderers: &Renderers) -> Result<ManifestSet> {
+    let tree = DirTree {
+        root: root.to_path_buf(),
+    };
+    let rendering = Rendering::plan(&tree);
     let mut files = Vec::new();
     let mut sizes = SizeCheck::default();
+    let plain = |e: &walkdir::DirEntry| {
+        let name = e.file_name().to_string_lossy();
+        e.depth() == 0 || !(name.starts_with('.') || (e.depth() == 1 && rendering.skip.contains(name.as_ref())))
+    };
     for entry in walkdir::WalkDir::new(root)
         .sort_by_file_name()
         .into_iter()
-        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_entry(plain)
     {
         let entry = entry.map_err(|e| Error::Read {
             path: root.display().to_string(),
@@ -98,6 +108,7 @@ pub fn load_dir(root: &Path) -> Result<ManifestSet> {
     }
     let mut set = load_files(files.into_iter());
     sizes.report(&mut set);
+    rendering.finish(&tree, renderers, &mut set);
     Ok(set)
 }
 
@@ -110,7 +121,7 @@ pub(crate) fn is_yaml(path: &str) -> bool {
 pub fn load_files(files: impl Iterator<Item = (String, Vec<u8>)>) -> ManifestSet {
     let mut set = ManifestSet::default();
     for (path, content) in files {
-        if !is_yaml(&path) {
+        if !is_yaml(&path) || crate::render::is_settings_file(&path) {
             continue;
         }
         let app = app_of_file(&mut set, &path);
@@ -163,8 +174,8 @@ fn first_line(message: &str) -> &str {
     line.strip_prefix("error: ").unwrap_or(line)
 }
 
-struct Document<'a> {
-    text: &'a str,
+pub(crate) struct Document<'a> {
+    pub(crate) text: &'a str,
     /// File line of the document's first line.
     first_line: usize,
     /// File line of its first line that is neither blank nor a comment.
@@ -172,7 +183,7 @@ struct Document<'a> {
 }
 
 /// Splits a multi-document YAML file at `---` lines, keeping line numbers.
-fn split_documents(text: &str) -> Vec<Document<'_>> {
+pub(crate) fn split_documents(text: &str) -> Vec<Document<'_>> {
     let mut documents = Vec::new();
     let mut start_byte = 0;
     let mut start_line = 1;

@@ -7,7 +7,9 @@ use sha2::{Digest, Sha256};
 
 use super::Revision;
 use crate::manifest::{self, load::is_yaml};
+use crate::render::{GitTree, Renderers, Rendering};
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// Credentials for fetching (and later pushing). Read from the environment or
 /// files, never from command-line arguments, and never printed.
@@ -62,6 +64,7 @@ pub struct GitSource {
     path: String,
     credentials: Credentials,
     mirror: PathBuf,
+    pub(crate) renderers: Arc<Renderers>,
 }
 
 /// How long a Git server may take to accept a connection.
@@ -97,6 +100,7 @@ impl GitSource {
             branch: branch.to_string(),
             path: path.trim_matches('/').to_string(),
             credentials,
+            renderers: Arc::default(),
         }
     }
 
@@ -207,6 +211,11 @@ impl GitSource {
             repo.find_tree(entry.id())
                 .map_err(Error::git(format!("{} is not a directory", self.path)))?
         };
+        let source_tree = GitTree {
+            repo,
+            root: tree.clone(),
+        };
+        let rendering = Rendering::plan(&source_tree);
         let mut files = Vec::new();
         let mut failure = None;
         let mut sizes = manifest::SizeCheck::default();
@@ -214,7 +223,7 @@ impl GitSource {
         let revision = format!("commit {}", commit.id());
         let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
             let name = entry.name().unwrap_or_default();
-            if name.starts_with('.') {
+            if name.starts_with('.') || (dir.is_empty() && rendering.skip.contains(name)) {
                 return git2::TreeWalkResult::Skip;
             }
             if entry.kind() == Some(git2::ObjectType::Blob) && is_yaml(name) {
@@ -248,6 +257,7 @@ impl GitSource {
         walked.map_err(Error::git("walking the commit tree"))?;
         let mut set = manifest::load_files(files.into_iter());
         sizes.report(&mut set);
+        rendering.finish(&source_tree, &self.renderers, &mut set);
         Ok(set)
     }
 

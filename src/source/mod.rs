@@ -7,9 +7,11 @@ pub mod webhook;
 pub use git::{Credentials, GitSource, redact_url};
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::Result;
 use crate::manifest::{self, ManifestSet};
+use crate::render::Renderers;
 
 /// One revision of the source: its id and its manifests.
 #[derive(Debug, Clone)]
@@ -31,7 +33,7 @@ impl Revision {
 
 pub enum Source {
     Git(GitSource),
-    Dir { root: PathBuf },
+    Dir { root: PathBuf, renderers: Arc<Renderers> },
 }
 
 impl Source {
@@ -43,6 +45,7 @@ impl Source {
         if !is_url && local.is_dir() && !looks_like_git(local) {
             return Ok(Source::Dir {
                 root: local.join(path.trim_start_matches('/')),
+                renderers: Arc::default(),
             });
         }
         let url = if is_url {
@@ -61,11 +64,27 @@ impl Source {
     pub fn fetch(&self) -> Result<Revision> {
         match self {
             Source::Git(git) => git.fetch(),
-            Source::Dir { root } => Ok(Revision {
+            Source::Dir { root, renderers } => Ok(Revision {
                 commit: "local".to_string(),
-                manifests: manifest::load_dir(root)?,
+                manifests: manifest::load_dir(root, renderers)?,
                 app_commits: Default::default(),
             }),
+        }
+    }
+
+    /// Renders Kustomize and Helm apps with these renderers (default: found on PATH).
+    pub fn with_renderers(mut self, with: Arc<Renderers>) -> Source {
+        match &mut self {
+            Source::Git(git) => git.renderers = with,
+            Source::Dir { renderers, .. } => *renderers = with,
+        }
+        self
+    }
+
+    pub fn renderers(&self) -> &Renderers {
+        match self {
+            Source::Git(git) => &git.renderers,
+            Source::Dir { renderers, .. } => renderers,
         }
     }
 
@@ -80,7 +99,7 @@ impl Source {
     /// The local directory to watch for file events, when the source is one.
     pub fn local_dir(&self) -> Option<&Path> {
         match self {
-            Source::Dir { root } => Some(root),
+            Source::Dir { root, .. } => Some(root),
             Source::Git(_) => None,
         }
     }
@@ -89,7 +108,7 @@ impl Source {
     pub fn describe(&self) -> String {
         match self {
             Source::Git(git) => format!("{} ({})", redact_url(git.url()), git.branch()),
-            Source::Dir { root } => root.display().to_string(),
+            Source::Dir { root, .. } => root.display().to_string(),
         }
     }
 }

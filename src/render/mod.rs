@@ -1,0 +1,556 @@
+//! Rendered sources: an app directory holding a kustomization is built with
+//! Kustomize, one holding `Chart.yaml` with `helm template`; anything else is
+//! plain YAML. Renders run on a copy of the app's files (regular files only),
+//! with a deadline and an output cap, and are cached by the Git tree ids they
+//! read, so a sync where nothing changed renders nothing.
+
+mod helm;
+mod kustomize;
+pub mod process;
+pub mod tree;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::manifest::{App, Manifest, Problem};
+pub use tree::{DirTree, GitTree, SourceTree};
+
+/// The optional settings file of an app directory; never applied.
+pub const SETTINGS_FILE: &str = "gitcanary.yaml";
+/// Names Kustomize accepts for a kustomization, in its order of preference.
+pub const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
+
+/// `gitcanary.yaml`: how the app's renderer is to be run.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Settings {
+    #[serde(default)]
+    pub kustomize: Option<KustomizeSettings>,
+    #[serde(default)]
+    pub helm: Option<HelmSettings>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KustomizeSettings {
+    /// The directory to build, relative to the app (an overlay such as
+    /// `overlays/production`, or `../shop/overlays/staging` for an app that
+    /// is one overlay of another's base); default the app directory.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HelmSettings {
+    /// Default: the app's name.
+    #[serde(default)]
+    pub release_name: Option<String>,
+    /// `.Release.Namespace`; default the agent's default namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Values files in the app directory, applied in order on top of the
+    /// chart's `values.yaml`.
+    #[serde(default)]
+    pub values_files: Vec<String>,
+}
+
+/// How an app's manifests are made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Plain,
+    /// Built from this directory (relative to the source path).
+    Kustomize {
+        build_dir: String,
+    },
+    Helm(HelmSettings),
+}
+
+/// The app directory's kind, from its top-level files and settings; a
+/// problem when the settings cannot be read or ask for what is not there.
+pub fn detect(tree: &dyn SourceTree, app: &str) -> Result<Kind, Problem> {
+    let Some(entries) = tree.list(app) else {
+        return Ok(Kind::Plain);
+    };
+    let settings_path = tree::join(app, SETTINGS_FILE);
+    let settings = match entries.get(SETTINGS_FILE) {
+        Some(tree::Entry::File) => read_settings(tree, &settings_path)?,
+        _ => Settings::default(),
+    };
+    let has_kustomization = KUSTOMIZATION_FILES.iter().any(|f| entries.contains_key(*f));
+    let has_chart = entries.contains_key("Chart.yaml");
+    let problem = |message: String| Problem {
+        file: settings_path.clone(),
+        line: 1,
+        message,
+    };
+    match (settings.kustomize, settings.helm) {
+        (Some(_), Some(_)) => Err(problem("names both kustomize and helm; an app has one renderer".into())),
+        (Some(kustomize), None) => {
+            let path = kustomize.path.unwrap_or_default();
+            let Some(build_dir) = tree::resolve(app, &path) else {
+                return Err(problem(format!("kustomize.path {path:?} is outside the repository")));
+            };
+            Ok(Kind::Kustomize { build_dir })
+        }
+        (None, Some(helm)) if has_chart => Ok(Kind::Helm(helm)),
+        (None, Some(_)) => Err(problem(format!(
+            "names helm settings, but {app}/Chart.yaml does not exist"
+        ))),
+        (None, None) if has_kustomization => Ok(Kind::Kustomize {
+            build_dir: app.to_string(),
+        }),
+        (None, None) if has_chart => Ok(Kind::Helm(HelmSettings::default())),
+        (None, None) => Ok(Kind::Plain),
+    }
+}
+
+fn read_settings(tree: &dyn SourceTree, path: &str) -> Result<Settings, Problem> {
+    let problem = |line: usize, message: String| Problem {
+        file: path.to_string(),
+        line,
+        message,
+    };
+    let content = tree.read(path).map_err(|e| problem(1, e))?;
+    let text = String::from_utf8(content).map_err(|_| problem(1, "file is not UTF-8".into()))?;
+    if text.trim().is_empty() {
+        return Ok(Settings::default());
+    }
+    serde_saphyr::from_str::<Settings>(&text).map_err(|error| {
+        let line = error.location().map_or(1, |l| l.line() as usize);
+        let message = error.to_string();
+        let first = message
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or(&message)
+            .trim();
+        problem(
+            line,
+            format!("invalid settings: {}", first.strip_prefix("error: ").unwrap_or(first)),
+        )
+    })
+}
+
+/// What the cluster serves, for charts that branch on `.Capabilities`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    /// `v1.36.3`
+    pub kube_version: String,
+    /// `apps/v1`, `apps/v1/Deployment`, ...
+    pub api_versions: Vec<String>,
+}
+
+/// How renderers are found and bounded.
+#[derive(Debug, Clone)]
+pub struct RenderConfig {
+    /// The kustomize program; default `kustomize` on PATH.
+    pub kustomize: Option<PathBuf>,
+    /// The helm program; default `helm` on PATH.
+    pub helm: Option<PathBuf>,
+    /// Let Kustomize fetch remote bases and resources.
+    pub allow_remote: bool,
+    pub timeout: Duration,
+    /// Largest output of one render, in bytes.
+    pub max_output: u64,
+    /// Renders run at once.
+    pub parallel: usize,
+    /// `.Release.Namespace` when the settings name none.
+    pub default_namespace: String,
+}
+
+impl Default for RenderConfig {
+    fn default() -> Self {
+        RenderConfig {
+            kustomize: None,
+            helm: None,
+            allow_remote: false,
+            timeout: Duration::from_secs(60),
+            max_output: 32 * 1024 * 1024,
+            parallel: 4,
+            default_namespace: crate::manifest::DEFAULT_NAMESPACE.to_string(),
+        }
+    }
+}
+
+/// The manifests and problems of one render.
+#[derive(Debug, Clone, Default)]
+pub struct Rendered {
+    pub manifests: Vec<Manifest>,
+    pub problems: Vec<Problem>,
+}
+
+/// Renderers, their versions, the cluster's capabilities and the cache of
+/// renders; one per source.
+#[derive(Debug, Default)]
+pub struct Renderers {
+    pub config: RenderConfig,
+    capabilities: RwLock<Option<Capabilities>>,
+    versions: Mutex<HashMap<PathBuf, String>>,
+    cache: Mutex<HashMap<String, Arc<Rendered>>>,
+    renders: AtomicU64,
+}
+
+impl Renderers {
+    pub fn new(config: RenderConfig) -> Renderers {
+        Renderers {
+            config,
+            ..Renderers::default()
+        }
+    }
+
+    /// Sets what Helm renders for; renders made for other capabilities are
+    /// not reused.
+    pub fn set_capabilities(&self, capabilities: Capabilities) {
+        *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = Some(capabilities);
+    }
+
+    /// Renders run so far (cache hits are not renders).
+    pub fn renders(&self) -> u64 {
+        self.renders.load(Ordering::Relaxed)
+    }
+
+    fn capabilities(&self) -> Option<Capabilities> {
+        self.capabilities.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The program and its version, or a message for the app that needs it.
+    fn program(&self, name: &str, configured: Option<&Path>) -> Result<(PathBuf, String), String> {
+        let hint = format!(
+            "give --{name} PATH or put {name} on PATH; scripts/renderers.sh builds the pinned version into ~/.cache/gitcanary"
+        );
+        let path = match configured {
+            Some(path) => path.to_path_buf(),
+            None => find_on_path(name).ok_or_else(|| format!("the {name} program is not installed ({hint})"))?,
+        };
+        let mut versions = self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(version) = versions.get(&path) {
+            return Ok((path, version.clone()));
+        }
+        let mut command = std::process::Command::new(&path);
+        command.args(if name == "helm" {
+            &["version", "--short"][..]
+        } else {
+            &["version"][..]
+        });
+        let version = process::run(command, self.config.timeout, 4096)
+            .map(|out| String::from_utf8_lossy(&out).trim().to_string())
+            .map_err(|e| format!("{} cannot be run ({e:?}; {hint})", path.display()))?;
+        versions.insert(path.clone(), version.clone());
+        Ok((path, version))
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// One app to render: its name, and how.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub app: String,
+    pub kind: Kind,
+}
+
+/// What a render reads and how it runs, before its files are copied.
+struct Plan {
+    /// The render's cache key: the renderer, its settings, and the ids of
+    /// every directory it reads.
+    key: String,
+    /// Directories to copy to the scratch directory.
+    dirs: Vec<String>,
+    /// The render, on the scratch directory.
+    run: Box<dyn FnOnce(&Path) -> Rendered + Send>,
+    /// Where a failure to copy is reported.
+    file: String,
+}
+
+/// A render ready to run on its copied files.
+struct Prepared {
+    app: String,
+    key: String,
+    scratch: tempfile::TempDir,
+    run: Box<dyn FnOnce(&Path) -> Rendered + Send>,
+}
+
+/// Largest sum of the files one render reads.
+const MAX_RENDER_INPUT_BYTES: u64 = crate::manifest::MAX_REVISION_BYTES;
+
+/// Renders the apps (from the cache where their files did not change),
+/// several at once, and returns each as an app of manifests and problems.
+pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>) -> Vec<App> {
+    let mut done: BTreeMap<String, Rendered> = BTreeMap::new();
+    let mut used = HashSet::new();
+    let mut pending = Vec::new();
+    let failed = |problem| Rendered {
+        manifests: Vec::new(),
+        problems: vec![problem],
+    };
+    for job in jobs {
+        let plan = match prepare(tree, renderers, &job) {
+            Ok(plan) => plan,
+            Err(problem) => {
+                done.insert(job.app, failed(problem));
+                continue;
+            }
+        };
+        used.insert(plan.key.clone());
+        let hit = renderers
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&plan.key)
+            .cloned();
+        if let Some(rendered) = hit {
+            done.insert(job.app, (*rendered).clone());
+            continue;
+        }
+        let copied = scratch().and_then(|dir| {
+            tree::export(tree, &plan.dirs, dir.path(), MAX_RENDER_INPUT_BYTES)?;
+            Ok(dir)
+        });
+        match copied {
+            Ok(scratch) => pending.push(Prepared {
+                app: job.app,
+                key: plan.key,
+                scratch,
+                run: plan.run,
+            }),
+            Err(message) => {
+                done.insert(
+                    job.app,
+                    failed(refusal(&plan.file, 1, format!("cannot render: {message}"))),
+                );
+            }
+        }
+    }
+    for (prepared, rendered) in run_parallel(pending, renderers.config.parallel) {
+        renderers.renders.fetch_add(1, Ordering::Relaxed);
+        // Only a clean render is kept: a timeout may pass on the next try.
+        if rendered.problems.is_empty() {
+            renderers
+                .cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(prepared.key.clone(), Arc::new(rendered.clone()));
+        }
+        done.insert(prepared.app, rendered);
+    }
+    renderers
+        .cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|key, _| used.contains(key));
+    done.into_iter()
+        .map(|(name, rendered)| App {
+            name,
+            manifests: rendered.manifests,
+            problems: rendered.problems,
+        })
+        .collect()
+}
+
+fn prepare(tree: &dyn SourceTree, renderers: &Renderers, job: &Job) -> Result<Plan, Problem> {
+    match &job.kind {
+        Kind::Plain => Err(refusal(&job.app, 1, "a plain app is parsed, not rendered")),
+        Kind::Kustomize { build_dir } => kustomize::prepare(tree, renderers, &job.app, build_dir),
+        Kind::Helm(settings) => helm::prepare(tree, renderers, &job.app, settings),
+    }
+}
+
+fn run_parallel(jobs: Vec<Prepared>, parallel: usize) -> Vec<(Prepared, Rendered)> {
+    let jobs: Vec<Mutex<Option<Prepared>>> = jobs.into_iter().map(|j| Mutex::new(Some(j))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.max(1).min(jobs.len()) {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(slot) = jobs.get(index) else { break };
+                    let Some(mut job) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                        continue;
+                    };
+                    let run = std::mem::replace(&mut job.run, Box::new(|_| Rendered::default()));
+                    let rendered = run(job.scratch.path());
+                    results.lock().unwrap_or_else(|e| e.into_inner()).push((job, rendered));
+                }
+            });
+        }
+    });
+    results.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh scratch directory for one render.
+fn scratch() -> Result<tempfile::TempDir, String> {
+    tempfile::Builder::new()
+        .prefix("gitcanary-render-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a scratch directory: {e}"))
+}
+
+/// The 1-based line of the first line of `text` holding `needle`.
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).map_or(1, |i| i + 1)
+}
+
+/// The renderer's first error line, with the scratch directory's paths
+/// turned back into the repository's.
+fn error_line(stderr: &str, scratch: &Path) -> String {
+    let scratch = format!("{}/", scratch.display());
+    let line = stderr
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("Error:"))
+        .or_else(|| stderr.lines().map(str::trim).find(|l| !l.is_empty()))
+        .unwrap_or("failed without a message");
+    let line = line.strip_prefix("Error: ").unwrap_or(line).replace(&scratch, "");
+    let mut end = line.len().min(500);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    line[..end].to_string()
+}
+
+/// What a render that did not finish says.
+fn failure_message(program: &str, failure: process::Failure, scratch: &Path) -> String {
+    match failure {
+        process::Failure::Spawn(e) => format!("{program} could not be started: {e}"),
+        process::Failure::TimedOut(after) => {
+            format!(
+                "{program} was still rendering after {} s and was stopped; nothing of the app is applied",
+                after.as_secs()
+            )
+        }
+        process::Failure::TooLarge(cap) => {
+            format!("{program} printed more than the {cap}-byte cap and was stopped; nothing of the app is applied")
+        }
+        process::Failure::Exited(stderr) => format!("{program}: {}", error_line(&stderr, scratch)),
+    }
+}
+
+/// Environment of a renderer: nothing of the agent's own (tokens, HOME),
+/// and with the network closed unless remote sources are allowed.
+fn sandbox(command: &mut std::process::Command, scratch: &Path, allow_remote: bool) {
+    command.env_clear();
+    command.env("HOME", scratch.join(".home"));
+    command.env("HELM_CACHE_HOME", scratch.join(".home/cache"));
+    command.env("HELM_CONFIG_HOME", scratch.join(".home/config"));
+    command.env("HELM_DATA_HOME", scratch.join(".home/data"));
+    command.env("HELM_PLUGINS", scratch.join(".home/plugins"));
+    if allow_remote {
+        if let Some(path) = std::env::var_os("PATH") {
+            command.env("PATH", path);
+        }
+    } else {
+        for proxy in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"] {
+            command.env(proxy, "http://127.0.0.1:9");
+        }
+        command.env("GIT_ALLOW_PROTOCOL", "none");
+    }
+    command.current_dir(scratch);
+}
+
+/// Splits rendered YAML into manifests of `app`; `source_of` names each
+/// object's file from the document's text and object.
+fn parse_output(
+    app: &str,
+    output: &[u8],
+    fallback_file: &str,
+    mut source_of: impl FnMut(&str, &mut serde_json::Value) -> String,
+) -> Rendered {
+    let mut rendered = Rendered::default();
+    let Ok(text) = std::str::from_utf8(output) else {
+        rendered.problems.push(Problem {
+            file: fallback_file.to_string(),
+            line: 1,
+            message: "the renderer's output is not UTF-8".into(),
+        });
+        return rendered;
+    };
+    for document in crate::manifest::load::split_documents(text) {
+        match serde_saphyr::from_str::<serde_json::Value>(document.text) {
+            Ok(serde_json::Value::Null) => {}
+            Ok(mut object) => {
+                let file = source_of(document.text, &mut object);
+                rendered.manifests.push(Manifest {
+                    app: app.to_string(),
+                    file,
+                    line: 1,
+                    object,
+                });
+            }
+            Err(error) => rendered.problems.push(Problem {
+                file: fallback_file.to_string(),
+                line: 1,
+                message: format!(
+                    "the renderer printed invalid YAML: {}",
+                    error.to_string().lines().next().unwrap_or_default()
+                ),
+            }),
+        }
+    }
+    rendered
+}
+
+/// The problem of an app that cannot be rendered, at `file`.
+fn refusal(file: &str, line: usize, message: impl Into<String>) -> Problem {
+    Problem {
+        file: file.to_string(),
+        line,
+        message: message.into(),
+    }
+}
+
+/// Which apps of a source are rendered: their directories are not read as
+/// manifests; [`Rendering::finish`] renders them into the set.
+#[derive(Debug, Default)]
+pub struct Rendering {
+    /// App directories that are not plain YAML.
+    pub skip: HashSet<String>,
+    jobs: Vec<Job>,
+    /// Apps whose settings could not be read.
+    broken: Vec<App>,
+}
+
+impl Rendering {
+    pub fn plan(tree: &dyn SourceTree) -> Rendering {
+        let mut rendering = Rendering::default();
+        let apps = tree.list("").unwrap_or_default();
+        for (app, _) in apps.into_iter().filter(|(_, kind)| *kind == tree::Entry::Dir) {
+            match detect(tree, &app) {
+                Ok(Kind::Plain) => {}
+                Ok(kind) => {
+                    rendering.skip.insert(app.clone());
+                    rendering.jobs.push(Job { app, kind });
+                }
+                Err(problem) => {
+                    rendering.skip.insert(app.clone());
+                    rendering.broken.push(App {
+                        name: app,
+                        manifests: Vec::new(),
+                        problems: vec![problem],
+                    });
+                }
+            }
+        }
+        rendering
+    }
+
+    pub fn finish(self, tree: &dyn SourceTree, renderers: &Renderers, set: &mut crate::manifest::ManifestSet) {
+        for app in self.broken.into_iter().chain(render_apps(tree, renderers, self.jobs)) {
+            set.apps.insert(app.name.clone(), app);
+        }
+    }
+}
+
+/// A plain app's settings file, which is never applied.
+pub fn is_settings_file(path: &str) -> bool {
+    path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
+}
