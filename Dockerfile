@@ -9,7 +9,16 @@ ENV OPENSSL_STATIC=1
 RUN cargo build --release --locked --bin gitcanary \
     && strip target/release/gitcanary
 
+# kustomize and helm for Kustomize and Helm apps, at the versions scripts/renderers.env pins.
+FROM golang:1.26-alpine3.22 AS renderers
+COPY scripts/renderers.env /renderers.env
+RUN . /renderers.env \
+    && export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -trimpath" GOBIN=/out \
+    && go install -ldflags "-s -w" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION" \
+    && go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+
 FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=renderers /out/kustomize /out/helm /usr/local/bin/
 COPY --from=build /src/target/release/gitcanary /usr/local/bin/gitcanary
 USER 65532:65532
 EXPOSE 8080

@@ -82,6 +82,9 @@ impl Agent {
             .await
             .and_then(|fetched| fetched);
         drop(timer);
+        self.metrics
+            .renders
+            .store(self.source.renderers().renders(), Ordering::Relaxed);
         if fetched.is_err() {
             self.metrics.fetch_errors.fetch_add(1, Ordering::Relaxed);
         }

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub fetch_errors: AtomicU64,
     /// Watch events of gitcanary's own writes, recognised and slept through.
     pub own_write_events: AtomicU64,
+    /// Kustomize and Helm runs (cache hits are none), as the source counts them.
+    pub renders: AtomicU64,
     pub syncs_ok: AtomicU64,
     pub syncs_failed: AtomicU64,
     pub objects_applied: AtomicU64,
@@ -151,6 +153,12 @@ impl Metrics {
             "gitcanary_own_write_events_total",
             "Watch events of gitcanary's own writes, which wake no sync.",
             &self.own_write_events,
+        );
+        counter(
+            &mut out,
+            "gitcanary_renders_total",
+            "Runs of kustomize or helm; an app whose files did not change is not rendered again.",
+            &self.renders,
         );
         let _ = writeln!(
             out,

@@ -4,9 +4,17 @@
 mod support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use gitcanary::manifest::{Manifest, ManifestSet, load_dir};
 use gitcanary::render::{Capabilities, Renderers};
+use gitcanary::rollout::api::{Phase, Rollout};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use support::agent::Scenario;
+use support::eventually;
+use support::git_server::GitRepo;
 
 fn examples(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
@@ -113,4 +121,286 @@ fn a_chart_renders_with_its_values_files_its_dependency_and_the_clusters_capabil
     // Nothing changed: the same capabilities and files render nothing.
     load_dir(&examples("helm"), &renderers).expect("loads");
     assert_eq!(renderers.renders(), 2);
+}
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A Kustomize app `shop` (base + production overlay with `images:` and a
+/// replicas patch, and a Rollout) in `ns`; `overlay_extra` is appended to the
+/// overlay's kustomization.
+fn write_shop(repo: &GitRepo, ns: &str, tag: &str, overlay_extra: &str) {
+    repo.write("shop/gitcanary.yaml", "kustomize:\n  path: overlays/production\n");
+    repo.write(
+        "shop/base/kustomization.yaml",
+        "resources: [deployment.yaml]\nconfigMapGenerator:\n- name: shop-config\n  literals: [greeting=hello]\n",
+    );
+    repo.write(
+        "shop/base/deployment.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: shop\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: shop}\n  template:\n    metadata:\n      labels: {app: shop}\n    spec:\n      containers:\n      - name: shop\n        image: registry.test/shop:0\n        envFrom:\n        - configMapRef: {name: shop-config}\n",
+    );
+    repo.write(
+        "shop/overlays/production/rollout.yaml",
+        "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: shop\nspec:\n  workloadRef: {apiVersion: apps/v1, kind: Deployment, name: shop}\n  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 3s\n",
+    );
+    repo.write(
+        "shop/overlays/production/kustomization.yaml",
+        &format!("namespace: {ns}\nresources: [../../base, rollout.yaml]\nimages:\n- name: registry.test/shop\n  newTag: \"{tag}\"\npatches:\n- target: {{kind: Deployment, name: shop}}\n  patch: |\n    - op: replace\n      path: /spec/replicas\n      value: 2\n{overlay_extra}"),
+    );
+}
+
+/// A chart `web` whose production values set the replicas.
+fn write_chart(repo: &GitRepo, ns: &str, production_replicas: u32) {
+    repo.write(
+        "web/gitcanary.yaml",
+        &format!("helm:\n  namespace: {ns}\n  valuesFiles: [values-production.yaml]\n"),
+    );
+    repo.write("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n");
+    repo.write("web/values.yaml", "replicas: 1\n");
+    repo.write(
+        "web/values-production.yaml",
+        &format!("replicas: {production_replicas}\n"),
+    );
+    repo.write(
+        "web/templates/deployment.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ .Release.Name }}\n  namespace: {{ .Release.Namespace }}\n  annotations:\n    example.test/kube-minor: \"{{ .Capabilities.KubeVersion.Minor }}\"\nspec:\n  replicas: {{ .Values.replicas }}\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      containers:\n      - name: web\n        image: registry.test/web:1\n",
+    );
+}
+
+async fn deployment(client: &kube::Client, ns: &str, name: &str) -> Option<Deployment> {
+    Api::<Deployment>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+}
+
+fn image_of(deployment: &Deployment) -> Option<String> {
+    deployment.spec.as_ref()?.template.spec.as_ref()?.containers[0]
+        .image
+        .clone()
+}
+
+#[tokio::test]
+async fn rendered_apps_sync_and_only_the_app_that_changed_is_rendered_again() {
+    let scenario = Scenario::new("src-sync").await;
+    let ns = scenario.ns.clone();
+    write_shop(&scenario.repo, &ns, "1.0", "");
+    write_chart(&scenario.repo, &ns, 3);
+    scenario.repo.commit_and_push("shop (Kustomize) and web (Helm)");
+    let agent = scenario.start_agent();
+    let (shop, web) = eventually("both apps synced", WAIT, || async {
+        Some((
+            deployment(&scenario.client, &ns, "shop").await?,
+            deployment(&scenario.client, &ns, "web").await?,
+        ))
+    })
+    .await;
+    assert_eq!(
+        image_of(&shop).as_deref(),
+        Some("registry.test/shop:1.0"),
+        "the overlay's newTag"
+    );
+    assert_eq!(
+        shop.spec.as_ref().and_then(|s| s.replicas),
+        Some(2),
+        "the overlay's patch"
+    );
+    let annotations = shop.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations["gitcanary.io/source"], "shop/base/deployment.yaml:1");
+    assert!(
+        !annotations.contains_key("config.kubernetes.io/origin"),
+        "{annotations:?}"
+    );
+    assert_eq!(
+        web.spec.as_ref().and_then(|s| s.replicas),
+        Some(3),
+        "values-production.yaml"
+    );
+    let web_annotations = web.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        web_annotations["gitcanary.io/source"],
+        "web/templates/deployment.yaml:1"
+    );
+    let minor = scenario.client.apiserver_version().await.expect("version").minor;
+    assert_eq!(
+        web_annotations["example.test/kube-minor"], minor,
+        "rendered for the cluster's version"
+    );
+    eventually("shop healthy", WAIT, || async {
+        let rollout = Api::<Rollout>::namespaced(scenario.client.clone(), &ns)
+            .get_opt("shop")
+            .await
+            .ok()??;
+        (rollout.status?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+    assert_eq!(agent.counter("gitcanary_renders_total").await, 2);
+
+    // Resyncs with nothing changed render nothing.
+    agent.wait_for_syncs(2).await;
+    assert_eq!(agent.counter("gitcanary_renders_total").await, 2);
+
+    // One chart's values change: that app alone is rendered again.
+    write_chart(&scenario.repo, &ns, 4);
+    scenario.repo.commit_and_push("web: 4 replicas");
+    eventually("web scaled", WAIT, || async {
+        (deployment(&scenario.client, &ns, "web").await?.spec?.replicas == Some(4)).then_some(())
+    })
+    .await;
+    assert_eq!(agent.counter("gitcanary_renders_total").await, 3);
+}
+
+#[tokio::test]
+async fn a_new_tag_through_kustomize_is_a_canary_release_and_its_revert_restores_the_kustomization() {
+    let scenario = Scenario::new("src-release").await;
+    let ns = scenario.ns.clone();
+    write_shop(&scenario.repo, &ns, "1.0", "");
+    scenario.repo.commit_and_push("shop 1.0");
+    let _agent = scenario.start_agent();
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &ns);
+    eventually("shop healthy on 1.0", WAIT, || async {
+        let healthy = rollouts.get_opt("shop").await.ok()??.status?.phase == Phase::Healthy;
+        let image = image_of(&deployment(&scenario.client, &ns, "shop").await?)?;
+        (healthy && image == "registry.test/shop:1.0").then_some(())
+    })
+    .await;
+    let stable = scenario.git(&["show", "main:shop/overlays/production/kustomization.yaml"]);
+
+    // 2.0 never becomes ready (kwok holds pods with this label back).
+    let never_ready = "- target: {kind: Deployment, name: shop}\n  patch: |\n    - op: add\n      path: /spec/template/metadata/labels/gitcanary.test~1never-ready\n      value: \"true\"\n";
+    write_shop(&scenario.repo, &ns, "2.0", never_ready);
+    let broken = scenario.repo.commit_and_push("shop 2.0");
+    let canary = eventually("a canary of 2.0", WAIT, || async {
+        let canary = deployment(&scenario.client, &ns, "shop-canary").await?;
+        (image_of(&canary)? == "registry.test/shop:2.0").then_some(canary)
+    })
+    .await;
+    assert_eq!(
+        image_of(&deployment(&scenario.client, &ns, "shop").await.expect("stable")).as_deref(),
+        Some("registry.test/shop:1.0"),
+        "the stable Deployment waits for the release"
+    );
+    assert!(canary.metadata.owner_references.is_some_and(|o| o[0].kind == "Rollout"));
+
+    let (revert, message) = eventually("the revert commit", WAIT, || async {
+        scenario
+            .history()
+            .into_iter()
+            .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {broken}")))
+    })
+    .await;
+    assert!(
+        message.contains("shop/overlays/production/kustomization.yaml"),
+        "{message}"
+    );
+    assert_eq!(
+        scenario.git(&["show", &format!("{revert}:shop/overlays/production/kustomization.yaml")]),
+        stable,
+        "the source file is restored, not rendered output"
+    );
+    eventually("canary removed, stable on 1.0", WAIT, || async {
+        let gone = deployment(&scenario.client, &ns, "shop-canary").await.is_none();
+        let image = image_of(&deployment(&scenario.client, &ns, "shop").await?)?;
+        (gone && image == "registry.test/shop:1.0").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_sources_are_refused_with_the_app_and_file_named_and_the_other_apps_sync() {
+    let scenario = Scenario::new("src-bad").await;
+    let ns = scenario.ns.clone();
+    let repo = &scenario.repo;
+    let config_map =
+        |name: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\n");
+    repo.write("good/cm.yaml", &config_map("good"));
+    repo.write("outside/kustomization.yaml", "resources:\n- cm.yaml\n- ../../outside\n");
+    repo.write("outside/cm.yaml", &config_map("outside"));
+    repo.write(
+        "remote/kustomization.yaml",
+        "resources:\n- cm.yaml\n- https://github.com/acme/bases//web?ref=v1\n",
+    );
+    repo.write("remote/cm.yaml", &config_map("remote"));
+    let chart = |app: &str, chart: &str, template: &str| {
+        repo.write(&format!("{app}/Chart.yaml"), chart);
+        repo.write(&format!("{app}/templates/cm.yaml"), &config_map(app));
+        repo.write(&format!("{app}/templates/extra.yaml"), template);
+    };
+    let plain_chart = "apiVersion: v2\nname: c\nversion: 0.1.0\n";
+    chart(
+        "broken-template",
+        plain_chart,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\ndata:\n  a: {{ .Values.missing.key }}\n",
+    );
+    chart(
+        "missing-dependency",
+        "apiVersion: v2\nname: c\nversion: 0.1.0\ndependencies:\n- name: redis\n  version: 1.0.0\n",
+        "",
+    );
+    chart(
+        "slow",
+        plain_chart,
+        "{{- range $i := until 20000 }}{{- range $j := until 20000 }}{{- end }}{{- end }}\n",
+    );
+    chart(
+        "huge",
+        plain_chart,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: huge\ndata:\n{{- range $i := until 100000 }}\n  k{{ $i }}: \"0123456789\"\n{{- end }}\n",
+    );
+    repo.commit_and_push("one good app, six bad ones");
+
+    let (code, stdout, stderr) = scenario.run_cli(&[
+        "sync",
+        "--once",
+        "--repo",
+        &repo.file_url(),
+        "--instance",
+        &format!("e2e-{ns}"),
+        "--state-namespace",
+        &ns,
+        "--cache-dir",
+        &scenario.cache.path().display().to_string(),
+        "--render-timeout",
+        "3",
+        "--render-max-output",
+        "1000000",
+    ]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let problem = |prefix: &str, words: &[&str]| {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no problem at {prefix}:\n{stdout}"));
+        for word in words {
+            assert!(line.contains(word), "{line:?} lacks {word:?}");
+        }
+    };
+    problem("outside/kustomization.yaml:3:", &["outside the repository"]);
+    problem("remote/kustomization.yaml:3:", &["remote", "--render-allow-remote"]);
+    problem(
+        "broken-template/templates/extra.yaml:6:",
+        &["app broken-template", "nil pointer"],
+    );
+    problem("missing-dependency/Chart.yaml:5:", &["\"redis\"", "not vendored"]);
+    problem("slow/Chart.yaml:1:", &["app slow", "after 3 s"]);
+    problem("huge/Chart.yaml:1:", &["app huge", "1000000-byte cap"]);
+
+    let config_maps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &ns);
+    assert!(
+        config_maps.get_opt("good").await.expect("get").is_some(),
+        "the good app synced"
+    );
+    for app in [
+        "outside",
+        "remote",
+        "broken-template",
+        "missing-dependency",
+        "slow",
+        "huge",
+    ] {
+        assert!(
+            config_maps.get_opt(app).await.expect("get").is_none(),
+            "nothing of {app} is applied"
+        );
+    }
 }

@@ -554,3 +554,76 @@ impl Rendering {
 pub fn is_settings_file(path: &str) -> bool {
     path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree_of(files: &[(&str, &str)]) -> (tempfile::TempDir, DirTree) {
+        let dir = tempfile::tempdir().expect("dir");
+        for (path, content) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
+            std::fs::write(path, content).expect("write");
+        }
+        let tree = DirTree {
+            root: dir.path().to_path_buf(),
+        };
+        (dir, tree)
+    }
+
+    #[test]
+    fn app_kinds_come_from_the_directory_and_its_settings() {
+        let (_dir, tree) = tree_of(&[
+            ("plain/cm.yaml", "a: 1"),
+            ("kust/kustomization.yaml", "resources: []"),
+            ("chart/Chart.yaml", "name: c"),
+            ("overlaid/gitcanary.yaml", "kustomize:\n  path: overlays/prod\n"),
+            ("wrong/gitcanary.yaml", "helm:\n  releaseName: x\n"),
+            ("typo/gitcanary.yaml", "helm:\n  valueFiles: [a.yaml]\n"),
+        ]);
+        assert_eq!(detect(&tree, "plain"), Ok(Kind::Plain));
+        assert_eq!(
+            detect(&tree, "kust"),
+            Ok(Kind::Kustomize {
+                build_dir: "kust".into()
+            })
+        );
+        assert_eq!(detect(&tree, "chart"), Ok(Kind::Helm(HelmSettings::default())));
+        assert_eq!(
+            detect(&tree, "overlaid"),
+            Ok(Kind::Kustomize {
+                build_dir: "overlaid/overlays/prod".into()
+            })
+        );
+        let wrong = detect(&tree, "wrong").expect_err("no chart");
+        assert!(wrong.message.contains("wrong/Chart.yaml does not exist"), "{wrong}");
+        let typo = detect(&tree, "typo").expect_err("unknown field");
+        assert_eq!((typo.file.as_str(), typo.line), ("typo/gitcanary.yaml", 2));
+        assert!(typo.message.contains("valueFiles"), "{typo}");
+    }
+
+    #[test]
+    fn a_missing_renderer_is_one_clear_problem_of_the_app() {
+        let (_dir, tree) = tree_of(&[
+            ("shop/kustomization.yaml", "resources: [cm.yaml]"),
+            ("shop/cm.yaml", "a: 1"),
+        ]);
+        let renderers = Renderers::new(RenderConfig {
+            kustomize: Some("/nonexistent/kustomize".into()),
+            ..RenderConfig::default()
+        });
+        let mut set = crate::manifest::ManifestSet::default();
+        Rendering::plan(&tree).finish(&tree, &renderers, &mut set);
+        let app = &set.apps["shop"];
+        assert!(app.manifests.is_empty(), "templates are never read as manifests");
+        assert_eq!(app.problems.len(), 1, "{:?}", app.problems);
+        let problem = &app.problems[0];
+        assert_eq!(problem.file, "shop/kustomization.yaml");
+        assert!(
+            problem.message.contains("app shop") && problem.message.contains("/nonexistent/kustomize"),
+            "{problem}"
+        );
+        assert!(problem.message.contains("scripts/renderers.sh"), "{problem}");
+    }
+}

@@ -137,6 +137,17 @@ impl AgentProcess {
     }
 
     /// Syncs finished so far (any result), from its `/metrics`.
+    /// A counter of the agent's /metrics (0 before it answers).
+    pub async fn counter(&self, name: &str) -> u64 {
+        let addr = self.address().await;
+        let Some((_, text)) = super::http(&addr, "GET", "/metrics", &[], b"") else {
+            return 0;
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     pub async fn syncs(&self) -> u64 {
         let addr = self.address().await;
         let Some((_, text)) = super::http(&addr, "GET", "/metrics", &[], b"") else {
