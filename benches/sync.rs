@@ -6,8 +6,12 @@
 //!   cargo bench --bench sync                   # sizes 100, 1000, 5000
 //!   GITCANARY_BENCH_SIZES=100 cargo bench --bench sync
 //!   GITCANARY_BENCH_RELEASES=20                # releases measured
+//!   GITCANARY_BENCH_RENDERED=0                 # skip the rendered repository
 //!
 //! Not a test: it asserts nothing and is not run by CI.
+
+#[path = "sync/rendered.rs"]
+mod rendered;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -457,6 +461,12 @@ fn main() {
         largest = Some((n, repo));
     }
 
+    let rendered_rows = if std::env::var("GITCANARY_BENCH_RENDERED").as_deref() == Ok("0") {
+        Vec::new()
+    } else {
+        bench_rendered(&cluster, &work)
+    };
+
     let mut agent_rows = Vec::new();
     if let Some((n, repo)) = &largest {
         eprintln!("bench: the agent on {n} objects");
@@ -616,5 +626,108 @@ fn main() {
 
     println!("kubectl {kubectl_version} (built from the same Kubernetes tree as the control plane)\n");
     println!("{}\n", table.join("\n"));
+    if !rendered_rows.is_empty() {
+        println!(
+            "| repository | first sync (renders) | no-op resync (renders) | one app changed (renders) |\n| --- | --- | --- | --- |\n{}\n",
+            rendered_rows.join("\n")
+        );
+    }
     println!("| agent | measured |\n| --- | --- |\n{}", agent_rows.join("\n"));
+}
+
+fn renders_of(summary: &str) -> String {
+    summary
+        .split("renders: ")
+        .nth(1)
+        .map(|rest| rest.trim().to_string())
+        .unwrap_or_else(|| "?".into())
+}
+
+/// `sync --once` on the rendered repository and on the same objects as plain
+/// YAML: first sync, no-op resync, one app changed; each a new process, so
+/// what the no-op one skips comes from the render cache on disk.
+fn bench_rendered(cluster: &ControlPlane, work: &Path) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/renderers.sh");
+    let bin = PathBuf::from(
+        run(work, &script.display().to_string(), &[])
+            .lines()
+            .last()
+            .unwrap_or_default(),
+    );
+    let (kustomize, helm) = (
+        bin.join("kustomize").display().to_string(),
+        bin.join("helm").display().to_string(),
+    );
+    let mut rows = Vec::new();
+    for plain in [false, true] {
+        let name = if plain { "plainrd" } else { "rendered" };
+        let repo = Repo::create(work, name);
+        let objects = if plain {
+            rendered::generate_plain(&repo.work, name)
+        } else {
+            rendered::generate(&repo.work, name)
+        };
+        repo.commit_and_push("synthetic");
+        let cache = work.join(format!("cache-{name}"));
+        let sync = || {
+            timed(
+                work,
+                GITCANARY,
+                &[
+                    "sync",
+                    "--once",
+                    "--repo",
+                    &repo.url(),
+                    "--kubeconfig",
+                    &cluster.kubeconfig,
+                    "--instance",
+                    &format!("bench-{name}"),
+                    "--state-namespace",
+                    "gitcanary-bench",
+                    "--cache-dir",
+                    &cache.display().to_string(),
+                    "--kustomize",
+                    &kustomize,
+                    "--helm",
+                    &helm,
+                ],
+            )
+        };
+        eprintln!("bench: {name}: {objects} objects");
+        wait_quiet();
+        let (first, first_summary) = sync();
+        eprintln!("bench:   first sync {first:?}: {}", first_summary.trim());
+        wait_quiet();
+        let _settle = sync();
+        let (noop, noop_summary) = sync();
+        eprintln!("bench:   no-op {noop:?}: {}", noop_summary.trim());
+        if plain {
+            rendered::change_one_plain(&repo.work);
+        } else {
+            rendered::change_one_value(&repo.work);
+        }
+        repo.commit_and_push("one app changed");
+        wait_quiet();
+        let (changed, changed_summary) = sync();
+        eprintln!("bench:   one app changed {changed:?}: {}", changed_summary.trim());
+        let label = if plain {
+            format!("the same {objects} objects as plain YAML")
+        } else {
+            format!(
+                "{} Kustomize apps (base + overlay) and {} Helm apps, {objects} objects",
+                rendered::KUSTOMIZE_APPS,
+                rendered::HELM_APPS
+            )
+        };
+        rows.push(format!(
+            "| {label} | {} ({}) | {} ({}) | {} ({}) |",
+            seconds(first),
+            renders_of(&first_summary),
+            seconds(noop),
+            renders_of(&noop_summary),
+            seconds(changed),
+            renders_of(&changed_summary)
+        ));
+    }
+    rows
 }

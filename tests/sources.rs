@@ -123,6 +123,30 @@ fn a_chart_renders_with_its_values_files_its_dependency_and_the_clusters_capabil
     assert_eq!(renderers.renders(), 2);
 }
 
+#[test]
+fn a_render_kept_on_disk_serves_the_next_process() {
+    let disk = tempfile::tempdir().expect("dir");
+    let with_disk = || {
+        let mut renderers = Renderers::default();
+        renderers.disk = Some(disk.path().to_path_buf());
+        renderers
+    };
+    let first = with_disk();
+    let rendered = load_dir(&examples("kustomize"), &first).expect("loads");
+    assert_eq!(first.renders(), 2);
+    let second = with_disk();
+    let again = load_dir(&examples("kustomize"), &second).expect("loads");
+    assert_eq!(second.renders(), 0, "both apps come from disk");
+    let names = |set: &ManifestSet| {
+        set.apps["shop"]
+            .manifests
+            .iter()
+            .map(|m| (m.kind().to_string(), m.name().to_string(), m.file.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&again), names(&rendered));
+}
+
 const WAIT: Duration = Duration::from_secs(90);
 
 /// A Kustomize app `shop` (base + production overlay with `images:` and a
@@ -403,4 +427,59 @@ async fn bad_sources_are_refused_with_the_app_and_file_named_and_the_other_apps_
             "nothing of {app} is applied"
         );
     }
+}
+
+#[test]
+fn validate_renders_offline_and_names_the_template_that_failed() {
+    let examples_ok = support::agent::gitcanary()
+        .args(["validate", &examples("kustomize").display().to_string()])
+        .output()
+        .expect("runs");
+    assert!(
+        examples_ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&examples_ok.stdout)
+    );
+    let helm_ok = support::agent::gitcanary()
+        .args(["validate", &examples("helm").display().to_string()])
+        .output()
+        .expect("runs");
+    assert!(helm_ok.status.success(), "{}", String::from_utf8_lossy(&helm_ok.stdout));
+
+    let dir = tempfile::tempdir().expect("dir");
+    let write = |path: &str, content: &str| {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, content).expect("write");
+    };
+    write("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n");
+    write(
+        "web/templates/deployment.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: \"three\"\n",
+    );
+    write(
+        "web/templates/broken.yaml",
+        "metadata:\n  name: {{ .Values.name | nosuchfunction }}\n",
+    );
+    let output = support::agent::gitcanary()
+        .args(["validate", &dir.path().display().to_string()])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.starts_with("web/templates/broken.yaml:2: app web: helm:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("nosuchfunction"), "{stdout}");
+
+    // Without the template error, the rendered object's own problem names its template.
+    std::fs::remove_file(dir.path().join("web/templates/broken.yaml")).expect("rm");
+    let output = support::agent::gitcanary()
+        .args(["validate", &dir.path().display().to_string()])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.starts_with("web/templates/deployment.yaml:1:"), "{stdout}");
 }

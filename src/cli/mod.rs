@@ -66,8 +66,13 @@ pub struct RenderArgs {
 }
 
 impl RenderArgs {
-    pub fn renderers(&self, default_namespace: &str) -> std::sync::Arc<crate::render::Renderers> {
-        std::sync::Arc::new(crate::render::Renderers::new(crate::render::RenderConfig {
+    /// The renderers, keeping clean renders under `cache` when given.
+    pub fn renderers(
+        &self,
+        default_namespace: &str,
+        cache: Option<PathBuf>,
+    ) -> std::sync::Arc<crate::render::Renderers> {
+        let mut renderers = crate::render::Renderers::new(crate::render::RenderConfig {
             kustomize: self.kustomize.clone(),
             helm: self.helm.clone(),
             allow_remote: self.render_allow_remote,
@@ -75,7 +80,9 @@ impl RenderArgs {
             max_output: self.render_max_output,
             default_namespace: default_namespace.to_string(),
             ..crate::render::RenderConfig::default()
-        }))
+        });
+        renderers.disk = cache;
+        std::sync::Arc::new(renderers)
     }
 }
 
@@ -247,7 +254,7 @@ pub fn validate(dir: PathBuf, allowed: AllowedArgs, render: RenderArgs) -> Resul
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
     // Offline: Helm renders for its own default version and API versions.
-    let mut set = manifest::load_dir(&dir, &render.renderers(&allowed.default_namespace))?;
+    let mut set = manifest::load_dir(&dir, &render.renderers(&allowed.default_namespace, None))?;
     let options = SyncOptions {
         allowed: allowed.to_allowed(),
         ..SyncOptions::default()
@@ -297,7 +304,9 @@ pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {
             .unwrap_or_else(std::env::temp_dir)
             .join(".cache/gitcanary")
     });
-    let renderers = args.render.renderers(&args.allowed.default_namespace);
+    let renderers = args
+        .render
+        .renderers(&args.allowed.default_namespace, Some(cache.join("renders")));
     Ok(Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)?.with_renderers(renderers))
 }
 

@@ -36,7 +36,7 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     write_back(&cluster, &source, &writeback, &mut report).await;
     let count = |f: fn(&crate::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();
     println!(
-        "synced {} app(s) at {}: {} applied, {} unchanged, {} pruned; API requests: {} reads, {} writes, {} dry runs",
+        "synced {} app(s) at {}: {} applied, {} unchanged, {} pruned; API requests: {} reads, {} writes, {} dry runs; renders: {}",
         report.apps.len(),
         &report.commit[..report.commit.len().min(12)],
         count(|a| a.applied.len()),
@@ -44,7 +44,8 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
         count(|a| a.pruned.len()),
         cluster.requests.reads(),
         cluster.requests.writes(),
-        cluster.requests.dry_runs()
+        cluster.requests.dry_runs(),
+        source.renderers().renders()
     );
     for problem in report.problems() {
         println!("{problem}");

@@ -15,7 +15,7 @@ use serde_json::Value;
 pub const ROOT_APP: &str = "root";
 
 /// One YAML document that holds a Kubernetes object.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
     pub app: String,
     /// Path relative to the source path, with `/` separators.

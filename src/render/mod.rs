@@ -189,9 +189,12 @@ pub struct Rendered {
 #[derive(Debug, Default)]
 pub struct Renderers {
     pub config: RenderConfig,
+    /// Where clean renders are kept between runs (`sync --once`, a
+    /// restarted agent); none: in memory only.
+    pub disk: Option<PathBuf>,
     capabilities: RwLock<Option<Capabilities>>,
     versions: Mutex<HashMap<PathBuf, String>>,
-    cache: Mutex<HashMap<String, Arc<Rendered>>>,
+    cache: Mutex<HashMap<String, Arc<[Manifest]>>>,
     renders: AtomicU64,
 }
 
@@ -207,6 +210,56 @@ impl Renderers {
     /// not reused.
     pub fn set_capabilities(&self, capabilities: Capabilities) {
         *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = Some(capabilities);
+    }
+
+    /// A clean render of `key`, from memory or disk.
+    fn cached(&self, key: &str) -> Option<Vec<Manifest>> {
+        if let Some(hit) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Some(hit.to_vec());
+        }
+        let text = std::fs::read(self.disk.as_ref()?.join(disk_name(key))).ok()?;
+        let manifests: Vec<Manifest> = serde_json::from_slice(&text).ok()?;
+        let shared: Arc<[Manifest]> = manifests.clone().into();
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), shared);
+        Some(manifests)
+    }
+
+    fn keep(&self, key: &str, manifests: &[Manifest]) {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), manifests.into());
+        let Some(disk) = &self.disk else { return };
+        // Written aside and renamed: a reader never sees half a file.
+        let written = std::fs::create_dir_all(disk).and_then(|()| {
+            let file = disk.join(disk_name(key));
+            let partial = file.with_extension(format!("partial-{}", std::process::id()));
+            std::fs::write(&partial, serde_json::to_vec(manifests).unwrap_or_default())?;
+            std::fs::rename(&partial, &file)
+        });
+        if let Err(error) = written {
+            tracing::warn!(%error, dir = %disk.display(), "a render could not be kept on disk");
+        }
+    }
+
+    /// Drops the renders no app of the last revision used.
+    fn forget_all_but(&self, used: &HashSet<String>) {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|key, _| used.contains(key));
+        let Some(entries) = self.disk.as_ref().and_then(|d| std::fs::read_dir(d).ok()) else {
+            return;
+        };
+        let keep: HashSet<String> = used.iter().map(|k| disk_name(k)).collect();
+        for entry in entries.flatten() {
+            if !keep.contains(entry.file_name().to_string_lossy().as_ref()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// Renders run so far (cache hits are not renders).
@@ -243,6 +296,12 @@ impl Renderers {
         versions.insert(path.clone(), version.clone());
         Ok((path, version))
     }
+}
+
+/// The file of a render on disk: the hash of its key.
+fn disk_name(key: &str) -> String {
+    use sha2::Digest;
+    format!("{}.json", hex::encode(sha2::Sha256::digest(key.as_bytes())))
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
@@ -301,14 +360,14 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
             }
         };
         used.insert(plan.key.clone());
-        let hit = renderers
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&plan.key)
-            .cloned();
-        if let Some(rendered) = hit {
-            done.insert(job.app, (*rendered).clone());
+        if let Some(manifests) = renderers.cached(&plan.key) {
+            done.insert(
+                job.app,
+                Rendered {
+                    manifests,
+                    problems: Vec::new(),
+                },
+            );
             continue;
         }
         let copied = scratch().and_then(|dir| {
@@ -334,19 +393,11 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
         renderers.renders.fetch_add(1, Ordering::Relaxed);
         // Only a clean render is kept: a timeout may pass on the next try.
         if rendered.problems.is_empty() {
-            renderers
-                .cache
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(prepared.key.clone(), Arc::new(rendered.clone()));
+            renderers.keep(&prepared.key, &rendered.manifests);
         }
         done.insert(prepared.app, rendered);
     }
-    renderers
-        .cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|key, _| used.contains(key));
+    renderers.forget_all_but(&used);
     done.into_iter()
         .map(|(name, rendered)| App {
             name,
