@@ -43,7 +43,7 @@ pub fn generate(root: &Path, prefix: &str) -> usize {
         write(&dir.join("gitcanary.yaml"), "kustomize:\n  path: overlays/production\n");
         write(
             &dir.join("base/kustomization.yaml"),
-            "resources: [deployment.yaml, service.yaml]\nconfigMapGenerator:\n- name: settings\n  literals: [color=blue]\n",
+            &format!("resources: [deployment.yaml, service.yaml]\nconfigMapGenerator:\n- name: {name}-settings\n  literals: [color=blue]\n"),
         );
         write(
             &dir.join("base/deployment.yaml"),
