@@ -113,10 +113,12 @@ struct Observed {
     crd_kinds: BTreeSet<(String, String)>,
     live: LiveObjects,
     revision: RevisionKeys,
+    history: Option<std::sync::Arc<dyn crate::rollout::record::History>>,
 }
 
 async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &SyncOptions) -> Result<Observed> {
     rollout::validate::validate(&mut revision.manifests, &options.allowed);
+    let history = revision.history.clone();
     let manifests = &revision.manifests;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
     // A kind the API server did not serve when discovery last ran may be
@@ -137,6 +139,7 @@ async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &
         crd_kinds,
         live,
         revision,
+        history,
     })
 }
 
@@ -248,7 +251,15 @@ async fn observe_and_plan<'a>(
     }
     let mut objects = resolved.objects;
     // Rollouts overlay the objects they govern before anything is compared.
-    let (rollouts, problems) = rollout::engine::prepare(cluster, &mut objects, commit, options, measure).await?;
+    let (rollouts, problems) = rollout::engine::prepare(
+        cluster,
+        &mut objects,
+        commit,
+        observed.history.as_ref(),
+        options,
+        measure,
+    )
+    .await?;
     if !problems.is_empty() {
         return Ok(Err(problems));
     }

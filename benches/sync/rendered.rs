@@ -43,7 +43,9 @@ pub fn generate(root: &Path, prefix: &str) -> usize {
         write(&dir.join("gitcanary.yaml"), "kustomize:\n  path: overlays/production\n");
         write(
             &dir.join("base/kustomization.yaml"),
-            &format!("resources: [deployment.yaml, service.yaml]\nconfigMapGenerator:\n- name: {name}-settings\n  literals: [color=blue]\n"),
+            &format!(
+                "resources: [deployment.yaml, service.yaml]\nconfigMapGenerator:\n- name: {name}-settings\n  literals: [color=blue]\n"
+            ),
         );
         write(
             &dir.join("base/deployment.yaml"),

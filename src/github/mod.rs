@@ -694,6 +694,7 @@ pub fn render_comment(
         let what = match written.action {
             crate::rollout::api::WritebackAction::Promote => "Promote recorded in Git",
             crate::rollout::api::WritebackAction::Revert => "Reverted in Git",
+            crate::rollout::api::WritebackAction::Hold => "Held failure recorded in Git",
         };
         if written.commit.is_empty() {
             out.push_str(&format!("{what}: Git already held it.\n\n"));

@@ -416,6 +416,10 @@ pub struct RolloutStatus {
     /// Analysis of the current release: the step's and the background run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub analysis_runs: Vec<AnalysisRun>,
+    /// Set when this status began from the status file in Git (a rebuilt
+    /// cluster, a re-created Rollout): the file and the commit it was read at.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resumed_from_git: String,
 }
 
 /// Which analysis a run is.
@@ -512,6 +516,8 @@ pub enum WritebackAction {
     #[default]
     Promote,
     Revert,
+    /// A held failure, recorded in the status file.
+    Hold,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -146,6 +146,12 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
             }
             out.push('\n');
         }
+        if !status.resumed_from_git.is_empty() {
+            out.push_str(&format!(
+                "  resumed from Git ({}): the cluster had no status for this Rollout\n",
+                status.resumed_from_git
+            ));
+        }
         if let Ok(started) = canary.state_started_at.parse::<Timestamp>()
             && releasing
         {

@@ -112,6 +112,7 @@ pub(crate) async fn prepare(
     cluster: &Cluster,
     planned: &mut [Planned<'_>],
     commit: &str,
+    history: Option<&std::sync::Arc<dyn crate::rollout::record::History>>,
     options: &SyncOptions,
     measure: bool,
 ) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
@@ -129,9 +130,17 @@ pub(crate) async fn prepare(
             }
         };
         let span = info_span!("rollout", namespace = %target.namespace, rollout = %target.name);
-        let observed = observe_rollout(cluster, planned, &target, commit, options, measure)
+        let observed = observe_rollout(cluster, planned, &target, commit, history, options, measure)
             .instrument(span)
             .await?;
+        if let Some(message) = &observed.record_problem {
+            let rollout = planned[target.index].manifest;
+            problems.push(rollout.problem(format!(
+                "Rollout {}/{}: it has no status, and its status file in Git cannot be used: {message}; nothing of the app is applied until the file is fixed or removed",
+                target.namespace, target.name
+            )));
+            continue;
+        }
         match plan_rollout(planned, target, observed, &options.instance) {
             Ok(item) => work.push(item),
             Err(problem) => problems.push(problem),

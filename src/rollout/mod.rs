@@ -11,4 +11,5 @@ pub mod offline;
 pub mod overlay;
 pub mod plan;
 pub mod prometheus;
+pub mod record;
 pub mod validate;

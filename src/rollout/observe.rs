@@ -17,11 +17,13 @@ use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::desired::Target;
 use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind};
-use super::plan::Observed;
+use super::plan::{Observed, Resumed};
+use super::record::{History, Outcome as RecordOutcome, record_path};
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_subset};
 use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
+use std::sync::Arc;
 
 /// Everything a Rollout's plan is made from that the cluster holds.
 pub(crate) struct RolloutObserved {
@@ -39,6 +41,9 @@ pub(crate) struct RolloutObserved {
     pub canary_live: BTreeMap<(&'static str, String), Value>,
     /// The canary kinds the API server serves.
     pub canary_kinds: BTreeMap<&'static str, Resolved>,
+    /// The Rollout's status file in Git could not be read: nothing of the
+    /// app is applied, rather than release blind.
+    pub record_problem: Option<String>,
 }
 
 /// The kinds a release may make a canary of.
@@ -53,6 +58,7 @@ pub(crate) async fn observe_rollout(
     planned: &[Planned<'_>],
     target: &Target,
     commit: &str,
+    history: Option<&Arc<dyn History>>,
     options: &SyncOptions,
     measure: bool,
 ) -> Result<RolloutObserved> {
@@ -100,6 +106,22 @@ pub(crate) async fn observe_rollout(
         ..Observed::default()
     };
 
+    let mut record_problem = None;
+    let mut recorded_template = None;
+    let has_status = previous.as_ref().is_some_and(|s| !s.stable_template_hash.is_empty());
+    if let (false, Some(history)) = (has_status, history) {
+        let workload = planned[target.workload].manifest;
+        match resume_from_git(history.clone(), target, workload, &options.allowed.default_namespace).await? {
+            Ok(None) => {}
+            Ok(Some((resumed, template))) => {
+                info!(from = %resumed.from, stable = %resumed.stable_commit, "a Rollout with no status resumes from Git");
+                observed.resumed = Some(resumed);
+                recorded_template = Some(template);
+            }
+            Err(problem) => record_problem = Some(problem),
+        }
+    }
+
     let canary_live = observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name).await?;
     let (revisions, stable_template) = match target.kind {
         WorkloadKind::Deployment => {
@@ -118,6 +140,11 @@ pub(crate) async fn observe_rollout(
         WorkloadKind::StatefulSet => {
             observe_statefulset(cluster, &mut observed, live.as_ref(), &git_template, namespace).await?
         }
+    };
+    // A rebuilt cluster lacks the workload: its stable is what Git promoted.
+    let stable_template = match (&live, recorded_template) {
+        (None, Some(template)) => Some(template),
+        _ => stable_template,
     };
     observed.stable_revision = revisions.stable.clone();
     observed.canary_revision = revisions.canary.clone();
@@ -141,7 +168,55 @@ pub(crate) async fn observe_rollout(
         stable_template,
         canary_live,
         canary_kinds,
+        record_problem,
     })
+}
+
+/// The Rollout's status file at the synced head, for a Rollout with no
+/// status: what Git says is stable and the template that commit held, or why
+/// it cannot be used. `Ok(Ok(None))` when there is no file.
+async fn resume_from_git(
+    history: Arc<dyn History>,
+    target: &Target,
+    workload: &crate::manifest::Manifest,
+    default_namespace: &str,
+) -> Result<std::result::Result<Option<(Resumed, Value)>, String>> {
+    let (namespace, name) = (target.namespace.clone(), target.name.clone());
+    let (app, mut key) = (workload.app.clone(), workload.key());
+    key.namespace.get_or_insert_with(|| namespace.clone());
+    let default_namespace = default_namespace.to_string();
+    crate::blocking("reading the status file", move || {
+        let Some(record) = history.record(&namespace, &name)? else {
+            return Ok(None);
+        };
+        let file = record_path(&namespace, &name);
+        let template_at = |commit: &str| -> std::result::Result<Value, String> {
+            let object = history
+                .object_at(commit, &app, &key, &default_namespace)?
+                .ok_or_else(|| {
+                    format!(
+                        "{file} names commit {}, whose app {app} holds no {key}",
+                        crate::short_commit(commit)
+                    )
+                })?;
+            Ok(object["spec"]["template"].clone())
+        };
+        let stable_template = template_at(&record.stable_commit)?;
+        let failed_template_hash = match record.outcome {
+            RecordOutcome::Failed => canonical_hash(&template_at(&record.failed_commit)?),
+            RecordOutcome::Promoted => String::new(),
+        };
+        let resumed = Resumed {
+            from: file,
+            stable_commit: record.stable_commit.clone(),
+            stable_template_hash: canonical_hash(&stable_template),
+            failed_commit: record.failed_commit.clone(),
+            failed_template_hash,
+            cause: record.cause.clone(),
+        };
+        Ok(Some((resumed, stable_template)))
+    })
+    .await
 }
 
 /// The analysis runs due now, measured against Prometheus.

@@ -117,6 +117,7 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
             stable_template: Some(template.clone()),
             canary_live: BTreeMap::new(),
             canary_kinds: canary_kinds(),
+            record_problem: None,
         };
         let work = plan_rollout(objects, target, observed, instance)?;
         status = Some(work.plan.status);

@@ -49,7 +49,22 @@ pub struct Observed {
     pub stable_revision: String,
     /// The revision of the current canary pods; empty until their controller made them.
     pub canary_revision: String,
+    /// The Rollout's status file in Git, read because the Rollout had no status.
+    pub resumed: Option<Resumed>,
     pub now: Timestamp,
+}
+
+/// What a Rollout with no status takes from its status file in Git.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resumed {
+    /// `.gitcanary/status/<namespace>/<name>.yaml at <commit>`.
+    pub from: String,
+    pub stable_commit: String,
+    pub stable_template_hash: String,
+    /// A held failure: its commit, its template's hash and its cause.
+    pub failed_commit: String,
+    pub failed_template_hash: String,
+    pub cause: String,
 }
 
 /// Which pod template the stable workload gets.
@@ -372,6 +387,27 @@ impl Planner<'_> {
 
     fn run(&mut self) -> Intent {
         let observed = self.observed;
+        if self.status.stable_template_hash.is_empty()
+            && let Some(resumed) = &observed.resumed
+        {
+            // Git is the state of record: what it says was promoted is stable,
+            // whatever the cluster runs or lacks.
+            self.status.stable_template_hash = resumed.stable_template_hash.clone();
+            self.status.stable_commit = resumed.stable_commit.clone();
+            self.status.resumed_from_git = resumed.from.clone();
+            if !resumed.failed_template_hash.is_empty() && resumed.failed_template_hash == observed.git_template_hash {
+                self.status.phase = Phase::Failed;
+                self.status.failed_template_hash = resumed.failed_template_hash.clone();
+                self.canary().message = format!(
+                    "the release of {} failed ({}) and is held, as {} records; {} runs as stable, and the failed template is not released again while Git asks for it",
+                    crate::short_commit(&resumed.failed_commit),
+                    resumed.cause,
+                    resumed.from,
+                    crate::short_commit(&resumed.stable_commit)
+                );
+                return Intent::steady(StableTemplate::Live);
+            }
+        }
         if self.status.stable_template_hash.is_empty() {
             // First sight of this rollout: adopt what runs, never restart it.
             self.status.stable_template_hash = match &observed.workload_stable_hash {
@@ -525,9 +561,12 @@ impl Planner<'_> {
         let canary = self.canary();
         canary.message = message;
         canary.traffic = "0%".into();
-        if on_failure == OnFailure::Revert && !self.status.canary_commit.is_empty() {
+        if !self.status.canary_commit.is_empty() {
             self.status.pending_writeback = Some(PendingWriteback {
-                action: WritebackAction::Revert,
+                action: match on_failure {
+                    OnFailure::Revert => WritebackAction::Revert,
+                    OnFailure::Hold => WritebackAction::Hold,
+                },
                 rollout_id: self.status.rollout_id.clone(),
                 stable_commit: self.status.stable_commit.clone(),
                 canary_commit: self.status.canary_commit.clone(),

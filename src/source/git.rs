@@ -58,6 +58,7 @@ impl Credentials {
 }
 
 /// A Git branch followed through a bare mirror in a local cache directory.
+#[derive(Clone)]
 pub struct GitSource {
     url: String,
     branch: String,
@@ -160,6 +161,10 @@ impl GitSource {
             commit: commit.id().to_string(),
             manifests,
             app_commits,
+            history: Some(std::sync::Arc::new(super::history::GitHistory {
+                git: self.clone(),
+                head: commit.id().to_string(),
+            })),
         })
     }
 
@@ -198,7 +203,18 @@ impl GitSource {
         found
     }
 
-    fn read_tree(&self, repo: &Repository, commit: &git2::Commit<'_>) -> Result<manifest::ManifestSet> {
+    /// The commit, fetched by id when a shallow mirror lacks it.
+    pub(crate) fn find_commit<'r>(&self, repo: &'r Repository, sha: &str) -> Result<git2::Commit<'r>> {
+        let oid = git2::Oid::from_str(sha).map_err(Error::git(format!("commit id {sha}")))?;
+        if let Ok(commit) = repo.find_commit(oid) {
+            return Ok(commit);
+        }
+        self.fetch_refs(repo, &[sha])?;
+        repo.find_commit(oid)
+            .map_err(Error::git(format!("commit {sha} is not in the repository")))
+    }
+
+    pub(crate) fn read_tree(&self, repo: &Repository, commit: &git2::Commit<'_>) -> Result<manifest::ManifestSet> {
         let root = commit.tree().map_err(Error::git("reading the commit tree"))?;
         let tree = if self.path.is_empty() {
             root

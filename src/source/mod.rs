@@ -2,6 +2,7 @@
 //! development, a plain local directory.
 
 mod git;
+mod history;
 pub mod webhook;
 
 pub use git::{Credentials, GitSource, redact_url};
@@ -22,6 +23,9 @@ pub struct Revision {
     /// App -> the newest commit that changed its files, where history says
     /// (apps missing here: `commit`).
     pub app_commits: std::collections::BTreeMap<String, String>,
+    /// Status files and earlier commits, for Rollouts with no status (none
+    /// for a plain directory).
+    pub history: Option<Arc<dyn crate::rollout::record::History>>,
 }
 
 impl Revision {
@@ -68,6 +72,7 @@ impl Source {
                 commit: "local".to_string(),
                 manifests: manifest::load_dir(root, renderers)?,
                 app_commits: Default::default(),
+                history: None,
             }),
         }
     }

@@ -6,11 +6,13 @@
 use std::time::Duration;
 
 use git2::{Commit, Oid, Repository, Signature};
-use serde::Serialize;
 
 use crate::cluster::Cluster;
+use serde::Serialize;
+
 use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction, WrittenBack};
 use crate::rollout::engine::{RolloutWork, apply_status};
+use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRecord, record_path};
 use crate::source::{GitSource, redact_url};
 use crate::{Error, Result};
 
@@ -18,6 +20,7 @@ pub const ROLLOUT_TRAILER: &str = "Gitcanary-Rollout";
 pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
 pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
 pub const GATE_TRAILER: &str = "Gitcanary-Gate";
+pub const HOLDS_TRAILER: &str = "Gitcanary-Holds";
 
 /// Pushes tried before giving up until the next sync.
 const MAX_ATTEMPTS: u32 = 8;
@@ -114,21 +117,6 @@ impl Request {
     }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct StatusFile<'a> {
-    rollout: String,
-    outcome: &'static str,
-    #[serde(rename = "rolloutID")]
-    rollout_id: &'a str,
-    stable_commit: &'a str,
-    previous_stable_commit: &'a str,
-    stable_revision: &'a str,
-    images: &'a [String],
-    promoted_at: &'a str,
-    steps: &'a [StepRecord],
-}
-
 pub struct Writer<'a> {
     pub git: &'a GitSource,
     pub author: Author,
@@ -143,43 +131,93 @@ impl Writer<'_> {
         match request.pending.action {
             WritebackAction::Promote => self.promote(request),
             WritebackAction::Revert => self.revert(request),
+            WritebackAction::Hold => self.hold(request),
         }
     }
 
     fn promote(&self, request: &Request) -> Result<Outcome> {
         let pending = &request.pending;
         let key = format!("{}/{}", request.namespace, request.name);
-        let file = StatusFile {
+        let record = StatusRecord {
+            format_version: FORMAT_VERSION,
             rollout: key.clone(),
-            outcome: "promoted",
-            rollout_id: &pending.rollout_id,
-            stable_commit: &pending.canary_commit,
-            previous_stable_commit: &pending.stable_commit,
-            stable_revision: &request.status.stable_revision,
-            images: &request.images,
-            promoted_at: &pending.at,
-            steps: &request.status.step_history,
+            outcome: RecordOutcome::Promoted,
+            rollout_id: pending.rollout_id.clone(),
+            stable_commit: pending.canary_commit.clone(),
+            previous_stable_commit: pending.stable_commit.clone(),
+            stable_revision: request.status.stable_revision.clone(),
+            images: request.images.clone(),
+            promoted_at: pending.at.clone(),
+            failed_commit: String::new(),
+            failed_at: String::new(),
+            cause: String::new(),
+            steps: request.status.step_history.clone(),
         };
-        let content = serde_saphyr::to_string(&file).map_err(|e| Error::Serialize {
-            what: format!("status of {key}"),
-            message: e.to_string(),
-        })?;
-        let path = format!(".gitcanary/status/{}/{}.yaml", request.namespace, request.name);
         let message = format!(
             "promote({key}): {}\n\nAll steps passed; {} is now stable.\n\n{ROLLOUT_TRAILER}: {key}\n{PROMOTES_TRAILER}: {}\n",
             release_name(&pending.rollout_id, &pending.canary_commit),
             crate::short_commit(&pending.canary_commit),
             pending.canary_commit
         );
-        let branch = self
-            .status_branch
-            .clone()
-            .unwrap_or_else(|| self.git.branch().to_string());
         let trailers = [
             (ROLLOUT_TRAILER, key.clone()),
             (PROMOTES_TRAILER, pending.canary_commit.clone()),
         ];
-        self.commit_with_retry(&branch, &trailers, |_, _| {
+        self.commit_record(request, &record, message, &trailers)
+    }
+
+    /// A failure held in place (`onFailure: hold`): the status file says so,
+    /// so a rebuilt cluster does not release the failed template again.
+    fn hold(&self, request: &Request) -> Result<Outcome> {
+        let pending = &request.pending;
+        let key = format!("{}/{}", request.namespace, request.name);
+        let record = StatusRecord {
+            format_version: FORMAT_VERSION,
+            rollout: key.clone(),
+            outcome: RecordOutcome::Failed,
+            rollout_id: pending.rollout_id.clone(),
+            stable_commit: pending.stable_commit.clone(),
+            previous_stable_commit: String::new(),
+            stable_revision: request.status.stable_revision.clone(),
+            images: request.images.clone(),
+            promoted_at: String::new(),
+            failed_commit: pending.canary_commit.clone(),
+            failed_at: pending.at.clone(),
+            cause: pending.cause.clone(),
+            steps: request.status.step_history.clone(),
+        };
+        let message = format!(
+            "hold({key}): {}\n\nThe {} failed: {}.\nTraffic is back on stable ({}); the failed template is held, not reverted, and is not\nreleased again while Git asks for it.\n\n{ROLLOUT_TRAILER}: {key}\n{HOLDS_TRAILER}: {}\n",
+            pending.cause,
+            release_name(&pending.rollout_id, &pending.canary_commit),
+            pending.cause,
+            crate::short_commit(&pending.stable_commit),
+            pending.canary_commit
+        );
+        let trailers = [
+            (ROLLOUT_TRAILER, key.clone()),
+            (HOLDS_TRAILER, pending.canary_commit.clone()),
+        ];
+        self.commit_record(request, &record, message, &trailers)
+    }
+
+    fn commit_record(
+        &self,
+        request: &Request,
+        record: &StatusRecord,
+        message: String,
+        trailers: &[(&str, String)],
+    ) -> Result<Outcome> {
+        let content = record.to_yaml().map_err(|message| Error::Serialize {
+            what: format!("status of {}", record.rollout),
+            message,
+        })?;
+        let path = record_path(&request.namespace, &request.name);
+        let branch = self
+            .status_branch
+            .clone()
+            .unwrap_or_else(|| self.git.branch().to_string());
+        self.commit_with_retry(&branch, trailers, |_, _| {
             Ok((
                 message.clone(),
                 vec![(path.clone(), Some(content.clone().into_bytes()))],
@@ -219,13 +257,7 @@ impl Writer<'_> {
 
     /// A commit the mirror may lack after a shallow fetch is fetched by id.
     fn commit_present<'r>(&self, repo: &'r Repository, sha: &str) -> Result<Commit<'r>> {
-        let oid = Oid::from_str(sha).map_err(Error::git(format!("commit id {sha}")))?;
-        if let Ok(commit) = repo.find_commit(oid) {
-            return Ok(commit);
-        }
-        self.git.fetch_refs(repo, &[sha])?;
-        repo.find_commit(oid)
-            .map_err(Error::git(format!("commit {sha} is not in the repository")))
+        self.git.find_commit(repo, sha)
     }
 
     /// Builds the commit on the branch head and pushes it; when the push

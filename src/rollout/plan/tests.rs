@@ -142,6 +142,65 @@ fn a_workload_created_with_its_rollout_starts_no_release() {
     assert_eq!(run.status.phase, Phase::Healthy);
 }
 
+/// A rebuilt cluster: no workload, no status, and Git's status file says v2 was promoted.
+fn rebuilt(git: &str) -> Observed {
+    let mut seen = observed(git, 0);
+    seen.workload_exists = false;
+    seen.workload_stable_hash = None;
+    seen.git_matches_live = false;
+    seen.resumed = Some(Resumed {
+        from: ".gitcanary/status/ns/echo.yaml at 0123abc".into(),
+        stable_commit: "v2-commit".into(),
+        stable_template_hash: "v2".into(),
+        ..Resumed::default()
+    });
+    seen
+}
+
+#[test]
+fn a_rebuilt_cluster_runs_the_promoted_template_and_releases_the_newer_one() {
+    let mut run = Run::new();
+    let plan = run.step(&rebuilt("v3"));
+    assert_eq!(run.status.stable_template_hash, "v2");
+    assert_eq!(run.status.stable_commit, "v2-commit");
+    assert_eq!(run.status.resumed_from_git, ".gitcanary/status/ns/echo.yaml at 0123abc");
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
+    assert_eq!(
+        plan.intent.stable_template,
+        StableTemplate::Live,
+        "stable runs the recorded template"
+    );
+    assert_eq!(plan.intent.canary_replicas, Some(1));
+
+    // Git still on the promoted version: nothing to release.
+    let mut run = Run::new();
+    assert_eq!(run.step(&rebuilt("v2")).intent.canary_replicas, None);
+    assert_eq!(run.status.phase, Phase::Healthy);
+}
+
+#[test]
+fn a_held_failure_in_git_is_not_released_again_on_a_rebuilt_cluster() {
+    let mut seen = rebuilt("v3");
+    if let Some(resumed) = seen.resumed.as_mut() {
+        resumed.failed_commit = "v3-commit".into();
+        resumed.failed_template_hash = "v3".into();
+        resumed.cause = "canary pods not ready within 3s".into();
+    }
+    let mut run = Run::new();
+    let plan = run.step(&seen);
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
+    assert_eq!(run.status.phase, Phase::Failed);
+    let message = run.status.canary_status.clone().unwrap_or_default().message;
+    assert!(
+        message.contains("not released again") && message.contains("not ready within 3s"),
+        "{message}"
+    );
+    // Later syncs keep holding, and a fix in Git (v4) is released.
+    seen.resumed = None;
+    assert_eq!(run.step(&seen).intent.canary_replicas, None);
+    assert_eq!(run.step(&observed("v4", 10)).intent.canary_replicas, Some(1));
+}
+
 #[test]
 fn a_new_template_walks_every_step_and_promotes() {
     let mut run = Run::new();
