@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, PartialObjectMeta};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info};
@@ -323,13 +323,19 @@ fn watch_files(dir: &std::path::Path, triggers: mpsc::Sender<Trigger>) -> Option
     Some(watcher)
 }
 
-/// Watches on the kinds gitcanary manages, so a change made by someone else
-/// (`kubectl edit`, a deletion) is put back within seconds.
+/// Watches on the kinds gitcanary manages: they keep the cluster's watch
+/// cache current (so a resync lists nothing) and wake a sync when someone
+/// else changes an object (`kubectl edit`, a deletion), to put it back.
 #[derive(Default)]
 struct DriftWatch {
     /// By apiVersion, kind and namespace (`None`: all namespaces).
     watches: HashMap<(String, String, Option<String>), JoinHandle<()>>,
+    /// The app status ConfigMaps, which the sync reads every time.
+    statuses: Option<JoinHandle<()>>,
 }
+
+/// Wait before a broken watch lists again.
+const WATCH_RESTART: Duration = Duration::from_secs(1);
 
 impl DriftWatch {
     async fn follow(
@@ -339,6 +345,7 @@ impl DriftWatch {
         options: &SyncOptions,
         triggers: &mpsc::Sender<Trigger>,
     ) {
+        let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
         for (api_version, kind) in kinds {
             let Some(resolved) = cluster.resolve(api_version, kind).await else {
                 continue;
@@ -349,43 +356,85 @@ impl DriftWatch {
                 if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
                     continue;
                 }
-                let handle = Self::watch(cluster, &resolved, id.2.as_deref(), options, triggers);
+                let handle = Self::watch(cluster, &resolved, id.2.as_deref(), &selector, Some(triggers.clone()));
                 self.watches.insert(id, handle);
             }
         }
+        if self.statuses.as_ref().is_none_or(|w| w.is_finished())
+            && let Some(resolved) = cluster.resolve("v1", "ConfigMap").await
+        {
+            let selector = format!("{}={}", crate::cluster::APP_STATUS_LABEL, options.instance);
+            self.statuses = Some(Self::watch(
+                cluster,
+                &resolved,
+                Some(&options.state_namespace),
+                &selector,
+                None,
+            ));
+        }
     }
 
+    /// Keeps the kind's cache in `namespace` (`None`: all) and, with
+    /// `triggers`, wakes a sync on every change. A watch that breaks lists
+    /// again (and wakes a sync, for what changed in between); its cache does
+    /// not answer until that list is done.
     fn watch(
         cluster: &Arc<Cluster>,
         resolved: &crate::plan::Resolved,
         namespace: Option<&str>,
-        options: &SyncOptions,
-        triggers: &mpsc::Sender<Trigger>,
+        selector: &str,
+        triggers: Option<mpsc::Sender<Trigger>>,
     ) -> JoinHandle<()> {
-        // Metadata only: any change bumps resourceVersion, and whole
-        // objects would cost memory and parsing for nothing.
-        let api: Api<PartialObjectMeta<DynamicObject>> = match namespace {
+        let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(cluster.client.clone(), ns, &resolved.resource),
             None => Api::all_with(cluster.client.clone(), &resolved.resource),
         };
-        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={}", options.instance));
-        let triggers = triggers.clone();
+        let config = watcher::Config::default().labels(selector);
+        let cache = cluster.watch_cache.register(resolved, namespace, selector);
+        let resource = resolved.resource.clone();
         let cluster = cluster.clone();
+        let wake = move |version| {
+            if let Some(triggers) = &triggers {
+                let _ = triggers.try_send(Trigger::Drift(version));
+            }
+        };
         tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher(api, config).default_backoff());
-            while let Some(event) = events.next().await {
-                match event {
-                    Ok(watcher::Event::Apply(object)) => {
-                        let version = object.metadata.uid.zip(object.metadata.resource_version);
-                        let _ = triggers.try_send(Trigger::Drift(version));
+            let mut relist = false;
+            loop {
+                let mut events = std::pin::pin!(watcher(api.clone(), config.clone()));
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(watcher::Event::Init) => cache.list_started(),
+                        Ok(watcher::Event::InitApply(object)) => cache.listed(&resource, object),
+                        Ok(watcher::Event::InitDone) => {
+                            cache.list_done();
+                            if relist {
+                                wake(None);
+                            }
+                        }
+                        Ok(watcher::Event::Apply(object)) => {
+                            let version = object
+                                .metadata
+                                .uid
+                                .clone()
+                                .zip(object.metadata.resource_version.clone());
+                            cache.changed(&resource, object);
+                            wake(version);
+                        }
+                        Ok(watcher::Event::Delete(object)) => {
+                            cluster.own_writes.forget(object.metadata.uid.as_deref());
+                            cache.deleted(&crate::cluster::cache::entry(&resource, object).0);
+                            wake(None);
+                        }
+                        Err(error) => {
+                            debug!(%error, kind = %resource.kind, "watch interrupted; it lists again");
+                            cache.interrupted();
+                            break;
+                        }
                     }
-                    Ok(watcher::Event::Delete(object)) => {
-                        cluster.own_writes.forget(object.metadata.uid.as_deref());
-                        let _ = triggers.try_send(Trigger::Drift(None));
-                    }
-                    Ok(_) => {}
-                    Err(error) => debug!(%error, "drift watch interrupted; it resumes"),
                 }
+                relist = true;
+                tokio::time::sleep(WATCH_RESTART).await;
             }
         })
     }
@@ -393,7 +442,7 @@ impl DriftWatch {
 
 impl Drop for DriftWatch {
     fn drop(&mut self) {
-        for handle in self.watches.values() {
+        for handle in self.watches.values().chain(self.statuses.as_ref()) {
             handle.abort();
         }
     }

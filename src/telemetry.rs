@@ -240,10 +240,12 @@ impl Metrics {
         if let Some(requests) = self.kube_requests.get() {
             let _ = writeln!(
                 out,
-                "# HELP gitcanary_kube_requests_total Requests sent to the API server.\n# TYPE gitcanary_kube_requests_total counter\ngitcanary_kube_requests_total{{kind=\"read\"}} {}\ngitcanary_kube_requests_total{{kind=\"write\"}} {}\ngitcanary_kube_requests_total{{kind=\"dry_run\"}} {}",
+                "# HELP gitcanary_kube_requests_total Requests sent to the API server.\n# TYPE gitcanary_kube_requests_total counter\ngitcanary_kube_requests_total{{kind=\"read\"}} {}\ngitcanary_kube_requests_total{{kind=\"write\"}} {}\ngitcanary_kube_requests_total{{kind=\"dry_run\"}} {}\n# HELP gitcanary_kube_reads_total Of the reads: lists and watches started.\n# TYPE gitcanary_kube_reads_total counter\ngitcanary_kube_reads_total{{kind=\"list\"}} {}\ngitcanary_kube_reads_total{{kind=\"watch\"}} {}",
                 requests.reads(),
                 requests.writes(),
-                requests.dry_runs()
+                requests.dry_runs(),
+                requests.lists(),
+                requests.watches()
             );
         }
         let _ = writeln!(

@@ -373,22 +373,7 @@ async fn bad_sources_are_refused_with_the_app_and_file_named_and_the_other_apps_
     );
     repo.commit_and_push("one good app, six bad ones");
 
-    let (code, stdout, stderr) = scenario.run_cli(&[
-        "sync",
-        "--once",
-        "--repo",
-        &repo.file_url(),
-        "--instance",
-        &format!("e2e-{ns}"),
-        "--state-namespace",
-        &ns,
-        "--cache-dir",
-        &scenario.cache.path().display().to_string(),
-        "--render-timeout",
-        "3",
-        "--render-max-output",
-        "1000000",
-    ]);
+    let (code, stdout, stderr) = scenario.sync_once(&["--render-timeout", "3", "--render-max-output", "1000000"]);
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     let problem = |prefix: &str, words: &[&str]| {
         let line = stdout
@@ -431,20 +416,20 @@ async fn bad_sources_are_refused_with_the_app_and_file_named_and_the_other_apps_
 
 #[test]
 fn validate_renders_offline_and_names_the_template_that_failed() {
-    let examples_ok = support::agent::gitcanary()
-        .args(["validate", &examples("kustomize").display().to_string()])
-        .output()
-        .expect("runs");
-    assert!(
-        examples_ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&examples_ok.stdout)
-    );
-    let helm_ok = support::agent::gitcanary()
-        .args(["validate", &examples("helm").display().to_string()])
-        .output()
-        .expect("runs");
-    assert!(helm_ok.status.success(), "{}", String::from_utf8_lossy(&helm_ok.stdout));
+    let validate = |dir: &Path| {
+        let output = support::agent::gitcanary()
+            .args(["validate", &dir.display().to_string()])
+            .output()
+            .expect("runs");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    for example in ["kustomize", "helm"] {
+        let (code, stdout) = validate(&examples(example));
+        assert_eq!(code, Some(0), "{stdout}");
+    }
 
     let dir = tempfile::tempdir().expect("dir");
     let write = |path: &str, content: &str| {
@@ -461,12 +446,8 @@ fn validate_renders_offline_and_names_the_template_that_failed() {
         "web/templates/broken.yaml",
         "metadata:\n  name: {{ .Values.name | nosuchfunction }}\n",
     );
-    let output = support::agent::gitcanary()
-        .args(["validate", &dir.path().display().to_string()])
-        .output()
-        .expect("runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let (code, stdout) = validate(dir.path());
+    assert_eq!(code, Some(1), "{stdout}");
     assert!(
         stdout.starts_with("web/templates/broken.yaml:2: app web: helm:"),
         "{stdout}"
@@ -475,11 +456,7 @@ fn validate_renders_offline_and_names_the_template_that_failed() {
 
     // Without the template error, the rendered object's own problem names its template.
     std::fs::remove_file(dir.path().join("web/templates/broken.yaml")).expect("rm");
-    let output = support::agent::gitcanary()
-        .args(["validate", &dir.path().display().to_string()])
-        .output()
-        .expect("runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let (code, stdout) = validate(dir.path());
+    assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.starts_with("web/templates/deployment.yaml:1:"), "{stdout}");
 }

@@ -51,6 +51,49 @@ async fn resumed_release(client: &Client, ns: &str, stable: &str, canary: &str) 
     .await
 }
 
+/// A control plane built anew, with the scenario's namespace and a fresh
+/// agent on the same repository.
+struct Rebuilt {
+    client: Client,
+    agent: AgentProcess,
+    _cache: tempfile::TempDir,
+    _plane: support::DedicatedControlPlane,
+}
+
+impl Rebuilt {
+    async fn start(scenario: &Scenario) -> Rebuilt {
+        let plane = support::DedicatedControlPlane::start();
+        let client = plane.client().await;
+        support::agent::install_rollout_crd_on(&client).await;
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(scenario.ns.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+        let cache = tempfile::tempdir().expect("cache");
+        let kubeconfig = plane.kubeconfig.display().to_string();
+        let agent = AgentProcess::start_with(
+            &scenario.repo,
+            &scenario.ns,
+            cache.path(),
+            &["--kubeconfig", &kubeconfig],
+            &[],
+        );
+        Rebuilt {
+            client,
+            agent,
+            _cache: cache,
+            _plane: plane,
+        }
+    }
+}
+
 fn promote(scenario: &Scenario) {
     let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
@@ -97,23 +140,8 @@ async fn a_rebuilt_cluster_and_a_recreated_rollout_run_the_promoted_version_and_
     assert!(shown.contains("resumed from Git"), "{shown}");
 
     // A cluster built anew from the same repository: 2.0 is stable, 3.0 is released.
-    let fresh = support::DedicatedControlPlane::start();
-    let client = fresh.client().await;
-    support::agent::install_rollout_crd_on(&client).await;
-    let namespace = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(ns.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("namespace");
-    let cache = tempfile::tempdir().expect("cache");
-    let kubeconfig = fresh.kubeconfig.display().to_string();
-    let _fresh_agent = AgentProcess::start_with(&scenario.repo, &ns, cache.path(), &["--kubeconfig", &kubeconfig], &[]);
+    let rebuilt = Rebuilt::start(&scenario).await;
+    let client = rebuilt.client.clone();
     let rebuilt = resumed_release(&client, &ns, "2.0", "3.0").await;
     assert_eq!(rebuilt.status.expect("status").stable_commit, released);
 }
@@ -150,23 +178,8 @@ async fn a_held_failure_recorded_in_git_is_not_released_again_on_a_rebuilt_clust
     );
     assert!(agent.terminate());
 
-    let fresh = support::DedicatedControlPlane::start();
-    let client = fresh.client().await;
-    support::agent::install_rollout_crd_on(&client).await;
-    let namespace = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(ns.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("namespace");
-    let cache = tempfile::tempdir().expect("cache");
-    let kubeconfig = fresh.kubeconfig.display().to_string();
-    let fresh_agent = AgentProcess::start_with(&scenario.repo, &ns, cache.path(), &["--kubeconfig", &kubeconfig], &[]);
+    let rebuilt = Rebuilt::start(&scenario).await;
+    let (client, fresh_agent) = (rebuilt.client.clone(), &rebuilt.agent);
     let status = eventually("the rebuilt cluster holds 2.0", WAIT, || async {
         let status = rollout(&client, &ns, "echo").await?.status?;
         let stable = image(&client, &ns, "echo").await? == "registry.test/echo:2.0";
@@ -201,18 +214,7 @@ async fn a_corrupt_status_file_is_a_problem_of_the_app_and_nothing_is_released()
     scenario
         .repo
         .commit_and_push("echo 3.0 and a status file from elsewhere");
-    let (code, stdout, stderr) = scenario.run_cli(&[
-        "sync",
-        "--once",
-        "--repo",
-        &scenario.repo.file_url(),
-        "--instance",
-        &format!("e2e-{ns}"),
-        "--state-namespace",
-        &ns,
-        "--cache-dir",
-        &scenario.cache.path().display().to_string(),
-    ]);
+    let (code, stdout, stderr) = scenario.sync_once(&[]);
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     let line = stdout
         .lines()

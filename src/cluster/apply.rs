@@ -107,6 +107,7 @@ impl<'c> Writer<'c> {
         let applied = within_write_timeout(api.patch(name, &params, &Patch::Apply(object))).await?;
         if mode == Mode::Apply {
             self.cluster.own_writes.record(&applied);
+            self.cluster.watch_cache.wrote(resolved, &applied);
         }
         Ok(applied)
     }
@@ -127,7 +128,12 @@ impl<'c> Writer<'c> {
         };
         let api = self.api(&resolved, deletion.key.namespace.as_deref());
         match within_write_timeout(api.delete(&deletion.key.name, &params)).await {
-            Ok(_) => Ok(Deleted::Deleted),
+            Ok(_) => {
+                if mode == Mode::Apply {
+                    self.cluster.watch_cache.removed(&resolved, &deletion.key);
+                }
+                Ok(Deleted::Deleted)
+            }
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(Deleted::Gone),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Deleted::Changed),
             Err(error) => Err(error),

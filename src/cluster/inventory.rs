@@ -71,13 +71,26 @@ impl AppStatus {
 
     /// Every app's status in one list call, keyed by app.
     pub async fn load_all(cluster: &Cluster, namespace: &str, instance: &str) -> Result<BTreeMap<String, AppStatus>> {
-        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
-        let list = api
-            .list(&kube::api::ListParams::default().labels(&format!("{APP_STATUS_LABEL}={instance}")))
-            .await
-            .map_err(Error::kube("listing app statuses"))?;
-        Ok(list
-            .items
+        let selector = format!("{APP_STATUS_LABEL}={instance}");
+        // The agent's watch of its status ConfigMaps answers without a request.
+        let watched = match cluster.resolve("v1", "ConfigMap").await {
+            Some(resolved) => cluster.watch_cache.objects(&resolved, Some(namespace), &selector),
+            None => None,
+        };
+        let items: Vec<ConfigMap> = match watched {
+            Some(objects) => objects
+                .into_iter()
+                .filter_map(|(_, text)| serde_json::from_str(&text).ok())
+                .collect(),
+            None => {
+                let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
+                api.list(&kube::api::ListParams::default().labels(&selector))
+                    .await
+                    .map_err(Error::kube("listing app statuses"))?
+                    .items
+            }
+        };
+        Ok(items
             .into_iter()
             .filter_map(|cm| {
                 let app = cm.data.as_ref()?.get("app")?.clone();
@@ -138,9 +151,16 @@ impl AppStatus {
             "data": data,
         });
         let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
-        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        let written = api
+            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
             .await
             .map_err(Error::kube(format!("writing the status of app {}", self.app)))?;
+        if let (Some(resolved), Ok(object)) = (
+            cluster.resolve("v1", "ConfigMap").await,
+            serde_json::to_value(&written).and_then(serde_json::from_value::<kube::api::DynamicObject>),
+        ) {
+            cluster.watch_cache.wrote(&resolved, &object);
+        }
         Ok(())
     }
 }

@@ -2,6 +2,7 @@
 //! reconcile), and the one apply and delete path.
 
 mod apply;
+pub mod cache;
 mod diff;
 mod inventory;
 pub mod observe;
@@ -39,6 +40,8 @@ pub struct Cluster {
     impersonating: std::sync::Mutex<std::collections::HashMap<String, Client>>,
     /// The API server's version (`v1.36.3`); empty when it would not say.
     kube_version: String,
+    /// Live objects kept current by the agent's watches.
+    pub watch_cache: cache::WatchCache,
 }
 
 /// Discovery, tried again when it fails: an API group that goes away while
@@ -134,6 +137,7 @@ impl Cluster {
             discovered_at: std::sync::Mutex::new(std::time::Instant::now()),
             own_writes: OwnWrites::default(),
             impersonating: std::sync::Mutex::default(),
+            watch_cache: cache::WatchCache::default(),
         })
     }
 

@@ -34,6 +34,10 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
     let lists = stream::iter(scoped.map(|(resolved, scope)| {
         let selector = selector.clone();
         async move {
+            // The agent's watches keep the kind current: no request.
+            if let Some(objects) = cluster.watch_cache.objects(&resolved, scope, &selector) {
+                return Ok(objects);
+            }
             let api = cluster.api(&resolved, scope);
             let mut params = ListParams::default().labels(&selector).limit(500);
             let mut objects = Vec::new();
@@ -45,10 +49,11 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
                 let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
                 // Page by page into the form kept, without managedFields (nothing
                 // reads them; they are a good part of each object's size).
-                objects.extend(page.items.into_iter().map(|mut object| {
-                    object.metadata.managed_fields = None;
-                    live_entry(&resolved.resource, object)
-                }));
+                objects.extend(
+                    page.items
+                        .into_iter()
+                        .map(|object| super::cache::entry(&resolved.resource, object)),
+                );
                 match next {
                     Some(token) => params = params.continue_token(&token),
                     None => break,
@@ -61,22 +66,6 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
     .try_collect::<Vec<_>>()
     .await?;
     Ok(lists.into_iter().flatten().collect())
-}
-
-fn live_entry(resource: &kube::discovery::ApiResource, mut object: kube::api::DynamicObject) -> (ObjectKey, Box<str>) {
-    let key = ObjectKey {
-        group: resource.group.clone(),
-        kind: resource.kind.clone(),
-        namespace: object.metadata.namespace.clone(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-    };
-    // List items carry no type; the desired objects do.
-    object.types = Some(kube::api::TypeMeta {
-        api_version: resource.api_version.clone(),
-        kind: resource.kind.clone(),
-    });
-    let text = serde_json::to_string(&object).unwrap_or_default();
-    (key, text.into_boxed_str())
 }
 
 /// Every manifest of the app resolved against discovery. Kinds that CRDs of

@@ -11,6 +11,9 @@ use http::{Method, Request};
 #[derive(Debug, Clone, Default)]
 pub struct RequestCounts {
     reads: Arc<AtomicU64>,
+    /// Of the reads: lists (a selector or a page size) and watches.
+    lists: Arc<AtomicU64>,
+    watches: Arc<AtomicU64>,
     writes: Arc<AtomicU64>,
     dry_runs: Arc<AtomicU64>,
 }
@@ -18,6 +21,12 @@ pub struct RequestCounts {
 impl RequestCounts {
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
+    }
+    pub fn lists(&self) -> u64 {
+        self.lists.load(Ordering::Relaxed)
+    }
+    pub fn watches(&self) -> u64 {
+        self.watches.load(Ordering::Relaxed)
     }
     /// Requests that may change something (dry runs excluded).
     pub fn writes(&self) -> u64 {
@@ -28,6 +37,17 @@ impl RequestCounts {
     }
 
     fn count<B>(&self, request: &Request<B>) {
+        if *request.method() == Method::GET {
+            let query = request.uri().query().unwrap_or_default();
+            if query.contains("watch=true") {
+                self.watches.fetch_add(1, Ordering::Relaxed);
+            } else if ["labelSelector=", "fieldSelector=", "limit="]
+                .iter()
+                .any(|p| query.contains(p))
+            {
+                self.lists.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let counter = match *request.method() {
             Method::GET | Method::HEAD | Method::OPTIONS => &self.reads,
             _ if request.uri().query().is_some_and(|q| q.contains("dryRun=")) => &self.dry_runs,

@@ -232,20 +232,7 @@ fn source_of(object: &mut Value, build_dir: &str, kustomization: &str, remove_or
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::DirTree;
-
-    fn tree_of(files: &[(&str, &str)]) -> (tempfile::TempDir, DirTree) {
-        let dir = tempfile::tempdir().expect("dir");
-        for (path, content) in files {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
-            std::fs::write(path, content).expect("write");
-        }
-        let tree = DirTree {
-            root: dir.path().to_path_buf(),
-        };
-        (dir, tree)
-    }
+    use crate::render::tree::tree_of;
 
     #[test]
     fn an_overlay_reads_its_bases_and_nothing_outside_the_source() {

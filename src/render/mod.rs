@@ -609,19 +609,7 @@ pub fn is_settings_file(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tree_of(files: &[(&str, &str)]) -> (tempfile::TempDir, DirTree) {
-        let dir = tempfile::tempdir().expect("dir");
-        for (path, content) in files {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
-            std::fs::write(path, content).expect("write");
-        }
-        let tree = DirTree {
-            root: dir.path().to_path_buf(),
-        };
-        (dir, tree)
-    }
+    use crate::render::tree::tree_of;
 
     #[test]
     fn app_kinds_come_from_the_directory_and_its_settings() {

@@ -189,6 +189,21 @@ pub fn export(tree: &dyn SourceTree, dirs: &[String], into: &Path, max_bytes: u6
     Ok(copied)
 }
 
+/// A directory of `files` (path, content) and the tree over it, for tests.
+#[cfg(test)]
+pub(crate) fn tree_of(files: &[(&str, &str)]) -> (tempfile::TempDir, DirTree) {
+    let dir = tempfile::tempdir().expect("dir");
+    for (path, content) in files {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
+        std::fs::write(path, content).expect("write");
+    }
+    let tree = DirTree {
+        root: dir.path().to_path_buf(),
+    };
+    (dir, tree)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,19 +139,10 @@ impl Writer<'_> {
         let pending = &request.pending;
         let key = format!("{}/{}", request.namespace, request.name);
         let record = StatusRecord {
-            format_version: FORMAT_VERSION,
-            rollout: key.clone(),
-            outcome: RecordOutcome::Promoted,
-            rollout_id: pending.rollout_id.clone(),
             stable_commit: pending.canary_commit.clone(),
             previous_stable_commit: pending.stable_commit.clone(),
-            stable_revision: request.status.stable_revision.clone(),
-            images: request.images.clone(),
             promoted_at: pending.at.clone(),
-            failed_commit: String::new(),
-            failed_at: String::new(),
-            cause: String::new(),
-            steps: request.status.step_history.clone(),
+            ..record_of(request, RecordOutcome::Promoted)
         };
         let message = format!(
             "promote({key}): {}\n\nAll steps passed; {} is now stable.\n\n{ROLLOUT_TRAILER}: {key}\n{PROMOTES_TRAILER}: {}\n",
@@ -172,19 +163,11 @@ impl Writer<'_> {
         let pending = &request.pending;
         let key = format!("{}/{}", request.namespace, request.name);
         let record = StatusRecord {
-            format_version: FORMAT_VERSION,
-            rollout: key.clone(),
-            outcome: RecordOutcome::Failed,
-            rollout_id: pending.rollout_id.clone(),
             stable_commit: pending.stable_commit.clone(),
-            previous_stable_commit: String::new(),
-            stable_revision: request.status.stable_revision.clone(),
-            images: request.images.clone(),
-            promoted_at: String::new(),
             failed_commit: pending.canary_commit.clone(),
             failed_at: pending.at.clone(),
             cause: pending.cause.clone(),
-            steps: request.status.step_history.clone(),
+            ..record_of(request, RecordOutcome::Failed)
         };
         let message = format!(
             "hold({key}): {}\n\nThe {} failed: {}.\nTraffic is back on stable ({}); the failed template is held, not reverted, and is not\nreleased again while Git asks for it.\n\n{ROLLOUT_TRAILER}: {key}\n{HOLDS_TRAILER}: {}\n",
@@ -403,6 +386,25 @@ impl Writer<'_> {
                 vec![(path.clone(), Some(content.clone().into_bytes()))],
             ))
         })
+    }
+}
+
+/// The status file of the request's release, with what both outcomes record.
+fn record_of(request: &Request, outcome: RecordOutcome) -> StatusRecord {
+    StatusRecord {
+        format_version: FORMAT_VERSION,
+        rollout: format!("{}/{}", request.namespace, request.name),
+        outcome,
+        rollout_id: request.pending.rollout_id.clone(),
+        stable_commit: String::new(),
+        previous_stable_commit: String::new(),
+        stable_revision: request.status.stable_revision.clone(),
+        images: request.images.clone(),
+        promoted_at: String::new(),
+        failed_commit: String::new(),
+        failed_at: String::new(),
+        cause: String::new(),
+        steps: request.status.step_history.clone(),
     }
 }
 

@@ -265,6 +265,17 @@ impl Scenario {
         ])
     }
 
+    /// `gitcanary sync --once` as this scenario's agent would sync, with `extra` flags.
+    pub fn sync_once(&self, extra: &[&str]) -> (i32, String, String) {
+        let instance = format!("e2e-{}", self.ns);
+        let cache = self.cache.path().display().to_string();
+        let url = self.repo.file_url();
+        let mut args = vec!["sync", "--once", "--repo", &url, "--instance", &instance];
+        args.extend(["--state-namespace", &self.ns, "--cache-dir", &cache]);
+        args.extend_from_slice(extra);
+        self.run_cli(&args)
+    }
+
     pub fn run_cli(&self, args: &[&str]) -> (i32, String, String) {
         let output = gitcanary()
             .args(args)

@@ -1,0 +1,170 @@
+//! Live objects kept current by watches, so a resync in the steady state
+//! reads memory instead of listing every kind. Each watched kind and scope
+//! has one cache; it answers only while its watch is unbroken since its last
+//! full list (a gap makes the next sync list once, as before).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use kube::api::DynamicObject;
+
+use crate::manifest::ObjectKey;
+use crate::plan::Resolved;
+
+/// apiVersion, kind, the namespace watched (`None`: all), and the label
+/// selector (`key=value`).
+pub type CacheId = (String, String, Option<String>, String);
+
+#[derive(Default)]
+pub struct KindCache {
+    objects: RwLock<HashMap<ObjectKey, Box<str>>>,
+    /// Objects of the list in progress after a (re)start of the watch.
+    listing: Mutex<HashMap<ObjectKey, Box<str>>>,
+    synced: AtomicBool,
+}
+
+impl KindCache {
+    /// A (re)list started: what the cache holds may be stale until it ends.
+    pub fn list_started(&self) {
+        self.synced.store(false, Ordering::SeqCst);
+        self.listing.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    pub fn listed(&self, resource: &kube::discovery::ApiResource, object: DynamicObject) {
+        let (key, text) = entry(resource, object);
+        self.listing.lock().unwrap_or_else(|e| e.into_inner()).insert(key, text);
+    }
+
+    pub fn list_done(&self) {
+        let listed = std::mem::take(&mut *self.listing.lock().unwrap_or_else(|e| e.into_inner()));
+        *self.objects.write().unwrap_or_else(|e| e.into_inner()) = listed;
+        self.synced.store(true, Ordering::SeqCst);
+    }
+
+    pub fn changed(&self, resource: &kube::discovery::ApiResource, object: DynamicObject) {
+        let (key, text) = entry(resource, object);
+        self.objects
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, text);
+    }
+
+    pub fn deleted(&self, key: &ObjectKey) {
+        self.objects.write().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+
+    /// The watch broke: events may be missed until it has listed again.
+    pub fn interrupted(&self) {
+        self.synced.store(false, Ordering::SeqCst);
+    }
+
+    fn snapshot(&self) -> Option<Vec<(ObjectKey, Box<str>)>> {
+        if !self.synced.load(Ordering::SeqCst) {
+            return None;
+        }
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        Some(objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+}
+
+/// The key and compact JSON an object is kept as (typed, without managedFields).
+pub fn entry(resource: &kube::discovery::ApiResource, mut object: DynamicObject) -> (ObjectKey, Box<str>) {
+    object.metadata.managed_fields = None;
+    let key = ObjectKey {
+        group: resource.group.clone(),
+        kind: resource.kind.clone(),
+        namespace: object.metadata.namespace.clone(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+    };
+    // List and watch items carry no type; the desired objects do.
+    object.types = Some(kube::api::TypeMeta {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+    });
+    let text = serde_json::to_string(&object).unwrap_or_default();
+    (key, text.into_boxed_str())
+}
+
+#[derive(Default)]
+pub struct WatchCache {
+    kinds: Mutex<HashMap<CacheId, Arc<KindCache>>>,
+}
+
+fn id(resolved: &Resolved, scope: Option<&str>, selector: &str) -> CacheId {
+    (
+        resolved.resource.api_version.clone(),
+        resolved.resource.kind.clone(),
+        scope.map(str::to_string),
+        selector.to_string(),
+    )
+}
+
+/// Whether the object's labels hold the `key=value` selector.
+fn selects(selector: &str, object: &DynamicObject) -> bool {
+    let Some((key, value)) = selector.split_once('=') else {
+        return false;
+    };
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(key))
+        .is_some_and(|v| v == value)
+}
+
+impl WatchCache {
+    /// The cache a watch of this kind and scope keeps (made on first use).
+    pub fn register(&self, resolved: &Resolved, scope: Option<&str>, selector: &str) -> Arc<KindCache> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        kinds.entry(id(resolved, scope, selector)).or_default().clone()
+    }
+
+    /// The objects of the kind in the scope that the selector selects, when a
+    /// watch keeps them current.
+    pub fn objects(
+        &self,
+        resolved: &Resolved,
+        scope: Option<&str>,
+        selector: &str,
+    ) -> Option<Vec<(ObjectKey, Box<str>)>> {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = kinds.get(&id(resolved, scope, selector)).cloned()?;
+        drop(kinds);
+        cache.snapshot()
+    }
+
+    /// What gitcanary's own write returned, at once: the next sync must not
+    /// find the state before it because the watch event is still on its way.
+    pub fn wrote(&self, resolved: &Resolved, object: &DynamicObject) {
+        let key = entry(&resolved.resource, object.clone()).0;
+        for (selector, cache) in self.covering(resolved, object.metadata.namespace.as_deref()) {
+            if selects(&selector, object) {
+                cache.changed(&resolved.resource, object.clone());
+            } else {
+                // An object gitcanary let go of (its label removed) leaves the cache.
+                cache.deleted(&key);
+            }
+        }
+    }
+
+    pub fn removed(&self, resolved: &Resolved, key: &ObjectKey) {
+        for (_, cache) in self.covering(resolved, key.namespace.as_deref()) {
+            cache.deleted(key);
+        }
+    }
+
+    /// Caches of the kind whose scope holds `namespace`, with their selectors.
+    fn covering(&self, resolved: &Resolved, namespace: Option<&str>) -> Vec<(String, Arc<KindCache>)> {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        kinds
+            .iter()
+            .filter(|((api_version, kind, scope, _), _)| {
+                *api_version == resolved.resource.api_version
+                    && *kind == resolved.resource.kind
+                    && (scope.is_none() || scope.as_deref() == namespace)
+            })
+            .map(|((_, _, _, selector), cache)| (selector.clone(), cache.clone()))
+            .collect()
+    }
+}

@@ -1,0 +1,129 @@
+//! The steady state from watch caches: a resync when nothing changed reads
+//! memory, and a watch broken by an API server outage lists once and misses
+//! nothing.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use support::agent::{AgentProcess, Scenario};
+use support::eventually;
+
+const WAIT: Duration = Duration::from_secs(90);
+const LISTS: &str = "gitcanary_kube_reads_total{kind=\"list\"}";
+const APPLIED: &str = "gitcanary_objects_applied_total";
+
+fn config_map(ns: &str, name: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: blue\n")
+}
+
+async fn color(client: &kube::Client, ns: &str, name: &str) -> Option<String> {
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()??
+        .data?
+        .remove("color")
+}
+
+/// Waits until the agent's syncs stop listing: its watches have listed and
+/// answer for the kinds.
+async fn settled(agent: &AgentProcess) {
+    eventually("the watches answer", WAIT, || async {
+        let before = agent.counter(LISTS).await;
+        agent.wait_for_syncs(2).await;
+        (agent.counter(LISTS).await == before).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
+    let scenario = Scenario::new("cache-steady").await;
+    for i in 0..20 {
+        scenario.repo.write(
+            &format!("app/cm-{i}.yaml"),
+            &config_map(&scenario.ns, &format!("cm-{i}")),
+        );
+    }
+    scenario.repo.commit_and_push("twenty ConfigMaps");
+    let agent = scenario.start_agent();
+    eventually("synced", WAIT, || async {
+        color(&scenario.client, &scenario.ns, "cm-19").await
+    })
+    .await;
+    settled(&agent).await;
+    let (lists, applied) = (agent.counter(LISTS).await, agent.counter(APPLIED).await);
+    agent.wait_for_syncs(3).await;
+    assert_eq!(agent.counter(LISTS).await, lists, "no list while nothing changes");
+    assert_eq!(agent.counter(APPLIED).await, applied, "no write while nothing changes");
+
+    // Drift is still seen, through the same watches, and put back.
+    let drift = serde_json::json!({"data": {"color": "red"}});
+    Api::<ConfigMap>::namespaced(scenario.client.clone(), &scenario.ns)
+        .patch("cm-3", &PatchParams::default(), &Patch::Merge(&drift))
+        .await
+        .expect("drift");
+    eventually("drift healed", WAIT, || async {
+        (color(&scenario.client, &scenario.ns, "cm-3").await? == "blue").then_some(())
+    })
+    .await;
+    assert_eq!(
+        agent.counter(LISTS).await,
+        lists,
+        "healing from the cache lists nothing"
+    );
+}
+
+#[tokio::test]
+async fn after_an_api_server_outage_the_watches_list_once_miss_no_drift_and_write_nothing_twice() {
+    let plane = support::DedicatedControlPlane::start();
+    let client = plane.client().await;
+    support::agent::install_rollout_crd_on(&client).await;
+    let ns = support::namespace(&client, "cache-outage").await;
+    let server = support::git_server::GitServer::start(None).await;
+    let repo = server.create_repo("apps");
+    for i in 0..5 {
+        repo.write(&format!("app/cm-{i}.yaml"), &config_map(&ns, &format!("cm-{i}")));
+    }
+    repo.commit_and_push("five ConfigMaps");
+    let cache = tempfile::tempdir().expect("cache");
+    let kubeconfig = plane.kubeconfig.display().to_string();
+    // A long lease: the outage must not cost the agent its leadership.
+    let agent = AgentProcess::start_with(
+        &repo,
+        &ns,
+        cache.path(),
+        &["--kubeconfig", &kubeconfig, "--lease-duration", "120"],
+        &[],
+    );
+    eventually("synced", WAIT, || async { color(&client, &ns, "cm-4").await }).await;
+    settled(&agent).await;
+    let (lists, applied) = (agent.counter(LISTS).await, agent.counter(APPLIED).await);
+
+    plane.component("stop", "kube-apiserver");
+    plane.component("start", "kube-apiserver");
+    // Drift made as soon as the server answers, while the watches are still
+    // finding their way back.
+    let drift = serde_json::json!({"data": {"color": "red"}});
+    eventually("the API server is back", WAIT, || async {
+        Api::<ConfigMap>::namespaced(client.clone(), &ns)
+            .patch("cm-1", &PatchParams::default(), &Patch::Merge(&drift))
+            .await
+            .ok()
+    })
+    .await;
+    eventually("drift made during the gap healed", WAIT, || async {
+        (color(&client, &ns, "cm-1").await? == "blue").then_some(())
+    })
+    .await;
+    settled(&agent).await;
+    assert!(agent.counter(LISTS).await > lists, "the broken watches listed again");
+    assert_eq!(
+        agent.counter(APPLIED).await,
+        applied + 1,
+        "only the drifted object was written"
+    );
+}
