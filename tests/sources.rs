@@ -6,8 +6,8 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use gitcanary::manifest::{Manifest, ManifestSet, load_dir};
-use gitcanary::render::{Capabilities, Renderers};
+use gitcanary::manifest::{Manifest, ManifestSet};
+use gitcanary::render::{Capabilities, Renderers, load_dir};
 use gitcanary::rollout::api::{Phase, Rollout};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;

@@ -254,7 +254,7 @@ pub fn validate(dir: PathBuf, allowed: AllowedArgs, render: RenderArgs) -> Resul
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
     // Offline: Helm renders for its own default version and API versions.
-    let mut set = manifest::load_dir(&dir, &render.renderers(&allowed.default_namespace, None))?;
+    let mut set = crate::render::load_dir(&dir, &render.renderers(&allowed.default_namespace, None))?;
     let options = SyncOptions {
         allowed: allowed.to_allowed(),
         ..SyncOptions::default()

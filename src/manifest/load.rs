@@ -3,7 +3,6 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{App, Manifest, ManifestSet, Problem, ROOT_APP};
-use crate::render::{DirTree, Renderers, Rendering};
 use crate::{Error, Result};
 
 /// Largest manifest file read; bigger ones are reported, not read.
@@ -69,17 +68,13 @@ fn app_of_file<'s>(set: &'s mut ManifestSet, path: &str) -> &'s mut App {
 }
 
 /// Loads every `.yaml`/`.yml` file under `root` (hidden directories
-/// skipped), rendering the apps that are Kustomize or Helm sources.
-pub fn load_dir(root: &Path, renderers: &Renderers) -> Result<ManifestSet> {
-    let tree = DirTree {
-        root: root.to_path_buf(),
-    };
-    let rendering = Rendering::plan(&tree);
+/// skipped), except in the app directories `skip` names (rendered ones).
+pub fn load_dir(root: &Path, skip: &std::collections::HashSet<String>) -> Result<ManifestSet> {
     let mut files = Vec::new();
     let mut sizes = SizeCheck::default();
     let plain = |e: &walkdir::DirEntry| {
         let name = e.file_name().to_string_lossy();
-        e.depth() == 0 || !(name.starts_with('.') || (e.depth() == 1 && rendering.skip.contains(name.as_ref())))
+        e.depth() == 0 || !(name.starts_with('.') || (e.depth() == 1 && skip.contains(name.as_ref())))
     };
     for entry in walkdir::WalkDir::new(root)
         .sort_by_file_name()
@@ -108,7 +103,6 @@ pub fn load_dir(root: &Path, renderers: &Renderers) -> Result<ManifestSet> {
     }
     let mut set = load_files(files.into_iter());
     sizes.report(&mut set);
-    rendering.finish(&tree, renderers, &mut set);
     Ok(set)
 }
 
@@ -121,7 +115,7 @@ pub(crate) fn is_yaml(path: &str) -> bool {
 pub fn load_files(files: impl Iterator<Item = (String, Vec<u8>)>) -> ManifestSet {
     let mut set = ManifestSet::default();
     for (path, content) in files {
-        if !is_yaml(&path) || crate::render::is_settings_file(&path) {
+        if !is_yaml(&path) || super::is_settings_file(&path) {
             continue;
         }
         let app = app_of_file(&mut set, &path);

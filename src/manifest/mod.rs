@@ -14,6 +14,14 @@ use serde_json::Value;
 /// The app name for files that sit directly in the source path.
 pub const ROOT_APP: &str = "root";
 
+/// An app directory's optional settings file (how it is rendered); never applied.
+pub const SETTINGS_FILE: &str = "gitcanary.yaml";
+
+/// Whether `path` is an app's settings file.
+pub fn is_settings_file(path: &str) -> bool {
+    path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
+}
+
 /// One YAML document that holds a Kubernetes object.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {

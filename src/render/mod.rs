@@ -20,8 +20,7 @@ use serde::Deserialize;
 use crate::manifest::{App, Manifest, Problem};
 pub use tree::{DirTree, GitTree, SourceTree};
 
-/// The optional settings file of an app directory; never applied.
-pub const SETTINGS_FILE: &str = "gitcanary.yaml";
+pub use crate::manifest::SETTINGS_FILE;
 /// Names Kustomize accepts for a kustomization, in its order of preference.
 pub const KUSTOMIZATION_FILES: [&str; 3] = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
 
@@ -601,9 +600,16 @@ impl Rendering {
     }
 }
 
-/// A plain app's settings file, which is never applied.
-pub fn is_settings_file(path: &str) -> bool {
-    path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
+/// Loads a local directory: its plain apps' YAML files, and its Kustomize
+/// and Helm apps rendered.
+pub fn load_dir(root: &Path, renderers: &Renderers) -> crate::Result<crate::manifest::ManifestSet> {
+    let tree = DirTree {
+        root: root.to_path_buf(),
+    };
+    let rendering = Rendering::plan(&tree);
+    let mut set = crate::manifest::load_dir(root, &rendering.skip)?;
+    rendering.finish(&tree, renderers, &mut set);
+    Ok(set)
 }
 
 #[cfg(test)]

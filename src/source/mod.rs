@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::Result;
-use crate::manifest::{self, ManifestSet};
+use crate::manifest::ManifestSet;
 use crate::render::Renderers;
 
 /// One revision of the source: its id and its manifests.
@@ -70,7 +70,7 @@ impl Source {
             Source::Git(git) => git.fetch(),
             Source::Dir { root, renderers } => Ok(Revision {
                 commit: "local".to_string(),
-                manifests: manifest::load_dir(root, renderers)?,
+                manifests: crate::render::load_dir(root, renderers)?,
                 app_commits: Default::default(),
                 history: None,
             }),
