@@ -142,31 +142,28 @@ impl Metrics {
             "Time of one fetch of the source.",
             &mut out,
         );
-        counter(
-            &mut out,
-            "gitcanary_git_fetch_errors_total",
-            "Fetches of the source that failed.",
-            &self.fetch_errors,
-        );
-        counter(
-            &mut out,
-            "gitcanary_own_write_events_total",
-            "Watch events of gitcanary's own writes, which wake no sync.",
-            &self.own_write_events,
-        );
-        counter(
-            &mut out,
-            "gitcanary_renders_total",
-            "Runs of kustomize or helm; an app whose files did not change is not rendered again.",
-            &self.renders,
-        );
         let _ = writeln!(
             out,
             "# HELP gitcanary_syncs_total Syncs by result.\n# TYPE gitcanary_syncs_total counter\ngitcanary_syncs_total{{result=\"ok\"}} {}\ngitcanary_syncs_total{{result=\"error\"}} {}",
             self.syncs_ok.load(Ordering::Relaxed),
             self.syncs_failed.load(Ordering::Relaxed)
         );
-        let sync_counters = [
+        let counters = [
+            (
+                "gitcanary_git_fetch_errors_total",
+                "Fetches of the source that failed.",
+                &self.fetch_errors,
+            ),
+            (
+                "gitcanary_own_write_events_total",
+                "Watch events of gitcanary's own writes, which wake no sync.",
+                &self.own_write_events,
+            ),
+            (
+                "gitcanary_renders_total",
+                "Runs of kustomize or helm; an app whose files did not change is not rendered again.",
+                &self.renders,
+            ),
             (
                 "gitcanary_objects_applied_total",
                 "Objects written by server-side apply.",
@@ -203,7 +200,7 @@ impl Metrics {
                 &self.writeback_failures,
             ),
         ];
-        for (name, help, value) in sync_counters {
+        for (name, help, value) in counters {
             counter(&mut out, name, help, value);
         }
         let _ = writeln!(

@@ -77,7 +77,8 @@ pub(crate) async fn observe_rollout(
     };
 
     let git_workload = &planned[target.workload].desired;
-    let git_template = planned[target.workload].manifest.object["spec"]["template"].clone();
+    let workload = planned[target.workload].manifest;
+    let git_template = workload.object["spec"]["template"].clone();
     let live = get_value(
         cluster,
         &workload_ref.api_version,
@@ -106,21 +107,16 @@ pub(crate) async fn observe_rollout(
         ..Observed::default()
     };
 
-    let mut record_problem = None;
-    let mut recorded_template = None;
-    let has_status = previous.as_ref().is_some_and(|s| !s.stable_template_hash.is_empty());
-    if let (false, Some(history)) = (has_status, history) {
-        let workload = planned[target.workload].manifest;
-        match resume_from_git(history.clone(), target, workload, &options.allowed.default_namespace).await? {
-            Ok(None) => {}
+    let default_namespace = &options.allowed.default_namespace;
+    let (record_problem, recorded_template) =
+        match resume_from_git(history, previous.as_ref(), target, workload, default_namespace).await? {
+            Ok(None) => (None, None),
             Ok(Some((resumed, template))) => {
-                info!(from = %resumed.from, stable = %resumed.stable_commit, "a Rollout with no status resumes from Git");
                 observed.resumed = Some(resumed);
-                recorded_template = Some(template);
+                (None, Some(template))
             }
-            Err(problem) => record_problem = Some(problem),
-        }
-    }
+            Err(problem) => (Some(problem), None),
+        };
 
     let canary_live = observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name).await?;
     let (revisions, stable_template) = match target.kind {
@@ -142,21 +138,13 @@ pub(crate) async fn observe_rollout(
         }
     };
     // A rebuilt cluster lacks the workload: its stable is what Git promoted.
-    let stable_template = match (&live, recorded_template) {
-        (None, Some(template)) => Some(template),
-        _ => stable_template,
-    };
+    let stable_template = recorded_template.filter(|_| live.is_none()).or(stable_template);
     observed.stable_revision = revisions.stable.clone();
     observed.canary_revision = revisions.canary.clone();
     if measure {
         observed.measurements = measure_due(spec, &status, &revisions, namespace, observed.now, options).await;
     }
-    let mut canary_kinds = BTreeMap::new();
-    for (api_version, kind) in CANARY_KINDS {
-        if let Some(resolved) = cluster.resolve(api_version, kind).await {
-            canary_kinds.insert(kind, resolved);
-        }
-    }
+    let canary_kinds = served_canary_kinds(cluster).await;
     Ok(RolloutObserved {
         planner: observed,
         previous,
@@ -172,15 +160,30 @@ pub(crate) async fn observe_rollout(
     })
 }
 
-/// The Rollout's status file at the synced head, for a Rollout with no
-/// status: what Git says is stable and the template that commit held, or why
-/// it cannot be used. `Ok(Ok(None))` when there is no file.
+async fn served_canary_kinds(cluster: &Cluster) -> BTreeMap<&'static str, Resolved> {
+    let mut canary_kinds = BTreeMap::new();
+    for (api_version, kind) in CANARY_KINDS {
+        if let Some(resolved) = cluster.resolve(api_version, kind).await {
+            canary_kinds.insert(kind, resolved);
+        }
+    }
+    canary_kinds
+}
+
+/// For a Rollout with no status, its status file at the synced head: what
+/// Git says is stable and the template that commit held, or why it cannot be
+/// used. `Ok(Ok(None))` when the Rollout has a status, or there is no file.
 async fn resume_from_git(
-    history: Arc<dyn History>,
+    history: Option<&Arc<dyn History>>,
+    previous: Option<&RolloutStatus>,
     target: &Target,
     workload: &crate::manifest::Manifest,
     default_namespace: &str,
 ) -> Result<std::result::Result<Option<(Resumed, Value)>, String>> {
+    let has_status = previous.is_some_and(|s| !s.stable_template_hash.is_empty());
+    let Some(history) = history.filter(|_| !has_status).cloned() else {
+        return Ok(Ok(None));
+    };
     let (namespace, name) = (target.namespace.clone(), target.name.clone());
     let (app, mut key) = (workload.app.clone(), workload.key());
     key.namespace.get_or_insert_with(|| namespace.clone());
@@ -206,6 +209,7 @@ async fn resume_from_git(
             RecordOutcome::Failed => canonical_hash(&template_at(&record.failed_commit)?),
             RecordOutcome::Promoted => String::new(),
         };
+        info!(file = %file, stable = %record.stable_commit, "a Rollout with no status resumes from Git");
         let resumed = Resumed {
             from: file,
             stable_commit: record.stable_commit.clone(),
