@@ -42,6 +42,13 @@ pub struct Cluster {
     kube_version: String,
     /// Live objects kept current by the agent's watches.
     pub watch_cache: cache::WatchCache,
+    /// What each (apiVersion, kind) resolved to in the current discovery:
+    /// a sync asks once per manifest, and kube's lookup copies a whole group.
+    resolved: std::sync::Mutex<std::collections::HashMap<(String, String), Option<Resolved>>>,
+    /// Counts discovery runs: what was decided from an older one may be stale.
+    discovery_generation: std::sync::atomic::AtomicU64,
+    /// Apps the last sync found in order (see `sync::SyncMemo`).
+    pub sync_memo: crate::sync::SyncMemo,
 }
 
 /// Discovery, tried again when it fails: an API group that goes away while
@@ -138,6 +145,9 @@ impl Cluster {
             own_writes: OwnWrites::default(),
             impersonating: std::sync::Mutex::default(),
             watch_cache: cache::WatchCache::default(),
+            resolved: std::sync::Mutex::default(),
+            discovery_generation: std::sync::atomic::AtomicU64::new(0),
+            sync_memo: crate::sync::SyncMemo::default(),
         })
     }
 
@@ -145,6 +155,9 @@ impl Cluster {
     pub async fn refresh_discovery(&self) -> Result<()> {
         let fresh = discover(&self.client).await?;
         *self.discovery.write().await = fresh;
+        self.resolved.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.discovery_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         *self.discovered_at.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
         Ok(())
     }
@@ -185,22 +198,41 @@ impl Cluster {
         }
     }
 
+    /// Which discovery run the cluster's answers come from.
+    pub fn discovery_generation(&self) -> u64 {
+        self.discovery_generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Option<Resolved> {
-        let (group, version) = match api_version.rsplit_once('/') {
-            Some((g, v)) => (g, v),
-            None => ("", api_version),
-        };
-        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let id = (api_version.to_string(), kind.to_string());
+        if let Some(known) = self.resolved.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+            return known.clone();
+        }
         let discovery = self.discovery.read().await;
-        discovery.resolve_gvk(&gvk).map(|(resource, caps)| Resolved {
-            resource,
-            namespaced: caps.scope == Scope::Namespaced,
-        })
+        let resolved = resolve_in(&discovery, api_version, kind);
+        // Under the read lock: a refresh cannot clear the map between the lookup and this.
+        self.resolved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, resolved.clone());
+        resolved
     }
 
     pub fn api(&self, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
         api_for(&self.client, resolved, namespace)
     }
+}
+
+fn resolve_in(discovery: &Discovery, api_version: &str, kind: &str) -> Option<Resolved> {
+    let (group, version) = match api_version.rsplit_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+    discovery.resolve_gvk(&gvk).map(|(resource, caps)| Resolved {
+        resource,
+        namespaced: caps.scope == Scope::Namespaced,
+    })
 }
 
 /// The API of a kind through `client`: in `namespace` for a namespaced kind.
