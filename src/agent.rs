@@ -19,7 +19,8 @@ use crate::github::GitHub;
 use crate::report::{GitHubReporter, WritebackConfig, write_back};
 use crate::rollout::api::Phase;
 use crate::source::Source;
-use crate::sync::{SyncOptions, SyncReport, sync_owned};
+use crate::source::{AppFiles, Revision};
+use crate::sync::{SyncOptions, SyncReport, sync_validated, validate_revision};
 use crate::telemetry::Metrics;
 use crate::{MANAGED_BY_LABEL, Result};
 
@@ -58,6 +59,60 @@ pub struct Agent {
     /// Pull-request comments, commit statuses, gates and commands; off without a token.
     pub github: Option<Arc<GitHub>>,
     pub metrics: Arc<Metrics>,
+    /// The revision the last sync used, validated: kept while its commit is
+    /// the branch's head, and what the next load takes unchanged apps from.
+    pub(crate) loaded: std::sync::Mutex<Option<Loaded>>,
+}
+
+pub(crate) struct Loaded {
+    revision: Arc<Revision>,
+    files: AppFiles,
+    capabilities: crate::render::Capabilities,
+}
+
+/// Fetches and loads the head, reusing what `previous` holds where it is
+/// still the same: all of it for the same commit and cluster, else the
+/// plain apps whose files did not change.
+fn load(
+    source: &Source,
+    previous: Option<Loaded>,
+    capabilities: crate::render::Capabilities,
+    options: &SyncOptions,
+) -> Result<Loaded> {
+    let Some(git) = source.git() else {
+        let mut revision = source.fetch()?;
+        validate_revision(&mut revision, options);
+        return Ok(Loaded {
+            revision: Arc::new(revision),
+            files: AppFiles::default(),
+            capabilities,
+        });
+    };
+    let head = git.fetch_head()?;
+    let reuse = match previous {
+        // An app with problems is read again: a render may have failed for a while only.
+        Some(previous)
+            if previous.revision.commit == head
+                && previous.capabilities == capabilities
+                && previous.revision.manifests.problems().next().is_none() =>
+        {
+            return Ok(previous);
+        }
+        Some(previous) => {
+            let manifests = Arc::try_unwrap(previous.revision)
+                .map(|revision| revision.manifests)
+                .unwrap_or_else(|shared| shared.manifests.clone());
+            Some((manifests, previous.files))
+        }
+        None => None,
+    };
+    let (mut revision, files) = git.load(&head, reuse)?;
+    validate_revision(&mut revision, options);
+    Ok(Loaded {
+        revision: Arc::new(revision),
+        files,
+        capabilities,
+    })
 }
 
 /// How often open pauses look for `/gitcanary` commands when GitHub is on.
@@ -76,9 +131,12 @@ impl Agent {
     /// Fetches and syncs once.
     pub async fn sync_once(&self) -> Result<SyncReport> {
         let source = self.source.clone();
-        source.renderers().set_capabilities(self.cluster.capabilities().await);
+        let capabilities = self.cluster.capabilities().await;
+        source.renderers().set_capabilities(capabilities.clone());
         let timer = self.metrics.fetch_duration.start_timer();
-        let fetched = crate::blocking("fetching", move || source.fetch())
+        let previous = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let options = self.options.clone();
+        let fetched = crate::blocking("fetching", move || load(&source, previous, capabilities, &options))
             .await
             .and_then(|fetched| fetched);
         drop(timer);
@@ -91,7 +149,10 @@ impl Agent {
         self.metrics
             .source_up
             .store(u64::from(fetched.is_ok()), Ordering::Relaxed);
-        sync_owned(&self.cluster, fetched?, &self.options).await
+        let loaded = fetched?;
+        let revision = loaded.revision.clone();
+        *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
+        sync_validated(&self.cluster, &revision, &self.options).await
     }
 
     /// Runs until the trigger channel closes or `stop` turns true; a sync in

@@ -25,6 +25,9 @@ use crate::source::Revision;
 use crate::{Error, FIELD_MANAGER, Result, short_commit};
 
 pub use crate::plan::SyncOptions;
+pub use memo::SyncMemo;
+
+mod memo;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppResult {
@@ -69,6 +72,9 @@ pub struct AppReport {
     pub writebacks: Vec<crate::writeback::Request>,
     /// The app's rollouts as this sync left them.
     pub rollouts: Vec<rollout::engine::RolloutSummary>,
+    /// Nothing the app holds changed since the last sync, which found it in
+    /// order: this is that sync's answer, with nothing observed or planned.
+    pub recalled: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -116,8 +122,13 @@ struct Observed {
     history: Option<std::sync::Arc<dyn crate::rollout::record::History>>,
 }
 
-async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &SyncOptions) -> Result<Observed> {
+/// The checks a revision passes before any of it is applied (they need no
+/// cluster); their problems are added to the apps.
+pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
     rollout::validate::validate(&mut revision.manifests, &options.allowed);
+}
+
+async fn observe_revision(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<Observed> {
     let history = revision.history.clone();
     let manifests = &revision.manifests;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
@@ -146,23 +157,64 @@ async fn observe_revision(cluster: &Cluster, revision: &mut Revision, options: &
 /// `sync` of a revision the caller no longer needs: its manifests are
 /// validated in place rather than copied.
 pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &SyncOptions) -> Result<SyncReport> {
+    validate_revision(&mut revision, options);
+    sync_validated(cluster, &revision, options).await
+}
+
+/// `sync` of a revision that `validate_revision` has checked.
+pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<SyncReport> {
     let span = info_span!("sync", commit = short_commit(&revision.commit));
     async move {
-        ensure_namespace(cluster, &options.state_namespace).await?;
-        let observed = observe_revision(cluster, &mut revision, options).await?;
         let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
+        // Recorded statuses live in the namespace: it exists.
+        if statuses.is_empty() {
+            ensure_namespace(cluster, &options.state_namespace).await?;
+        }
         let manifests = &revision.manifests;
+        // Before the live objects are read: a change after this is seen by
+        // the plan and misses the memo next time, never the other way round.
+        let mut inputs = BTreeMap::new();
+        let mut recalled = BTreeMap::new();
+        for app in manifests.apps.values() {
+            let app_commit = revision.commit_for(&app.name);
+            let previous = statuses.get(&app.name);
+            if let Some(found) = memo::inputs_of(cluster, app, app_commit, previous, options).await {
+                if let Some(report) = cluster.sync_memo.recall(&app.name, &found, previous) {
+                    recalled.insert(app.name.as_str(), report);
+                }
+                inputs.insert(app.name.as_str(), found);
+            }
+        }
+        cluster.sync_memo.keep_only(manifests.apps.keys().map(String::as_str));
+        // Observed once, and only if some app is planned at all.
+        let observed = tokio::sync::OnceCell::new();
         // Apps that hold Namespaces or CRDs go first: other apps may use them.
         let (first, rest): (Vec<&App>, Vec<&App>) = manifests
             .apps
             .values()
             .partition(|app| app.manifests.iter().any(plan::is_staged_first));
         let one = async |app: &App| -> Result<AppReport> {
+            if let Some(report) = recalled.get(app.name.as_str()) {
+                tracing::debug!(app = %app.name, "app unchanged since the last sync: nothing it holds changed");
+                return Ok(report.clone());
+            }
+            let observed = observed
+                .get_or_try_init(|| observe_revision(cluster, revision, options))
+                .await?;
             // The app's own commit: a push that leaves the app alone rewrites nothing of it.
             let app_commit = revision.commit_for(&app.name);
-            sync_one(cluster, app, app_commit, &observed, statuses.get(&app.name), options)
-                .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
-                .await
+            let inputs = inputs.get(app.name.as_str()).copied();
+            sync_one(
+                cluster,
+                app,
+                app_commit,
+                observed,
+                statuses.get(&app.name),
+                inputs,
+                options,
+            )
+            .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
+            .await
         };
         let mut reports = Vec::new();
         for app in first {
@@ -173,11 +225,15 @@ pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &Syn
         while let Some(report) = rest.next().await {
             reports.push(report?);
         }
-        let kinds = manifests
+        let kinds: BTreeSet<(&str, &str)> = manifests
             .apps
             .values()
             .flat_map(|a| a.manifests.iter())
-            .map(|m| (m.api_version().to_string(), m.kind().to_string()))
+            .map(|m| (m.api_version(), m.kind()))
+            .collect();
+        let kinds = kinds
+            .into_iter()
+            .map(|(api_version, kind)| (api_version.to_string(), kind.to_string()))
             .collect();
         Ok(SyncReport {
             commit: revision.commit.clone(),
@@ -196,6 +252,7 @@ async fn sync_one(
     commit: &str,
     observed: &Observed,
     previous: Option<&AppStatus>,
+    inputs: Option<memo::Inputs>,
     options: &SyncOptions,
 ) -> Result<AppReport> {
     let started = Instant::now();
@@ -208,9 +265,13 @@ async fn sync_one(
             previous_inventory,
         ),
     };
-    save_status(cluster, commit, &report, inventory, previous, options).await?;
+    let (status, wrote) = save_status(cluster, commit, &report, inventory, previous, options).await?;
     report.duration = started.elapsed();
     log_report(&report);
+    match inputs {
+        Some(inputs) if !wrote => cluster.sync_memo.remember(inputs, &status, &report),
+        _ => cluster.sync_memo.forget(&app.name),
+    }
     Ok(report)
 }
 
@@ -806,6 +867,7 @@ fn report_of(app: &App, result: AppResult, problems: Vec<Problem>) -> AppReport 
         requeue_after: None,
         writebacks: Vec::new(),
         rollouts: Vec::new(),
+        recalled: false,
     }
 }
 
@@ -834,7 +896,7 @@ async fn save_status(
     inventory: Vec<InventoryEntry>,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
-) -> Result<()> {
+) -> Result<(AppStatus, bool)> {
     let status = AppStatus {
         app: report.app.clone(),
         commit: commit.to_string(),
@@ -852,9 +914,12 @@ async fn save_status(
     };
     // A no-op resync writes nothing.
     if previous == Some(&status) {
-        return Ok(());
+        return Ok((status, false));
     }
-    status.save(cluster, &options.state_namespace, &options.instance).await
+    status
+        .save(cluster, &options.state_namespace, &options.instance)
+        .await?;
+    Ok((status, true))
 }
 
 /// What the next sync would change, without changing anything: the same
@@ -866,7 +931,8 @@ pub async fn diff(
     options: &SyncOptions,
 ) -> Result<(Vec<ObjectDiff>, Vec<Problem>)> {
     let mut revision = revision.clone();
-    let observed = observe_revision(cluster, &mut revision, options).await?;
+    validate_revision(&mut revision, options);
+    let observed = observe_revision(cluster, &revision, options).await?;
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
     let mut diffs = Vec::new();
     let mut problems = Vec::new();

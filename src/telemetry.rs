@@ -80,6 +80,7 @@ pub struct Metrics {
     pub syncs_ok: AtomicU64,
     pub syncs_failed: AtomicU64,
     pub objects_applied: AtomicU64,
+    pub apps_recalled: AtomicU64,
     pub objects_unchanged: AtomicU64,
     pub objects_pruned: AtomicU64,
     pub objects_drifted: AtomicU64,
@@ -119,6 +120,9 @@ impl Metrics {
                 .fetch_add(app.pruned.len() as u64, Ordering::Relaxed);
             self.objects_drifted
                 .fetch_add(app.drifted.len() as u64, Ordering::Relaxed);
+            if app.recalled {
+                self.apps_recalled.fetch_add(1, Ordering::Relaxed);
+            }
             for rollout in &app.rollouts {
                 let phase = format!("{:?}", rollout.status.phase);
                 let key = (rollout.namespace.clone(), rollout.name.clone());
@@ -173,6 +177,11 @@ impl Metrics {
                 "gitcanary_objects_unchanged_total",
                 "Objects found in place and not written.",
                 &self.objects_unchanged,
+            ),
+            (
+                "gitcanary_apps_recalled_total",
+                "App syncs answered without observing or planning: nothing the app holds changed since a sync found it in order.",
+                &self.apps_recalled,
             ),
             (
                 "gitcanary_objects_pruned_total",

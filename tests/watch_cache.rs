@@ -14,6 +14,7 @@ use support::eventually;
 const WAIT: Duration = Duration::from_secs(90);
 const LISTS: &str = "gitcanary_kube_reads_total{kind=\"list\"}";
 const APPLIED: &str = "gitcanary_objects_applied_total";
+const RECALLED: &str = "gitcanary_apps_recalled_total";
 
 fn config_map(ns: &str, name: &str) -> String {
     format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: blue\n")
@@ -48,7 +49,10 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
             &config_map(&scenario.ns, &format!("cm-{i}")),
         );
     }
-    scenario.repo.commit_and_push("twenty ConfigMaps");
+    scenario.repo.write("other/cm.yaml", &config_map(&scenario.ns, "other"));
+    scenario
+        .repo
+        .commit_and_push("twenty ConfigMaps, and one in another app");
     let agent = scenario.start_agent();
     eventually("synced", WAIT, || async {
         color(&scenario.client, &scenario.ns, "cm-19").await
@@ -56,9 +60,17 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
     .await;
     settled(&agent).await;
     let (lists, applied) = (agent.counter(LISTS).await, agent.counter(APPLIED).await);
+    let (syncs, recalled) = (agent.syncs().await, agent.counter(RECALLED).await);
     agent.wait_for_syncs(3).await;
     assert_eq!(agent.counter(LISTS).await, lists, "no list while nothing changes");
     assert_eq!(agent.counter(APPLIED).await, applied, "no write while nothing changes");
+    // Both apps' answers come from the last sync: nothing they hold changed.
+    eventually("every app of every resync recalled", WAIT, || async {
+        let more_syncs = agent.syncs().await - syncs;
+        (more_syncs >= 3 && agent.counter(RECALLED).await - recalled == 2 * more_syncs).then_some(())
+    })
+    .await;
+    let recalled = agent.counter(RECALLED).await;
 
     // Drift is still seen, through the same watches, and put back.
     let drift = serde_json::json!({"data": {"color": "red"}});
@@ -74,6 +86,15 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
         agent.counter(LISTS).await,
         lists,
         "healing from the cache lists nothing"
+    );
+    assert_eq!(
+        agent.counter(APPLIED).await,
+        applied + 1,
+        "only the drifted object was written"
+    );
+    assert!(
+        agent.counter(RECALLED).await > recalled,
+        "resyncs after the healing answer from memory again"
     );
 }
 

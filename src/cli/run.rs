@@ -102,6 +102,7 @@ pub async fn run_agent(
         writeback: writeback.clone(),
         github: github_client(&args, metrics.clone())?.map(Arc::new),
         metrics,
+        loaded: std::sync::Mutex::default(),
     };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let signals = {

@@ -18,10 +18,28 @@ pub type CacheId = (String, String, Option<String>, String);
 
 #[derive(Default)]
 pub struct KindCache {
-    objects: RwLock<HashMap<ObjectKey, Box<str>>>,
+    objects: RwLock<HashMap<ObjectKey, Cached>>,
     /// Objects of the list in progress after a (re)start of the watch.
-    listing: Mutex<HashMap<ObjectKey, Box<str>>>,
+    listing: Mutex<HashMap<ObjectKey, Cached>>,
     synced: AtomicBool,
+}
+
+/// One object as kept: its resourceVersion apart, so that "did it change"
+/// needs no parsing.
+struct Cached {
+    version: Box<str>,
+    text: Box<str>,
+}
+
+fn cached(resource: &kube::discovery::ApiResource, object: DynamicObject) -> (ObjectKey, Cached) {
+    let version = object
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap_or_default()
+        .into_boxed_str();
+    let (key, text) = entry(resource, object);
+    (key, Cached { version, text })
 }
 
 impl KindCache {
@@ -32,8 +50,11 @@ impl KindCache {
     }
 
     pub fn listed(&self, resource: &kube::discovery::ApiResource, object: DynamicObject) {
-        let (key, text) = entry(resource, object);
-        self.listing.lock().unwrap_or_else(|e| e.into_inner()).insert(key, text);
+        let (key, object) = cached(resource, object);
+        self.listing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, object);
     }
 
     pub fn list_done(&self) {
@@ -43,11 +64,11 @@ impl KindCache {
     }
 
     pub fn changed(&self, resource: &kube::discovery::ApiResource, object: DynamicObject) {
-        let (key, text) = entry(resource, object);
+        let (key, object) = cached(resource, object);
         self.objects
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key, text);
+            .insert(key, object);
     }
 
     pub fn deleted(&self, key: &ObjectKey) {
@@ -64,7 +85,17 @@ impl KindCache {
             return None;
         }
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        Some(objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        Some(objects.iter().map(|(k, v)| (k.clone(), v.text.clone())).collect())
+    }
+
+    /// The object's resourceVersion (`None`: not in the cache); `None` outside
+    /// when the cache is not current.
+    pub fn version(&self, key: &ObjectKey) -> Option<Option<Box<str>>> {
+        if !self.synced.load(Ordering::SeqCst) {
+            return None;
+        }
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        Some(objects.get(key).map(|object| object.version.clone()))
     }
 }
 
@@ -146,6 +177,12 @@ impl WatchCache {
                 cache.deleted(&key);
             }
         }
+    }
+
+    /// The cache of the kind in the scope for the selector, if a watch keeps one.
+    pub fn kind(&self, resolved: &Resolved, scope: Option<&str>, selector: &str) -> Option<Arc<KindCache>> {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        kinds.get(&id(resolved, scope, selector)).cloned()
     }
 
     pub fn removed(&self, resolved: &Resolved, key: &ObjectKey) {

@@ -39,6 +39,11 @@ impl SizeCheck {
         Ok(true)
     }
 
+    /// Counts files read before (an app taken over from an earlier load).
+    pub fn add(&mut self, bytes: u64) {
+        self.total += bytes;
+    }
+
     /// Each file held back becomes a problem of its app.
     pub fn report(self, set: &mut ManifestSet) {
         for (path, bytes) in self.oversized {

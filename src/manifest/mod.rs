@@ -117,11 +117,49 @@ pub struct App {
     pub name: String,
     pub manifests: Vec<Manifest>,
     pub problems: Vec<Problem>,
+    /// See [`App::digest`]; made on first use, when the manifests are final.
+    pub(crate) digest: std::sync::OnceLock<[u8; 32]>,
+    /// Every object passed the checks that look at it alone, under the
+    /// `Allowed` of this fingerprint (an app taken over by a later load is
+    /// not checked again).
+    pub(crate) checked: Option<u64>,
 }
 
 impl App {
     pub fn is_valid(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// A hash of the app's manifests (content, file and line): equal
+    /// digests, the same objects to apply.
+    pub fn digest(&self) -> [u8; 32] {
+        *self.digest.get_or_init(|| {
+            use sha2::{Digest, Sha256};
+            let mut hasher = Sha256::new();
+            for manifest in &self.manifests {
+                hasher.update(manifest.file.as_bytes());
+                hasher.update(manifest.line.to_le_bytes());
+                // Writing into the hasher cannot fail.
+                let _ = serde_json::to_writer(HashWriter(&mut hasher), &manifest.object);
+                hasher.update([0]);
+            }
+            hasher.finalize().into()
+        })
+    }
+}
+
+/// Checks of gitcanary's own kinds in one app (see `rollout::validate`).
+type KindChecks<'c> = dyn Fn(&App) -> Vec<Problem> + 'c;
+
+struct HashWriter<'h>(&'h mut sha2::Sha256);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        sha2::Digest::update(self.0, bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -139,17 +177,27 @@ impl ManifestSet {
     /// Checks that need no cluster: required fields, duplicates, and where
     /// objects may land (see [`Allowed`]).
     pub fn validate(&mut self, allowed: &Allowed) {
-        self.validate_with(allowed, |_| Vec::new());
+        self.check(allowed, None);
     }
 
     /// [`ManifestSet::validate`], then `kind_checks` on each app that passed
     /// (the checks of gitcanary's own kinds, which live with those kinds).
+    /// An app that passed them all before, under the same `allowed`, is
+    /// only checked for duplicates: its objects are the same.
     pub fn validate_with(&mut self, allowed: &Allowed, kind_checks: impl Fn(&App) -> Vec<Problem>) {
+        self.check(allowed, Some(&kind_checks));
+    }
+
+    fn check(&mut self, allowed: &Allowed, kind_checks: Option<&KindChecks<'_>>) {
+        let checked_for = kind_checks.is_some().then(|| allowed.fingerprint());
         let mut seen: BTreeMap<ObjectKey, (String, String)> = BTreeMap::new();
         for app in self.apps.values_mut() {
+            let passed_before = checked_for.is_some() && app.checked == checked_for;
             let mut problems = Vec::new();
             for manifest in &app.manifests {
-                problems.extend(object_problems(manifest, allowed));
+                if !passed_before {
+                    problems.extend(object_problems(manifest, allowed));
+                }
                 let key = manifest.key();
                 if let Some((other_app, other_location)) = seen.get(&key) {
                     let where_ = if *other_app == app.name {
@@ -162,9 +210,13 @@ impl ManifestSet {
                     seen.insert(key, (app.name.clone(), manifest.location()));
                 }
             }
-            if problems.is_empty() {
+            if let Some(kind_checks) = kind_checks
+                && problems.is_empty()
+                && !passed_before
+            {
                 problems.extend(kind_checks(app));
             }
+            app.checked = checked_for.filter(|_| problems.is_empty() && app.problems.is_empty());
             app.problems.extend(problems);
         }
     }
@@ -196,7 +248,7 @@ pub const CLUSTER_SCOPED_KINDS: [&str; 16] = [
 
 /// Where objects may land: `--namespaces` (empty allows everything) and,
 /// under it, the cluster-scoped kinds allowed (`--cluster-kinds`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Hash)]
 pub struct Allowed {
     pub namespaces: Vec<String>,
     pub cluster_kinds: Vec<String>,
@@ -216,6 +268,13 @@ impl Default for Allowed {
 }
 
 impl Allowed {
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut hasher);
+        hasher.finish()
+    }
+
     /// Why an object may not land where it would: in `namespace` (what it
     /// resolves to: its own, or the default), or cluster-wide when `None`.
     pub fn refusal(&self, kind: &str, name: &str, declared: Option<&str>, namespace: Option<&str>) -> Option<String> {

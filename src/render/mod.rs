@@ -402,6 +402,7 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
             name,
             manifests: rendered.manifests,
             problems: rendered.problems,
+            ..App::default()
         })
         .collect()
 }
@@ -584,8 +585,8 @@ impl Rendering {
                     rendering.skip.insert(app.clone());
                     rendering.broken.push(App {
                         name: app,
-                        manifests: Vec::new(),
                         problems: vec![problem],
+                        ..App::default()
                     });
                 }
             }

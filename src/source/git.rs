@@ -133,6 +133,12 @@ impl GitSource {
 
     /// Fetches the branch and loads the manifests of its head commit.
     pub fn fetch(&self) -> Result<Revision> {
+        let head = self.fetch_head()?;
+        Ok(self.load(&head, None)?.0)
+    }
+
+    /// Fetches the branch; its head commit's id.
+    pub fn fetch_head(&self) -> Result<String> {
         let repo = self.open_mirror()?;
         let mut remote = repo
             .remote_anonymous(&self.url)
@@ -155,9 +161,37 @@ impl GitSource {
             .find_reference(&reference)
             .and_then(|r| r.peel_to_commit())
             .map_err(Error::git(format!("branch {} not found", self.branch)))?;
-        let manifests = self.read_tree(&repo, &commit)?;
+        Ok(commit.id().to_string())
+    }
+
+    /// Loads the manifests of a fetched commit. Plain apps of `previous`
+    /// whose directory has the same tree id and that had no problems are
+    /// taken over as they are instead of being read and parsed again.
+    pub fn load(
+        &self,
+        commit: &str,
+        previous: Option<(manifest::ManifestSet, AppFiles)>,
+    ) -> Result<(Revision, AppFiles)> {
+        let repo = self.open_mirror()?;
+        let commit = self.find_commit(&repo, commit)?;
+        let fingerprints = app_fingerprints(&repo, &commit, &self.path).unwrap_or_default();
+        let mut reused = BTreeMap::new();
+        if let Some((mut set, files)) = previous {
+            for (name, (fingerprint, bytes)) in files.apps {
+                let same = fingerprints.get(&name) == Some(&fingerprint) && name != manifest::ROOT_APP;
+                if let Some(app) = set.apps.remove(&name).filter(|app| same && app.problems.is_empty()) {
+                    reused.insert(name, (app, fingerprint, bytes));
+                }
+            }
+        }
+        let (manifests, mut files) = self.read_tree_reusing(&repo, &commit, reused)?;
+        for (name, (fingerprint, _)) in files.apps.iter_mut() {
+            if let Some(id) = fingerprints.get(name) {
+                fingerprint.clone_from(id);
+            }
+        }
         let app_commits = self.app_commits(&repo, &commit);
-        Ok(Revision {
+        let revision = Revision {
             commit: commit.id().to_string(),
             manifests,
             app_commits,
@@ -165,7 +199,8 @@ impl GitSource {
                 git: self.clone(),
                 head: commit.id().to_string(),
             })),
-        })
+        };
+        Ok((revision, files))
     }
 
     /// For each app, the newest commit (within `APP_HISTORY` of the head)
@@ -215,6 +250,17 @@ impl GitSource {
     }
 
     pub(crate) fn read_tree(&self, repo: &Repository, commit: &git2::Commit<'_>) -> Result<manifest::ManifestSet> {
+        Ok(self.read_tree_reusing(repo, commit, BTreeMap::new())?.0)
+    }
+
+    /// `read_tree`, with the apps `reused` (name -> app, fingerprint, bytes)
+    /// taken as they are; the files read are tallied by app.
+    fn read_tree_reusing(
+        &self,
+        repo: &Repository,
+        commit: &git2::Commit<'_>,
+        reused: BTreeMap<String, (manifest::App, String, u64)>,
+    ) -> Result<(manifest::ManifestSet, AppFiles)> {
         let root = commit.tree().map_err(Error::git("reading the commit tree"))?;
         let tree = if self.path.is_empty() {
             root
@@ -235,11 +281,18 @@ impl GitSource {
         let mut files = Vec::new();
         let mut failure = None;
         let mut sizes = manifest::SizeCheck::default();
+        let mut app_files = AppFiles::default();
+        // What is taken over still counts toward the revision's size limit.
+        for (name, (_, fingerprint, bytes)) in &reused {
+            sizes.add(*bytes);
+            app_files.apps.insert(name.clone(), (fingerprint.clone(), *bytes));
+        }
         let odb = repo.odb().map_err(Error::git("opening the object database"))?;
         let revision = format!("commit {}", commit.id());
         let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
             let name = entry.name().unwrap_or_default();
-            if name.starts_with('.') || (dir.is_empty() && rendering.skip.contains(name)) {
+            let taken_over = reused.contains_key(name) && !rendering.skip.contains(name);
+            if name.starts_with('.') || (dir.is_empty() && (rendering.skip.contains(name) || taken_over)) {
                 return git2::TreeWalkResult::Skip;
             }
             if entry.kind() == Some(git2::ObjectType::Blob) && is_yaml(name) {
@@ -248,7 +301,11 @@ impl GitSource {
                 let read = odb
                     .read_header(entry.id())
                     .map_err(Error::git("reading a manifest blob's header"))
-                    .and_then(|(bytes, _)| sizes.admit(&revision, &path, bytes as u64))
+                    .and_then(|(bytes, _)| {
+                        let app = path.split_once('/').map_or(manifest::ROOT_APP, |(app, _)| app);
+                        app_files.apps.entry(app.to_string()).or_default().1 += bytes as u64;
+                        sizes.admit(&revision, &path, bytes as u64)
+                    })
                     .and_then(|admitted| {
                         admitted
                             .then(|| repo.find_blob(entry.id()).map(|b| b.content().to_vec()))
@@ -273,8 +330,14 @@ impl GitSource {
         walked.map_err(Error::git("walking the commit tree"))?;
         let mut set = manifest::load_files(files.into_iter());
         sizes.report(&mut set);
+        let rendered = rendering.skip.clone();
         rendering.finish(&source_tree, &self.renderers, &mut set);
-        Ok(set)
+        for (name, (app, _, _)) in reused {
+            if !rendered.contains(&name) {
+                set.apps.insert(name, app);
+            }
+        }
+        Ok((set, app_files))
     }
 
     fn fetch_options(&self) -> FetchOptions<'_> {
@@ -355,6 +418,13 @@ fn host_of(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_ascii_lowercase())
 }
 
+/// Each app's fingerprint (see `app_fingerprints`) and the bytes of its
+/// files, as a load left them: what the next load can take over.
+#[derive(Debug, Clone, Default)]
+pub struct AppFiles {
+    apps: BTreeMap<String, (String, u64)>,
+}
+
 /// Commits searched for the one that last changed an app.
 const APP_HISTORY: usize = 50;
 
@@ -391,6 +461,103 @@ fn app_fingerprints(repo: &Repository, commit: &git2::Commit<'_>, path: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Commits `files` (path -> content; `None` deletes) on main of the repository in `dir`.
+    fn commit(dir: &Path, files: &[(&str, Option<&str>)]) -> String {
+        let repo = Repository::open(dir).unwrap_or_else(|_| {
+            let mut options = git2::RepositoryInitOptions::new();
+            options.initial_head("main");
+            Repository::init_opts(dir, &options).expect("init")
+        });
+        for (path, content) in files {
+            let file = dir.join(path);
+            match content {
+                Some(text) => {
+                    std::fs::create_dir_all(file.parent().expect("a parent")).expect("mkdir");
+                    std::fs::write(&file, text).expect("write");
+                }
+                None => std::fs::remove_file(&file).expect("remove"),
+            }
+        }
+        let mut index = repo.index().expect("index");
+        index.add_all(["*"], git2::IndexAddOption::DEFAULT, None).expect("add");
+        index.update_all(["*"], None).expect("update");
+        let tree = repo.find_tree(index.write_tree().expect("tree")).expect("tree");
+        index.write().expect("index");
+        let signature = git2::Signature::now("test", "test@example.com").expect("signature");
+        let parent = repo.head().ok().and_then(|h| h.peel_to_commit().ok());
+        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+        let id = repo
+            .commit(
+                Some("refs/heads/main"),
+                &signature,
+                &signature,
+                "change",
+                &tree,
+                &parents,
+            )
+            .expect("commit");
+        id.to_string()
+    }
+
+    fn config_map(name: &str, color: &str) -> String {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  color: {color}\n")
+    }
+
+    #[test]
+    fn a_load_takes_over_unchanged_apps_and_reads_every_change() {
+        let work = tempfile::tempdir().expect("work");
+        let cache = tempfile::tempdir().expect("cache");
+        let (blue, red) = (config_map("a", "blue"), config_map("b", "red"));
+        commit(
+            work.path(),
+            &[
+                ("a/cm.yaml", Some(&blue)),
+                ("b/cm.yaml", Some(&red)),
+                ("gone/cm.yaml", Some(&config_map("gone", "x"))),
+                ("broken/cm.yaml", Some("kind: [unclosed\n")),
+            ],
+        );
+        let url = format!("file://{}", work.path().display());
+        let git = GitSource::new(url, "main", "", Credentials::default(), cache.path());
+        let first = git.fetch_head().expect("fetch");
+        let (mut revision, files) = git.load(&first, None).expect("load");
+        let allowed = manifest::Allowed::default();
+        revision.manifests.validate_with(&allowed, |_| Vec::new());
+        assert!(!revision.manifests.apps["broken"].problems.is_empty());
+
+        let green = config_map("b", "green");
+        let second = commit(
+            work.path(),
+            &[
+                ("b/cm.yaml", Some(&green)),
+                ("gone/cm.yaml", None),
+                ("broken/cm.yaml", Some(&config_map("fixed", "yellow"))),
+                ("copy/cm.yaml", Some(&config_map("a", "blue"))),
+            ],
+        );
+        assert_eq!(git.fetch_head().expect("fetch"), second);
+        let (mut revision, _) = git.load(&second, Some((revision.manifests, files))).expect("load");
+        revision.manifests.validate_with(&allowed, |_| Vec::new());
+        let apps = &revision.manifests.apps;
+        assert!(
+            apps["copy"].problems[0]
+                .message
+                .contains("duplicate object ConfigMap a, first defined at a/cm.yaml:1"),
+            "an app taken over is still checked against the others: {:?}",
+            apps["copy"].problems
+        );
+        let color = |app: &str| apps[app].manifests[0].object["data"]["color"].clone();
+        assert_eq!(color("a"), "blue", "the unchanged app, taken over");
+        assert_eq!(color("b"), "green", "the changed app, read again");
+        assert!(!apps.contains_key("gone"), "an app that left the tree is gone");
+        assert!(
+            apps["broken"].problems.is_empty(),
+            "an app that had problems is read again: {:?}",
+            apps["broken"].problems
+        );
+        assert_eq!(apps["broken"].manifests[0].name(), "fixed");
+    }
 
     #[test]
     fn urls_lose_their_credentials() {

@@ -1,0 +1,171 @@
+//! Apps an earlier sync found in order, and what it found them from. When
+//! an app's manifests, its commit, the status it recorded and the
+//! resourceVersion of every object it holds are all as they were, observe
+//! and plan would decide the same "nothing to do" again: the sync reuses
+//! that answer instead of parsing the live objects and planning them. Only
+//! the agent's watch caches can say "as they were" without a request, so
+//! without them nothing is remembered.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use super::{AppReport, AppResult};
+use crate::cluster::cache::KindCache;
+use crate::cluster::{AppStatus, Cluster};
+use crate::manifest::{App, ObjectKey};
+use crate::plan::SyncOptions;
+use crate::{MANAGED_BY_LABEL, rollout};
+
+/// What the inputs of one app's reconcile hash to.
+pub type Inputs = [u8; 32];
+
+struct Remembered {
+    inputs: Inputs,
+    status: AppStatus,
+    report: AppReport,
+}
+
+#[derive(Default)]
+pub struct SyncMemo {
+    apps: Mutex<HashMap<String, Remembered>>,
+}
+
+impl SyncMemo {
+    /// The report of the last sync of the app, if it found nothing to do
+    /// and the inputs are the same now.
+    pub fn recall(&self, app: &str, inputs: &Inputs, status: Option<&AppStatus>) -> Option<AppReport> {
+        let apps = self.apps.lock().unwrap_or_else(|e| e.into_inner());
+        let remembered = apps.get(app)?;
+        let same = remembered.inputs == *inputs && status == Some(&remembered.status);
+        same.then(|| AppReport {
+            recalled: true,
+            duration: std::time::Duration::ZERO,
+            ..remembered.report.clone()
+        })
+    }
+
+    /// Remembers an app the sync left as it found it: nothing written,
+    /// nothing to wait for, and the status it recorded already in place.
+    pub fn remember(&self, inputs: Inputs, status: &AppStatus, report: &AppReport) {
+        let quiet = report.result == AppResult::Synced
+            && report.problems.is_empty()
+            && report.applied.is_empty()
+            && report.pruned.is_empty()
+            && report.released.is_empty()
+            && report.canary_applied.is_empty()
+            && report.canary_deleted.is_empty()
+            && report.drifted.is_empty()
+            && report.requeue_after.is_none()
+            && report.writebacks.is_empty()
+            && report.rollouts.is_empty();
+        let mut apps = self.apps.lock().unwrap_or_else(|e| e.into_inner());
+        if quiet {
+            apps.insert(
+                report.app.clone(),
+                Remembered {
+                    inputs,
+                    status: status.clone(),
+                    report: report.clone(),
+                },
+            );
+        } else {
+            apps.remove(&report.app);
+        }
+    }
+
+    pub fn forget(&self, app: &str) {
+        self.apps.lock().unwrap_or_else(|e| e.into_inner()).remove(app);
+    }
+
+    /// Drops the apps the revision no longer holds.
+    pub fn keep_only<'a>(&self, apps: impl Iterator<Item = &'a str>) {
+        let keep: BTreeSet<&str> = apps.collect();
+        self.apps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|app, _| keep.contains(app.as_str()));
+    }
+}
+
+/// The inputs of the app's reconcile, when every one of them can be known
+/// without a request: `None` for an app with problems or Rollouts (time
+/// and GitHub are inputs too), with objects that left Git, or with a kind
+/// the watch caches do not keep current.
+pub async fn inputs_of(
+    cluster: &Cluster,
+    app: &App,
+    commit: &str,
+    previous: Option<&AppStatus>,
+    options: &SyncOptions,
+) -> Option<Inputs> {
+    let previous = previous?;
+    if !app.problems.is_empty() || previous.unreadable_inventory.is_some() {
+        return None;
+    }
+    if app.manifests.iter().any(rollout::api::is_rollout) {
+        return None;
+    }
+    let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
+    let mut hasher = Sha256::new();
+    hasher.update(app.digest());
+    hasher.update(commit.as_bytes());
+    hasher.update(cluster.discovery_generation().to_le_bytes());
+    let mut keys = BTreeSet::new();
+    // The app's few kinds: looked up once each, not once per object.
+    let mut caches: Vec<(&str, &str, Option<String>, std::sync::Arc<KindCache>)> = Vec::new();
+    for manifest in &app.manifests {
+        let resolved = cluster.resolve(manifest.api_version(), manifest.kind()).await?;
+        let namespace = resolved.namespaced.then(|| {
+            manifest
+                .namespace()
+                .unwrap_or(&options.allowed.default_namespace)
+                .to_string()
+        });
+        let scope = match options.scopes(resolved.namespaced)[..] {
+            [None] => None,
+            ref scopes => Some(
+                scopes
+                    .iter()
+                    .flatten()
+                    .find(|s| Some(**s) == namespace.as_deref())?
+                    .to_string(),
+            ),
+        };
+        let (api_version, kind) = (manifest.api_version(), manifest.kind());
+        let known = caches
+            .iter()
+            .find(|(a, k, s, _)| *a == api_version && *k == kind && *s == scope)
+            .map(|(_, _, _, cache)| cache.clone());
+        let cache = match known {
+            Some(cache) => cache,
+            None => {
+                let cache = cluster.watch_cache.kind(&resolved, scope.as_deref(), &selector)?;
+                caches.push((api_version, kind, scope, cache.clone()));
+                cache
+            }
+        };
+        let key = ObjectKey {
+            group: resolved.resource.group.clone(),
+            kind: resolved.resource.kind.clone(),
+            namespace,
+            name: manifest.name().to_string(),
+        };
+        let version = cache.version(&key)?;
+        for part in [&key.group, &key.kind, key.namespace.as_deref().unwrap_or(""), &key.name] {
+            hasher.update(part.as_bytes());
+            hasher.update([0]);
+        }
+        hasher.update(version.as_deref().unwrap_or("absent").as_bytes());
+        hasher.update([0]);
+        keys.insert((api_version.to_string(), key));
+    }
+    // Objects that left Git are pruned or kept by rules that read other apps.
+    let recorded: BTreeSet<_> = previous
+        .inventory
+        .iter()
+        .map(|entry| (entry.api_version.clone(), entry.key()))
+        .collect();
+    (recorded == keys).then(|| hasher.finalize().into())
+}
