@@ -76,7 +76,26 @@ enum Command {
     Crd,
 }
 
+/// Two malloc arenas instead of glibc's eight per core: the agent's memory
+/// is a few long-lived caches filled from many threads, and each arena
+/// keeps what was freed in it (peak for 5,000 objects: 104 MiB, with two 83).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn limit_malloc_arenas() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
+    // SAFETY: called first in main, before any other thread exists or any
+    // allocation is shared.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn limit_malloc_arenas() {}
+
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime starts");
