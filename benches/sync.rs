@@ -7,6 +7,7 @@
 //!   GITCANARY_BENCH_SIZES=100 cargo bench --bench sync
 //!   GITCANARY_BENCH_RELEASES=20                # releases measured
 //!   GITCANARY_BENCH_RENDERED=0                 # skip the rendered repository
+//!   GITCANARY_BENCH_AGENT_ONLY=1               # only the agent (no kubectl, no sync --once)
 //!
 //! Not a test: it asserts nothing and is not run by CI.
 
@@ -76,6 +77,40 @@ impl ControlPlane {
         let mut all = vec!["--kubeconfig", &self.kubeconfig];
         all.extend_from_slice(args);
         run(self.dir.path(), &self.kubectl.display().to_string(), &all)
+    }
+}
+
+impl ControlPlane {
+    /// Runs `act` with a watch of the ConfigMap already open, and returns
+    /// when `act` began and when the watch saw `data.color` become `wanted`
+    /// (a watch, not polling: kubectl's own start-up would be measured too).
+    fn time_until_color(&self, ns: &str, name: &str, wanted: &str, act: impl FnOnce()) -> (Instant, Instant) {
+        use futures::StreamExt;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, WatchEvent, WatchParams};
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        runtime.block_on(async {
+            let file = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .expect("config");
+            let client = kube::Client::try_from(config).expect("client");
+            let api = Api::<ConfigMap>::namespaced(client, ns);
+            let current = api.get(name).await.expect("the ConfigMap");
+            let version = current.metadata.resource_version.unwrap_or_default();
+            let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(120);
+            let mut events = api.watch(&params, &version).await.expect("a watch").boxed();
+            let started = Instant::now();
+            act();
+            while let Some(event) = events.next().await {
+                if let Ok(WatchEvent::Modified(object)) = event
+                    && object.data.as_ref().and_then(|d| d.get("color")).map(String::as_str) == Some(wanted)
+                {
+                    return (started, Instant::now());
+                }
+            }
+            panic!("the watch ended before {ns}/{name} had color {wanted}");
+        })
     }
 }
 
@@ -391,11 +426,16 @@ fn main() {
     ];
     // The agent is measured on 5,000 objects and more (or the largest size).
     let mut agent_repos: Vec<(usize, Repo)> = Vec::new();
+    let agent_only = std::env::var("GITCANARY_BENCH_AGENT_ONLY").as_deref() == Ok("1");
     for &n in &sizes {
         eprintln!("bench: {n} objects");
         let repo = Repo::create(&work, &format!("gc{n}"));
         generate(&repo.work, &format!("gc{n}"), n);
         repo.commit_and_push("synthetic");
+        if agent_only {
+            agent_repos.push((n, repo));
+            continue;
+        }
         let theirs = work.join(format!("kc{n}"));
         generate(&theirs, &format!("kc{n}"), n);
         let cache = work.join(format!("cache{n}"));
@@ -528,18 +568,8 @@ fn main() {
             std::fs::write(&file, text.replace(&before, &after)).expect("write");
             let commit = repo.commit_and_push("one change");
             let wanted = after.trim_start_matches("color: ").to_string();
-            let started = Instant::now();
-            agent.push(&commit);
-            let done = wait_until("the changed ConfigMap", Duration::from_secs(120), || {
-                cluster.kubectl(&[
-                    "get",
-                    "configmap",
-                    "app-00007",
-                    "-n",
-                    &format!("gc{n}-7"),
-                    "-o",
-                    "jsonpath={.data.color}",
-                ]) == wanted
+            let (started, done) = cluster.time_until_color(&format!("gc{n}-7"), "app-00007", &wanted, || {
+                agent.push(&commit)
             });
             changes.push(done - started);
         }
