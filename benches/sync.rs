@@ -96,20 +96,33 @@ impl ControlPlane {
                 .expect("config");
             let client = kube::Client::try_from(config).expect("client");
             let api = Api::<ConfigMap>::namespaced(client, ns);
+            let color = |object: &ConfigMap| object.data.as_ref().and_then(|d| d.get("color")).cloned();
             let current = api.get(name).await.expect("the ConfigMap");
-            let version = current.metadata.resource_version.unwrap_or_default();
-            let params = WatchParams::default().fields(&format!("metadata.name={name}")).timeout(120);
+            let version = current.metadata.resource_version.clone().unwrap_or_default();
+            let params = WatchParams::default()
+                .fields(&format!("metadata.name={name}"))
+                .timeout(60);
             let mut events = api.watch(&params, &version).await.expect("a watch").boxed();
             let started = Instant::now();
             act();
-            while let Some(event) = events.next().await {
-                if let Ok(WatchEvent::Modified(object)) = event
-                    && object.data.as_ref().and_then(|d| d.get("color")).map(String::as_str) == Some(wanted)
-                {
-                    return (started, Instant::now());
+            while started.elapsed() < Duration::from_secs(300) {
+                match events.next().await {
+                    Some(Ok(WatchEvent::Modified(object))) if color(&object).as_deref() == Some(wanted) => {
+                        return (started, Instant::now());
+                    }
+                    Some(_) => {}
+                    // The watch timed out: look again, then watch from there.
+                    None => {
+                        let now = api.get(name).await.expect("the ConfigMap");
+                        if color(&now).as_deref() == Some(wanted) {
+                            return (started, Instant::now());
+                        }
+                        let version = now.metadata.resource_version.unwrap_or_default();
+                        events = api.watch(&params, &version).await.expect("a watch").boxed();
+                    }
                 }
             }
-            panic!("the watch ended before {ns}/{name} had color {wanted}");
+            panic!("{ns}/{name} did not get color {wanted} in 300 s");
         })
     }
 }
@@ -518,7 +531,8 @@ fn main() {
             &repo.url(),
             &format!("bench-{n}"),
             &work.join(format!("cache{n}")),
-            &work.join("agent.log"),
+            // Outside the control plane's directory, so that it outlives a failed run.
+            &std::env::temp_dir().join(format!("gitcanary-bench-agent-{n}.log")),
         );
         // The steady state: a resync when nothing changed, from the agent's
         // own figures (sync time, requests), once its watches have listed.
@@ -568,9 +582,8 @@ fn main() {
             std::fs::write(&file, text.replace(&before, &after)).expect("write");
             let commit = repo.commit_and_push("one change");
             let wanted = after.trim_start_matches("color: ").to_string();
-            let (started, done) = cluster.time_until_color(&format!("gc{n}-7"), "app-00007", &wanted, || {
-                agent.push(&commit)
-            });
+            let (started, done) =
+                cluster.time_until_color(&format!("gc{n}-7"), "app-00007", &wanted, || agent.push(&commit));
             changes.push(done - started);
         }
         changes.sort();
@@ -582,6 +595,7 @@ fn main() {
             "| agent peak RSS with {n} managed objects | {:.0} MiB |",
             agent.peak_rss_mib()
         ));
+        eprintln!("bench: so far\n{}", agent_rows.join("\n"));
     }
 
     eprintln!("bench: {releases} releases");

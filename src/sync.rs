@@ -177,12 +177,13 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
         let mut recalled = BTreeMap::new();
         for app in manifests.apps.values() {
             let app_commit = revision.commit_for(&app.name);
-            let previous = statuses.get(&app.name);
-            if let Some(found) = memo::inputs_of(cluster, app, app_commit, previous, options).await {
+            let previous = statuses.get(&app.name).map(AsRef::as_ref);
+            if let Some((found, keys)) = memo::inputs_of(cluster, app, app_commit, options).await {
                 if let Some(report) = cluster.sync_memo.recall(&app.name, &found, previous) {
                     recalled.insert(app.name.as_str(), report);
+                } else if memo::holds_exactly(previous, keys) {
+                    inputs.insert(app.name.as_str(), found);
                 }
-                inputs.insert(app.name.as_str(), found);
             }
         }
         cluster.sync_memo.keep_only(manifests.apps.keys().map(String::as_str));
@@ -192,7 +193,7 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
         let (first, rest): (Vec<&App>, Vec<&App>) = manifests
             .apps
             .values()
-            .partition(|app| app.manifests.iter().any(plan::is_staged_first));
+            .partition(|app| app.kinds().iter().any(|(_, kind)| plan::is_staged_first_kind(kind)));
         let one = async |app: &App| -> Result<AppReport> {
             if let Some(report) = recalled.get(app.name.as_str()) {
                 tracing::debug!(app = %app.name, "app unchanged since the last sync: nothing it holds changed");
@@ -209,7 +210,7 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
                 app,
                 app_commit,
                 observed,
-                statuses.get(&app.name),
+                statuses.get(&app.name).map(AsRef::as_ref),
                 inputs,
                 options,
             )
@@ -225,16 +226,8 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
         while let Some(report) = rest.next().await {
             reports.push(report?);
         }
-        let kinds: BTreeSet<(&str, &str)> = manifests
-            .apps
-            .values()
-            .flat_map(|a| a.manifests.iter())
-            .map(|m| (m.api_version(), m.kind()))
-            .collect();
-        let kinds = kinds
-            .into_iter()
-            .map(|(api_version, kind)| (api_version.to_string(), kind.to_string()))
-            .collect();
+        let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
+        let kinds = kinds.into_iter().cloned().collect();
         Ok(SyncReport {
             commit: revision.commit.clone(),
             apps: reports,
@@ -937,7 +930,7 @@ pub async fn diff(
     let mut diffs = Vec::new();
     let mut problems = Vec::new();
     for app in revision.manifests.apps.values() {
-        let previous = statuses.get(&app.name);
+        let previous = statuses.get(&app.name).map(AsRef::as_ref);
         let commit = revision.commit_for(&app.name);
         match observe_and_plan(cluster, app, commit, &observed, previous, options, false).await? {
             Ok(prepared) => {

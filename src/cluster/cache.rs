@@ -88,6 +88,19 @@ impl KindCache {
         Some(objects.iter().map(|(k, v)| (k.clone(), v.text.clone())).collect())
     }
 
+    /// Calls `visit` with each object's key, resourceVersion and JSON;
+    /// `false` (and no call) when the cache is not current.
+    pub fn visit(&self, mut visit: impl FnMut(&ObjectKey, &str, &str)) -> bool {
+        if !self.synced.load(Ordering::SeqCst) {
+            return false;
+        }
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        for (key, object) in objects.iter() {
+            visit(key, &object.version, &object.text);
+        }
+        true
+    }
+
     /// The object's resourceVersion (`None`: not in the cache); `None` outside
     /// when the cache is not current.
     pub fn version(&self, key: &ObjectKey) -> Option<Option<Box<str>>> {

@@ -3,7 +3,8 @@
 //! `kubectl get configmap -l gitcanary.io/app-status` shows what was synced
 //! and prune knows exactly what gitcanary created.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use super::Cluster;
 use crate::plan::InventoryEntry;
@@ -70,31 +71,52 @@ impl AppStatus {
     }
 
     /// Every app's status in one list call, keyed by app.
-    pub async fn load_all(cluster: &Cluster, namespace: &str, instance: &str) -> Result<BTreeMap<String, AppStatus>> {
+    pub async fn load_all(
+        cluster: &Cluster,
+        namespace: &str,
+        instance: &str,
+    ) -> Result<BTreeMap<String, Arc<AppStatus>>> {
         let selector = format!("{APP_STATUS_LABEL}={instance}");
-        // The agent's watch of its status ConfigMaps answers without a request.
+        // The agent's watch of its status ConfigMaps answers without a
+        // request, and a status whose resourceVersion is the one parsed
+        // last time is not parsed again.
         let watched = match cluster.resolve("v1", "ConfigMap").await {
-            Some(resolved) => cluster.watch_cache.objects(&resolved, Some(namespace), &selector),
+            Some(resolved) => cluster.watch_cache.kind(&resolved, Some(namespace), &selector),
             None => None,
         };
-        let items: Vec<ConfigMap> = match watched {
-            Some(objects) => objects
-                .into_iter()
-                .filter_map(|(_, text)| serde_json::from_str(&text).ok())
-                .collect(),
-            None => {
-                let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
-                api.list(&kube::api::ListParams::default().labels(&selector))
-                    .await
-                    .map_err(Error::kube("listing app statuses"))?
-                    .items
+        if let Some(cache) = watched {
+            let mut parsed = cluster.parsed_statuses.lock().unwrap_or_else(|e| e.into_inner());
+            let mut statuses = BTreeMap::new();
+            let mut seen = HashMap::new();
+            let current = cache.visit(|key, version, text| {
+                let status = match parsed.get(&key.name) {
+                    Some((known, status)) if **known == *version => status.clone(),
+                    _ => serde_json::from_str::<ConfigMap>(text).ok().and_then(|cm| {
+                        let app = cm.data.as_ref()?.get("app")?.clone();
+                        Some(Arc::new(AppStatus::from_configmap(&app, cm)))
+                    }),
+                };
+                if let Some(status) = &status {
+                    statuses.insert(status.app.clone(), status.clone());
+                }
+                seen.insert(key.name.clone(), (Box::<str>::from(version), status));
+            });
+            if current {
+                *parsed = seen;
+                return Ok(statuses);
             }
-        };
+        }
+        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
+        let items = api
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .map_err(Error::kube("listing app statuses"))?
+            .items;
         Ok(items
             .into_iter()
             .filter_map(|cm| {
                 let app = cm.data.as_ref()?.get("app")?.clone();
-                Some((app.clone(), AppStatus::from_configmap(&app, cm)))
+                Some((app.clone(), Arc::new(AppStatus::from_configmap(&app, cm))))
             })
             .collect())
     }

@@ -49,7 +49,11 @@ pub struct Cluster {
     discovery_generation: std::sync::atomic::AtomicU64,
     /// Apps the last sync found in order (see `sync::SyncMemo`).
     pub sync_memo: crate::sync::SyncMemo,
+    /// Status ConfigMaps as last parsed, by name: their resourceVersion and status.
+    parsed_statuses: std::sync::Mutex<ParsedStatuses>,
 }
+
+type ParsedStatuses = std::collections::HashMap<String, (Box<str>, Option<std::sync::Arc<AppStatus>>)>;
 
 /// Discovery, tried again when it fails: an API group that goes away while
 /// it runs (a CRD deleted meanwhile) fails the whole run.
@@ -148,6 +152,7 @@ impl Cluster {
             resolved: std::sync::Mutex::default(),
             discovery_generation: std::sync::atomic::AtomicU64::new(0),
             sync_memo: crate::sync::SyncMemo::default(),
+            parsed_statuses: std::sync::Mutex::default(),
         })
     }
 

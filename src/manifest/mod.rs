@@ -6,7 +6,7 @@ pub mod schema;
 
 pub use load::{MAX_FILE_BYTES, MAX_REVISION_BYTES, SizeCheck, load_dir, load_files};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde_json::Value;
@@ -123,11 +123,21 @@ pub struct App {
     /// `Allowed` of this fingerprint (an app taken over by a later load is
     /// not checked again).
     pub(crate) checked: Option<u64>,
+    /// See [`App::kinds`].
+    pub(crate) kinds: std::sync::OnceLock<Vec<(String, String)>>,
 }
 
 impl App {
     pub fn is_valid(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// The (apiVersion, kind) of the app's manifests, sorted, each once.
+    pub fn kinds(&self) -> &[(String, String)] {
+        self.kinds.get_or_init(|| {
+            let kinds: BTreeSet<(&str, &str)> = self.manifests.iter().map(|m| (m.api_version(), m.kind())).collect();
+            kinds.into_iter().map(|(a, k)| (a.to_string(), k.to_string())).collect()
+        })
     }
 
     /// A hash of the app's manifests (content, file and line): equal

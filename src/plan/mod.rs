@@ -293,7 +293,11 @@ pub fn landing_problems(objects: &[Planned<'_>], allowed: &Allowed) -> Vec<Probl
 /// Namespaces and CRDs are applied before everything else (other objects,
 /// and other apps, may need them).
 pub fn is_staged_first(manifest: &Manifest) -> bool {
-    matches!(manifest.kind(), "Namespace" | "CustomResourceDefinition")
+    is_staged_first_kind(manifest.kind())
+}
+
+pub fn is_staged_first_kind(kind: &str) -> bool {
+    matches!(kind, "Namespace" | "CustomResourceDefinition")
 }
 
 /// The key an object will have once applied: its namespace as resolved.

@@ -90,21 +90,22 @@ impl SyncMemo {
 }
 
 /// The inputs of the app's reconcile, when every one of them can be known
-/// without a request: `None` for an app with problems or Rollouts (time
-/// and GitHub are inputs too), with objects that left Git, or with a kind
-/// the watch caches do not keep current.
+/// without a request, with the keys of the objects it holds: `None` for an
+/// app with problems or Rollouts (time and GitHub are inputs too), or with
+/// a kind the watch caches do not keep current.
 pub async fn inputs_of(
     cluster: &Cluster,
     app: &App,
     commit: &str,
-    previous: Option<&AppStatus>,
     options: &SyncOptions,
-) -> Option<Inputs> {
-    let previous = previous?;
-    if !app.problems.is_empty() || previous.unreadable_inventory.is_some() {
+) -> Option<(Inputs, Vec<(String, ObjectKey)>)> {
+    if !app.problems.is_empty() {
         return None;
     }
-    if app.manifests.iter().any(rollout::api::is_rollout) {
+    let is_rollout = |(api_version, kind): &(String, String)| {
+        api_version.rsplit_once('/').map(|(group, _)| group) == Some(rollout::api::GROUP) && kind == rollout::api::KIND
+    };
+    if app.kinds().iter().any(is_rollout) {
         return None;
     }
     let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
@@ -112,11 +113,12 @@ pub async fn inputs_of(
     hasher.update(app.digest());
     hasher.update(commit.as_bytes());
     hasher.update(cluster.discovery_generation().to_le_bytes());
-    let mut keys = BTreeSet::new();
+    let mut keys = Vec::with_capacity(app.manifests.len());
     // The app's few kinds: looked up once each, not once per object.
     let mut caches: Vec<(&str, &str, Option<String>, std::sync::Arc<KindCache>)> = Vec::new();
     for manifest in &app.manifests {
-        let resolved = cluster.resolve(manifest.api_version(), manifest.kind()).await?;
+        let (api_version, kind) = (manifest.api_version(), manifest.kind());
+        let resolved = cluster.resolve(api_version, kind).await?;
         let namespace = resolved.namespaced.then(|| {
             manifest
                 .namespace()
@@ -133,7 +135,6 @@ pub async fn inputs_of(
                     .to_string(),
             ),
         };
-        let (api_version, kind) = (manifest.api_version(), manifest.kind());
         let known = caches
             .iter()
             .find(|(a, k, s, _)| *a == api_version && *k == kind && *s == scope)
@@ -159,13 +160,27 @@ pub async fn inputs_of(
         }
         hasher.update(version.as_deref().unwrap_or("absent").as_bytes());
         hasher.update([0]);
-        keys.insert((api_version.to_string(), key));
+        keys.push((api_version.to_string(), key));
     }
-    // Objects that left Git are pruned or kept by rules that read other apps.
-    let recorded: BTreeSet<_> = previous
+    Some((hasher.finalize().into(), keys))
+}
+
+/// Whether the recorded inventory is exactly these objects: objects that
+/// left Git are pruned or kept by rules that read other apps, so such an
+/// app is not remembered. (A recalled app needs no such check: its status
+/// and objects are the ones checked when it was remembered.)
+pub fn holds_exactly(previous: Option<&AppStatus>, mut keys: Vec<(String, ObjectKey)>) -> bool {
+    let Some(previous) = previous.filter(|p| p.unreadable_inventory.is_none()) else {
+        return false;
+    };
+    let mut recorded: Vec<(String, ObjectKey)> = previous
         .inventory
         .iter()
         .map(|entry| (entry.api_version.clone(), entry.key()))
         .collect();
-    (recorded == keys).then(|| hasher.finalize().into())
+    recorded.sort();
+    keys.sort();
+    recorded.dedup();
+    keys.dedup();
+    recorded == keys
 }
