@@ -6,8 +6,9 @@ set -uo pipefail
 state="${1:?usage: down.sh STATE_DIR (the directory up.sh printed the kubeconfig in)}"
 [ -d "$state/pids" ] || { echo "testenv: $state has no pids/: nothing to stop" >&2; exit 0; }
 
-# Reverse start order, so nothing writes to an API server that is gone.
-for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+# Reverse start order, so nothing writes to an API server that is gone
+# (Knative's, from knative-up.sh, first).
+for name in knative-ingress-player knative-autoscaler knative-forward knative-controller kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   f="$state/pids/$name.pid"
   [ -f "$f" ] || continue
   pid=$(cat "$f")
@@ -18,4 +19,8 @@ for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   fi
   rm -f "$f"
 done
+if [ -f "$state/knative-netns" ]; then
+  ip netns del "$(cat "$state/knative-netns")" 2>/dev/null || true
+  rm -f "$state/knative-netns"
+fi
 [ -n "${GITCANARY_TESTENV_KEEP:-}" ] || rm -rf "$state"

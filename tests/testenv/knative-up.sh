@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Starts Knative Serving (controller and autoscaler, built by knative.sh)
+# against the control plane that up.sh started in STATE_DIR. down.sh stops
+# them with the rest.   tests/testenv/knative-up.sh STATE_DIR
+#
+# On kwok's pods, two parts are played here rather than by Knative:
+# - the networking layer: no ingress implementation runs, so every KIngress
+#   is marked ready for its generation (ingress-player.py), as kwok marks
+#   pods running; the Route then fills status.traffic;
+# - the webhook does not run (the API server cannot reach a webhook Service
+#   without kube-proxy), so manifests spell out what its defaulting adds
+#   (the autoscaling class annotation, containerConcurrency, timeoutSeconds).
+# The controller's health probes and the autoscaler's stats server both bind
+# :8080, so the autoscaler runs in a network namespace of its own (needs
+# root and iproute2) and reaches the API server through a forwarder.
+#
+# Groundwork for issue #17: no test uses it yet.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+state=$(cd "${1:?usage: knative-up.sh STATE_DIR}" && pwd)
+say() { echo "knative: $*" >&2; }
+cache=$("$here/knative.sh" | tail -1)
+kubeconfig="$state/kubeconfig"
+kubectl() { "$state/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+kubectl apply --server-side -f "$cache/crds/" >/dev/null
+kubectl wait --for condition=established --timeout=60s -f "$cache/crds/" >/dev/null
+kubectl create namespace knative-serving --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl apply --server-side -f "$cache/config/" >/dev/null
+# No registry to resolve tags against; the queue-proxy image is never pulled.
+kubectl -n knative-serving patch configmap config-deployment --type merge \
+  -p '{"data":{"queue-sidecar-image":"registry.test/queue-proxy:test","registries-skipping-tag-resolving":"registry.test"}}' >/dev/null
+
+common=(SYSTEM_NAMESPACE=knative-serving METRICS_DOMAIN=knative.dev/internal/serving
+  CONFIG_LOGGING_NAME=config-logging CONFIG_OBSERVABILITY_NAME=config-observability)
+
+env "${common[@]}" POD_NAME=controller METRICS_PROMETHEUS_PORT="$(free_port)" PROFILING_PORT="$(free_port)" \
+  "$cache/bin/controller" --kubeconfig="$kubeconfig" >"$state/logs/knative-controller.log" 2>&1 &
+echo $! >"$state/pids/knative-controller.pid"
+
+# The autoscaler's network namespace: a veth pair on a /30 of 10.201.0.0/16.
+netns="gitcanary-kn-$$"
+for _ in $(seq 1 20); do
+  subnet=$((RANDOM % 16384 * 4))
+  host_ip="10.201.$((subnet / 256)).$((subnet % 256 + 1))"
+  ip -4 addr show | grep -q "inet $host_ip/" || break
+done
+ns_ip="${host_ip%.*}.$((${host_ip##*.} + 1))"
+ip netns add "$netns"
+echo "$netns" >"$state/knative-netns"
+ip link add "${netns: -10}h" type veth peer name "${netns: -10}n"
+ip link set "${netns: -10}n" netns "$netns"
+ip addr add "$host_ip/30" dev "${netns: -10}h"
+ip link set "${netns: -10}h" up
+ip netns exec "$netns" ip addr add "$ns_ip/30" dev "${netns: -10}n"
+ip netns exec "$netns" ip link set "${netns: -10}n" up
+ip netns exec "$netns" ip link set lo up
+
+api_port=$(sed -n 's#.*server: https://127.0.0.1:\([0-9]*\).*#\1#p' "$kubeconfig")
+python3 "$here/forward.py" "$host_ip" "$api_port" 127.0.0.1 "$api_port" >"$state/logs/knative-forward.log" 2>&1 &
+echo $! >"$state/pids/knative-forward.pid"
+sed "s#server: https://127.0.0.1:$api_port#server: https://$host_ip:$api_port\n    tls-server-name: localhost#" \
+  "$kubeconfig" >"$state/kubeconfig-knative-autoscaler"
+ip netns exec "$netns" env "${common[@]}" POD_NAME=autoscaler POD_IP="$ns_ip" \
+  "$cache/bin/autoscaler" --kubeconfig="$state/kubeconfig-knative-autoscaler" \
+  >"$state/logs/knative-autoscaler.log" 2>&1 &
+echo $! >"$state/pids/knative-autoscaler.pid"
+
+python3 "$here/ingress-player.py" "$state" >"$state/logs/knative-ingress-player.log" 2>&1 &
+echo $! >"$state/pids/knative-ingress-player.pid"
+say "controller, autoscaler (namespace $netns) and the ingress player started"
