@@ -20,7 +20,7 @@ use crate::report::{GitHubReporter, WritebackConfig, write_back};
 use crate::rollout::api::Phase;
 use crate::source::Source;
 use crate::source::{AppFiles, Revision};
-use crate::sync::{SyncOptions, SyncReport, sync_validated, validate_revision};
+use crate::sync::{SyncMemo, SyncOptions, SyncReport, sync_validated, validate_revision};
 use crate::telemetry::Metrics;
 use crate::{MANAGED_BY_LABEL, Result};
 
@@ -62,6 +62,9 @@ pub struct Agent {
     /// The revision the last sync used, validated: kept while its commit is
     /// the branch's head, and what the next load takes unchanged apps from.
     pub(crate) loaded: std::sync::Mutex<Option<Loaded>>,
+    /// Apps earlier syncs found in order, answered again while nothing they
+    /// hold changes (the watch caches tell).
+    pub(crate) memo: SyncMemo,
 }
 
 pub(crate) struct Loaded {
@@ -152,7 +155,7 @@ impl Agent {
         let loaded = fetched?;
         let revision = loaded.revision.clone();
         *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
-        sync_validated(&self.cluster, &revision, &self.options).await
+        sync_validated(&self.cluster, &revision, &self.options, &self.memo).await
     }
 
     /// Runs until the trigger channel closes or `stop` turns true; a sync in

@@ -158,11 +158,17 @@ async fn observe_revision(cluster: &Cluster, revision: &Revision, options: &Sync
 /// validated in place rather than copied.
 pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &SyncOptions) -> Result<SyncReport> {
     validate_revision(&mut revision, options);
-    sync_validated(cluster, &revision, options).await
+    sync_validated(cluster, &revision, options, &SyncMemo::default()).await
 }
 
-/// `sync` of a revision that `validate_revision` has checked.
-pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<SyncReport> {
+/// `sync` of a revision that `validate_revision` has checked; `memo` holds
+/// what earlier syncs of the same agent found (see [`SyncMemo`]).
+pub async fn sync_validated(
+    cluster: &Cluster,
+    revision: &Revision,
+    options: &SyncOptions,
+    memo: &SyncMemo,
+) -> Result<SyncReport> {
     let span = info_span!("sync", commit = short_commit(&revision.commit));
     async move {
         let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
@@ -179,14 +185,14 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
             let app_commit = revision.commit_for(&app.name);
             let previous = statuses.get(&app.name).map(AsRef::as_ref);
             if let Some((found, keys)) = memo::inputs_of(cluster, app, app_commit, options).await {
-                if let Some(report) = cluster.sync_memo.recall(&app.name, &found, previous) {
+                if let Some(report) = memo.recall(&app.name, &found, previous) {
                     recalled.insert(app.name.as_str(), report);
                 } else if memo::holds_exactly(previous, keys) {
                     inputs.insert(app.name.as_str(), found);
                 }
             }
         }
-        cluster.sync_memo.keep_only(manifests.apps.keys().map(String::as_str));
+        memo.keep_only(manifests.apps.keys().map(String::as_str));
         // Observed once, and only if some app is planned at all.
         let observed = tokio::sync::OnceCell::new();
         // Apps that hold Namespaces or CRDs go first: other apps may use them.
@@ -204,18 +210,15 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
                 .await?;
             // The app's own commit: a push that leaves the app alone rewrites nothing of it.
             let app_commit = revision.commit_for(&app.name);
-            let inputs = inputs.get(app.name.as_str()).copied();
-            sync_one(
-                cluster,
-                app,
-                app_commit,
-                observed,
-                statuses.get(&app.name).map(AsRef::as_ref),
-                inputs,
-                options,
-            )
-            .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
-            .await
+            let previous = statuses.get(&app.name).map(AsRef::as_ref);
+            let (report, kept) = sync_one(cluster, app, app_commit, observed, previous, options)
+                .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
+                .await?;
+            match (inputs.get(app.name.as_str()), kept) {
+                (Some(inputs), Some(status)) => memo.remember(*inputs, &status, &report),
+                _ => memo.forget(&app.name),
+            }
+            Ok(report)
         };
         let mut reports = Vec::new();
         for app in first {
@@ -238,16 +241,16 @@ pub async fn sync_validated(cluster: &Cluster, revision: &Revision, options: &Sy
     .await
 }
 
-/// One app: observe, plan, apply, report.
+/// One app: observe, plan, apply, report. With the report, the status it
+/// recorded when that was already in place (nothing written).
 async fn sync_one(
     cluster: &Cluster,
     app: &App,
     commit: &str,
     observed: &Observed,
     previous: Option<&AppStatus>,
-    inputs: Option<memo::Inputs>,
     options: &SyncOptions,
-) -> Result<AppReport> {
+) -> Result<(AppReport, Option<AppStatus>)> {
     let started = Instant::now();
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
     let (mut report, inventory) = match reconcile_app(cluster, app, commit, observed, previous, options).await {
@@ -261,11 +264,7 @@ async fn sync_one(
     let (status, wrote) = save_status(cluster, commit, &report, inventory, previous, options).await?;
     report.duration = started.elapsed();
     log_report(&report);
-    match inputs {
-        Some(inputs) if !wrote => cluster.sync_memo.remember(inputs, &status, &report),
-        _ => cluster.sync_memo.forget(&app.name),
-    }
-    Ok(report)
+    Ok((report, (!wrote).then_some(status)))
 }
 
 /// How an app's reconcile ended.

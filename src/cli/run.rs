@@ -103,6 +103,7 @@ pub async fn run_agent(
         github: github_client(&args, metrics.clone())?.map(Arc::new),
         metrics,
         loaded: std::sync::Mutex::default(),
+        memo: crate::sync::SyncMemo::default(),
     };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let signals = {

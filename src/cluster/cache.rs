@@ -172,10 +172,7 @@ impl WatchCache {
         scope: Option<&str>,
         selector: &str,
     ) -> Option<Vec<(ObjectKey, Box<str>)>> {
-        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        let cache = kinds.get(&id(resolved, scope, selector)).cloned()?;
-        drop(kinds);
-        cache.snapshot()
+        self.kind(resolved, scope, selector)?.snapshot()
     }
 
     /// What gitcanary's own write returned, at once: the next sync must not

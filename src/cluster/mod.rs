@@ -47,8 +47,6 @@ pub struct Cluster {
     resolved: std::sync::Mutex<std::collections::HashMap<(String, String), Option<Resolved>>>,
     /// Counts discovery runs: what was decided from an older one may be stale.
     discovery_generation: std::sync::atomic::AtomicU64,
-    /// Apps the last sync found in order (see `sync::SyncMemo`).
-    pub sync_memo: crate::sync::SyncMemo,
     /// Status ConfigMaps as last parsed, by name: their resourceVersion and status.
     parsed_statuses: std::sync::Mutex<ParsedStatuses>,
 }
@@ -151,7 +149,6 @@ impl Cluster {
             watch_cache: cache::WatchCache::default(),
             resolved: std::sync::Mutex::default(),
             discovery_generation: std::sync::atomic::AtomicU64::new(0),
-            sync_memo: crate::sync::SyncMemo::default(),
             parsed_statuses: std::sync::Mutex::default(),
         })
     }

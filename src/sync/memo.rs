@@ -148,10 +148,8 @@ pub async fn inputs_of(
             }
         };
         let key = ObjectKey {
-            group: resolved.resource.group.clone(),
-            kind: resolved.resource.kind.clone(),
             namespace,
-            name: manifest.name().to_string(),
+            ..manifest.key()
         };
         let version = cache.version(&key)?;
         for part in [&key.group, &key.kind, key.namespace.as_deref().unwrap_or(""), &key.name] {
