@@ -152,7 +152,24 @@ impl Metrics {
             self.syncs_ok.load(Ordering::Relaxed),
             self.syncs_failed.load(Ordering::Relaxed)
         );
-        let counters = [
+        for (name, help, value) in self.counters() {
+            counter(&mut out, name, help, value);
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_source_up Whether the last fetch of the Git source succeeded.\n# TYPE gitcanary_source_up gauge\ngitcanary_source_up {}",
+            self.source_up.load(Ordering::Relaxed)
+        );
+        for (name, help, value) in self.github_counters() {
+            counter(&mut out, name, help, value);
+        }
+        self.render_cluster(&mut out);
+        out
+    }
+
+    /// The plain counters, in the order they are rendered: name, help, value.
+    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 11] {
+        [
             (
                 "gitcanary_git_fetch_errors_total",
                 "Fetches of the source that failed.",
@@ -208,16 +225,11 @@ impl Metrics {
                 "Write-backs that failed and wait for the next sync.",
                 &self.writeback_failures,
             ),
-        ];
-        for (name, help, value) in counters {
-            counter(&mut out, name, help, value);
-        }
-        let _ = writeln!(
-            out,
-            "# HELP gitcanary_source_up Whether the last fetch of the Git source succeeded.\n# TYPE gitcanary_source_up gauge\ngitcanary_source_up {}",
-            self.source_up.load(Ordering::Relaxed)
-        );
-        let github_counters = [
+        ]
+    }
+
+    fn github_counters(&self) -> [(&'static str, &'static str, &AtomicU64); 3] {
+        [
             (
                 "gitcanary_github_requests_total",
                 "GitHub API requests sent.",
@@ -233,12 +245,7 @@ impl Metrics {
                 "GitHub answers that asked the agent to back off (403/429 rate limits).",
                 &self.github_rate_limited,
             ),
-        ];
-        for (name, help, value) in github_counters {
-            counter(&mut out, name, help, value);
-        }
-        self.render_cluster(&mut out);
-        out
+        ]
     }
 
     /// The API server requests and each rollout's phase.
