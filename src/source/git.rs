@@ -180,11 +180,12 @@ impl GitSource {
             for (name, (fingerprint, bytes)) in files.apps {
                 let same = fingerprints.get(&name) == Some(&fingerprint) && name != manifest::ROOT_APP;
                 if let Some(app) = set.apps.remove(&name).filter(|app| same && app.problems.is_empty()) {
-                    reused.insert(name, (app, fingerprint, bytes));
+                    reused.insert(name, (app, bytes));
                 }
             }
         }
         let (manifests, mut files) = self.read_tree_reusing(&repo, &commit, reused)?;
+        // What the next load compares against.
         for (name, (fingerprint, _)) in files.apps.iter_mut() {
             if let Some(id) = fingerprints.get(name) {
                 fingerprint.clone_from(id);
@@ -253,13 +254,14 @@ impl GitSource {
         Ok(self.read_tree_reusing(repo, commit, BTreeMap::new())?.0)
     }
 
-    /// `read_tree`, with the apps `reused` (name -> app, fingerprint, bytes)
-    /// taken as they are; the files read are tallied by app.
+    /// `read_tree`, with the apps `reused` (name -> app, bytes of its files)
+    /// taken as they are; the bytes of every app are tallied (its
+    /// fingerprint is left for the caller).
     fn read_tree_reusing(
         &self,
         repo: &Repository,
         commit: &git2::Commit<'_>,
-        reused: BTreeMap<String, (manifest::App, String, u64)>,
+        reused: BTreeMap<String, (manifest::App, u64)>,
     ) -> Result<(manifest::ManifestSet, AppFiles)> {
         let root = commit.tree().map_err(Error::git("reading the commit tree"))?;
         let tree = if self.path.is_empty() {
@@ -283,16 +285,16 @@ impl GitSource {
         let mut sizes = manifest::SizeCheck::default();
         let mut app_files = AppFiles::default();
         // What is taken over still counts toward the revision's size limit.
-        for (name, (_, fingerprint, bytes)) in &reused {
+        for (name, (_, bytes)) in &reused {
             sizes.add(*bytes);
-            app_files.apps.insert(name.clone(), (fingerprint.clone(), *bytes));
+            app_files.apps.insert(name.clone(), (String::new(), *bytes));
         }
         let odb = repo.odb().map_err(Error::git("opening the object database"))?;
         let revision = format!("commit {}", commit.id());
         let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
             let name = entry.name().unwrap_or_default();
-            let taken_over = reused.contains_key(name) && !rendering.skip.contains(name);
-            if name.starts_with('.') || (dir.is_empty() && (rendering.skip.contains(name) || taken_over)) {
+            if name.starts_with('.') || (dir.is_empty() && (rendering.skip.contains(name) || reused.contains_key(name)))
+            {
                 return git2::TreeWalkResult::Skip;
             }
             if entry.kind() == Some(git2::ObjectType::Blob) && is_yaml(name) {
@@ -330,13 +332,13 @@ impl GitSource {
         walked.map_err(Error::git("walking the commit tree"))?;
         let mut set = manifest::load_files(files.into_iter());
         sizes.report(&mut set);
-        let rendered = rendering.skip.clone();
-        rendering.finish(&source_tree, &self.renderers, &mut set);
-        for (name, (app, _, _)) in reused {
-            if !rendered.contains(&name) {
+        // An app that became a rendered one is rendered instead.
+        for (name, (app, _)) in reused {
+            if !rendering.skip.contains(&name) {
                 set.apps.insert(name, app);
             }
         }
+        rendering.finish(&source_tree, &self.renderers, &mut set);
         Ok((set, app_files))
     }
 
