@@ -215,7 +215,7 @@ pub async fn sync_validated(
                 .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
                 .await?;
             match (inputs.get(app.name.as_str()), kept) {
-                (Some(inputs), Some(status)) => memo.remember(*inputs, &status, &report),
+                (Some(inputs), Some(status)) => memo.remember(*inputs, status, &report),
                 _ => memo.forget(&app.name),
             }
             Ok(report)

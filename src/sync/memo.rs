@@ -48,7 +48,7 @@ impl SyncMemo {
 
     /// Remembers an app the sync left as it found it: nothing written,
     /// nothing to wait for, and the status it recorded already in place.
-    pub fn remember(&self, inputs: Inputs, status: &AppStatus, report: &AppReport) {
+    pub fn remember(&self, inputs: Inputs, status: AppStatus, report: &AppReport) {
         let quiet = report.result == AppResult::Synced
             && report.problems.is_empty()
             && report.applied.is_empty()
@@ -66,7 +66,7 @@ impl SyncMemo {
                 report.app.clone(),
                 Remembered {
                     inputs,
-                    status: status.clone(),
+                    status,
                     report: report.clone(),
                 },
             );
