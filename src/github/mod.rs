@@ -678,6 +678,10 @@ pub fn render_comment(
         out.push_str(&format!(": {}", canary.message));
     }
     out.push_str("\n\n");
+    if let Some(line) = crate::rollout::cli::revisions_line(spec, status) {
+        let line = escape_inline(&line);
+        out.push_str(&format!("{}{}.\n\n", line[..1].to_ascii_uppercase(), &line[1..]));
+    }
     if status.phase == Phase::Paused && canary.current_step_state == StepState::StepPaused {
         let gate = gate_pull.map_or(String::new(), |n| {
             format!("approve the promotion pull request #{n} (closing it aborts), or ")

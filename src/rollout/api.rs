@@ -11,7 +11,7 @@ pub const GROUP: &str = crate::API_GROUP;
 pub const API_VERSION: &str = "gitcanary.io/v1alpha1";
 pub const KIND: &str = "Rollout";
 
-/// A canary release policy for one Deployment or StatefulSet.
+/// A canary release policy for one Deployment, StatefulSet or Knative Service.
 // Printer columns repeat `type_`, which this lint mistakes for a duplicate.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -99,7 +99,7 @@ pub struct AnalysisMetric {
 pub struct WorkloadRef {
     #[serde(default = "default_workload_api_version")]
     pub api_version: String,
-    /// `Deployment` or `StatefulSet`.
+    /// `Deployment` or `StatefulSet` (apps/v1), or `Service` (serving.knative.dev/v1).
     pub kind: String,
     pub name: String,
 }
@@ -138,6 +138,12 @@ pub struct CanaryStrategy {
     /// `revert` (default) or `hold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<OnFailure>,
+    /// Knative Service only: the canary Revision keeps at least this many
+    /// pods while the release runs, so that a small share cannot scale it
+    /// to zero between requests and bias analysis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub canary_min_scale: Option<u32>,
     /// Appended to the workload's, Services' and Ingresses' names to name
     /// their canaries (default `-canary`); change it when a name is taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -62,6 +62,27 @@ async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, val
     Ok(())
 }
 
+/// "stable Revision fn-00001, canary Revision fn-00002" (pod-template or
+/// controller-revision hashes for a Deployment or StatefulSet).
+pub fn revisions_line(spec: &super::api::RolloutSpec, status: &super::api::RolloutStatus) -> Option<String> {
+    if status.stable_revision.is_empty() && status.canary_revision.is_empty() {
+        return None;
+    }
+    let word = if super::knative::is_knative_service(&spec.workload_ref.api_version, &spec.workload_ref.kind) {
+        "Revision"
+    } else {
+        "revision"
+    };
+    let mut parts = Vec::new();
+    if !status.stable_revision.is_empty() {
+        parts.push(format!("stable {word} {}", status.stable_revision));
+    }
+    if !status.canary_revision.is_empty() {
+        parts.push(format!("canary {word} {}", status.canary_revision));
+    }
+    Some(parts.join(", "))
+}
+
 pub async fn list(cluster: &Cluster, namespace: Option<&str>, name: Option<&str>) -> Result<Vec<Rollout>> {
     let api: Api<Rollout> = match namespace {
         Some(ns) => Api::namespaced(cluster.client.clone(), ns),
@@ -145,6 +166,9 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
                 ));
             }
             out.push('\n');
+        }
+        if let Some(line) = revisions_line(&rollout.spec, &status) {
+            out.push_str(&format!("  {line}\n"));
         }
         if !status.resumed_from_git.is_empty() {
             out.push_str(&format!(

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::api::{API_VERSION, CanaryStrategy, DEFAULT_CANARY_SUFFIX, GROUP, RolloutSpec};
 use super::engine::{CanaryWrite, RolloutWork};
+use super::knative;
 use super::observe::RolloutObserved;
 use super::overlay::{self, WorkloadKind};
 use super::plan;
@@ -39,13 +40,22 @@ impl Target {
             .map_err(|e| manifest.problem(format!("invalid Rollout spec: {e}")))?;
         let namespace = planned[index].namespace().unwrap_or("default").to_string();
         let workload_ref = &spec.workload_ref;
-        let kind = WorkloadKind::parse(&workload_ref.kind).ok_or_else(|| {
+        let kind = WorkloadKind::parse(&workload_ref.api_version, &workload_ref.kind).ok_or_else(|| {
             manifest.problem(format!(
-                "workloadRef.kind {:?} is not supported: use Deployment or StatefulSet",
-                workload_ref.kind
+                "workloadRef {} {} is not supported: {}",
+                workload_ref.api_version,
+                workload_ref.kind,
+                overlay::SUPPORTED_WORKLOADS
             ))
         })?;
-        let workload = find(planned, &workload_ref.kind, &namespace, &workload_ref.name).ok_or_else(|| {
+        let workload = find_in(
+            planned,
+            kind.group(),
+            &workload_ref.kind,
+            &namespace,
+            &workload_ref.name,
+        )
+        .ok_or_else(|| {
             manifest.problem(format!(
                 "workloadRef names {} {namespace}/{}, which this app does not hold",
                 workload_ref.kind, workload_ref.name
@@ -62,10 +72,20 @@ impl Target {
     }
 }
 
+fn find_in(planned: &[Planned<'_>], group: &str, kind: &str, namespace: &str, name: &str) -> Option<usize> {
+    planned.iter().position(|p| {
+        p.manifest.group() == group && p.manifest.kind() == kind && p.name() == name && p.namespace() == Some(namespace)
+    })
+}
+
+/// A routing object of the app: a core Service, an HTTPRoute or an Ingress.
 fn find(planned: &[Planned<'_>], kind: &str, namespace: &str, name: &str) -> Option<usize> {
-    planned
-        .iter()
-        .position(|p| p.manifest.kind() == kind && p.name() == name && p.namespace() == Some(namespace))
+    let group = match kind {
+        "HTTPRoute" => "gateway.networking.k8s.io",
+        "Ingress" => "networking.k8s.io",
+        _ => "",
+    };
+    find_in(planned, group, kind, namespace, name)
 }
 
 fn not_held(target: &Target, planned: &[Planned<'_>], kind: &str, name: &str) -> Problem {
@@ -116,13 +136,34 @@ pub(crate) fn plan_rollout(
     let plan = plan::plan(spec, &status, &seen);
     let intent = &plan.intent;
     let revisions = &observed.revisions;
-    let stable = overlay::stable_workload(
-        kind,
-        &git_workload,
-        observed.stable_template.as_ref(),
-        intent,
-        &plan.status.stable_template_hash,
-    );
+    let stable = match kind {
+        WorkloadKind::KnativeService => {
+            // Just promoted, the stable Revision is the canary's.
+            let revisions = overlay::Revisions {
+                stable: plan.status.stable_revision.clone(),
+                canary: revisions.canary.clone(),
+            };
+            let mut service = knative::desired_service(
+                &git_workload,
+                intent,
+                &revisions,
+                observed.knative_settled,
+                spec.strategy.canary.canary_min_scale,
+                observed.stable_template.as_ref(),
+            );
+            if !plan.status.stable_template_hash.is_empty() && service["metadata"].is_object() {
+                overlay::mark_stable_hash(&mut service, &plan.status.stable_template_hash);
+            }
+            service
+        }
+        _ => overlay::stable_workload(
+            kind,
+            &git_workload,
+            observed.stable_template.as_ref(),
+            intent,
+            &plan.status.stable_template_hash,
+        ),
+    };
     set_desired(&mut planned[target.workload], stable);
 
     let (mut wanted, unwanted) = overlay_routes(planned, &target, &services, &plan, revisions, &git_workload)?;

@@ -6,6 +6,7 @@ pub mod api;
 pub mod cli;
 mod desired;
 pub mod engine;
+pub mod knative;
 mod observe;
 pub mod offline;
 pub mod overlay;

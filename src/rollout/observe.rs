@@ -13,11 +13,13 @@ use serde_json::{Value, json};
 use tracing::info;
 
 use super::analysis;
+use super::api::Phase;
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::desired::Target;
 use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::knative;
 use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind};
-use super::plan::{Observed, Resumed};
+use super::plan::{Observed, Resumed, SelfRouted};
 use super::record::{History, Outcome as RecordOutcome, record_path};
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_subset};
@@ -37,6 +39,9 @@ pub(crate) struct RolloutObserved {
     pub revisions: Revisions,
     /// The template the stable pods run, when the workload exists.
     pub stable_template: Option<Value>,
+    /// A Knative Service serves Git's template on its newest Revision, so
+    /// Git's own traffic may take over.
+    pub knative_settled: bool,
     /// Canary objects that exist, by (kind, name).
     pub canary_live: BTreeMap<(&'static str, String), Value>,
     /// The canary kinds the API server serves.
@@ -119,6 +124,7 @@ pub(crate) async fn observe_rollout(
         };
 
     let canary_live = observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name).await?;
+    let mut knative_settled = false;
     let (revisions, stable_template) = match target.kind {
         WorkloadKind::Deployment => {
             let canary = canary_live.get(&("Deployment", spec.strategy.canary.canary_name(&workload_ref.name)));
@@ -135,6 +141,12 @@ pub(crate) async fn observe_rollout(
         }
         WorkloadKind::StatefulSet => {
             observe_statefulset(cluster, &mut observed, live.as_ref(), &git_template, namespace).await?
+        }
+        WorkloadKind::KnativeService => {
+            let seen =
+                observe_knative(cluster, &mut observed, &status, live.as_ref(), &workload.object, target).await?;
+            knative_settled = seen.settled;
+            (seen.revisions, None)
         }
     };
     // A rebuilt cluster lacks the workload: its stable is what Git promoted.
@@ -154,10 +166,65 @@ pub(crate) async fn observe_rollout(
             .unwrap_or(0),
         revisions,
         stable_template,
+        knative_settled,
         canary_live,
         canary_kinds,
         record_problem,
     })
+}
+
+/// A Knative Service's Revisions: which is stable, which is the canary and
+/// whether it is Ready, and the traffic its status reads back.
+async fn observe_knative(
+    cluster: &Cluster,
+    observed: &mut Observed,
+    status: &RolloutStatus,
+    live: Option<&Value>,
+    git_service: &Value,
+    target: &Target,
+) -> Result<knative::Seen> {
+    let (namespace, name) = (&target.namespace, &target.spec.workload_ref.name);
+    let mut revisions = Vec::new();
+    if let Some(resolved) = cluster.resolve(knative::API_VERSION, "Revision").await {
+        let api: Api<DynamicObject> = cluster.api(&resolved, Some(namespace));
+        let selector = format!("{}={name}", knative::SERVICE_LABEL);
+        let list = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(Error::kube(format!(
+                "listing the Revisions of Knative Service {namespace}/{name}"
+            )))?;
+        revisions = list
+            .items
+            .into_iter()
+            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+            .collect();
+    }
+    // A release in flight, or a held failure, keeps its stable Revision pinned.
+    let pinned = matches!(
+        status.phase,
+        Phase::Progressing | Phase::Paused | Phase::Promoting | Phase::Failed
+    );
+    let seen = knative::see(
+        live,
+        &revisions,
+        &git_service["spec"]["template"],
+        &status.stable_revision,
+        pinned,
+    );
+    let share = knative::latest_share(git_service);
+    observed.canary_ready = i32::from(seen.canary_ready);
+    observed.stable_rolled_out = seen.canary_percent == Some(share);
+    observed.self_routed = Some(SelfRouted {
+        share,
+        canary_percent: seen.canary_percent,
+    });
+    if seen.revisions.stable.is_empty() {
+        observed.start_problem = Some(format!(
+            "Knative Service {namespace}/{name} has no Ready Revision to keep as stable yet; the release starts once one is Ready"
+        ));
+    }
+    Ok(seen)
 }
 
 async fn served_canary_kinds(cluster: &Cluster) -> BTreeMap<&'static str, Resolved> {

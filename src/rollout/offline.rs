@@ -115,6 +115,7 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
                 canary: "canary".to_string(),
             },
             stable_template: Some(template.clone()),
+            knative_settled: round > 0,
             canary_live: BTreeMap::new(),
             canary_kinds: canary_kinds(),
             record_problem: None,

@@ -24,13 +24,18 @@ pub const CANARY_HASH_ANNOTATION: &str = "gitcanary.io/canary-template-hash";
 pub enum WorkloadKind {
     Deployment,
     StatefulSet,
+    /// `serving.knative.dev/v1` Service: Knative routes its own traffic.
+    KnativeService,
 }
 
 impl WorkloadKind {
-    pub fn parse(kind: &str) -> Option<WorkloadKind> {
-        match kind {
-            "Deployment" => Some(WorkloadKind::Deployment),
-            "StatefulSet" => Some(WorkloadKind::StatefulSet),
+    pub fn parse(api_version: &str, kind: &str) -> Option<WorkloadKind> {
+        if super::knative::is_knative_service(api_version, kind) {
+            return Some(WorkloadKind::KnativeService);
+        }
+        match (api_version, kind) {
+            ("apps/v1", "Deployment") => Some(WorkloadKind::Deployment),
+            ("apps/v1", "StatefulSet") => Some(WorkloadKind::StatefulSet),
             _ => None,
         }
     }
@@ -39,12 +44,23 @@ impl WorkloadKind {
         match self {
             WorkloadKind::Deployment => "pod-template-hash",
             WorkloadKind::StatefulSet => "controller-revision-hash",
+            WorkloadKind::KnativeService => super::knative::REVISION_LABEL,
+        }
+    }
+    /// The API group of the workload's kind.
+    pub fn group(self) -> &'static str {
+        match self {
+            WorkloadKind::Deployment | WorkloadKind::StatefulSet => "apps",
+            WorkloadKind::KnativeService => super::knative::GROUP,
         }
     }
 }
 
+/// What `workloadRef` may name, for messages.
+pub const SUPPORTED_WORKLOADS: &str = "use apps/v1 Deployment or StatefulSet, or serving.knative.dev/v1 Service";
+
 /// What the overlays need besides Git and the intent.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Revisions {
     pub stable: String,
     pub canary: String,
@@ -171,13 +187,18 @@ pub fn stable_workload(
         _ => {}
     }
     if !stable_hash.is_empty() {
-        set_map(
-            &mut desired,
-            &["metadata", "annotations"],
-            &BTreeMap::from([(STABLE_HASH_ANNOTATION.to_string(), stable_hash.to_string())]),
-        );
+        mark_stable_hash(&mut desired, stable_hash);
     }
     desired
+}
+
+/// Records on the workload the hash of the Git template that is stable.
+pub fn mark_stable_hash(workload: &mut Value, stable_hash: &str) {
+    set_map(
+        workload,
+        &["metadata", "annotations"],
+        &BTreeMap::from([(STABLE_HASH_ANNOTATION.to_string(), stable_hash.to_string())]),
+    );
 }
 
 /// The canary Deployment for a Deployment workload.

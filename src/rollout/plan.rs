@@ -51,7 +51,21 @@ pub struct Observed {
     pub canary_revision: String,
     /// The Rollout's status file in Git, read because the Rollout had no status.
     pub resumed: Option<Resumed>,
+    /// Set for a workload that routes its own traffic (a Knative Service):
+    /// what its status reads back.
+    pub self_routed: Option<SelfRouted>,
     pub now: Timestamp,
+}
+
+/// What a workload that routes its own traffic reports. Its revisions in
+/// `Observed` are the one stable and the one canary Revision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SelfRouted {
+    /// Percent of requests Git gives the latest Revision: what a release splits.
+    pub share: u32,
+    /// Percent the workload's status gives the canary Revision by name, once
+    /// it has seen its latest spec.
+    pub canary_percent: Option<u32>,
 }
 
 /// What a Rollout with no status takes from its status file in Git.
@@ -228,6 +242,15 @@ impl std::fmt::Display for Transition {
     }
 }
 
+/// A Revision's name, or what stands for one not made yet.
+fn or_not_made(revision: &str) -> &str {
+    if revision.is_empty() {
+        "(not made yet)"
+    } else {
+        revision
+    }
+}
+
 /// Parses a percentage such as "10%" (or "10").
 pub fn parse_percent(text: &str) -> Result<u32, String> {
     let digits = text.trim().trim_end_matches('%').trim();
@@ -311,7 +334,10 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
     planner.requeue_for_analysis();
     let mut status = planner.status;
     route(spec, observed, &mut intent);
-    status.stable_revision = if status.stable_revision.is_empty() || status.phase != Phase::Healthy {
+    // A self-routed workload's stable Revision is what observe found (it keeps
+    // the pinned one during a release), except just promoted: the canary's.
+    let observed_stable = observed.self_routed.is_some() && !planner.promoted;
+    status.stable_revision = if observed_stable || status.stable_revision.is_empty() || status.phase != Phase::Healthy {
         observed.stable_revision.clone()
     } else {
         status.stable_revision
@@ -671,8 +697,8 @@ impl Planner<'_> {
         let traffic = traffic_at(self.spec, index - 1);
         self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
         if self.observed.canary_ready >= wanted {
-            let routed =
-                step_traffic(self.spec, index).is_some() && !self.spec.strategy.canary.traffic_routings.is_empty();
+            let routes = !self.spec.strategy.canary.traffic_routings.is_empty() || self.observed.self_routed.is_some();
+            let routed = step_traffic(self.spec, index).is_some() && routes;
             let next = if routed {
                 StepState::StepTrafficRouting
             } else {
@@ -686,27 +712,72 @@ impl Planner<'_> {
             return Flow::Next;
         }
         let deadline = self.progress_deadline();
+        let self_routed = self.observed.self_routed.is_some();
         if here.in_state >= deadline {
-            let cause = format!(
-                "canary pods not ready within {}s: {}/{} ready at step {index}",
-                deadline.as_secs(),
-                self.observed.canary_ready,
-                wanted
-            );
+            let cause = if self_routed {
+                format!(
+                    "the canary Revision {} was not Ready within {}s at step {index}",
+                    or_not_made(&self.observed.canary_revision),
+                    deadline.as_secs()
+                )
+            } else {
+                format!(
+                    "canary pods not ready within {}s: {}/{} ready at step {index}",
+                    deadline.as_secs(),
+                    self.observed.canary_ready,
+                    wanted
+                )
+            };
             return Flow::Hold(self.fail(cause));
         }
         self.status.phase = Phase::Progressing;
-        self.canary().message = format!("step {index}: waiting for {wanted} canary pod(s) to be ready");
+        self.canary().message = if self_routed {
+            format!(
+                "step {index}: waiting for the canary Revision {} to be Ready",
+                or_not_made(&self.observed.canary_revision)
+            )
+        } else {
+            format!("step {index}: waiting for {wanted} canary pod(s) to be ready")
+        };
         self.requeue_in(deadline - here.in_state);
         Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic))
     }
 
-    /// StepTrafficRouting: the step's share, held for the grace period.
+    /// StepTrafficRouting: the step's share, held for the grace period (a
+    /// self-routed workload: until its status reads the share back, then
+    /// for a grace period only when one is set).
     fn route_traffic(&mut self, here: &Here) -> Flow {
         let index = here.index;
         let traffic = step_traffic(self.spec, index);
         self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
-        let grace = self.grace();
+        if let Some(routed) = self.observed.self_routed {
+            let asked = super::knative::canary_percent(routed.share, traffic.unwrap_or(0));
+            if routed.canary_percent != Some(asked) {
+                let deadline = self.progress_deadline();
+                if here.in_state >= deadline {
+                    let cause = format!(
+                        "the Knative Service did not route {asked}% to the canary Revision {} within {}s at step {index} (its status reads {})",
+                        self.observed.canary_revision,
+                        deadline.as_secs(),
+                        routed
+                            .canary_percent
+                            .map_or("nothing yet".to_string(), |p| format!("{p}%"))
+                    );
+                    return Flow::Hold(self.fail(cause));
+                }
+                self.status.phase = Phase::Progressing;
+                self.canary().message = format!(
+                    "step {index}: routing {asked}% of requests to the canary Revision {}; waiting for the Service's status to read it back",
+                    self.observed.canary_revision
+                );
+                self.requeue_in(deadline - here.in_state);
+                return Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic));
+            }
+        }
+        let grace = match self.observed.self_routed {
+            Some(_) if self.spec.strategy.canary.grace_period_seconds.is_none() => Duration::ZERO,
+            _ => self.grace(),
+        };
         if here.in_state >= grace {
             self.note(Transition::TrafficInForce {
                 step: index,
@@ -968,7 +1039,14 @@ impl Planner<'_> {
         let last = self.step_at(index);
         let wanted = step_replicas(&last, observed.replicas);
         if !observed.stable_rolled_out {
-            self.canary().message = "promoting: the stable workload is rolling out the new template".into();
+            self.canary().message = if observed.self_routed.is_some() {
+                format!(
+                    "promoting: moving all traffic to the canary Revision {}",
+                    observed.canary_revision
+                )
+            } else {
+                "promoting: the stable workload is rolling out the new template".into()
+            };
             let traffic = traffic_at(self.spec, index);
             return self.release_intent(StableTemplate::Git, wanted, traffic);
         }

@@ -5,16 +5,32 @@ use std::collections::BTreeMap;
 
 use super::api::{IntOrPercent, RolloutSpec, is_rollout};
 use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::overlay::{SUPPORTED_WORKLOADS, WorkloadKind};
 use super::plan::parse_percent;
 use serde_json::Value;
 
 use crate::manifest::schema::schema_problems;
 use crate::manifest::{Allowed, App, Manifest, ManifestSet, Problem};
 
-fn held<'a>(app: &'a App, default_namespace: &str, kind: &str, namespace: &str, name: &str) -> Option<&'a Manifest> {
-    app.manifests
-        .iter()
-        .find(|m| m.kind() == kind && m.name() == name && m.namespace().unwrap_or(default_namespace) == namespace)
+/// The app's object of this group and kind, namespace and name.
+fn held<'a>(
+    app: &'a App,
+    default_namespace: &str,
+    (group, kind): (&str, &str),
+    namespace: &str,
+    name: &str,
+) -> Option<&'a Manifest> {
+    app.manifests.iter().find(|m| {
+        m.group() == group
+            && m.kind() == kind
+            && m.name() == name
+            && m.namespace().unwrap_or(default_namespace) == namespace
+    })
+}
+
+/// The group of an apiVersion ("" for the core group).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 /// A path of keys into an object.
@@ -38,6 +54,16 @@ fn shape_problems(manifest: &Manifest) -> Vec<Problem> {
         }
     };
     let (mappings, lists): (&[Path], &[(Path, &str)]) = match manifest.kind() {
+        "Service" if manifest.group() == super::knative::GROUP => (
+            &[
+                &["spec"],
+                &["spec", "template"],
+                &["spec", "template", "metadata"],
+                &["spec", "template", "metadata", "annotations"],
+                &["spec", "template", "spec"],
+            ],
+            &[],
+        ),
         "Deployment" | "StatefulSet" => (
             &[
                 &["spec"],
@@ -145,8 +171,20 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
                 .map(|m| manifest.problem(m)),
         );
         let target = &spec.workload_ref;
-        match held(app, default_namespace, &target.kind, namespace, &target.name) {
-            Some(workload) => problems.extend(shape_problems(workload)),
+        let workload_kind = (group_of(&target.api_version), target.kind.as_str());
+        match held(app, default_namespace, workload_kind, namespace, &target.name) {
+            Some(workload) => {
+                problems.extend(shape_problems(workload));
+                if super::knative::is_knative_service(&target.api_version, &target.kind)
+                    && let Some(problem) = super::knative::git_problem(&workload.object)
+                {
+                    problems.push(workload.problem(format!(
+                        "Knative Service {namespace}/{}, which Rollout {} governs: {problem}",
+                        target.name,
+                        manifest.name()
+                    )));
+                }
+            }
             None => problems.push(manifest.problem(format!(
                 "workloadRef names {} {namespace}/{}, which is not in this app",
                 target.kind, target.name
@@ -162,19 +200,25 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
             governed.insert(key, manifest.location());
         }
         for routing in &spec.strategy.canary.traffic_routings {
-            let mut routed = vec![("Service", routing.service.as_str())];
+            let mut routed = vec![(("", "Service"), routing.service.as_str())];
             routed.extend(
                 routing
                     .gateway
                     .as_ref()
-                    .map(|g| ("HTTPRoute", g.http_route_name.as_str())),
+                    .map(|g| (("gateway.networking.k8s.io", "HTTPRoute"), g.http_route_name.as_str())),
             );
-            routed.extend(routing.ingress.as_ref().map(|i| ("Ingress", i.name.as_str())));
+            routed.extend(
+                routing
+                    .ingress
+                    .as_ref()
+                    .map(|i| (("networking.k8s.io", "Ingress"), i.name.as_str())),
+            );
             for (kind, name) in routed {
                 match held(app, default_namespace, kind, namespace, name) {
                     Some(object) => problems.extend(shape_problems(object)),
                     None => problems.push(manifest.problem(format!(
-                        "trafficRoutings names {kind} {namespace}/{name}, which is not in this app"
+                        "trafficRoutings names {} {namespace}/{name}, which is not in this app",
+                        kind.1
                     ))),
                 }
             }
@@ -187,11 +231,20 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
 pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
     let mut problems = Vec::new();
     let canary = &spec.strategy.canary;
-    if !matches!(spec.workload_ref.kind.as_str(), "Deployment" | "StatefulSet") {
+    let kind = WorkloadKind::parse(&spec.workload_ref.api_version, &spec.workload_ref.kind);
+    if kind.is_none() {
         problems.push(format!(
-            "workloadRef.kind {:?} is not supported: use Deployment or StatefulSet",
-            spec.workload_ref.kind
+            "workloadRef {} {} is not supported: {SUPPORTED_WORKLOADS}",
+            spec.workload_ref.api_version, spec.workload_ref.kind
         ));
+    }
+    let knative = kind == Some(WorkloadKind::KnativeService);
+    if knative {
+        problems.extend(knative_problems(spec));
+    } else if canary.canary_min_scale.is_some() {
+        problems.push(
+            "canaryMinScale is for a Knative Service (it keeps the canary Revision from scaling to zero); a Deployment or StatefulSet takes replicas in its steps".to_string(),
+        );
     }
     if canary.steps.is_empty() {
         problems.push("strategy.canary.steps is empty: give at least one step".to_string());
@@ -214,7 +267,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
                 }
                 Err(e) => problems.push(format!("step {n}: traffic {e}")),
             }
-            if canary.traffic_routings.is_empty() {
+            if canary.traffic_routings.is_empty() && !knative {
                 problems.push(format!(
                     "step {n}: traffic needs a trafficRouting (a Service with an HTTPRoute or Ingress); without one, split by replicas"
                 ));
@@ -262,6 +315,36 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
                 ingress.class_type
             ));
         }
+    }
+    problems
+}
+
+/// What a Rollout of a Knative Service may not say, and why.
+fn knative_problems(spec: &RolloutSpec) -> Vec<String> {
+    let canary = &spec.strategy.canary;
+    let mut problems = Vec::new();
+    for (i, step) in canary.steps.iter().enumerate() {
+        if step.replicas.is_some() {
+            problems.push(format!(
+                "step {}: replicas cannot be set for a Knative Service: Knative scales each Revision by its requests, so a step gives the canary Revision a traffic share only (set canaryMinScale to keep it from scaling to zero)",
+                i + 1
+            ));
+        }
+    }
+    if !canary.traffic_routings.is_empty() {
+        problems.push(
+            "trafficRoutings cannot be set for a Knative Service: Knative routes its own traffic, and the release splits it in the Service's spec.traffic".to_string(),
+        );
+    }
+    if canary.patch_pod_template_metadata.is_some() {
+        problems.push(
+            "patchPodTemplateMetadata cannot be set for a Knative Service: its canary is a Revision of Git's template, with no template of its own to patch".to_string(),
+        );
+    }
+    if canary.canary_service.is_some() {
+        problems.push(
+            "canaryService cannot be set for a Knative Service: the canary Revision has its own URL (tag canary) instead of a Service".to_string(),
+        );
     }
     problems
 }

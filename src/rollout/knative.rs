@@ -1,0 +1,482 @@
+//! The Knative Service workload. There is no second workload: Knative makes
+//! a Revision of each template, and a release is an overlay of the Service's
+//! `spec.traffic` on the one apply path. The stable Revision is pinned by
+//! name and the step's share goes to the new Revision (by name once it
+//! exists), tagged `stable` and `canary` so that each has its own URL.
+//! Pure: Git's Service, the live one and its Revisions in, decisions out.
+
+use serde_json::{Value, json};
+
+use super::overlay::Revisions;
+use super::plan::{Intent, StableTemplate};
+use crate::plan::desired::is_subset;
+
+pub const API_VERSION: &str = "serving.knative.dev/v1";
+pub const GROUP: &str = "serving.knative.dev";
+/// On a Revision's pods: the Revision's name.
+pub const REVISION_LABEL: &str = "serving.knative.dev/revision";
+/// On a Revision: the Service it belongs to.
+pub const SERVICE_LABEL: &str = "serving.knative.dev/service";
+pub const MIN_SCALE_ANNOTATION: &str = "autoscaling.knative.dev/min-scale";
+pub const STABLE_TAG: &str = "stable";
+pub const CANARY_TAG: &str = "canary";
+
+/// Whether a workloadRef names a Knative Service.
+pub fn is_knative_service(api_version: &str, kind: &str) -> bool {
+    kind == "Service" && api_version.split('/').next() == Some(GROUP)
+}
+
+/// The share of requests Git's `traffic` gives the latest Revision: what a
+/// release splits between stable and canary. 100 when Git names no traffic.
+pub fn latest_share(git_service: &Value) -> u32 {
+    match git_service["spec"]["traffic"].as_array() {
+        None => 100,
+        Some(entries) => entries
+            .iter()
+            .filter(|e| follows_latest(e))
+            .map(|e| e["percent"].as_u64().unwrap_or(0).min(100) as u32)
+            .sum::<u32>()
+            .min(100),
+    }
+}
+
+/// A traffic entry that follows the latest Revision (Knative's default when
+/// it names none).
+fn follows_latest(entry: &Value) -> bool {
+    entry["latestRevision"]
+        .as_bool()
+        .unwrap_or(entry["revisionName"].is_null())
+}
+
+/// The canary's percent of all requests when it takes `traffic` percent of
+/// the release's `share`; rounded, so that Knative's whole percents add up.
+pub fn canary_percent(share: u32, traffic: u32) -> u32 {
+    (share * traffic.min(100) + 50) / 100
+}
+
+/// Why a Rollout cannot govern this Service as Git has it, if it cannot.
+pub fn git_problem(git_service: &Value) -> Option<String> {
+    let traffic = &git_service["spec"]["traffic"];
+    if traffic.is_null() {
+        return None;
+    }
+    let Some(entries) = traffic.as_array() else {
+        return Some("spec.traffic must be a list".to_string());
+    };
+    for (i, entry) in entries.iter().enumerate() {
+        if !entry.is_object() {
+            return Some(format!("spec.traffic[{i}] must be a mapping"));
+        }
+        if let Some(tag) = entry["tag"].as_str()
+            && (tag == STABLE_TAG || tag == CANARY_TAG)
+        {
+            return Some(format!(
+                "spec.traffic[{i}] uses the tag {tag:?}, which the release gives its stable and canary Revisions: rename the tag"
+            ));
+        }
+    }
+    if latest_share(git_service) == 0 {
+        return Some(
+            "spec.traffic sends no share to the latest Revision (every percent goes to a Revision named in Git), so no release could reach a new one: give `latestRevision: true` a percent, or remove the Rollout to keep managing traffic by hand".to_string(),
+        );
+    }
+    None
+}
+
+/// What the live Service and its Revisions say, read by `observe`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub revisions: Revisions,
+    /// The canary Revision is Ready.
+    pub canary_ready: bool,
+    /// The percent `status.traffic` gives the canary Revision by name, once
+    /// the Service's controller has seen its latest spec.
+    pub canary_percent: Option<u32>,
+    /// Knative serves Git's template: its newest Revision is Ready and is of
+    /// Git's template, so Git's own `traffic` may take over.
+    pub settled: bool,
+}
+
+/// Whether a Revision was made from `template` (Knative adds labels and
+/// annotations of its own, and the release may add a minimum scale).
+pub fn made_from(revision: &Value, template: &Value) -> bool {
+    is_subset(&template["spec"], &revision["spec"])
+        && is_subset(&template["metadata"]["labels"], &revision["metadata"]["labels"])
+        && is_subset(
+            &template["metadata"]["annotations"],
+            &revision["metadata"]["annotations"],
+        )
+}
+
+fn is_ready(object: &Value) -> bool {
+    object["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// Reads the live Service and its Revisions. `recorded_stable` is the
+/// Revision the Rollout's status pins; `releasing` says whether a release (or
+/// a held failure) keeps it pinned.
+pub fn see(
+    live: Option<&Value>,
+    revisions: &[Value],
+    git_template: &Value,
+    recorded_stable: &str,
+    releasing: bool,
+) -> Seen {
+    let Some(live) = live else {
+        return Seen::default();
+    };
+    let status = &live["status"];
+    let caught_up =
+        status["observedGeneration"].as_i64().unwrap_or(0) >= live["metadata"]["generation"].as_i64().unwrap_or(0);
+    let revision = |name: &str| {
+        revisions
+            .iter()
+            .find(|r| !name.is_empty() && r["metadata"]["name"].as_str() == Some(name))
+    };
+    let latest_created = status["latestCreatedRevisionName"].as_str().unwrap_or_default();
+    let latest_ready = status["latestReadyRevisionName"].as_str().unwrap_or_default();
+    // Settled on a Revision of Git's template as is: not on one the release
+    // gave a minimum scale, which Knative is about to replace.
+    let min_scale = |object: &Value| object["metadata"]["annotations"][MIN_SCALE_ANNOTATION].clone();
+    let settled = caught_up
+        && latest_created == latest_ready
+        && revision(latest_ready)
+            .is_some_and(|r| is_ready(r) && made_from(r, git_template) && min_scale(r) == min_scale(git_template));
+    let recorded = revision(recorded_stable).map(|_| recorded_stable);
+    let stable = match recorded {
+        Some(recorded) if releasing || !settled => recorded.to_string(),
+        _ => latest_ready.to_string(),
+    };
+    // The canary is the Revision Knative made of Git's template, once it made one.
+    let canary = revision(latest_created)
+        .filter(|r| caught_up && latest_created != stable && made_from(r, git_template))
+        .map(|_| latest_created.to_string())
+        .unwrap_or_default();
+    let canary_ready = revision(&canary).is_some_and(is_ready);
+    let canary_percent = (caught_up && !canary.is_empty()).then(|| {
+        status["traffic"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["revisionName"].as_str() == Some(canary.as_str()))
+            .map(|t| t["percent"].as_u64().unwrap_or(0) as u32)
+            .sum()
+    });
+    Seen {
+        revisions: Revisions { stable, canary },
+        canary_ready,
+        canary_percent,
+        settled,
+    }
+}
+
+/// The Service to apply: Git's, with the release's traffic (and, while a
+/// canary runs, its minimum scale) overlaid. `recorded_template` is the
+/// template Git's status file says is stable, for a Service the cluster
+/// lacks (a rebuilt cluster): it is made with that one first.
+pub fn desired_service(
+    git: &Value,
+    intent: &Intent,
+    revisions: &Revisions,
+    settled: bool,
+    min_scale: Option<u32>,
+    recorded_template: Option<&Value>,
+) -> Value {
+    let mut desired = git.clone();
+    if !desired["spec"].is_object() {
+        // Refused by validation; never a panic on what Git holds.
+        return desired;
+    }
+    let stable = revisions.stable.as_str();
+    let share = latest_share(git);
+    match intent.canary_replicas {
+        Some(_) if stable.is_empty() => {}
+        Some(_) => {
+            if let Some(scale) = min_scale
+                && git["spec"]["template"]["metadata"]["annotations"][MIN_SCALE_ANNOTATION].is_null()
+                && desired["spec"]["template"].is_object()
+            {
+                if !desired["spec"]["template"]["metadata"].is_object() {
+                    desired["spec"]["template"]["metadata"] = json!({});
+                }
+                if !desired["spec"]["template"]["metadata"]["annotations"].is_object() {
+                    desired["spec"]["template"]["metadata"]["annotations"] = json!({});
+                }
+                desired["spec"]["template"]["metadata"]["annotations"][MIN_SCALE_ANNOTATION] = json!(scale.to_string());
+            }
+            let canary = match intent.stable_template {
+                // Promoting: the whole share on the canary, by name.
+                StableTemplate::Git => share,
+                StableTemplate::Live => canary_percent(share, intent.traffic.unwrap_or(0)),
+            };
+            let canary_target = if revisions.canary.is_empty() {
+                json!({"latestRevision": true, "percent": 0, "tag": CANARY_TAG})
+            } else {
+                json!({"revisionName": revisions.canary, "latestRevision": false, "percent": canary, "tag": CANARY_TAG})
+            };
+            desired["spec"]["traffic"] = split(git, stable, share - canary, Some(canary_target));
+        }
+        None => {
+            // Without a canary the template is Git's as is: the minimum scale
+            // goes with the canary, and a failed Revision scales down.
+            if intent.stable_template == StableTemplate::Live
+                && stable.is_empty()
+                && let Some(template) = recorded_template
+            {
+                desired["spec"]["template"] = template.clone();
+            }
+            let git_takes_over = intent.stable_template == StableTemplate::Git && settled;
+            if !stable.is_empty() && !git_takes_over {
+                desired["spec"]["traffic"] = split(git, stable, share, None);
+            }
+        }
+    }
+    desired
+}
+
+/// Git's traffic with its latest share replaced by the stable Revision's
+/// part and the canary's.
+fn split(git: &Value, stable: &str, stable_percent: u32, canary: Option<Value>) -> Value {
+    let mut entries: Vec<Value> = git["spec"]["traffic"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| !follows_latest(e))
+        .cloned()
+        .collect();
+    entries
+        .push(json!({"revisionName": stable, "latestRevision": false, "percent": stable_percent, "tag": STABLE_TAG}));
+    entries.extend(canary);
+    Value::Array(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intent(canary: Option<i32>, stable_template: StableTemplate, traffic: Option<u32>) -> Intent {
+        Intent {
+            stable_template,
+            canary_replicas: canary,
+            traffic,
+            pin_stable_service: false,
+            route_canary: canary.is_some(),
+            rollout_id: "r1".into(),
+            step: 1,
+        }
+    }
+
+    fn service(traffic: Option<Value>) -> Value {
+        let mut service = json!({
+            "apiVersion": API_VERSION, "kind": "Service",
+            "metadata": {"name": "fn", "namespace": "demo"},
+            "spec": {"template": {"metadata": {"labels": {"app": "fn"}}, "spec": {"containers": [{"image": "fn:2"}]}}},
+        });
+        if let Some(traffic) = traffic {
+            service["spec"]["traffic"] = traffic;
+        }
+        service
+    }
+
+    fn revisions(stable: &str, canary: &str) -> Revisions {
+        Revisions {
+            stable: stable.into(),
+            canary: canary.into(),
+        }
+    }
+
+    #[test]
+    fn a_step_pins_stable_by_name_and_gives_the_canary_its_share() {
+        let git = service(None);
+        let desired = desired_service(
+            &git,
+            &intent(Some(1), StableTemplate::Live, Some(20)),
+            &revisions("fn-00001", "fn-00002"),
+            false,
+            Some(1),
+            None,
+        );
+        assert_eq!(
+            desired["spec"]["traffic"],
+            json!([
+                {"revisionName": "fn-00001", "latestRevision": false, "percent": 80, "tag": "stable"},
+                {"revisionName": "fn-00002", "latestRevision": false, "percent": 20, "tag": "canary"},
+            ])
+        );
+        assert_eq!(
+            desired["spec"]["template"]["metadata"]["annotations"][MIN_SCALE_ANNOTATION],
+            "1"
+        );
+        assert_eq!(desired["spec"]["template"]["spec"], git["spec"]["template"]["spec"]);
+    }
+
+    #[test]
+    fn before_the_new_revision_exists_the_canary_follows_latest_with_nothing() {
+        let desired = desired_service(
+            &service(None),
+            &intent(Some(1), StableTemplate::Live, None),
+            &revisions("fn-00001", ""),
+            false,
+            None,
+            None,
+        );
+        assert_eq!(desired["spec"]["traffic"][0]["percent"], 100);
+        assert_eq!(
+            desired["spec"]["traffic"][1],
+            json!({"latestRevision": true, "percent": 0, "tag": "canary"})
+        );
+        assert!(desired["spec"]["template"]["metadata"]["annotations"].is_null());
+    }
+
+    #[test]
+    fn revisions_git_names_keep_their_entries_and_the_release_splits_the_latest_share() {
+        let git = service(Some(json!([
+            {"revisionName": "fn-00001", "percent": 10, "tag": "old"},
+            {"latestRevision": true, "percent": 90},
+        ])));
+        assert_eq!(latest_share(&git), 90);
+        let desired = desired_service(
+            &git,
+            &intent(Some(1), StableTemplate::Live, Some(50)),
+            &revisions("fn-00002", "fn-00003"),
+            false,
+            None,
+            None,
+        );
+        let percents: Vec<_> = desired["spec"]["traffic"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["tag"].as_str().unwrap().to_string(), e["percent"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(
+            percents,
+            [("old".into(), 10), ("stable".into(), 45), ("canary".into(), 45)]
+        );
+    }
+
+    #[test]
+    fn promote_moves_the_whole_share_then_git_takes_over_once_settled() {
+        let git = service(None);
+        let promoting = desired_service(
+            &git,
+            &intent(Some(1), StableTemplate::Git, Some(100)),
+            &revisions("fn-00001", "fn-00002"),
+            false,
+            None,
+            None,
+        );
+        assert_eq!(promoting["spec"]["traffic"][0]["percent"], 0);
+        assert_eq!(promoting["spec"]["traffic"][1]["percent"], 100);
+        let healthy = intent(None, StableTemplate::Git, None);
+        let unsettled = desired_service(&git, &healthy, &revisions("fn-00002", ""), false, None, None);
+        assert_eq!(unsettled["spec"]["traffic"][0]["revisionName"], "fn-00002");
+        let settled = desired_service(&git, &healthy, &revisions("fn-00002", ""), true, None, None);
+        assert_eq!(settled, git);
+    }
+
+    #[test]
+    fn a_failure_puts_all_traffic_on_stable_and_drops_the_minimum_scale() {
+        let git = service(None);
+        let failed = desired_service(
+            &git,
+            &intent(None, StableTemplate::Live, None),
+            &revisions("fn-00001", ""),
+            true,
+            Some(1),
+            None,
+        );
+        assert_eq!(failed["spec"]["template"], git["spec"]["template"]);
+        assert_eq!(
+            failed["spec"]["traffic"],
+            json!([{"revisionName": "fn-00001", "latestRevision": false, "percent": 100, "tag": "stable"}])
+        );
+    }
+
+    fn revision(name: &str, image: &str, ready: bool) -> Value {
+        json!({
+            "metadata": {"name": name, "labels": {"app": "fn", SERVICE_LABEL: "fn"}},
+            "spec": {"containers": [{"image": image}]},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "Unknown" }}]},
+        })
+    }
+
+    fn live(created: &str, ready: &str, traffic: Value) -> Value {
+        json!({
+            "metadata": {"generation": 3},
+            "status": {"observedGeneration": 3, "latestCreatedRevisionName": created, "latestReadyRevisionName": ready, "traffic": traffic},
+        })
+    }
+
+    #[test]
+    fn the_canary_is_the_revision_made_of_git_and_its_share_is_read_back() {
+        let git_template = service(None)["spec"]["template"].clone();
+        let revisions = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", true)];
+        let service = live(
+            "fn-00002",
+            "fn-00002",
+            json!([{"revisionName": "fn-00001", "percent": 80}, {"revisionName": "fn-00002", "percent": 20}]),
+        );
+        let seen = see(Some(&service), &revisions, &git_template, "fn-00001", true);
+        assert_eq!(
+            seen.revisions,
+            super::Revisions {
+                stable: "fn-00001".into(),
+                canary: "fn-00002".into()
+            }
+        );
+        assert!(seen.canary_ready);
+        assert_eq!(seen.canary_percent, Some(20));
+        // Before the controller has seen the latest spec, nothing is read back.
+        let mut behind = service.clone();
+        behind["metadata"]["generation"] = json!(4);
+        assert_eq!(
+            see(Some(&behind), &revisions, &git_template, "fn-00001", true).canary_percent,
+            None
+        );
+    }
+
+    #[test]
+    fn git_takes_over_only_once_the_newest_revision_of_its_template_is_ready() {
+        let git_template = service(None)["spec"]["template"].clone();
+        // Reverted: fn-00003 has Git's template again, not Ready yet; fn-00002 (aborted) is.
+        let revisions = [
+            revision("fn-00001", "fn:2", true),
+            revision("fn-00002", "fn:3", true),
+            revision("fn-00003", "fn:2", false),
+        ];
+        let service = live("fn-00003", "fn-00002", json!([]));
+        let seen = see(Some(&service), &revisions, &git_template, "fn-00001", false);
+        assert!(!seen.settled);
+        assert_eq!(seen.revisions.stable, "fn-00001");
+        let revisions = [
+            revisions[0].clone(),
+            revisions[1].clone(),
+            revision("fn-00003", "fn:2", true),
+        ];
+        let service = self::live("fn-00003", "fn-00003", json!([]));
+        let seen = see(Some(&service), &revisions, &git_template, "fn-00001", false);
+        assert!(seen.settled);
+        assert_eq!(seen.revisions.stable, "fn-00003");
+    }
+
+    #[test]
+    fn traffic_git_cannot_release_is_refused() {
+        assert!(
+            git_problem(&service(Some(json!([{"revisionName": "fn-00001", "percent": 100}]))))
+                .is_some_and(|p| p.contains("no share to the latest"))
+        );
+        assert!(
+            git_problem(&service(Some(
+                json!([{"latestRevision": true, "percent": 100, "tag": "canary"}])
+            )))
+            .is_some_and(|p| p.contains("tag \"canary\""))
+        );
+        assert_eq!(
+            git_problem(&service(Some(json!([{"latestRevision": true, "percent": 100}])))),
+            None
+        );
+    }
+}
