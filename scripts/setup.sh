@@ -11,6 +11,8 @@ have curl || need+=(curl)
 have openssl || need+=(openssl)
 have python3 || need+=(python3)
 have flock || need+=(util-linux)
+# Knative's autoscaler runs in a network namespace of its own (tests/testenv/knative-up.sh).
+have ip || need+=(iproute2)
 have pkg-config || need+=(pkg-config)
 have cc || need+=(gcc)
 have make || need+=(make)

@@ -20,16 +20,19 @@ step "building kustomize and helm (first run: about 3 minutes; cached in ~/.cach
 renderers=$(scripts/renderers.sh | tail -n 1)
 export PATH="$renderers:$PATH"
 
+step "building Knative Serving (first run: about 5 minutes; cached in ~/.cache/gitcanary/knative)"
+tests/testenv/knative.sh >/dev/null
+
 step "cargo fmt --check"
 cargo fmt --check
 
 step "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 
-step "starting the test control plane"
+step "starting the test control plane, with Knative Serving"
 state=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-test.XXXXXX")
 trap 'tests/testenv/down.sh "$state"' EXIT
-kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ tests/testenv/up.sh "$state" | sed -n 's/^KUBECONFIG=//p')
+kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_KNATIVE=1 tests/testenv/up.sh "$state" | sed -n 's/^KUBECONFIG=//p')
 export GITCANARY_TEST_KUBECONFIG="$kubeconfig"
 
 step "cargo test"

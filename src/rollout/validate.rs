@@ -458,6 +458,72 @@ mod tests {
         )
     }
 
+    const FUNCTION: &str = "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata: {name: fn, namespace: demo}\nspec:\n  template:\n    spec:\n      containers: [{image: fn:1}]\n";
+
+    fn function_rollout(canary: &str) -> String {
+        format!(
+            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: fn, namespace: demo}}\nspec:\n  workloadRef: {{apiVersion: serving.knative.dev/v1, kind: Service, name: fn}}\n  strategy:\n    canary:\n{canary}"
+        )
+    }
+
+    #[test]
+    fn a_function_rollout_needs_no_routes_and_takes_a_minimum_scale() {
+        let rollout = function_rollout(
+            "      canaryMinScale: 1\n      steps:\n      - {traffic: 10%, pause: {}}\n      - {traffic: 100%}\n",
+        );
+        assert_eq!(
+            problems(&[("fn/s.yaml", FUNCTION), ("fn/r.yaml", &rollout)]),
+            Vec::<String>::new()
+        );
+        // A core Service of the same name is not the function.
+        let core = "apiVersion: v1\nkind: Service\nmetadata: {name: fn, namespace: demo}\n";
+        let found = problems(&[("fn/s.yaml", core), ("fn/r.yaml", &rollout)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("workloadRef names Service demo/fn, which is not in this app")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn what_a_function_cannot_take_is_refused_with_why() {
+        let rollout = function_rollout(
+            "      trafficRoutings: [{service: fn, gateway: {httpRouteName: fn}}]\n      patchPodTemplateMetadata: {labels: {v: c}}\n      steps:\n      - {traffic: 10%, replicas: 1}\n",
+        );
+        let found = problems(&[("fn/s.yaml", FUNCTION), ("fn/r.yaml", &rollout)]);
+        for wanted in [
+            "fn/r.yaml:1: step 1: replicas cannot be set for a Knative Service: Knative scales each Revision by its requests",
+            "fn/r.yaml:1: trafficRoutings cannot be set for a Knative Service",
+            "fn/r.yaml:1: patchPodTemplateMetadata cannot be set for a Knative Service",
+        ] {
+            assert!(found.iter().any(|p| p.starts_with(wanted)), "{wanted} in {found:?}");
+        }
+        let deployment = rollout_with_min_scale();
+        let found = problems(&[("a/w.yaml", WORKLOAD), ("a/r.yaml", &deployment)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("canaryMinScale is for a Knative Service")),
+            "{found:?}"
+        );
+    }
+
+    fn rollout_with_min_scale() -> String {
+        rollout("      - {traffic: 10%}\n").replace("      steps:", "      canaryMinScale: 1\n      steps:")
+    }
+
+    #[test]
+    fn traffic_git_pins_to_a_named_revision_is_refused_at_the_service() {
+        let pinned = format!("{FUNCTION}  traffic:\n  - {{revisionName: fn-00001, percent: 100}}\n");
+        let rollout = function_rollout("      steps:\n      - {traffic: 10%}\n");
+        let found = problems(&[("fn/s.yaml", &pinned), ("fn/r.yaml", &rollout)]);
+        assert!(
+            found.iter().any(|p| p.starts_with("fn/s.yaml:1: Knative Service demo/fn, which Rollout fn governs: spec.traffic sends no share to the latest Revision")),
+            "{found:?}"
+        );
+    }
+
     #[test]
     fn a_good_rollout_passes() {
         let r = rollout("      - {traffic: 10%, replicas: 1, pause: {duration: 30s}}\n      - {traffic: 100%}\n");

@@ -14,12 +14,14 @@
 # :8080, so the autoscaler runs in a network namespace of its own (needs
 # root and iproute2) and reaches the API server through a forwarder.
 #
-# Groundwork for issue #17: no test uses it yet.
+# up.sh runs this when GITCANARY_TESTENV_KNATIVE=1 (scripts/test.sh sets it).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 state=$(cd "${1:?usage: knative-up.sh STATE_DIR}" && pwd)
 say() { echo "knative: $*" >&2; }
+[ "$(id -u)" = 0 ] || { say "needs root (the autoscaler gets a network namespace of its own)"; exit 1; }
+command -v ip >/dev/null || { say "needs iproute2 (ip): run scripts/setup.sh"; exit 1; }
 cache=$("$here/knative.sh" | tail -1)
 kubeconfig="$state/kubeconfig"
 kubectl() { "$state/kubectl" --kubeconfig "$kubeconfig" "$@"; }

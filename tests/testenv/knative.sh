@@ -5,7 +5,7 @@
 # ~/.cache/gitcanary/knative/serving-<version>/ and is rebuilt only when
 # KNATIVE_SERVING_VERSION changes. Prints the cache directory on its last line.
 #
-# Not used by the tests yet: groundwork for issue #17 (see knative-up.sh).
+# knative-up.sh starts them; scripts/test.sh builds them before the tests.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -176,5 +176,10 @@ if [ -n "${GITCANARY_TESTENV_PARENT:-}" ]; then
     "$GITCANARY_TESTENV_PARENT" "$here/down.sh" "$state" >/dev/null 2>&1 &
 fi
 
+# Knative Serving on it, for the tests of function canaries (tests/knative.rs).
+if [ "${GITCANARY_TESTENV_KNATIVE:-}" = 1 ]; then
+  "$here/knative-up.sh" "$state"
+fi
+
 say "control plane up (state in $state)"
 echo "KUBECONFIG=$kubeconfig"

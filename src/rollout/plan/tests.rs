@@ -697,3 +697,103 @@ fn a_release_start_is_one_typed_transition() {
         }]
     );
 }
+
+/// A Knative Service: steps of traffic only, no routes of the Rollout's own.
+fn function_spec() -> RolloutSpec {
+    let mut spec = spec();
+    spec.workload_ref = WorkloadRef {
+        api_version: "serving.knative.dev/v1".into(),
+        kind: "Service".into(),
+        name: "fn".into(),
+    };
+    spec.strategy.canary.traffic_routings.clear();
+    spec.strategy.canary.steps = vec![step().traffic("20%").pause_for(1), step().traffic("100%")];
+    spec
+}
+
+/// What a Knative Service reports: its canary Revision Ready or not, and the
+/// canary's percent read back from `status.traffic`.
+fn function_observed(git: &str, now: i64, ready: bool, read_back: Option<u32>) -> Observed {
+    Observed {
+        replicas: 1,
+        canary_ready: i32::from(ready),
+        stable_revision: "fn-00001".into(),
+        canary_revision: if ready { "fn-00002".into() } else { String::new() },
+        stable_rolled_out: read_back == Some(100),
+        self_routed: Some(SelfRouted {
+            share: 100,
+            canary_percent: read_back,
+        }),
+        ..observed(git, now)
+    }
+}
+
+#[test]
+fn a_function_step_is_in_force_only_once_its_share_is_read_back() {
+    let mut run = Run::with(function_spec());
+    run.step(&function_observed("v1", 0, true, None));
+    // The template changed: Knative has not made the canary Revision yet.
+    let plan = run.step(&function_observed("v2", 1, false, None));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
+    assert_eq!(plan.intent.canary_replicas, Some(1));
+    assert_eq!(plan.intent.traffic, None, "no share before the canary Revision exists");
+    assert!(
+        run.status
+            .canary_status
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("canary Revision (not made yet)")
+    );
+    // Ready: the step's share is asked for, and held until Knative reads it back.
+    let plan = run.step(&function_observed("v2", 2, true, Some(0)));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    assert_eq!(plan.intent.traffic, Some(20));
+    assert_eq!(run.status.canary_revision, "fn-00002");
+    assert_eq!(run.status.stable_revision, "fn-00001");
+    // Read back: in force at once (no grace period is set), then the timed pause.
+    let plan = run.step(&function_observed("v2", 2, true, Some(20)));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+    assert!(
+        plan.transitions
+            .contains(&Transition::TrafficInForce { step: 1, percent: 20 })
+    );
+}
+
+#[test]
+fn a_function_whose_share_is_never_read_back_fails_at_the_deadline() {
+    let mut spec = function_spec();
+    spec.strategy.canary.progress_deadline = Some(super::super::api::Duration::Seconds(30));
+    let mut run = Run::with(spec);
+    run.step(&function_observed("v1", 0, true, None));
+    run.step(&function_observed("v2", 1, true, Some(0)));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    let plan = run.step(&function_observed("v2", 40, true, Some(0)));
+    assert_eq!(run.status.phase, Phase::Failed);
+    let cause = plan.failed.expect("failed");
+    assert!(
+        cause.contains("did not route 20% to the canary Revision fn-00002"),
+        "{cause}"
+    );
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
+    assert_eq!(
+        run.status.pending_writeback.map(|w| w.action),
+        Some(WritebackAction::Revert)
+    );
+}
+
+#[test]
+fn a_promoted_function_keeps_the_canary_revision_as_stable() {
+    let mut run = Run::with(function_spec());
+    run.step(&function_observed("v1", 0, true, None));
+    run.step(&function_observed("v2", 1, true, Some(0)));
+    run.step(&function_observed("v2", 2, true, Some(20)));
+    // After the pause, step 2 asks for everything; read back, it promotes.
+    let plan = run.step(&function_observed("v2", 4, true, Some(20)));
+    assert_eq!(plan.intent.traffic, Some(100));
+    let plan = run.step(&function_observed("v2", 5, true, Some(100)));
+    assert!(plan.promoted);
+    assert_eq!(run.status.phase, Phase::Healthy);
+    assert_eq!(run.status.stable_revision, "fn-00002");
+    assert_eq!(run.status.canary_revision, "");
+}
