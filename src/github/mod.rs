@@ -823,6 +823,25 @@ mod tests {
     }
 
     #[test]
+    fn a_function_comment_names_its_revisions() {
+        let spec: RolloutSpec = serde_json::from_value(json!({
+            "workloadRef": {"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "fn"},
+            "strategy": {"canary": {"steps": [{"traffic": "20%"}]}}
+        }))
+        .expect("spec");
+        let status: RolloutStatus = serde_json::from_value(json!({
+            "phase": "Progressing", "rolloutID": "abc1234",
+            "stableRevision": "fn-00001", "canaryRevision": "fn-00002",
+        }))
+        .expect("status");
+        let comment = render_comment("demo", "fn", &spec, &status, None);
+        assert!(
+            comment.contains("Stable Revision fn-00001, canary Revision fn-00002."),
+            "{comment}"
+        );
+    }
+
+    #[test]
     fn healthy_is_news_only_when_the_release_was_promoted() {
         let status = |extra: Value| -> RolloutStatus {
             let mut base = json!({"phase": "Healthy", "rolloutID": "abc1234"});
