@@ -212,6 +212,20 @@ impl Knative {
     }
 }
 
+/// `gitcanary validate` on the repository's working tree: (exit code, stdout, stderr).
+fn validate(scenario: &Scenario) -> (Option<i32>, String, String) {
+    let output = support::agent::gitcanary()
+        .arg("validate")
+        .arg(scenario.repo.path())
+        .output()
+        .expect("validate runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 /// Version 1.0 pushed and serving under a started agent; its Revision's name.
 async fn serving_1_0(scenario: &Scenario, function: &Function<'_>) -> (support::agent::AgentProcess, Knative, String) {
     let knative = Knative::of(scenario).await;
@@ -229,6 +243,8 @@ async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_pr
     let scenario = Scenario::new("kn-promote").await;
     let (_agent, knative, stable) = serving_1_0(&scenario, &Function::new("1.0", STEPS_TO_PROMOTE)).await;
     assert_eq!(knative.revisions().await.len(), 1, "no release for the first version");
+    let (code, stdout, stderr) = validate(&scenario);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
 
     Function::new("2.0", STEPS_TO_PROMOTE).write(&scenario);
     let commit = scenario.repo.commit_and_push("fn 2.0");
@@ -518,18 +534,7 @@ async fn a_revision_git_names_keeps_its_entry_and_only_the_latest_share_is_relea
         ..Function::new("3.0", strategy)
     }
     .write(&scenario);
-    let (code, stdout, _) = {
-        let output = support::agent::gitcanary()
-            .arg("validate")
-            .arg(scenario.repo.path())
-            .output()
-            .expect("validate runs");
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    };
+    let (code, stdout, _) = validate(&scenario);
     assert_eq!(code, Some(1), "{stdout}");
     assert!(
         stdout.contains("fn/service.yaml:1") && stdout.contains("no share to the latest Revision"),
