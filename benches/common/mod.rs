@@ -1,0 +1,348 @@
+//! What the benchmarks share: control planes of the test environment, the
+//! agent and its metrics, repositories, waiting for a quiet machine.
+
+#![allow(dead_code)] // each benchmark uses a part
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const GITCANARY: &str = env!("CARGO_BIN_EXE_gitcanary");
+pub const WEBHOOK_SECRET: &str = "bench-webhook-secret";
+
+pub fn run(dir: &Path, program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn timed(dir: &Path, program: &str, args: &[&str]) -> (Duration, String) {
+    let started = Instant::now();
+    let out = run(dir, program, args);
+    (started.elapsed(), out)
+}
+
+pub struct ControlPlane {
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: String,
+    pub kubectl: PathBuf,
+}
+
+impl ControlPlane {
+    pub fn start() -> ControlPlane {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dir = tempfile::tempdir().expect("a dir");
+        let out = Command::new("bash")
+            .arg(root.join("tests/testenv/up.sh"))
+            .arg(dir.path().join("cluster"))
+            .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("up.sh runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let kubeconfig = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("KUBECONFIG="))
+            .expect("up.sh prints KUBECONFIG=")
+            .to_string();
+        let kubectl = dir.path().join("cluster/kubectl");
+        ControlPlane {
+            dir,
+            kubeconfig,
+            kubectl,
+        }
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let mut all = vec!["--kubeconfig", &self.kubeconfig];
+        all.extend_from_slice(args);
+        run(self.dir.path(), &self.kubectl.display().to_string(), &all)
+    }
+}
+
+impl ControlPlane {
+    /// Runs `act` with a watch of the ConfigMap already open, and returns
+    /// when `act` began and when the watch saw `data.color` become `wanted`
+    /// (a watch, not polling: kubectl's own start-up would be measured too).
+    pub fn time_until_color(&self, ns: &str, name: &str, wanted: &str, act: impl FnOnce()) -> (Instant, Instant) {
+        use futures::StreamExt;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::api::{Api, WatchEvent, WatchParams};
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        runtime.block_on(async {
+            let file = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
+            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .expect("config");
+            let client = kube::Client::try_from(config).expect("client");
+            let api = Api::<ConfigMap>::namespaced(client, ns);
+            let color = |object: &ConfigMap| object.data.as_ref().and_then(|d| d.get("color")).cloned();
+            let current = api.get(name).await.expect("the ConfigMap");
+            let version = current.metadata.resource_version.clone().unwrap_or_default();
+            let params = WatchParams::default()
+                .fields(&format!("metadata.name={name}"))
+                .timeout(60);
+            let mut events = api.watch(&params, &version).await.expect("a watch").boxed();
+            let started = Instant::now();
+            act();
+            while started.elapsed() < Duration::from_secs(300) {
+                match events.next().await {
+                    Some(Ok(WatchEvent::Modified(object))) if color(&object).as_deref() == Some(wanted) => {
+                        return (started, Instant::now());
+                    }
+                    Some(_) => {}
+                    // The watch timed out: look again, then watch from there.
+                    None => {
+                        let now = api.get(name).await.expect("the ConfigMap");
+                        if color(&now).as_deref() == Some(wanted) {
+                            return (started, Instant::now());
+                        }
+                        let version = now.metadata.resource_version.unwrap_or_default();
+                        events = api.watch(&params, &version).await.expect("a watch").boxed();
+                    }
+                }
+            }
+            panic!("{ns}/{name} did not get color {wanted} in 300 s");
+        })
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let _ = Command::new("bash")
+            .arg(root.join("tests/testenv/down.sh"))
+            .arg(self.dir.path().join("cluster"))
+            .output();
+    }
+}
+
+/// A synthetic repository of `objects` objects: apps of a Deployment (no
+/// replicas: kwok has nothing to run), a Service, a ConfigMap and an
+/// HTTPRoute, spread over ten namespaces that an app of their own creates.
+pub fn generate(root: &Path, prefix: &str, objects: usize) {
+    let namespaces = 10;
+    let apps = (objects - namespaces) / 4;
+    let ns_dir = root.join("00-namespaces");
+    std::fs::create_dir_all(&ns_dir).expect("mkdir");
+    let ns_yaml: Vec<String> = (0..namespaces)
+        .map(|i| format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {prefix}-{i}\n"))
+        .collect();
+    std::fs::write(ns_dir.join("namespaces.yaml"), ns_yaml.join("---\n")).expect("write");
+    for app in 0..apps {
+        let ns = format!("{prefix}-{}", app % namespaces);
+        let name = format!("app-{app:05}");
+        let dir = root.join(&name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let yaml = format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: 0\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      containers:\n      - name: web\n        image: registry.test/{name}:1.0\n        ports: [{{containerPort: 8080}}]\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  selector: {{app: {name}}}\n  ports:\n  - port: 80\n    targetPort: 8080\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: blue\n  size: \"{app}\"\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  hostnames: [{name}.example]\n  rules:\n  - backendRefs:\n    - {{name: {name}, port: 80}}\n"
+        );
+        std::fs::write(dir.join("app.yaml"), yaml).expect("write");
+    }
+}
+
+pub fn writes_of(summary: &str) -> u64 {
+    summary
+        .split("API requests: ")
+        .nth(1)
+        .and_then(|rest| rest.split(", ").nth(1))
+        .and_then(|w| w.trim_end_matches(" writes").parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+pub fn seconds(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+pub fn millis(d: Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port()
+}
+
+pub struct Agent {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Agent {
+    pub fn start(cluster: &ControlPlane, repo: &str, instance: &str, cache: &Path, log: &Path) -> Agent {
+        let port = free_port();
+        let child = Command::new(GITCANARY)
+            .args(["run", "--repo", repo, "--kubeconfig", &cluster.kubeconfig])
+            .args(["--instance", instance, "--state-namespace", "gitcanary-bench"])
+            .args(["--cache-dir", &cache.display().to_string(), "--poll-interval", "300"])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--no-leader-election"])
+            .env("GITCANARY_WEBHOOK_SECRET", WEBHOOK_SECRET)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log"))
+            .spawn()
+            .expect("the agent starts");
+        let agent = Agent { child, port };
+        agent.wait_ready();
+        agent
+    }
+
+    pub fn get(&self, path: &str) -> Option<String> {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://127.0.0.1:{}{path}", self.port)])
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        while self.get("/readyz").is_none() {
+            assert!(Instant::now() < deadline, "the agent never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A signed push webhook, as GitHub sends it.
+    pub fn push(&self, commit: &str) {
+        let body = format!("{{\"ref\":\"refs/heads/main\",\"after\":\"{commit}\"}}");
+        let signature = gitcanary::source::webhook::sign(WEBHOOK_SECRET.as_bytes(), body.as_bytes());
+        let _ = Command::new("curl")
+            .args(["-sf", "-X", "POST", "-H", "X-GitHub-Event: push", "-d", &body])
+            .args(["-H", &format!("X-Hub-Signature-256: {signature}")])
+            .arg(format!("http://127.0.0.1:{}/webhook", self.port))
+            .output();
+    }
+
+    pub fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A working clone whose pushes go to a bare repository the agent follows.
+pub struct Repo {
+    pub work: PathBuf,
+    pub bare: PathBuf,
+}
+
+impl Repo {
+    pub fn create(dir: &Path, name: &str) -> Repo {
+        let bare = dir.join(format!("{name}.git"));
+        let work = dir.join(name);
+        run(
+            dir,
+            "git",
+            &[
+                "init",
+                "-q",
+                "--bare",
+                "--initial-branch=main",
+                &bare.display().to_string(),
+            ],
+        );
+        std::fs::create_dir_all(&work).expect("mkdir");
+        run(&work, "git", &["init", "-q", "--initial-branch=main"]);
+        run(&work, "git", &["remote", "add", "origin", &bare.display().to_string()]);
+        Repo { work, bare }
+    }
+
+    pub fn url(&self) -> String {
+        format!("file://{}", self.bare.display())
+    }
+
+    pub fn commit_and_push(&self, message: &str) -> String {
+        run(&self.work, "git", &["add", "-A"]);
+        run(
+            &self.work,
+            "git",
+            &[
+                "-c",
+                "user.name=bench",
+                "-c",
+                "user.email=bench@example.test",
+                "commit",
+                "-qm",
+                message,
+            ],
+        );
+        let _ = Command::new("git")
+            .args(["pull", "-q", "--rebase", "origin", "main"])
+            .current_dir(&self.work)
+            .output();
+        run(&self.work, "git", &["push", "-q", "origin", "HEAD:main"]);
+        run(&self.work, "git", &["rev-parse", "HEAD"]).trim().to_string()
+    }
+}
+
+/// Waits until the machine's CPUs are mostly idle (the controllers have
+/// caught up with the last run), so that no run pays for the one before.
+pub fn wait_quiet() {
+    let busy_and_total = || -> (u64, u64) {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let total: u64 = fields.iter().sum();
+        let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+        (total - idle, total)
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while Instant::now() < deadline {
+        let (busy0, total0) = busy_and_total();
+        std::thread::sleep(Duration::from_secs(1));
+        let (busy1, total1) = busy_and_total();
+        let share = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
+        if share < 0.15 {
+            return;
+        }
+    }
+    eprintln!("bench: the machine stayed busy; measuring anyway");
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Instant {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
