@@ -1,15 +1,19 @@
 //! gitcanary against the tools users would pick instead, each on a fresh
 //! control plane of its own, on the same manifests, in one run. Sync:
-//! gitcanary, Flux (source- and kustomize-controller) and kubectl. The peers
-//! are built from their Go modules by benches/peers/build.sh (cached).
-//! Prints markdown tables.
+//! gitcanary, Flux (source- and kustomize-controller) and kubectl. Canary:
+//! gitcanary, Argo Rollouts and Flagger. The peers are built from their Go
+//! modules by benches/peers/build.sh (cached). Prints markdown tables.
 //!
 //!   cargo bench --bench peers
 //!   GITCANARY_PEERS_SIZES=1000,5000     # objects (default)
 //!   GITCANARY_PEERS_STEADY_SECONDS=600  # the window with no change (default 10 minutes)
+//!   GITCANARY_PEERS_WORKLOADS=100       # governed workloads for the canary tools' memory
+//!   GITCANARY_PEERS_ONLY=sync           # or canary
 //!
 //! Not a test: it asserts nothing and is not run by CI.
 
+#[path = "peers/canary.rs"]
+mod canary;
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -457,8 +461,14 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(600),
     );
+    let only = std::env::var("GITCANARY_PEERS_ONLY").unwrap_or_default();
+    let workloads: usize = std::env::var("GITCANARY_PEERS_WORKLOADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
     let peers = Peers::build();
     let mut rows = Vec::new();
+    let sizes = if only == "canary" { Vec::new() } else { sizes };
     for &n in &sizes {
         let f = bench_sync(&peers, n, steady);
         let ratio = |theirs: Duration, ours: Duration| theirs.as_secs_f64() / ours.as_secs_f64().max(1e-9);
@@ -502,11 +512,74 @@ fn main() {
         ));
         eprintln!("bench: so far\n{}", rows.join("\n"));
     }
-    println!(
-        "Flux: source-controller {}, kustomize-controller {}\n",
-        peers.version("source-controller"),
-        peers.version("kustomize-controller")
-    );
-    println!("| sync | gitcanary | Flux | kubectl apply --server-side -R |\n| --- | --- | --- | --- |");
-    println!("{}", rows.join("\n"));
+    let canary_rows = if only == "sync" {
+        Vec::new()
+    } else {
+        canary_table(&peers, workloads)
+    };
+    if !rows.is_empty() {
+        println!(
+            "Flux: source-controller {}, kustomize-controller {}\n",
+            peers.version("source-controller"),
+            peers.version("kustomize-controller")
+        );
+        println!("| sync | gitcanary | Flux | kubectl apply --server-side -R |\n| --- | --- | --- | --- |");
+        println!("{}\n", rows.join("\n"));
+    }
+    if !canary_rows.is_empty() {
+        println!(
+            "Argo Rollouts {}, Flagger {}\n",
+            peers.version("argo-rollouts"),
+            peers.version("flagger")
+        );
+        println!(
+            "| canary (nginx Ingress, 20/50/100) | gitcanary | Argo Rollouts | Flagger |\n| --- | --- | --- | --- |"
+        );
+        println!("{}", canary_rows.join("\n"));
+    }
+}
+
+fn canary_table(peers: &Peers, workloads: usize) -> Vec<String> {
+    use canary::{RELEASES, STEP_WAIT, Tool, bench_canary};
+    let figures: Vec<_> = [Tool::Gitcanary, Tool::ArgoRollouts, Tool::Flagger]
+        .into_iter()
+        .map(|tool| bench_canary(tool, peers, workloads))
+        .collect();
+    let row = |what: &str, value: &dyn Fn(&canary::CanaryFigures) -> Duration| {
+        let ours = value(&figures[0]).as_secs_f64().max(1e-9);
+        let cells: Vec<String> = figures
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let v = value(f);
+                if i == 0 {
+                    millis(v)
+                } else {
+                    format!("{} ({:.1}×)", millis(v), v.as_secs_f64() / ours)
+                }
+            })
+            .collect();
+        format!("| {what} | {} |", cells.join(" | "))
+    };
+    let wait = STEP_WAIT.as_secs();
+    vec![
+        row(&format!("change → first canary pod (p50 of {RELEASES})"), &|f| {
+            f.to_canary
+        }),
+        row(
+            &format!(
+                "20% applied → 50% applied (p50 of {RELEASES}; gitcanary: grace 3 s + pause {wait} s, Argo Rollouts: pause {wait} s, Flagger: interval {wait} s)"
+            ),
+            &|f| f.step_gap,
+        ),
+        row("abort → every request on stable", &|f| f.abort),
+        format!(
+            "| peak RSS with {workloads} governed workloads | {} |",
+            figures
+                .iter()
+                .map(|f| format!("{:.0} MiB", f.rss))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
+    ]
 }
