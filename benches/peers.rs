@@ -160,19 +160,24 @@ struct Peers {
 }
 
 impl Peers {
-    fn build() -> Peers {
+    /// Builds (or finds built) the peers named: `flux`, `argo-rollouts`, `flagger`.
+    fn build(names: &[&str]) -> Peers {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/build.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("build.sh runs");
-        assert!(out.status.success(), "benches/peers/build.sh failed");
-        let root = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .to_string();
+        let mut root = String::new();
+        for name in names {
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg(name)
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("build.sh runs");
+            assert!(out.status.success(), "benches/peers/build.sh {name} failed");
+            root = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_string();
+        }
         Peers {
             root: PathBuf::from(root),
         }
@@ -316,9 +321,9 @@ fn agent_syncs(agent: &Agent) -> f64 {
     )
 }
 
-/// Flips `data.color` of one ConfigMap of the tree and pushes; returns the
-/// commit and the color now asked for.
-fn change_one(repo: &Repo, round: usize) -> (String, String) {
+/// Flips `data.color` of one ConfigMap of the tree; returns the color now
+/// asked for (the caller commits and pushes).
+fn change_one(repo: &Repo, round: usize) -> String {
     let file = repo.work.join("app-00007/app.yaml");
     let text = std::fs::read_to_string(&file).expect("app");
     let (before, after) = if round.is_multiple_of(2) {
@@ -331,7 +336,7 @@ fn change_one(repo: &Repo, round: usize) -> (String, String) {
         text.replace(&format!("color: {before}"), &format!("color: {after}")),
     )
     .expect("write");
-    (repo.commit_and_push("one change"), after.to_string())
+    after.to_string()
 }
 
 struct SyncFigures {
@@ -349,9 +354,14 @@ fn bench_sync(peers: &Peers, n: usize, steady: Duration) -> SyncFigures {
     let kubectl_cluster = ControlPlane::start();
     let work = ours.dir.path().join("peers");
     std::fs::create_dir_all(&work).expect("mkdir");
+    // The same tree twice, so that each tool sees only the pushes meant for it
+    // (Flux polls every minute, and would take the other's commit on its own).
     let repo = Repo::create(&work, &format!("tree{n}"));
     generate(&repo.work, &format!("t{n}"), n);
-    let head = repo.commit_and_push("synthetic");
+    repo.commit_and_push("synthetic");
+    let flux_repo = Repo::create(&work, &format!("flux{n}"));
+    generate(&flux_repo.work, &format!("t{n}"), n);
+    let head = flux_repo.commit_and_push("synthetic");
     let git = GitHttp::start(&work);
     let flux = Flux::start(&flux_cluster, peers, &work);
 
@@ -372,7 +382,7 @@ fn bench_sync(peers: &Peers, n: usize, steady: Duration) -> SyncFigures {
     eprintln!("bench:   gitcanary first sync {gitcanary_first:?}");
     wait_quiet();
     let started = Instant::now();
-    Flux::follow(&flux_cluster, &git.url(&repo));
+    Flux::follow(&flux_cluster, &git.url(&flux_repo));
     wait_until("Flux's first sync", Duration::from_secs(1800), || {
         Flux::applied_revision(&flux_cluster).contains(&head)
     });
@@ -396,14 +406,20 @@ fn bench_sync(peers: &Peers, n: usize, steady: Duration) -> SyncFigures {
     let mut gitcanary_changes = Vec::new();
     let mut flux_changes = Vec::new();
     let ns = format!("t{n}-7");
+    // From the push: the figure includes a local `git push` for both.
     for round in 0..5 {
-        let (commit, color) = change_one(&repo, round);
+        let color = change_one(&repo, round);
         wait_quiet();
-        let (started, done) = ours.time_until_color(&ns, "app-00007", &color, || agent.push(&commit));
+        let (started, done) = ours.time_until_color(&ns, "app-00007", &color, || {
+            agent.push(&repo.commit_and_push("one change"));
+        });
         gitcanary_changes.push(done - started);
+        change_one(&flux_repo, round);
         wait_quiet();
-        let (started, done) =
-            flux_cluster.time_until_color(&ns, "app-00007", &color, || Flux::request_reconcile(&flux_cluster));
+        let (started, done) = flux_cluster.time_until_color(&ns, "app-00007", &color, || {
+            flux_repo.commit_and_push("one change");
+            Flux::request_reconcile(&flux_cluster);
+        });
         flux_changes.push(done - started);
         eprintln!(
             "bench:   change {round}: gitcanary {:?}, Flux {:?}",
@@ -466,7 +482,11 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let peers = Peers::build();
+    let peers = Peers::build(match only.as_str() {
+        "sync" => &["flux"],
+        "canary" => &["argo-rollouts", "flagger"],
+        _ => &["flux", "argo-rollouts", "flagger"],
+    });
     let mut rows = Vec::new();
     let sizes = if only == "canary" { Vec::new() } else { sizes };
     for &n in &sizes {
