@@ -583,15 +583,28 @@ fn canary_table(peers: &Peers, workloads: usize) -> Vec<String> {
     };
     let wait = STEP_WAIT.as_secs();
     vec![
-        row(&format!("change → first canary pod (p50 of {RELEASES})"), &|f| {
-            f.to_canary
-        }),
         row(
             &format!(
-                "20% applied → 50% applied (p50 of {RELEASES}; gitcanary: grace 3 s + pause {wait} s, Argo Rollouts: pause {wait} s, Flagger: interval {wait} s)"
+                "change → first canary pod (p50 of {RELEASES}; gitcanary: git push + webhook; the others: kubectl apply, as Argo CD or Flux would)"
+            ),
+            &|f| f.to_canary,
+        ),
+        row(
+            &format!(
+                "20% applied → 50% applied (p50 of {RELEASES}; the wait asked for: gitcanary grace 3 s (its default) + pause {wait} s, Argo Rollouts pause {wait} s, Flagger interval {wait} s, which Flagger raises to its 10 s minimum)"
             ),
             &|f| f.step_gap,
         ),
+        {
+            // What each tool was asked to wait between the two weights.
+            let asked = [5.0, STEP_WAIT.as_secs_f64(), 10.0_f64.max(STEP_WAIT.as_secs_f64())];
+            let cells: Vec<String> = figures
+                .iter()
+                .zip(asked)
+                .map(|(f, asked)| format!("{:+.0} ms", (f.step_gap.as_secs_f64() - asked) * 1000.0))
+                .collect();
+            format!("| … beyond the wait asked for | {} |", cells.join(" | "))
+        },
         row("abort → every request on stable", &|f| f.abort),
         format!(
             "| peak RSS with {workloads} governed workloads | {} |",
