@@ -32,6 +32,9 @@ pub enum Trigger {
     Webhook,
     /// A watched object changed: its uid and new resourceVersion (none when deleted).
     Drift(Option<(String, String)>),
+    /// A Rollout carries a promote or abort signal not acted on yet: as
+    /// `Drift`, but acted on at once, since a person is waiting on it.
+    Signal(Option<(String, String)>),
     /// A rollout asked to be looked at again (a pause or grace period ends).
     Timer,
 }
@@ -44,6 +47,7 @@ impl Trigger {
             Trigger::FileChange => "file change",
             Trigger::Webhook => "webhook",
             Trigger::Drift(_) => "drift",
+            Trigger::Signal(_) => "signal",
             Trigger::Timer => "timer",
         }
     }
@@ -204,7 +208,9 @@ impl Agent {
             // The watch events of the last sync's own applies are no news (they
             // are read after that sync, when all its writes are recorded).
             let own_echo = |trigger: &Trigger| match trigger {
-                Trigger::Drift(Some((uid, version))) => self.cluster.own_writes.wrote(uid, version),
+                Trigger::Drift(Some((uid, version))) | Trigger::Signal(Some((uid, version))) => {
+                    self.cluster.own_writes.wrote(uid, version)
+                }
                 _ => false,
             };
             if burst.iter().all(own_echo) {
@@ -387,6 +393,24 @@ fn watch_files(dir: &std::path::Path, triggers: mpsc::Sender<Trigger>) -> Option
     Some(watcher)
 }
 
+/// Whether a Rollout carries a promote or abort token its status has not
+/// acted on yet.
+fn pending_signal(rollout: &DynamicObject) -> bool {
+    use crate::rollout::engine::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
+    let annotations = rollout.metadata.annotations.as_ref();
+    let status = &rollout.data["status"];
+    [
+        (PROMOTE_ANNOTATION, "lastPromoteSignal"),
+        (ABORT_ANNOTATION, "lastAbortSignal"),
+    ]
+    .into_iter()
+    .any(|(annotation, acted_on)| {
+        annotations
+            .and_then(|a| a.get(annotation))
+            .is_some_and(|token| status[acted_on].as_str() != Some(token.as_str()))
+    })
+}
+
 /// Watches on the kinds gitcanary manages: they keep the cluster's watch
 /// cache current (so a resync lists nothing) and wake a sync when someone
 /// else changes an object (`kubectl edit`, a deletion), to put it back.
@@ -457,9 +481,15 @@ impl DriftWatch {
         let cache = cluster.watch_cache.register(resolved, namespace, selector);
         let resource = resolved.resource.clone();
         let cluster = cluster.clone();
-        let wake = move |version| {
+        let rollouts = resource.group == crate::API_GROUP && resource.kind == crate::rollout::api::KIND;
+        let wake = move |version, signal: bool| {
             if let Some(triggers) = &triggers {
-                let _ = triggers.try_send(Trigger::Drift(version));
+                let trigger = if signal {
+                    Trigger::Signal(version)
+                } else {
+                    Trigger::Drift(version)
+                };
+                let _ = triggers.try_send(trigger);
             }
         };
         tokio::spawn(async move {
@@ -473,7 +503,7 @@ impl DriftWatch {
                         Ok(watcher::Event::InitDone) => {
                             cache.list_done();
                             if relist {
-                                wake(None);
+                                wake(None, false);
                             }
                         }
                         Ok(watcher::Event::Apply(object)) => {
@@ -482,13 +512,14 @@ impl DriftWatch {
                                 .uid
                                 .clone()
                                 .zip(object.metadata.resource_version.clone());
+                            let signal = rollouts && pending_signal(&object);
                             cache.changed(&resource, object);
-                            wake(version);
+                            wake(version, signal);
                         }
                         Ok(watcher::Event::Delete(object)) => {
                             cluster.own_writes.forget(object.metadata.uid.as_deref());
                             cache.deleted(&crate::cluster::cache::entry(&resource, object).0);
-                            wake(None);
+                            wake(None, false);
                         }
                         Err(error) => {
                             debug!(%error, kind = %resource.kind, "watch interrupted; it lists again");
@@ -509,5 +540,32 @@ impl Drop for DriftWatch {
         for handle in self.watches.values().chain(self.statuses.as_ref()) {
             handle.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pending_signal;
+    use kube::api::DynamicObject;
+    use serde_json::json;
+
+    fn rollout(annotations: serde_json::Value, status: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "echo", "annotations": annotations},
+            "status": status,
+        }))
+        .expect("a Rollout")
+    }
+
+    #[test]
+    fn only_a_token_not_acted_on_is_a_pending_signal() {
+        let token = json!({"gitcanary.io/abort": "the CLI at 12:00"});
+        assert!(pending_signal(&rollout(token.clone(), json!({"phase": "Paused"}))));
+        assert!(!pending_signal(&rollout(
+            token,
+            json!({"phase": "Failed", "lastAbortSignal": "the CLI at 12:00"})
+        )));
+        assert!(!pending_signal(&rollout(json!({}), json!({"phase": "Paused"}))));
     }
 }
