@@ -134,36 +134,13 @@ pub(crate) fn plan_rollout(
         seen.start_problem = taken_canary_name(namespace, &observed.canary_live, &owner, &spec.strategy.canary);
     }
     let plan = plan::plan(spec, &status, &seen);
-    let intent = &plan.intent;
     let revisions = &observed.revisions;
-    let stable = match kind {
-        WorkloadKind::KnativeService => {
-            // Just promoted, the stable Revision is the canary's.
-            let revisions = overlay::Revisions {
-                stable: plan.status.stable_revision.clone(),
-                canary: revisions.canary.clone(),
-            };
-            let mut service = knative::desired_service(
-                &git_workload,
-                intent,
-                &revisions,
-                observed.knative_settled,
-                spec.strategy.canary.canary_min_scale,
-                observed.stable_template.as_ref(),
-            );
-            if !plan.status.stable_template_hash.is_empty() && service["metadata"].is_object() {
-                overlay::mark_stable_hash(&mut service, &plan.status.stable_template_hash);
-            }
-            service
-        }
-        _ => overlay::stable_workload(
-            kind,
-            &git_workload,
-            observed.stable_template.as_ref(),
-            intent,
-            &plan.status.stable_template_hash,
-        ),
+    let live = LiveWorkload {
+        revisions,
+        stable_template: observed.stable_template.as_ref(),
+        knative_settled: observed.knative_settled,
     };
+    let stable = governed_workload(kind, &git_workload, &live, &plan, spec);
     set_desired(&mut planned[target.workload], stable);
 
     let (mut wanted, unwanted) = overlay_routes(planned, &target, &services, &plan, revisions, &git_workload)?;
@@ -203,6 +180,46 @@ pub(crate) fn plan_rollout(
         namespace: target.namespace,
         name: target.name,
     })
+}
+
+/// What the governed workload's overlay takes from what was observed.
+struct LiveWorkload<'o> {
+    revisions: &'o overlay::Revisions,
+    stable_template: Option<&'o Value>,
+    knative_settled: bool,
+}
+
+/// The governed workload as the plan wants it: a Deployment's or
+/// StatefulSet's stable template and partition, or a Knative Service's
+/// traffic; each marked with the stable template's hash.
+fn governed_workload(
+    kind: WorkloadKind,
+    git_workload: &Value,
+    observed: &LiveWorkload<'_>,
+    plan: &plan::Plan,
+    spec: &RolloutSpec,
+) -> Value {
+    let stable_hash = &plan.status.stable_template_hash;
+    if kind != WorkloadKind::KnativeService {
+        return overlay::stable_workload(kind, git_workload, observed.stable_template, &plan.intent, stable_hash);
+    }
+    // Just promoted, the stable Revision is the canary's.
+    let revisions = overlay::Revisions {
+        stable: plan.status.stable_revision.clone(),
+        canary: observed.revisions.canary.clone(),
+    };
+    let mut service = knative::desired_service(
+        git_workload,
+        &plan.intent,
+        &revisions,
+        observed.knative_settled,
+        spec.strategy.canary.canary_min_scale,
+        observed.stable_template,
+    );
+    if !stable_hash.is_empty() && service["metadata"].is_object() {
+        overlay::mark_stable_hash(&mut service, stable_hash);
+    }
+    service
 }
 
 /// Whose canary objects these are: this instance's, made for this Rollout.
