@@ -51,6 +51,11 @@ impl Trigger {
             Trigger::Timer => "timer",
         }
     }
+
+    /// Whether the sync may wait for the burst it belongs to end.
+    fn may_wait(&self) -> bool {
+        matches!(self, Trigger::Drift(_) | Trigger::FileChange)
+    }
 }
 
 pub struct Agent {
@@ -130,6 +135,22 @@ const TRIGGER_QUEUE: usize = 64;
 /// Quiet time that coalesces bursts of triggers into one sync.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// The triggers one sync answers. Bursts (drift events, file saves) are
+/// merged over a quiet period; a due timer, a webhook or a signal is acted
+/// on at once, even when it arrives during a burst's quiet period.
+async fn next_burst(first: Trigger, queue: &mut mpsc::Receiver<Trigger>) -> Vec<Trigger> {
+    let mut burst = vec![first];
+    while burst.iter().all(Trigger::may_wait)
+        && let Ok(Some(next)) = tokio::time::timeout(DEBOUNCE, queue.recv()).await
+    {
+        burst.push(next);
+    }
+    while let Ok(next) = queue.try_recv() {
+        burst.push(next);
+    }
+    burst
+}
+
 pub fn trigger_channel() -> (mpsc::Sender<Trigger>, mpsc::Receiver<Trigger>) {
     mpsc::channel(TRIGGER_QUEUE)
 }
@@ -194,17 +215,7 @@ impl Agent {
                     None => break,
                 },
             };
-            // Bursts (drift events, file saves) are merged over a quiet period;
-            // a due timer or a webhook is acted on at once.
-            let quiet = if matches!(first, Trigger::Drift(_) | Trigger::FileChange) {
-                DEBOUNCE
-            } else {
-                Duration::ZERO
-            };
-            let mut burst = vec![first];
-            while let Ok(Some(next)) = tokio::time::timeout(quiet, queue.recv()).await {
-                burst.push(next);
-            }
+            let burst = next_burst(first, &mut queue).await;
             // The watch events of the last sync's own applies are no news (they
             // are read after that sync, when all its writes are recorded).
             let own_echo = |trigger: &Trigger| match trigger {
@@ -545,7 +556,8 @@ impl Drop for DriftWatch {
 
 #[cfg(test)]
 mod tests {
-    use super::pending_signal;
+    use super::{Trigger, next_burst, pending_signal, trigger_channel};
+    use std::time::Duration;
     use kube::api::DynamicObject;
     use serde_json::json;
 
@@ -556,6 +568,37 @@ mod tests {
             "status": status,
         }))
         .expect("a Rollout")
+    }
+
+    #[tokio::test]
+    async fn a_signal_ends_a_burst_of_drift_at_once() {
+        let (triggers, mut queue) = trigger_channel();
+        // Drift every 30 ms for 1.2 s (each within the quiet period of the
+        // one before), a promote or abort token after the third.
+        let sender = tokio::spawn(async move {
+            for i in 0..40 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let _ = triggers.send(Trigger::Drift(None)).await;
+                if i == 2 {
+                    let _ = triggers.send(Trigger::Signal(None)).await;
+                }
+            }
+        });
+        let burst = next_burst(Trigger::Drift(None), &mut queue).await;
+        sender.abort();
+        assert!(burst.iter().any(|t| matches!(t, Trigger::Signal(_))));
+        let drifts = burst.iter().filter(|t| matches!(t, Trigger::Drift(_))).count();
+        assert!(drifts < 20, "the sync waited for the drift to end: {drifts} drift triggers");
+    }
+
+    #[tokio::test]
+    async fn drift_alone_is_merged_until_it_is_quiet() {
+        let (triggers, mut queue) = trigger_channel();
+        for _ in 0..5 {
+            triggers.send(Trigger::Drift(None)).await.expect("queued");
+        }
+        let burst = next_burst(Trigger::Drift(None), &mut queue).await;
+        assert_eq!(burst.len(), 6);
     }
 
     #[test]
