@@ -9,6 +9,7 @@
 //!   GITCANARY_PEERS_STEADY_SECONDS=600  # the window with no change (default 10 minutes)
 //!   GITCANARY_PEERS_WORKLOADS=100       # governed workloads for the canary tools' memory
 //!   GITCANARY_PEERS_ONLY=sync           # or canary
+//!   GITCANARY_PEERS_TOOLS=gitcanary,argo-rollouts,flagger   # the canary tools to run (default all)
 //!
 //! Not a test: it asserts nothing and is not run by CI.
 
@@ -21,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use canary::{Tool, bench_canary};
 
 /// A peer's process, run out of cluster against a control plane; killed when dropped.
 struct Process {
@@ -185,8 +187,12 @@ impl Peers {
 
     /// The directory of `name` (`name-<version>`).
     fn dir(&self, name: &str) -> PathBuf {
+        self.find(name).unwrap_or_else(|| panic!("{name} is not built"))
+    }
+
+    fn find(&self, name: &str) -> Option<PathBuf> {
         std::fs::read_dir(&self.root)
-            .expect("the peers' cache")
+            .ok()?
             .filter_map(Result::ok)
             .map(|e| e.path())
             .find(|p| {
@@ -196,11 +202,12 @@ impl Peers {
                         .and_then(|f| f.strip_prefix(name))
                         .is_some_and(|v| v.starts_with("-v"))
             })
-            .unwrap_or_else(|| panic!("{name} is not built"))
     }
 
     fn version(&self, name: &str) -> String {
-        let dir = self.dir(name);
+        let Some(dir) = self.find(name) else {
+            return "not run".to_string();
+        };
         let file = dir.file_name().and_then(|f| f.to_str()).unwrap_or_default();
         file.trim_start_matches(name).trim_start_matches('-').to_string()
     }
@@ -482,11 +489,21 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let peers = Peers::build(match only.as_str() {
-        "sync" => &["flux"],
-        "canary" => &["argo-rollouts", "flagger"],
-        _ => &["flux", "argo-rollouts", "flagger"],
-    });
+    let tools: Vec<Tool> = match std::env::var("GITCANARY_PEERS_TOOLS") {
+        Ok(list) => [Tool::Gitcanary, Tool::ArgoRollouts, Tool::Flagger]
+            .into_iter()
+            .filter(|tool| list.split(',').any(|t| t.trim() == tool.key()))
+            .collect(),
+        Err(_) => vec![Tool::Gitcanary, Tool::ArgoRollouts, Tool::Flagger],
+    };
+    let mut needed = Vec::new();
+    if only != "canary" {
+        needed.push("flux");
+    }
+    if only != "sync" {
+        needed.extend(tools.iter().filter_map(|tool| tool.peer()));
+    }
+    let peers = Peers::build(&needed);
     let mut rows = Vec::new();
     let sizes = if only == "canary" { Vec::new() } else { sizes };
     for &n in &sizes {
@@ -535,7 +552,7 @@ fn main() {
     let canary_rows = if only == "sync" {
         Vec::new()
     } else {
-        canary_table(&peers, workloads)
+        canary_table(&peers, workloads, &tools)
     };
     if !rows.is_empty() {
         println!(
@@ -559,29 +576,43 @@ fn main() {
     }
 }
 
-fn canary_table(peers: &Peers, workloads: usize) -> Vec<String> {
-    use canary::{RELEASES, STEP_WAIT, Tool, bench_canary};
-    let figures: Vec<_> = [Tool::Gitcanary, Tool::ArgoRollouts, Tool::Flagger]
+fn canary_table(peers: &Peers, workloads: usize, tools: &[Tool]) -> Vec<String> {
+    use canary::{ABORTS, RELEASES, STEP_WAIT};
+    let figures: Vec<Option<canary::CanaryFigures>> = [Tool::Gitcanary, Tool::ArgoRollouts, Tool::Flagger]
         .into_iter()
-        .map(|tool| bench_canary(tool, peers, workloads))
+        .map(|tool| tools.contains(&tool).then(|| bench_canary(tool, peers, workloads)))
         .collect();
     let row = |what: &str, value: &dyn Fn(&canary::CanaryFigures) -> Duration| {
-        let ours = value(&figures[0]).as_secs_f64().max(1e-9);
+        let ours = figures[0].as_ref().map(|f| value(f).as_secs_f64().max(1e-9));
         let cells: Vec<String> = figures
             .iter()
             .enumerate()
-            .map(|(i, f)| {
-                let v = value(f);
-                if i == 0 {
-                    millis(v)
-                } else {
+            .map(|(i, f)| match (f, ours) {
+                (None, _) => "not run".to_string(),
+                (Some(f), Some(ours)) if i > 0 => {
+                    let v = value(f);
                     format!("{} ({:.1}×)", millis(v), v.as_secs_f64() / ours)
                 }
+                (Some(f), _) => millis(value(f)),
             })
             .collect();
         format!("| {what} | {} |", cells.join(" | "))
     };
     let wait = STEP_WAIT.as_secs();
+    // What each tool was asked to wait between the two weights.
+    let asked = [5.0, STEP_WAIT.as_secs_f64(), 10.0_f64.max(STEP_WAIT.as_secs_f64())];
+    let beyond: Vec<String> = figures
+        .iter()
+        .zip(asked)
+        .map(|(f, asked)| match f {
+            Some(f) => format!("{:+.0} ms", (f.step_gap.as_secs_f64() - asked) * 1000.0),
+            None => "not run".to_string(),
+        })
+        .collect();
+    let rss: Vec<String> = figures
+        .iter()
+        .map(|f| f.as_ref().map_or("not run".to_string(), |f| format!("{:.0} MiB", f.rss)))
+        .collect();
     vec![
         row(
             &format!(
@@ -595,24 +626,8 @@ fn canary_table(peers: &Peers, workloads: usize) -> Vec<String> {
             ),
             &|f| f.step_gap,
         ),
-        {
-            // What each tool was asked to wait between the two weights.
-            let asked = [5.0, STEP_WAIT.as_secs_f64(), 10.0_f64.max(STEP_WAIT.as_secs_f64())];
-            let cells: Vec<String> = figures
-                .iter()
-                .zip(asked)
-                .map(|(f, asked)| format!("{:+.0} ms", (f.step_gap.as_secs_f64() - asked) * 1000.0))
-                .collect();
-            format!("| … beyond the wait asked for | {} |", cells.join(" | "))
-        },
-        row("abort → every request on stable", &|f| f.abort),
-        format!(
-            "| peak RSS with {workloads} governed workloads | {} |",
-            figures
-                .iter()
-                .map(|f| format!("{:.0} MiB", f.rss))
-                .collect::<Vec<_>>()
-                .join(" | ")
-        ),
+        format!("| … beyond the wait asked for | {} |", beyond.join(" | ")),
+        row(&format!("abort → every request on stable (p50 of {ABORTS})"), &|f| f.abort),
+        format!("| peak RSS with {workloads} governed workloads | {} |", rss.join(" | ")),
     ]
 }

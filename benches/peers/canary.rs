@@ -14,6 +14,8 @@ use super::common::*;
 use super::{Peers, Process, peak_rss_mib};
 
 pub const RELEASES: usize = 5;
+/// Aborted releases, each timed from the command to all traffic on stable.
+pub const ABORTS: usize = 3;
 /// Each tool's wait between steps: gitcanary's and Argo Rollouts' timed
 /// pause, Flagger's analysis interval.
 pub const STEP_WAIT: Duration = Duration::from_secs(2);
@@ -31,6 +33,23 @@ impl Tool {
             Tool::Gitcanary => "gitcanary",
             Tool::ArgoRollouts => "Argo Rollouts",
             Tool::Flagger => "Flagger",
+        }
+    }
+
+    /// Its name in `GITCANARY_PEERS_TOOLS`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Tool::Gitcanary => "gitcanary",
+            Tool::ArgoRollouts => "argo-rollouts",
+            Tool::Flagger => "flagger",
+        }
+    }
+
+    /// What `build.sh` builds for it.
+    pub fn peer(self) -> Option<&'static str> {
+        match self {
+            Tool::Gitcanary => None,
+            tool => Some(tool.key()),
         }
     }
 }
@@ -293,8 +312,11 @@ impl<'a> Runner<'a> {
             .iter()
             .map(|name| manifests(self.tool, name, tag, &self.gate.url))
             .collect();
+        self.gate.abort.store(false, Ordering::Relaxed);
         match (&self.repo, &self.agent) {
             (Some(repo), Some(agent)) => {
+                // The agent's revert commits of aborted releases come first.
+                run(&repo.work, "git", &["pull", "-q", "--rebase", "origin", "main"]);
                 let dir = repo.work.join("00-namespace");
                 std::fs::create_dir_all(&dir).expect("mkdir");
                 std::fs::write(dir.join("namespace.yaml"), NAMESPACE).expect("write");
@@ -423,19 +445,23 @@ pub fn bench_canary(tool: Tool, peers: &Peers, workloads: usize) -> CanaryFigure
         );
     }
     // Abort mid-release: from the command to every request on stable.
-    let tag = RELEASES + 2;
-    wait_quiet();
-    runner.apply(&echo, tag, false);
-    wait_until("20% before the abort", Duration::from_secs(300), || {
-        runner.reader.canary_weight(NS) >= 20
-    });
-    let started = Instant::now();
-    runner.abort("echo");
-    let done = wait_until("all on stable", Duration::from_secs(300), || {
-        runner.reader.canary_weight(NS) == 0
-    });
-    let abort = done - started;
-    eprintln!("bench:   abort → all on stable after {abort:?}");
+    let mut aborts = Vec::new();
+    for sample in 0..ABORTS {
+        let tag = RELEASES + 2 + sample;
+        wait_quiet();
+        runner.apply(&echo, tag, false);
+        wait_until("20% before the abort", Duration::from_secs(300), || {
+            runner.reader.canary_weight(NS) >= 20
+        });
+        let started = Instant::now();
+        runner.abort("echo");
+        let done = wait_until("all on stable", Duration::from_secs(300), || {
+            runner.reader.canary_weight(NS) == 0
+        });
+        aborts.push(done - started);
+        eprintln!("bench:   abort {tag}: all on stable after {:?}", aborts[sample]);
+        wait_until("the aborted release over", Duration::from_secs(300), || runner.settled("echo"));
+    }
 
     // Memory with many governed workloads, each initialised by its tool.
     let names: Vec<String> = (0..workloads).map(|i| format!("w{i:03}")).collect();
@@ -445,12 +471,19 @@ pub fn bench_canary(tool: Tool, peers: &Peers, workloads: usize) -> CanaryFigure
     });
     wait_quiet();
     let rss = peak_rss_mib(runner.pid());
+    let kept = std::env::temp_dir().join(format!("gitcanary-peers-{tool:?}.log"));
+    if std::fs::copy(runner.work.join(format!("{tool:?}.log")), &kept).is_ok() {
+        eprintln!("bench:   {}'s log: {}", tool.name(), kept.display());
+    }
     to_canary.sort();
     gaps.sort();
     CanaryFigures {
         to_canary: percentile(&to_canary, 0.5),
         step_gap: percentile(&gaps, 0.5),
-        abort,
+        abort: {
+            aborts.sort();
+            percentile(&aborts, 0.5)
+        },
         rss,
     }
 }

@@ -37,6 +37,7 @@ impl RequestCounts {
     }
 
     fn count<B>(&self, request: &Request<B>) {
+        tracing::trace!(method = %request.method(), uri = %request.uri(), "request");
         if *request.method() == Method::GET {
             let query = request.uri().query().unwrap_or_default();
             if query.contains("watch=true") {

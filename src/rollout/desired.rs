@@ -445,7 +445,14 @@ impl CanaryObjects<'_> {
     }
 
     /// Deletes of the unwanted canary objects that exist and are this instance's.
-    fn deletions(&self, unwanted: Vec<(&'static str, &'static str, String)>) -> Vec<Deletion> {
+    /// Routes go first, then the Services they name, then the canary
+    /// workload: no request is ever routed to a canary that is gone.
+    fn deletions(&self, mut unwanted: Vec<(&'static str, &'static str, String)>) -> Vec<Deletion> {
+        unwanted.sort_by_key(|(_, kind, _)| match *kind {
+            "Ingress" => 0,
+            "Service" => 1,
+            _ => 2,
+        });
         unwanted
             .into_iter()
             .filter_map(|(api_version, kind, name)| {
@@ -474,4 +481,45 @@ fn mark_managed(object: &mut Value, instance: &str, source: &str) {
         object["metadata"]["annotations"] = json!({});
     }
     object["metadata"]["annotations"][SOURCE_ANNOTATION] = json!(source);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_deleted_before_the_services_and_the_canary_workload() {
+        let owner = CanaryOwner {
+            instance: "prod",
+            rollout: "echo",
+            rollout_uid: Some("r-1"),
+        };
+        let live_object = |kind: &str, uid: &str| {
+            json!({"kind": kind, "metadata": {
+                "name": "echo-canary", "namespace": "shop", "uid": uid,
+                "labels": {MANAGED_BY_LABEL: "prod"},
+                "ownerReferences": [{"apiVersion": API_VERSION, "kind": "Rollout", "name": "echo", "uid": "r-1"}],
+            }})
+        };
+        let live: BTreeMap<(&'static str, String), Value> = [
+            (("Deployment", "echo-canary".to_string()), live_object("Deployment", "d")),
+            (("Service", "echo-canary".to_string()), live_object("Service", "s")),
+            (("Ingress", "echo-canary".to_string()), live_object("Ingress", "i")),
+        ]
+        .into();
+        let changes = CanaryObjects {
+            live: &live,
+            kinds: &BTreeMap::new(),
+            namespace: "shop",
+            owner: &owner,
+        };
+        // The order overlay_routes finds them in: the workload first.
+        let deletions = changes.deletions(vec![
+            ("apps/v1", "Deployment", "echo-canary".to_string()),
+            ("v1", "Service", "echo-canary".to_string()),
+            ("networking.k8s.io/v1", "Ingress", "echo-canary".to_string()),
+        ]);
+        let kinds: Vec<&str> = deletions.iter().map(|d| d.key.kind.as_str()).collect();
+        assert_eq!(kinds, ["Ingress", "Service", "Deployment"]);
+    }
 }
