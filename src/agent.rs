@@ -557,9 +557,9 @@ impl Drop for DriftWatch {
 #[cfg(test)]
 mod tests {
     use super::{Trigger, next_burst, pending_signal, trigger_channel};
-    use std::time::Duration;
     use kube::api::DynamicObject;
     use serde_json::json;
+    use std::time::Duration;
 
     fn rollout(annotations: serde_json::Value, status: serde_json::Value) -> DynamicObject {
         serde_json::from_value(json!({
@@ -588,7 +588,10 @@ mod tests {
         sender.abort();
         assert!(burst.iter().any(|t| matches!(t, Trigger::Signal(_))));
         let drifts = burst.iter().filter(|t| matches!(t, Trigger::Drift(_))).count();
-        assert!(drifts < 20, "the sync waited for the drift to end: {drifts} drift triggers");
+        assert!(
+            drifts < 20,
+            "the sync waited for the drift to end: {drifts} drift triggers"
+        );
     }
 
     #[tokio::test]

@@ -399,6 +399,9 @@ async fn apply_app(
     let mut report = report_of(app, AppResult::Synced, Vec::new());
     // Canary objects first, so that a route never names a canary Service that does not exist yet.
     report.canary_applied = apply_canary_objects(writer, app, &rollouts, &mut failures).await;
+    // Canary routes no longer wanted go before anything else is written: an
+    // abort's traffic is back on stable as soon as it can be.
+    delete_canary_objects(writer, app, &rollouts, true, &mut report, &mut failures).await;
     let applied = apply_objects(writer, &mut plan, live, &adoption, options, &mut failures).await?;
     if plan.fresh && !failures.is_empty() {
         take_back(writer, &plan.objects, &applied.results, adoption.started).await;
@@ -520,7 +523,8 @@ async fn apply_objects(
 }
 
 /// After the app's objects: the canary objects no longer wanted go (routes
-/// are back on stable by now), then each rollout reports.
+/// are back on stable by now: the canary Ingresses went before the app's
+/// objects, Git's HTTPRoutes were among them), then each rollout reports.
 async fn finish_rollouts(
     writer: &Writer<'_>,
     app: &App,
@@ -529,8 +533,33 @@ async fn finish_rollouts(
     failures: &mut Vec<Problem>,
 ) {
     let cluster = writer.cluster();
+    delete_canary_objects(writer, app, rollouts, false, report, failures).await;
     for work in rollouts {
-        for deletion in &work.canary_deletions {
+        if let Err(error) = rollout::engine::finish(cluster, work).await {
+            failures.push(rollout_problem(app, work, &error.to_string()));
+        }
+    }
+    report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
+    report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
+    report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
+}
+
+/// Deletes the rollouts' canary objects no longer wanted, in the order
+/// planned: the routes (`routes`), or all but the routes.
+async fn delete_canary_objects(
+    writer: &Writer<'_>,
+    app: &App,
+    rollouts: &[RolloutWork],
+    routes: bool,
+    report: &mut AppReport,
+    failures: &mut Vec<Problem>,
+) {
+    for work in rollouts {
+        let chosen = work
+            .canary_deletions
+            .iter()
+            .filter(|d| rollout::engine::is_route(d) == routes);
+        for deletion in chosen {
             match writer.delete(deletion, Mode::Apply).await {
                 Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
                 Ok(_) => {}
@@ -540,13 +569,7 @@ async fn finish_rollouts(
                 }
             }
         }
-        if let Err(error) = rollout::engine::finish(cluster, work).await {
-            failures.push(rollout_problem(app, work, &error.to_string()));
-        }
     }
-    report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
-    report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
-    report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
 }
 
 /// The plan's prunes and releases; returns the inventory to record: what

@@ -625,6 +625,71 @@ async fn nginx_ingress_gets_a_weighted_canary_ingress_during_the_release() {
     .await;
 }
 
+/// The resourceVersion of the deletion of `name`, once a watch sees it:
+/// one API server's resourceVersions order its writes across kinds.
+fn deletion_revision<K>(api: Api<K>, name: &str) -> tokio::task::JoinHandle<u64>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+        while let Some(event) = events.next().await {
+            if let Ok(watcher::Event::Delete(object)) = event {
+                return object
+                    .meta()
+                    .resource_version
+                    .as_deref()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+            }
+        }
+        0
+    })
+}
+
+#[tokio::test]
+async fn an_abort_takes_the_canary_ingress_away_before_the_canary_pods() {
+    let scenario = Scenario::new("ro-nginx-abort").await;
+    let strategy = "      steps:\n      - {traffic: 30%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        ingress: {name: echo, classType: nginx}\n      gracePeriodSeconds: 1\n";
+    let mut app = App::new(&scenario.ns, "1.0", strategy);
+    app.route = false;
+    app.ingress = true;
+    let (_agent, cluster) = running(&scenario, &app).await;
+    app.image = "2.0";
+    app.write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let ingresses: Api<Ingress> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let deployments: Api<Deployment> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let services: Api<Service> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    assert!(ingresses.get_opt("echo-canary").await.expect("read").is_some());
+    let ingress_gone = deletion_revision(ingresses, "echo-canary");
+    let service_gone = deletion_revision(services, "echo-canary");
+    let deployment_gone = deletion_revision(deployments, "echo-canary");
+
+    let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    let within = async |task: tokio::task::JoinHandle<u64>| {
+        tokio::time::timeout(WAIT, task).await.expect("deleted").expect("watch")
+    };
+    let ingress = within(ingress_gone).await;
+    let service = within(service_gone).await;
+    let deployment = within(deployment_gone).await;
+    // While the canary Ingress exists, its share needs the canary Service and pods.
+    assert!(
+        ingress < service && service < deployment,
+        "deleted at revisions: Ingress {ingress}, Service {service}, Deployment {deployment}"
+    );
+    eventually("aborted", WAIT, || async {
+        let status = cluster.rollout().await?.status?;
+        support::agent::failed_or_reverted(&status).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
     let scenario = Scenario::new("ro-sts").await;

@@ -502,7 +502,10 @@ mod tests {
             }})
         };
         let live: BTreeMap<(&'static str, String), Value> = [
-            (("Deployment", "echo-canary".to_string()), live_object("Deployment", "d")),
+            (
+                ("Deployment", "echo-canary".to_string()),
+                live_object("Deployment", "d"),
+            ),
             (("Service", "echo-canary".to_string()), live_object("Service", "s")),
             (("Ingress", "echo-canary".to_string()), live_object("Ingress", "i")),
         ]

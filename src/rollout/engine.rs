@@ -82,6 +82,12 @@ impl RolloutWork {
     }
 }
 
+/// A canary object that routes requests (a canary Ingress): deleting it
+/// puts its share back on stable.
+pub fn is_route(deletion: &Deletion) -> bool {
+    deletion.key.kind == "Ingress"
+}
+
 /// A rollout after a sync, for reporting.
 #[derive(Debug, Clone)]
 pub struct RolloutSummary {

@@ -70,10 +70,20 @@ pub(crate) async fn observe_rollout(
     let (namespace, name, spec) = (&target.namespace, &target.name, &target.spec);
     let workload_ref = &spec.workload_ref;
     let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
-    let live_rollout = rollouts
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
+    // Independent reads, sent together: an abort waits on all of them.
+    let (live_rollout, live, canary_live) = futures::join!(
+        rollouts.get_opt(name),
+        get_value(
+            cluster,
+            &workload_ref.api_version,
+            &workload_ref.kind,
+            namespace,
+            &workload_ref.name,
+        ),
+        observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name),
+    );
+    let live_rollout = live_rollout.map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
+    let (live, canary_live) = (live?, canary_live?);
     let previous = live_rollout.as_ref().and_then(|r| r.status.clone());
     let annotation = |key: &str| {
         live_rollout
@@ -84,14 +94,6 @@ pub(crate) async fn observe_rollout(
     let git_workload = &planned[target.workload].desired;
     let workload = planned[target.workload].manifest;
     let git_template = workload.object["spec"]["template"].clone();
-    let live = get_value(
-        cluster,
-        &workload_ref.api_version,
-        &workload_ref.kind,
-        namespace,
-        &workload_ref.name,
-    )
-    .await?;
     let status = previous.clone().unwrap_or_default();
     let mut observed = Observed {
         commit: commit.to_string(),
@@ -123,7 +125,6 @@ pub(crate) async fn observe_rollout(
             Err(problem) => (Some(problem), None),
         };
 
-    let canary_live = observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name).await?;
     let mut knative_settled = false;
     let (revisions, stable_template) = match target.kind {
         WorkloadKind::Deployment => {
@@ -365,11 +366,13 @@ async fn observe_canary_objects(
             ));
         }
     }
+    let reads = names.into_iter().map(|(api_version, kind, name)| async move {
+        let object = get_value(cluster, api_version, kind, namespace, &name).await?;
+        Ok::<_, Error>(object.map(|object| ((kind, name), object)))
+    });
     let mut live = BTreeMap::new();
-    for (api_version, kind, name) in names {
-        if let Some(object) = get_value(cluster, api_version, kind, namespace, &name).await? {
-            live.insert((kind, name), object);
-        }
+    for found in futures::future::join_all(reads).await {
+        live.extend(found?);
     }
     Ok(live)
 }
