@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use canary::{Tool, bench_canary};
+use common::*;
 
 /// A peer's process, run out of cluster against a control plane; killed when dropped.
 struct Process {
@@ -611,7 +611,10 @@ fn canary_table(peers: &Peers, workloads: usize, tools: &[Tool]) -> Vec<String> 
         .collect();
     let rss: Vec<String> = figures
         .iter()
-        .map(|f| f.as_ref().map_or("not run".to_string(), |f| format!("{:.0} MiB", f.rss)))
+        .map(|f| {
+            f.as_ref()
+                .map_or("not run".to_string(), |f| format!("{:.0} MiB", f.rss))
+        })
         .collect();
     vec![
         row(
@@ -627,7 +630,9 @@ fn canary_table(peers: &Peers, workloads: usize, tools: &[Tool]) -> Vec<String> 
             &|f| f.step_gap,
         ),
         format!("| … beyond the wait asked for | {} |", beyond.join(" | ")),
-        row(&format!("abort → every request on stable (p50 of {ABORTS})"), &|f| f.abort),
+        row(&format!("abort → every request on stable (p50 of {ABORTS})"), &|f| {
+            f.abort
+        }),
         format!("| peak RSS with {workloads} governed workloads | {} |", rss.join(" | ")),
     ]
 }

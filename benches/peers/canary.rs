@@ -460,7 +460,9 @@ pub fn bench_canary(tool: Tool, peers: &Peers, workloads: usize) -> CanaryFigure
         });
         aborts.push(done - started);
         eprintln!("bench:   abort {tag}: all on stable after {:?}", aborts[sample]);
-        wait_until("the aborted release over", Duration::from_secs(300), || runner.settled("echo"));
+        wait_until("the aborted release over", Duration::from_secs(300), || {
+            runner.settled("echo")
+        });
     }
 
     // Memory with many governed workloads, each initialised by its tool.
