@@ -595,18 +595,27 @@ async fn putting_a_rollout_on_a_running_deployment_restarts_no_pod() {
     assert!(cluster.deployment("echo-canary").await.is_none());
 }
 
+/// 1.0 behind an nginx Ingress, then 2.0 pushed and paused at its one
+/// step, `percent` of requests on the canary.
+async fn paused_behind_nginx(scenario: &Scenario, percent: u32) -> (support::agent::AgentProcess, Cluster) {
+    let strategy = format!(
+        "      steps:\n      - {{traffic: {percent}%, replicas: 1, pause: {{}}}}\n      trafficRoutings:\n      - service: echo\n        ingress: {{name: echo, classType: nginx}}\n      gracePeriodSeconds: 1\n"
+    );
+    let mut app = App::new(&scenario.ns, "1.0", &strategy);
+    app.route = false;
+    app.ingress = true;
+    let (agent, cluster) = running(scenario, &app).await;
+    app.image = "2.0";
+    app.write(scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    (agent, cluster)
+}
+
 #[tokio::test]
 async fn nginx_ingress_gets_a_weighted_canary_ingress_during_the_release() {
     let scenario = Scenario::new("ro-nginx").await;
-    let strategy = "      steps:\n      - {traffic: 40%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        ingress: {name: echo, classType: nginx}\n      gracePeriodSeconds: 1\n";
-    let mut app = App::new(&scenario.ns, "1.0", strategy);
-    app.route = false;
-    app.ingress = true;
-    let (_agent, cluster) = running(&scenario, &app).await;
-    app.image = "2.0";
-    app.write(&scenario);
-    scenario.repo.commit_and_push("echo 2.0");
-    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let (_agent, cluster) = paused_behind_nginx(&scenario, 40).await;
     let ingresses: Api<Ingress> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let canary = ingresses.get("echo-canary").await.expect("canary ingress");
     let annotations = canary.metadata.annotations.expect("annotations");
@@ -653,15 +662,7 @@ where
 #[tokio::test]
 async fn an_abort_takes_the_canary_ingress_away_before_the_canary_pods() {
     let scenario = Scenario::new("ro-nginx-abort").await;
-    let strategy = "      steps:\n      - {traffic: 30%, replicas: 1, pause: {}}\n      trafficRoutings:\n      - service: echo\n        ingress: {name: echo, classType: nginx}\n      gracePeriodSeconds: 1\n";
-    let mut app = App::new(&scenario.ns, "1.0", strategy);
-    app.route = false;
-    app.ingress = true;
-    let (_agent, cluster) = running(&scenario, &app).await;
-    app.image = "2.0";
-    app.write(&scenario);
-    scenario.repo.commit_and_push("echo 2.0");
-    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let (_agent, cluster) = paused_behind_nginx(&scenario, 30).await;
     let ingresses: Api<Ingress> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let deployments: Api<Deployment> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let services: Api<Service> = Api::namespaced(scenario.client.clone(), &scenario.ns);
