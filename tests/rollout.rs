@@ -636,27 +636,43 @@ async fn nginx_ingress_gets_a_weighted_canary_ingress_during_the_release() {
 
 /// The resourceVersion of the deletion of `name`, once a watch sees it:
 /// one API server's resourceVersions order its writes across kinds.
-fn deletion_revision<K>(api: Api<K>, name: &str) -> tokio::task::JoinHandle<u64>
+/// Returns once the watch has listed, so no deletion after the call is missed.
+async fn deletion_revision<K>(api: Api<K>, name: &str) -> tokio::task::JoinHandle<u64>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    tokio::spawn(async move {
+    let (listed, on_listed) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut listed = Some(listed);
         let mut events = std::pin::pin!(watcher(api, config).default_backoff());
         while let Some(event) = events.next().await {
-            if let Ok(watcher::Event::Delete(object)) = event {
-                return object
-                    .meta()
-                    .resource_version
-                    .as_deref()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(listed) = listed.take() {
+                        let _ = listed.send(());
+                    }
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    return object
+                        .meta()
+                        .resource_version
+                        .as_deref()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                }
+                _ => {}
             }
         }
         0
-    })
+    });
+    tokio::time::timeout(WAIT, on_listed)
+        .await
+        .expect("the watch lists within the wait")
+        .expect("the watch task runs");
+    task
 }
 
 #[tokio::test]
@@ -667,9 +683,9 @@ async fn an_abort_takes_the_canary_ingress_away_before_the_canary_pods() {
     let deployments: Api<Deployment> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let services: Api<Service> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     assert!(ingresses.get_opt("echo-canary").await.expect("read").is_some());
-    let ingress_gone = deletion_revision(ingresses, "echo-canary");
-    let service_gone = deletion_revision(services, "echo-canary");
-    let deployment_gone = deletion_revision(deployments, "echo-canary");
+    let ingress_gone = deletion_revision(ingresses, "echo-canary").await;
+    let service_gone = deletion_revision(services, "echo-canary").await;
+    let deployment_gone = deletion_revision(deployments, "echo-canary").await;
 
     let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
