@@ -126,7 +126,13 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
         Command::Diff(args) => cli::diff(args).await,
         Command::Sync(args) if args.once => cli::sync_once(args).await,
         Command::Sync(args) => cli::run_agent(args, None, None).await,
-        Command::Run(args) => cli::run_agent(args.sync, Some(args.listen), Some(args.leader)).await,
+        Command::Run(args) => {
+            let listen = cli::Listen {
+                webhook: args.listen,
+                metrics: args.metrics_listen,
+            };
+            cli::run_agent(args.sync, Some(listen), Some(args.leader)).await
+        }
         Command::Crd => {
             print!("{}", gitcanary::rollout::api::crd_yaml());
             Ok(ExitCode::SUCCESS)

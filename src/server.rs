@@ -56,15 +56,48 @@ impl ServerState {
     }
 }
 
-pub fn router(state: ServerState) -> Router {
+/// The webhook and the probes, and `/metrics` unless it has a listener of
+/// its own (`--metrics-listen`): the address GitHub reaches then exposes
+/// nothing but the webhook and the probes.
+pub fn router(state: ServerState, with_metrics: bool) -> Router {
     let webhook_bound = axum::middleware::from_fn_with_state(state.webhook_permits.clone(), bounded);
-    Router::new()
+    let mut router = Router::new()
         .route("/webhook", post(github_webhook).route_layer(webhook_bound))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz));
+    if with_metrics {
+        router = router.route("/metrics", get(metrics));
+    }
+    router
         .layer(DefaultBodyLimit::max(webhook::MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// `/metrics` alone, for `--metrics-listen`.
+pub fn metrics_router(state: ServerState) -> Router {
+    Router::new().route("/metrics", get(metrics)).with_state(state)
+}
+
+/// Bounds on the listener's connections, whatever their requests ask.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Connections open at once; one more is closed as soon as it is accepted.
+    pub max_open: usize,
+    /// How long a client may take to send a request's headers.
+    pub header_timeout: std::time::Duration,
+    /// How long a connection may stay open: an idle keep-alive connection
+    /// is closed by then at the latest (after the request in flight).
+    pub max_age: std::time::Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_open: 256,
+            header_timeout: std::time::Duration::from_secs(10),
+            max_age: std::time::Duration::from_secs(60),
+        }
+    }
 }
 
 /// Webhook requests served at once; more get 503 at once instead of waiting.
@@ -90,13 +123,51 @@ async fn bounded(
     }
 }
 
-/// Serves until the listener fails; returns the bound address at once.
-pub async fn serve(addr: SocketAddr, state: ServerState) -> std::io::Result<SocketAddr> {
+/// Serves `router` with the default connection limits; returns the bound
+/// address at once.
+pub async fn serve(addr: SocketAddr, router: Router) -> std::io::Result<SocketAddr> {
+    serve_with(addr, router, ConnectionLimits::default()).await
+}
+
+/// Serves `router` until the process ends: a bounded number of connections,
+/// each with a deadline for its headers and a maximum age, so that clients
+/// that connect and say nothing cannot use up the agent's sockets.
+pub async fn serve_with(addr: SocketAddr, router: Router, limits: ConnectionLimits) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let open = Arc::new(tokio::sync::Semaphore::new(limits.max_open));
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router(state)).await {
-            warn!(%error, "HTTP server stopped");
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of file descriptors, say: try again shortly.
+                    warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = open.clone().try_acquire_owned() else {
+                drop(stream);
+                continue;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(limits.header_timeout);
+                let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                let mut connection = std::pin::pin!(connection);
+                tokio::select! {
+                    _ = connection.as_mut() => {}
+                    () = tokio::time::sleep(limits.max_age) => {
+                        connection.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(limits.header_timeout, connection).await;
+                    }
+                }
+            });
         }
     });
     Ok(bound)
@@ -209,7 +280,7 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         let (state, _queue) = test_state();
         let state_permits = state.webhook_permits.clone();
-        let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
+        let addr = serve("127.0.0.1:0".parse().expect("addr"), router(state, true))
             .await
             .expect("serves");
         // Clients that promise a body and never send it hold every permit.
@@ -253,7 +324,7 @@ mod tests {
     #[tokio::test]
     async fn a_signed_comment_event_wakes_the_agent_and_a_forged_one_does_not() {
         let (state, mut queue) = test_state();
-        let addr = serve("127.0.0.1:0".parse().expect("addr"), state)
+        let addr = serve("127.0.0.1:0".parse().expect("addr"), router(state, true))
             .await
             .expect("serves");
         let body = br#"{"action":"created","comment":{"id":1,"body":"/gitcanary promote","user":{"login":"alice"}},"issue":{"number":7}}"#;
@@ -268,5 +339,90 @@ mod tests {
             post(addr, "issue_comment", junk, &webhook::sign(b"s3cret", junk)).await,
             400
         );
+    }
+
+    async fn closed_within(stream: &mut tokio::net::TcpStream, limit: std::time::Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buffer = Vec::new();
+        matches!(
+            tokio::time::timeout(limit, stream.read_to_end(&mut buffer)).await,
+            Ok(Ok(_)) | Ok(Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn silent_idle_and_surplus_connections_are_closed() {
+        use tokio::io::AsyncWriteExt;
+        let (state, _queue) = test_state();
+        let limits = ConnectionLimits {
+            max_open: 2,
+            header_timeout: std::time::Duration::from_millis(300),
+            max_age: std::time::Duration::from_millis(1500),
+        };
+        let addr = serve_with("127.0.0.1:0".parse().expect("addr"), router(state, true), limits)
+            .await
+            .expect("serves");
+        let patience = std::time::Duration::from_secs(10);
+        // A client that connects and never sends its headers is cut off.
+        let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        silent
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost:")
+            .await
+            .expect("write");
+        assert!(closed_within(&mut silent, patience).await, "a slow header is cut off");
+
+        // A keep-alive connection left idle is closed at its maximum age.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+            .await
+            .expect("write");
+        assert!(closed_within(&mut idle, patience).await, "an idle connection is closed");
+
+        // Past the cap, a connection is closed at once; the held ones are not.
+        let mut held = Vec::new();
+        // The closed connections' slots are given back as their tasks end:
+        // a connection refused meanwhile is tried again.
+        for _ in 0..100 {
+            if held.len() == 2 {
+                break;
+            }
+            use tokio::io::AsyncReadExt;
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n").await;
+            let mut first = [0u8; 12];
+            match stream.read_exact(&mut first).await {
+                Ok(_) if &first == b"HTTP/1.1 200" => held.push(stream),
+                _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+        assert_eq!(held.len(), 2, "two connections are served");
+        let mut surplus = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = surplus.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n").await;
+        assert!(
+            closed_within(&mut surplus, limits.max_age / 2).await,
+            "one over the cap is closed before the held ones age out"
+        );
+    }
+
+    #[tokio::test]
+    async fn metrics_can_have_a_listener_of_their_own() {
+        let (state, _queue) = test_state();
+        let webhook = serve("127.0.0.1:0".parse().expect("addr"), router(state.clone(), false))
+            .await
+            .expect("serves");
+        let metrics = serve("127.0.0.1:0".parse().expect("addr"), metrics_router(state))
+            .await
+            .expect("serves");
+        let get = |addr: SocketAddr, path: &'static str| async move {
+            use tokio::io::AsyncWriteExt;
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.expect("write");
+            status_of(&mut stream).await
+        };
+        assert_eq!(get(webhook, "/metrics").await, 404, "not beside the webhook");
+        assert_eq!(get(webhook, "/healthz").await, 200);
+        assert_eq!(get(metrics, "/metrics").await, 200);
+        assert_eq!(get(metrics, "/webhook").await, 404, "nothing else beside the metrics");
     }
 }

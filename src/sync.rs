@@ -126,6 +126,15 @@ struct Observed {
 /// cluster); their problems are added to the apps.
 pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
     rollout::validate::validate(&mut revision.manifests, &options.allowed);
+    for app in revision.manifests.apps.values_mut() {
+        if let Some(message) = options.tenant_problem(&app.name) {
+            let (file, line) = app
+                .manifests
+                .first()
+                .map_or((app.name.clone(), 1), |m| (m.file.clone(), m.line));
+            app.problems.push(crate::manifest::Problem { file, line, message });
+        }
+    }
 }
 
 async fn observe_revision(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<Observed> {

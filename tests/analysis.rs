@@ -32,14 +32,20 @@ const TEMPLATE: &str = "  analysisTemplates:
 ";
 
 fn write_app(scenario: &Scenario, image: &str, canary: &str) {
+    let named = TEMPLATE
+        .replace("  analysisTemplates:\n", "")
+        .replace("name: errors", "name: named\n    prometheus: {name: metrics}");
     let spec = format!(
-        "{TEMPLATE}  strategy:\n    canary:\n{canary}      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n"
+        "{TEMPLATE}{named}  strategy:\n    canary:\n{canary}      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n"
     );
     support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &spec);
 }
 
 const ANALYSED_STEP: &str =
     "      steps:\n      - {traffic: 20%, replicas: 1, analysis: {templateRef: errors}}\n      - {traffic: 100%}\n";
+/// The analysed step, its template asking the Prometheus named `metrics`.
+const NAMED_STEP: &str =
+    "      steps:\n      - {traffic: 20%, replicas: 1, analysis: {templateRef: named}}\n      - {traffic: 100%}\n";
 const BACKGROUND: &str = "      analysis: {templateRef: errors}\n      steps:\n      - {traffic: 20%, replicas: 1, pause: {duration: 60}}\n      - {traffic: 100%}\n";
 
 async fn status(scenario: &Scenario) -> Option<RolloutStatus> {
@@ -48,15 +54,13 @@ async fn status(scenario: &Scenario) -> Option<RolloutStatus> {
 }
 
 async fn start(scenario: &Scenario, prometheus: &Prometheus, canary: &str) -> AgentProcess {
+    start_with(scenario, &["--prometheus-url", &prometheus.url], canary).await
+}
+
+async fn start_with(scenario: &Scenario, args: &[&str], canary: &str) -> AgentProcess {
     write_app(scenario, "1.0", canary);
     scenario.repo.commit_and_push("echo 1.0");
-    let agent = AgentProcess::start_with(
-        &scenario.repo,
-        &scenario.ns,
-        scenario.cache.path(),
-        &["--prometheus-url", &prometheus.url],
-        &[],
-    );
+    let agent = AgentProcess::start_with(&scenario.repo, &scenario.ns, scenario.cache.path(), args, &[]);
     eventually("healthy on 1.0", WAIT, || async {
         (status(scenario).await?.phase == Phase::Healthy).then_some(())
     })
@@ -79,9 +83,13 @@ async fn a_canary_with_a_low_error_ratio_is_promoted_through_an_analysed_step() 
     exporter.set("echo", 0.02);
     exporter.set("echo-canary", 0.01);
     let prometheus = Prometheus::start(&exporter).await;
-    let _agent = start(&scenario, &prometheus, ANALYSED_STEP).await;
+    // The template names the server the operator gave the agent; the
+    // default points nowhere, so only the named one can pass the step.
+    let named = format!("metrics={}", prometheus.url);
+    let args = ["--prometheus", named.as_str(), "--prometheus-url", "http://127.0.0.1:9"];
+    let _agent = start_with(&scenario, &args, NAMED_STEP).await;
 
-    write_app(&scenario, "2.0", ANALYSED_STEP);
+    write_app(&scenario, "2.0", NAMED_STEP);
     let released = scenario.repo.commit_and_push("echo 2.0");
     let done = eventually("promoted after the analysis", WAIT, || async {
         let status = status(&scenario).await?;
@@ -107,7 +115,7 @@ async fn a_canary_with_a_low_error_ratio_is_promoted_through_an_analysed_step() 
         scenario.try_git(&["show", &status_file])
     })
     .await;
-    assert!(record.contains("analysis errors: 3 successful"), "{record}");
+    assert!(record.contains("analysis named: 3 successful"), "{record}");
 }
 
 #[tokio::test]

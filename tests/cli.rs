@@ -190,6 +190,23 @@ fn validate_checks_analysis_templates() {
 }
 
 #[test]
+fn validate_refuses_a_duration_that_overflows_instead_of_panicking() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("web")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("web/app.yaml"),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: demo}\nspec:\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: web, image: web:1}]}\n---\napiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: web, namespace: demo}\nspec:\n  workloadRef: {kind: Deployment, name: web}\n  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: \"18446744073709551615s1s\"}}\n",
+    )
+    .expect("write");
+    let (code, stdout, stderr) = output(gitcanary().arg("validate").arg(dir.path()));
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "web/app.yaml:10: step 1: pause invalid duration \"18446744073709551615s1s\": too long"
+    );
+}
+
+#[test]
 fn crd_prints_what_deploy_ships() {
     let (code, stdout, _) = output(gitcanary().arg("crd"));
     assert_eq!(code, 0);

@@ -244,3 +244,40 @@ async fn diff_lists_the_canary_objects_of_a_release_mid_step() {
         "{aborted:?}"
     );
 }
+
+#[tokio::test]
+async fn diff_of_a_secret_changed_in_git_shows_no_value() {
+    let f = Fixture::new("diff-secret").await;
+    let ns = f.ns.clone();
+    let secret = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\n  namespace: {ns}\nstringData:\n  password: {value}\n  user: admin-user-kept\n"
+        )
+    };
+    f.repo.write("web/creds.yaml", &secret("old-password-value"));
+    f.repo.commit_and_push("a secret");
+    assert!(f.sync().await.is_clean());
+
+    f.repo.write("web/creds.yaml", &secret("new-password-value"));
+    f.repo.commit_and_push("the password changes");
+    let (diffs, problems) = f.diff().await;
+    assert!(problems.is_empty(), "{problems:?}");
+    let text = gitcanary::cluster::render_diff(&diffs, false);
+    assert!(text.contains("update Secret"), "{text}");
+    for value in ["old-password-value", "new-password-value", "admin-user-kept"] {
+        let base64 = base64_of(value);
+        assert!(
+            !text.contains(value) && !text.contains(&base64),
+            "{value} shown:\n{text}"
+        );
+    }
+    assert!(text.contains("*** (before)") && text.contains("*** (after)"), "{text}");
+}
+
+fn base64_of(value: &str) -> String {
+    use k8s_openapi::ByteString;
+    serde_json::to_value(ByteString(value.as_bytes().to_vec()))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}

@@ -367,3 +367,61 @@ async fn the_namespaced_variant_syncs_and_heals_with_roles_only() {
     assert!(!log.to_lowercase().contains("forbidden"), "{log}");
     assert!(!log.contains("watch interrupted"), "the watches are namespaced: {log}");
 }
+
+#[tokio::test]
+async fn the_agent_may_impersonate_only_the_tenants_it_is_given_and_write_pods_only_there() {
+    let admin = support::client().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let _ = service_account_kubeconfig(&admin, dir.path()).await;
+    apply_file(&admin, &repo_root().join("deploy/tenant-example/tenant.yaml")).await;
+    let kubectl = support::kubeconfig().with_file_name("kubectl");
+    let agent = format!("system:serviceaccount:{AGENT_NAMESPACE}:gitcanary");
+    let can = |args: &[&str]| {
+        let output = std::process::Command::new(&kubectl)
+            .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
+            .args(["auth", "can-i", "--as", &agent])
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        String::from_utf8_lossy(&output.stdout).trim() == "yes"
+    };
+    // RBAC is read by the authorizer's cache: wait until the grant shows.
+    eventually("the tenant example's grants are in force", WAIT, || async {
+        can(&["impersonate", "serviceaccounts/gitcanary-tenant", "-n", "team-a"]).then_some(())
+    })
+    .await;
+    for (args, allowed) in [
+        (
+            &["impersonate", "serviceaccounts/default", "-n", "kube-system"][..],
+            false,
+        ),
+        (
+            &[
+                "impersonate",
+                "serviceaccounts/generic-garbage-collector",
+                "-n",
+                "kube-system",
+            ][..],
+            false,
+        ),
+        (&["impersonate", "serviceaccounts/default", "-n", "team-a"][..], false),
+        (
+            &["impersonate", "serviceaccounts/gitcanary", "-n", AGENT_NAMESPACE][..],
+            false,
+        ),
+        (
+            &[
+                "impersonate",
+                "serviceaccounts/gitcanary-untrusted",
+                "-n",
+                AGENT_NAMESPACE,
+            ][..],
+            true,
+        ),
+        (&["impersonate", "users/admin"][..], false),
+        (&["patch", "pods", "-n", "kube-system"][..], false),
+        (&["patch", "pods", "-n", "team-a"][..], true),
+    ] {
+        assert_eq!(can(args), allowed, "kubectl auth can-i {}", args.join(" "));
+    }
+}

@@ -460,3 +460,30 @@ fn validate_renders_offline_and_names_the_template_that_failed() {
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.starts_with("web/templates/deployment.yaml:1:"), "{stdout}");
 }
+
+#[test]
+fn a_release_name_that_is_a_helm_flag_reads_no_file_and_is_reported_at_its_line() {
+    let dir = tempfile::tempdir().expect("dir");
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, "the-agents-token-4711").expect("write");
+    let app = tempfile::tempdir().expect("dir");
+    let write = |path: &str, content: &str| {
+        let path = app.path().join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, content).expect("write");
+    };
+    write("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n");
+    write("web/templates/leak.yaml", "{{ fail .Values.x }}\n");
+    write(
+        "web/gitcanary.yaml",
+        &format!("helm:\n  releaseName: \"--set-file=x={}\"\n", secret.display()),
+    );
+    let output = support::agent::gitcanary()
+        .args(["validate", &app.path().display().to_string()])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(!stdout.contains("the-agents-token-4711"), "{stdout}");
+    assert!(stdout.starts_with("web/gitcanary.yaml:2: helm.releaseName"), "{stdout}");
+}

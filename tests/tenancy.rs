@@ -62,7 +62,8 @@ async fn a_tenant_app_cannot_write_beyond_its_service_account_and_other_apps_sti
     let (client, ns, repo) = (&f.client, &f.ns, &f.repo);
     let elsewhere = support::namespace(client, "tenant-other").await;
     let mut options = f.options(false);
-    options.tenants.insert("team".to_string(), tenant(client, ns).await);
+    let deployer = tenant(client, ns).await;
+    options.tenants.insert("team".to_string(), deployer.clone());
 
     // The tenant's own ConfigMap, a Deployment in another namespace and a
     // ClusterRoleBinding that would make it cluster-admin.
@@ -80,7 +81,8 @@ async fn a_tenant_app_cannot_write_beyond_its_service_account_and_other_apps_sti
             "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: {binding}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}\nsubjects:\n- {{kind: ServiceAccount, name: deployer, namespace: {ns}}}\n"
         ),
     );
-    // An app with no tenant writes as the agent.
+    // An app no tenant names: under --tenant it is refused (tenancy fails
+    // closed), never written as the agent itself.
     repo.write("shared/config.yaml", &configmap("shared-config", ns));
     repo.commit_and_push("a tenant reaches out of its lane");
 
@@ -121,8 +123,16 @@ async fn a_tenant_app_cannot_write_beyond_its_service_account_and_other_apps_sti
     let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
     assert!(bindings.get_opt(&binding).await.expect("readable").is_none());
 
-    assert_eq!(report.app("shared").expect("shared").result, AppResult::Synced);
-    assert!(configmaps.get_opt("shared-config").await.expect("readable").is_some());
+    let shared = report.app("shared").expect("shared");
+    assert_eq!(shared.result, AppResult::Invalid, "{:?}", shared.problems);
+    assert!(
+        shared.problems.iter().any(|p| p
+            .to_string()
+            .starts_with("shared/config.yaml:1: app shared names no tenant")),
+        "{:?}",
+        shared.problems
+    );
+    assert!(configmaps.get_opt("shared-config").await.expect("readable").is_none());
 
     // Once the tenant keeps to its lane, it syncs, as itself.
     repo.remove("team/deployment.yaml");
@@ -131,6 +141,12 @@ async fn a_tenant_app_cannot_write_beyond_its_service_account_and_other_apps_sti
     let report = sync_once(&f, &options).await;
     assert_eq!(report.app("team").expect("team").result, AppResult::Synced);
     assert!(configmaps.get_opt("team-config").await.expect("readable").is_some());
+
+    // Given a default account, the app writes as that account.
+    options.default_tenant = Some(deployer);
+    let report = sync_once(&f, &options).await;
+    assert_eq!(report.app("shared").expect("shared").result, AppResult::Synced);
+    assert!(configmaps.get_opt("shared-config").await.expect("readable").is_some());
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 mod run;
 
-pub use run::{run_agent, sync_once};
+pub use run::{Listen, run_agent, sync_once};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,7 +27,8 @@ pub struct AllowedArgs {
     #[arg(long, env = "GITCANARY_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
     /// With --namespaces: the cluster-scoped kinds manifests may hold
-    /// (comma-separated, e.g. Namespace); a Namespace only of a listed name.
+    /// as group/Kind, comma-separated (Namespace or /Namespace for the core
+    /// group, rbac.authorization.k8s.io/ClusterRole); a Namespace only of a listed name.
     #[arg(long, value_delimiter = ',')]
     pub cluster_kinds: Vec<String>,
     /// Where a namespaced object whose manifest names no namespace lands.
@@ -142,6 +143,10 @@ pub struct SourceArgs {
     /// Prometheus for analysis templates that name none (http://HOST:9090).
     #[arg(long, env = "GITCANARY_PROMETHEUS_URL")]
     pub prometheus_url: Option<String>,
+    /// A Prometheus an analysis template may name (`prometheus: {name: NAME}`),
+    /// NAME=http://HOST:9090; repeat for more. Templates cannot give an address.
+    #[arg(long = "prometheus", env = "GITCANARY_PROMETHEUS", value_delimiter = ',', value_parser = parse_prometheus)]
+    pub prometheus: Vec<(String, String)>,
     /// Colour the diff: auto (when a terminal), always, never.
     #[arg(long, default_value = "auto")]
     pub color: String,
@@ -174,9 +179,10 @@ pub struct SyncArgs {
     /// (GitHub's own rule forbids it; off by default).
     #[arg(long)]
     pub gate_allow_self_approval: bool,
-    /// Bot accounts whose approvals pass a promotion pull request
-    /// (comma-separated, e.g. release-bot[bot]); no other bot's count.
-    #[arg(long, value_delimiter = ',')]
+    /// Bot accounts whose approvals, merges and commands pass a gate
+    /// (repeatable or comma-separated, e.g. --github-bot release-bot[bot]);
+    /// no other bot's count, and a bot never passes its own commits.
+    #[arg(long = "github-bot", visible_alias = "gate-bots", value_delimiter = ',')]
     pub gate_bots: Vec<String>,
 }
 
@@ -187,6 +193,10 @@ pub struct RunArgs {
     /// Address for the webhook, /healthz and /readyz endpoints.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Serve /metrics here instead of on --listen (so the address the Git
+    /// host reaches exposes only the webhook and the probes).
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub leader: LeaderArgs,
 }
@@ -276,6 +286,21 @@ fn parse_service_account(value: &str) -> Result<ServiceAccountRef, String> {
     value.parse()
 }
 
+fn parse_prometheus(value: &str) -> Result<(String, String), String> {
+    let (name, url) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not NAME=http://HOST:PORT"))?;
+    if !crate::rollout::analysis::is_server_name(name) {
+        return Err(format!(
+            "Prometheus name {name:?} must be lowercase letters, digits and '-'"
+        ));
+    }
+    if !url.starts_with("http://") {
+        return Err(format!("Prometheus {name}: {url:?} must start with http://"));
+    }
+    Ok((name.to_string(), url.to_string()))
+}
+
 fn parse_tenant(value: &str) -> Result<(String, ServiceAccountRef), String> {
     let (app, account) = value
         .split_once('=')
@@ -293,6 +318,7 @@ pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
         tenants: args.tenants.iter().cloned().collect(),
         default_tenant: args.default_service_account.clone(),
         prometheus_url: args.prometheus_url.clone(),
+        prometheus: args.prometheus.iter().cloned().collect(),
         ..SyncOptions::default()
     }
 }

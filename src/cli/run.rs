@@ -14,7 +14,7 @@ use crate::cluster::ensure_namespace;
 use crate::github::GitHub;
 use crate::lease::{Leadership, LeaseConfig};
 use crate::report::{WritebackConfig, write_back};
-use crate::server::{ServerState, serve};
+use crate::server::{ServerState, metrics_router, router, serve};
 use crate::sync::sync_owned;
 use crate::writeback::Author;
 
@@ -28,9 +28,9 @@ fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
 /// `gitcanary sync --once`: fetch, sync, write back, print a summary.
 /// Exits 0 when every app synced, 1 when one has problems.
 pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
-    let source = Arc::new(open_source(&args.source)?);
-    let cluster = connect(&args.source).await?;
     let writeback = writeback_config(&args)?;
+    let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
+    let cluster = connect(&args.source).await?;
     let revision = super::fetch(source.clone(), &cluster).await?;
     let mut report = sync_owned(&cluster, revision, &options(&args.source)).await?;
     write_back(&cluster, &source, &writeback, &mut report).await;
@@ -59,25 +59,29 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
 
 /// `gitcanary run` (with `listen` and `leader`) and `gitcanary sync`: the
 /// agent, until interrupted. Exits 3 when it loses the Lease.
-pub async fn run_agent(
-    args: SyncArgs,
-    listen: Option<SocketAddr>,
-    leader: Option<LeaderArgs>,
-) -> Result<ExitCode, Error> {
+/// Where `gitcanary run` listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Listen {
+    /// The webhook and the probes (and /metrics, unless `metrics` is set).
+    pub webhook: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+}
+
+pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<LeaderArgs>) -> Result<ExitCode, Error> {
     // Configuration first: a bad setting fails before anything connects.
     let secret = match listen {
         Some(_) => webhook_secret()?,
         None => None,
     };
-    let source = Arc::new(open_source(&args.source)?);
+    let writeback = writeback_config(&args)?;
+    let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
     let cluster = Arc::new(connect(&args.source).await?);
     let options = options(&args.source);
-    let writeback = writeback_config(&args)?;
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(crate::telemetry::Metrics::default());
     let _ = metrics.kube_requests.set(cluster.requests.clone());
     let (triggers, queue) = trigger_channel();
-    if let Some(addr) = listen {
+    if let Some(listen) = listen {
         let state = ServerState {
             webhook_secret: secret.map(Arc::from),
             branch: args.source.branch.clone(),
@@ -87,10 +91,22 @@ pub async fn run_agent(
             deliveries: Arc::default(),
             webhook_permits: crate::server::webhook_permits(),
         };
-        let bound = serve(addr, state).await.map_err(|source| Error::Read {
-            path: format!("listen address {addr}"),
-            source,
-        })?;
+        let bind_error = |addr: SocketAddr| {
+            move |source| Error::Read {
+                path: format!("listen address {addr}"),
+                source,
+            }
+        };
+        if let Some(addr) = listen.metrics {
+            let bound = serve(addr, metrics_router(state.clone()))
+                .await
+                .map_err(bind_error(addr))?;
+            tracing::info!(%bound, "metrics listening");
+        }
+        let addr = listen.webhook;
+        let bound = serve(addr, router(state, listen.metrics.is_none()))
+            .await
+            .map_err(bind_error(addr))?;
         tracing::info!(%bound, source = %source.describe(), "agent listening");
     }
     let agent = Agent {

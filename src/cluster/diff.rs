@@ -31,8 +31,15 @@ impl ObjectDiff {
         live: Option<&Value>,
         after: Option<&Value>,
     ) -> Option<ObjectDiff> {
-        let before_text = live.map(|v| to_yaml(&normalize(v))).unwrap_or_default();
-        let after_text = after.map(|v| to_yaml(&normalize(v))).unwrap_or_default();
+        let (live, after) = (live.map(normalize), after.map(normalize));
+        // By the key, not the body: a live object read back may carry no `kind`.
+        let (live, after) = if is_secret(&key) {
+            mask_secret_values(live, after)
+        } else {
+            (live, after)
+        };
+        let before_text = live.as_ref().map(to_yaml).unwrap_or_default();
+        let after_text = after.as_ref().map(to_yaml).unwrap_or_default();
         if before_text == after_text {
             return None;
         }
@@ -53,6 +60,57 @@ impl ObjectDiff {
             change,
             unified,
         })
+    }
+}
+
+/// What stands for a Secret value in a diff, as `kubectl diff` does: the
+/// same marker on both sides when the value is unchanged, a before/after
+/// pair when it changed, never the value itself.
+pub const SECRET_UNCHANGED: &str = "***";
+pub const SECRET_BEFORE: &str = "*** (before)";
+pub const SECRET_AFTER: &str = "*** (after)";
+
+/// A core Secret; a CRD of another group named `Secret` holds no Secret data.
+pub fn is_secret(key: &ObjectKey) -> bool {
+    key.group.is_empty() && key.kind == "Secret"
+}
+
+/// Replaces every value under a Secret's `data` and `stringData` with a
+/// marker, so a diff shows which keys were added, removed or changed but
+/// no value. Either side may be absent (create, prune).
+pub fn mask_secret_values(before: Option<Value>, after: Option<Value>) -> (Option<Value>, Option<Value>) {
+    let (mut before, mut after) = (before, after);
+    for field in ["data", "stringData"] {
+        let before_values = before.as_ref().and_then(|o| o.get(field)).cloned();
+        let after_values = after.as_ref().and_then(|o| o.get(field)).cloned();
+        let marker = |mine: &Value, other: Option<&Value>, changed: &'static str| match other {
+            Some(theirs) if theirs == mine => Value::from(SECRET_UNCHANGED),
+            _ => Value::from(changed),
+        };
+        if let Some(values) = before.as_mut().and_then(|o| o.get_mut(field)) {
+            *values = mask_map(values, after_values.as_ref(), |mine, other| {
+                marker(mine, other, SECRET_BEFORE)
+            });
+        }
+        if let Some(values) = after.as_mut().and_then(|o| o.get_mut(field)) {
+            *values = mask_map(values, before_values.as_ref(), |mine, other| {
+                marker(mine, other, SECRET_AFTER)
+            });
+        }
+    }
+    (before, after)
+}
+
+/// Masks each entry of `values` given the same key's entry on the other
+/// side; anything that is not a map is masked whole.
+fn mask_map(values: &Value, other: Option<&Value>, marker: impl Fn(&Value, Option<&Value>) -> Value) -> Value {
+    match values.as_object() {
+        Some(map) => Value::Object(
+            map.iter()
+                .map(|(key, value)| (key.clone(), marker(value, other.and_then(|o| o.get(key)))))
+                .collect(),
+        ),
+        None => marker(values, other),
     }
 }
 
@@ -150,5 +208,78 @@ mod tests {
         let text = render_diff(&[diff], true);
         assert!(text.starts_with("update ConfigMap demo/a (a/cm.yaml:1)"));
         assert!(text.contains("\x1b[32m+  k: new\x1b[0m"));
+    }
+
+    fn secret_key() -> ObjectKey {
+        ObjectKey {
+            kind: "Secret".into(),
+            ..key()
+        }
+    }
+
+    fn secret(data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a", "namespace": "demo"}, "data": data})
+    }
+
+    #[test]
+    fn secret_values_are_markers_changed_or_not() {
+        let live = secret(json!({"password": "b2xkLXB3", "user": "YWRtaW4=", "gone": "Z29uZQ=="}));
+        let after = secret(json!({"password": "bmV3LXB3", "user": "YWRtaW4=", "added": "YWRkZWQ="}));
+        let (before, after) = mask_secret_values(Some(live), Some(after));
+        assert_eq!(
+            before.expect("live")["data"],
+            json!({"password": "*** (before)", "user": "***", "gone": "*** (before)"})
+        );
+        assert_eq!(
+            after.expect("after")["data"],
+            json!({"password": "*** (after)", "user": "***", "added": "*** (after)"})
+        );
+    }
+
+    #[test]
+    fn a_secret_diff_never_shows_a_value() {
+        let live = secret(json!({"password": "b2xkLXB3"}));
+        let mut after = secret(json!({"password": "bmV3LXB3"}));
+        after["stringData"] = json!({"token": "plain-token"});
+        let diff = ObjectDiff::between(secret_key(), "a/s.yaml:1".into(), Some(&live), Some(&after)).expect("differs");
+        for value in ["b2xkLXB3", "bmV3LXB3", "plain-token"] {
+            assert!(!diff.unified.contains(value), "{value} in {}", diff.unified);
+        }
+        assert!(
+            diff.unified.contains("-  password: \"*** (before)\""),
+            "{}",
+            diff.unified
+        );
+        assert!(
+            diff.unified.contains("+  password: \"*** (after)\""),
+            "{}",
+            diff.unified
+        );
+        // Created and pruned Secrets are masked too.
+        let created = ObjectDiff::between(secret_key(), String::new(), None, Some(&after)).expect("created");
+        assert!(!created.unified.contains("bmV3LXB3") && !created.unified.contains("plain-token"));
+        let pruned = ObjectDiff::between(secret_key(), String::new(), Some(&live), None).expect("pruned");
+        assert!(!pruned.unified.contains("b2xkLXB3"), "{}", pruned.unified);
+    }
+
+    #[test]
+    fn a_secret_with_only_a_changed_value_still_shows_a_change() {
+        let live = secret(json!({"password": "b2xkLXB3"}));
+        let after = secret(json!({"password": "bmV3LXB3"}));
+        assert!(ObjectDiff::between(secret_key(), String::new(), Some(&live), Some(&after)).is_some());
+        assert!(ObjectDiff::between(secret_key(), String::new(), Some(&live), Some(&live)).is_none());
+    }
+
+    #[test]
+    fn other_kinds_keep_their_values() {
+        let live = json!({"metadata": {"name": "a"}, "data": {"k": "old"}});
+        let after = json!({"metadata": {"name": "a"}, "data": {"k": "new"}});
+        let diff = ObjectDiff::between(key(), String::new(), Some(&live), Some(&after)).expect("differs");
+        assert!(diff.unified.contains("+  k: new"), "{}", diff.unified);
+        assert!(is_secret(&secret_key()));
+        assert!(!is_secret(&ObjectKey {
+            group: "evil.example.com".into(),
+            ..secret_key()
+        }));
     }
 }

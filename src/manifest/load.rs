@@ -76,6 +76,7 @@ fn app_of_file<'s>(set: &'s mut ManifestSet, path: &str) -> &'s mut App {
 /// skipped), except in the app directories `skip` names (rendered ones).
 pub fn load_dir(root: &Path, skip: &std::collections::HashSet<String>) -> Result<ManifestSet> {
     let mut files = Vec::new();
+    let mut links = Vec::new();
     let mut sizes = SizeCheck::default();
     let plain = |e: &walkdir::DirEntry| {
         let name = e.file_name().to_string_lossy();
@@ -90,11 +91,17 @@ pub fn load_dir(root: &Path, skip: &std::collections::HashSet<String>) -> Result
             path: root.display().to_string(),
             source: e.into(),
         })?;
+        let relative = entry.path().strip_prefix(root).unwrap_or(entry.path());
+        let relative = relative.to_string_lossy().replace('\\', "/");
+        // A link is never followed (it could lead out of the source); as in
+        // Git, it is no file of the source, and said so.
+        if entry.path_is_symlink() && entry.depth() > 0 {
+            links.push(relative);
+            continue;
+        }
         if !entry.file_type().is_file() || !is_yaml(&entry.path().to_string_lossy()) {
             continue;
         }
-        let relative = entry.path().strip_prefix(root).unwrap_or(entry.path());
-        let relative = relative.to_string_lossy().replace('\\', "/");
         let read_error = |source| Error::Read {
             path: entry.path().display().to_string(),
             source,
@@ -108,6 +115,13 @@ pub fn load_dir(root: &Path, skip: &std::collections::HashSet<String>) -> Result
     }
     let mut set = load_files(files.into_iter());
     sizes.report(&mut set);
+    for link in links {
+        app_of_file(&mut set, &link).problems.push(Problem {
+            file: link.clone(),
+            line: 1,
+            message: "is a symbolic link; links are not followed, so nothing is read through it".into(),
+        });
+    }
     Ok(set)
 }
 
@@ -213,5 +227,29 @@ fn document(text: &str, from: usize, to: usize, first_line: usize) -> Document<'
         text: body,
         first_line,
         content_line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_symlink_out_of_the_directory_is_reported_and_not_read() {
+        let outside = tempfile::tempdir().expect("dir");
+        std::fs::write(outside.path().join("secret.yaml"), "token: outside-4711\n").expect("write");
+        let root = tempfile::tempdir().expect("dir");
+        std::fs::create_dir(root.path().join("web")).expect("mkdir");
+        std::fs::write(root.path().join("web/cm.yaml"), "kind: ConfigMap\n").expect("write");
+        std::os::unix::fs::symlink(outside.path().join("secret.yaml"), root.path().join("web/leak.yaml"))
+            .expect("link");
+        std::os::unix::fs::symlink(outside.path(), root.path().join("web/dir")).expect("link");
+        let set = load_dir(root.path(), &Default::default()).expect("loads");
+        let web = &set.apps["web"];
+        assert_eq!(web.manifests.len(), 1);
+        assert!(!format!("{:?}", web.manifests).contains("outside-4711"));
+        let linked: Vec<_> = web.problems.iter().map(|p| (p.file.as_str(), p.line)).collect();
+        assert_eq!(linked, [("web/dir", 1), ("web/leak.yaml", 1)]);
+        assert!(web.problems[0].message.contains("symbolic link"), "{}", web.problems[0]);
     }
 }

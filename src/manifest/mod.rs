@@ -287,7 +287,14 @@ impl Allowed {
 
     /// Why an object may not land where it would: in `namespace` (what it
     /// resolves to: its own, or the default), or cluster-wide when `None`.
-    pub fn refusal(&self, kind: &str, name: &str, declared: Option<&str>, namespace: Option<&str>) -> Option<String> {
+    pub fn refusal(
+        &self,
+        group: &str,
+        kind: &str,
+        name: &str,
+        declared: Option<&str>,
+        namespace: Option<&str>,
+    ) -> Option<String> {
         if self.namespaces.is_empty() {
             return None;
         }
@@ -299,10 +306,11 @@ impl Allowed {
                 "no namespace: it would land in {ns:?}, which is not allowed (allowed: {list}); give metadata.namespace"
             )),
             Some(ns) => Some(format!("namespace {ns:?} is not allowed (allowed: {list})")),
-            None if !self.cluster_kinds.iter().any(|k| k == kind) => Some(format!(
-                "{kind} is cluster-scoped, and cluster-scoped kinds are refused under --namespaces unless listed in --cluster-kinds"
+            None if !cluster_kind_listed(&self.cluster_kinds, group, kind) => Some(format!(
+                "{} is cluster-scoped, and cluster-scoped kinds are refused under --namespaces unless listed in --cluster-kinds",
+                group_kind(group, kind)
             )),
-            None if kind == "Namespace" && !allowed(name) => {
+            None if group.is_empty() && kind == "Namespace" && !allowed(name) => {
                 Some(format!("Namespace {name:?} is not one of --namespaces ({list})"))
             }
             None => None,
@@ -318,8 +326,28 @@ impl Allowed {
         } else {
             Some(declared.unwrap_or(&self.default_namespace))
         };
-        self.refusal(manifest.kind(), manifest.name(), declared, namespace)
+        self.refusal(manifest.group(), manifest.kind(), manifest.name(), declared, namespace)
     }
+}
+
+/// `group/Kind` as `--cluster-kinds` takes it; a core kind is just `Kind`.
+fn group_kind(group: &str, kind: &str) -> String {
+    if group.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{group}/{kind}")
+    }
+}
+
+/// Whether `--cluster-kinds` lists this group and kind. An entry names both
+/// (`rbac.authorization.k8s.io/ClusterRole`); a bare `Namespace` or
+/// `/Namespace` is the core group. Matching on the kind alone would let a
+/// CRD named like a built-in (`evil.example.com/ClusterRole`) through.
+pub fn cluster_kind_listed(listed: &[String], group: &str, kind: &str) -> bool {
+    listed.iter().any(|entry| {
+        let (entry_group, entry_kind) = entry.rsplit_once('/').unwrap_or(("", entry.as_str()));
+        entry_group == group && entry_kind == kind
+    })
 }
 
 fn object_problems(manifest: &Manifest, allowed: &Allowed) -> Vec<Problem> {
@@ -473,7 +501,7 @@ mod tests {
         assert!(
             refused
                 .iter()
-                .any(|p| p.starts_with("a/role.yaml:1: ClusterRoleBinding is cluster-scoped"))
+                .any(|p| p.starts_with("a/role.yaml:1: rbac.authorization.k8s.io/ClusterRoleBinding is cluster-scoped"))
         );
         assert!(
             refused
@@ -489,6 +517,43 @@ mod tests {
         );
         assert!(!refused.iter().any(|p| p.starts_with("a/ok.yaml")), "{refused:?}");
         assert!(problems(&Allowed::default()).is_empty());
+    }
+
+    #[test]
+    fn cluster_kinds_name_the_group_as_well_as_the_kind() {
+        let listed: Vec<String> = [
+            "Namespace",
+            "rbac.authorization.k8s.io/ClusterRole",
+            "/PersistentVolume",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert!(cluster_kind_listed(&listed, "", "Namespace"));
+        assert!(cluster_kind_listed(&listed, "", "PersistentVolume"));
+        assert!(cluster_kind_listed(&listed, "rbac.authorization.k8s.io", "ClusterRole"));
+        // A CRD whose kind is named like a built-in one is another kind.
+        assert!(!cluster_kind_listed(&listed, "evil.example.com", "ClusterRole"));
+        assert!(!cluster_kind_listed(&listed, "evil.example.com", "Namespace"));
+        assert!(!cluster_kind_listed(&listed, "", "ClusterRole"));
+
+        let allowed = Allowed {
+            namespaces: vec!["team-a".into()],
+            cluster_kinds: listed,
+            ..Allowed::default()
+        };
+        let refusal = allowed.refusal("evil.example.com", "Namespace", "kube-system", None, None);
+        assert!(
+            refusal
+                .as_deref()
+                .is_some_and(|r| r.starts_with("evil.example.com/Namespace is cluster-scoped")),
+            "{refusal:?}"
+        );
+        assert!(
+            allowed
+                .refusal("rbac.authorization.k8s.io", "ClusterRole", "reader", None, None)
+                .is_none()
+        );
+        assert!(allowed.refusal("", "Namespace", "team-a", None, None).is_none());
     }
 
     #[test]

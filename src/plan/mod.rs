@@ -30,6 +30,8 @@ pub struct SyncOptions {
     pub concurrency: usize,
     /// Prometheus for analysis templates that name none.
     pub prometheus_url: Option<String>,
+    /// Prometheus servers templates name (`--prometheus NAME=URL`).
+    pub prometheus: BTreeMap<String, String>,
     /// Take over every object that already exists (`--adopt`, for a migration);
     /// otherwise only those whose manifest says `gitcanary.io/adopt: "true"`.
     pub adopt: bool,
@@ -57,6 +59,18 @@ impl SyncOptions {
     /// The identity the app's writes are made as; `None`: the agent's own.
     pub fn tenant_of(&self, app: &str) -> Option<&ServiceAccountRef> {
         self.tenants.get(app).or(self.default_tenant.as_ref())
+    }
+
+    /// Why the app may not be synced under the tenancy given: with
+    /// `--tenant` set, an app no tenant names would write as the agent
+    /// itself, so it is refused unless `--default-service-account` names
+    /// whom it writes as. Tenancy fails closed.
+    pub fn tenant_problem(&self, app: &str) -> Option<String> {
+        (!self.tenants.is_empty() && self.tenant_of(app).is_none()).then(|| {
+            format!(
+                "app {app} names no tenant: with --tenant set, every app writes as a ServiceAccount; add --tenant {app}=NAMESPACE/SERVICEACCOUNT or give --default-service-account"
+            )
+        })
     }
 }
 
@@ -108,6 +122,7 @@ impl Default for SyncOptions {
             allowed: Allowed::default(),
             concurrency: 16,
             prometheus_url: None,
+            prometheus: BTreeMap::new(),
             adopt: false,
             tenants: BTreeMap::new(),
             default_tenant: None,
@@ -280,6 +295,7 @@ pub fn landing_problems(objects: &[Planned<'_>], allowed: &Allowed) -> Vec<Probl
         .iter()
         .filter_map(|item| {
             let refusal = allowed.refusal(
+                item.manifest.group(),
                 item.manifest.kind(),
                 item.name(),
                 item.manifest.namespace(),

@@ -503,3 +503,20 @@ fn an_unreadable_inventory_prunes_nothing_and_says_so() {
             .starts_with("the recorded inventory cannot be read (expected value at line 1): nothing is pruned")
     );
 }
+
+#[test]
+fn tenancy_fails_closed_for_an_app_no_tenant_names() {
+    let account = |name: &str| ServiceAccountRef {
+        namespace: "tenants".into(),
+        name: name.into(),
+    };
+    let mut options = SyncOptions::default();
+    assert_eq!(options.tenant_problem("web"), None, "no tenancy: the agent writes");
+    options.tenants.insert("shop".into(), account("shop"));
+    assert_eq!(options.tenant_problem("shop"), None);
+    let problem = options.tenant_problem("web").expect("refused");
+    assert!(problem.contains("app web names no tenant"), "{problem}");
+    options.default_tenant = Some(account("restricted"));
+    assert_eq!(options.tenant_problem("web"), None);
+    assert_eq!(options.tenant_of("web"), Some(&account("restricted")));
+}

@@ -7,8 +7,7 @@ use serde_json::Value;
 
 use super::tree::{self, Entry, SourceTree};
 use super::{
-    Capabilities, HelmSettings, Plan, RenderConfig, Rendered, Renderers, SETTINGS_FILE, failure_message, line_of,
-    refusal, sandbox,
+    Capabilities, HelmSettings, Plan, RenderConfig, Rendered, Renderers, failure_message, line_of, refusal, sandbox,
 };
 use crate::manifest::Problem;
 
@@ -23,24 +22,8 @@ pub(super) fn prepare(
         .program("helm", renderers.config.helm.as_deref())
         .map_err(|m| refusal(&chart_file, 1, format!("app {app} is a Helm chart, but {m}")))?;
     check_dependencies(tree, app, &chart_file)?;
-    let settings_file = tree::join(app, SETTINGS_FILE);
-    for values in &settings.values_files {
-        let inside = tree::resolve(app, values).filter(|path| tree::is_within(path, app));
-        let Some(path) = inside else {
-            return Err(refusal(
-                &settings_file,
-                1,
-                format!("values file {values:?} is outside the app directory"),
-            ));
-        };
-        if tree.read(&path).is_err() {
-            return Err(refusal(
-                &settings_file,
-                1,
-                format!("values file {values:?} does not exist in {app}"),
-            ));
-        }
-    }
+    // The settings were checked by `detect`: a valid release name and
+    // namespace, values files inside the app.
     let capabilities = renderers.capabilities();
     let config = renderers.config.clone();
     let release = settings.release_name.clone().unwrap_or_else(|| app.to_string());
@@ -131,22 +114,26 @@ fn template(scratch: &Path, invocation: &Invocation, app: &str) -> Rendered {
     let chart_file = tree::join(app, "Chart.yaml");
     let chart_dir = scratch.join(app);
     let mut command = std::process::Command::new(&invocation.program);
-    command.arg("template").arg(&invocation.release).arg(&chart_dir).args([
-        "--namespace",
-        &invocation.namespace,
-        "--skip-tests",
-    ]);
+    // Flags take their value after `=`, and the release and chart come
+    // after `--`: nothing from Git is read as a flag.
+    command
+        .arg("template")
+        .arg(format!("--namespace={}", invocation.namespace))
+        .arg("--skip-tests");
     for values in &invocation.values {
-        command.arg("--values").arg(chart_dir.join(values));
+        let mut flag = std::ffi::OsString::from("--values=");
+        flag.push(chart_dir.join(values));
+        command.arg(flag);
     }
     if let Some(capabilities) = &invocation.capabilities {
         if !capabilities.kube_version.is_empty() {
-            command.args(["--kube-version", &capabilities.kube_version]);
+            command.arg(format!("--kube-version={}", capabilities.kube_version));
         }
         if !capabilities.api_versions.is_empty() {
-            command.arg("--api-versions").arg(capabilities.api_versions.join(","));
+            command.arg(format!("--api-versions={}", capabilities.api_versions.join(",")));
         }
     }
+    command.arg("--").arg(&invocation.release).arg(&chart_dir);
     sandbox(&mut command, scratch, false);
     let output = match super::process::run(command, invocation.config.timeout, invocation.config.max_output) {
         Ok(output) => output,
@@ -174,9 +161,11 @@ fn source_of(document: &str, app: &str) -> Option<String> {
 /// The template file and line Helm's error names (`CHART/templates/x.yaml:7:3`).
 fn blamed_template(message: &str, app: &str) -> Option<(String, usize)> {
     let start = message.find("/templates/")?;
+    // Past the separator's own bytes: a separating space may be multibyte.
     let begin = message[..start]
-        .rfind(|c: char| c.is_whitespace() || c == '(' || c == '"')
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rfind(|(_, c)| c.is_whitespace() || *c == '(' || *c == '"')
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let token = &message[begin..];
     let end = token
         .find(|c: char| c == ':' || c == ')' || c == '"' || c.is_whitespace())
@@ -208,6 +197,18 @@ mod tests {
             Some(("shop/templates/broken.yaml".to_string(), 3))
         );
         assert_eq!(blamed_template("helm: Chart.yaml file is missing", "shop"), None);
+    }
+
+    #[test]
+    fn a_helm_error_with_multibyte_text_is_read_without_panicking() {
+        // U+3000 is whitespace of three bytes: slicing one byte past it panicked.
+        let message = "helm: 失敗\u{3000}web/templates/é.yaml:4:1: «nil»";
+        assert_eq!(
+            blamed_template(message, "shop"),
+            Some(("shop/templates/é.yaml".to_string(), 4))
+        );
+        let long = format!("Error: {}", "é".repeat(400));
+        assert!(super::super::error_line(&long, Path::new("/tmp/x")).len() <= 500);
     }
 
     #[test]

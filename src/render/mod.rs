@@ -77,9 +77,9 @@ pub fn detect(tree: &dyn SourceTree, app: &str) -> Result<Kind, Problem> {
         return Ok(Kind::Plain);
     };
     let settings_path = tree::join(app, SETTINGS_FILE);
-    let settings = match entries.get(SETTINGS_FILE) {
+    let (settings, text) = match entries.get(SETTINGS_FILE) {
         Some(tree::Entry::File) => read_settings(tree, &settings_path)?,
-        _ => Settings::default(),
+        _ => (Settings::default(), String::new()),
     };
     let has_kustomization = KUSTOMIZATION_FILES.iter().any(|f| entries.contains_key(*f));
     let has_chart = entries.contains_key("Chart.yaml");
@@ -88,16 +88,44 @@ pub fn detect(tree: &dyn SourceTree, app: &str) -> Result<Kind, Problem> {
         line: 1,
         message,
     };
+    // Every value that reaches a renderer's command line is checked before
+    // any renderer runs: it is data, never a flag or a path outside the app.
+    let at = |key: &str, value: &str, message: String| Problem {
+        file: settings_path.clone(),
+        line: line_of_setting(&text, key, value),
+        message,
+    };
     match (settings.kustomize, settings.helm) {
         (Some(_), Some(_)) => Err(problem("names both kustomize and helm; an app has one renderer".into())),
         (Some(kustomize), None) => {
             let path = kustomize.path.unwrap_or_default();
+            if let Err(why) = check_argument(&path) {
+                return Err(at("path", &path, format!("kustomize.path {path:?} {why}")));
+            }
             let Some(build_dir) = tree::resolve(app, &path) else {
-                return Err(problem(format!("kustomize.path {path:?} is outside the repository")));
+                return Err(at(
+                    "path",
+                    &path,
+                    format!("kustomize.path {path:?} is outside the repository"),
+                ));
             };
+            let built = tree.list(&build_dir).unwrap_or_default();
+            if !KUSTOMIZATION_FILES
+                .iter()
+                .any(|f| built.get(*f) == Some(&tree::Entry::File))
+            {
+                return Err(at(
+                    "path",
+                    &path,
+                    format!("kustomize.path {path:?} is no directory holding a kustomization.yaml"),
+                ));
+            }
             Ok(Kind::Kustomize { build_dir })
         }
-        (None, Some(helm)) if has_chart => Ok(Kind::Helm(helm)),
+        (None, Some(helm)) if has_chart => {
+            check_helm(tree, app, &helm, &at)?;
+            Ok(Kind::Helm(helm))
+        }
         (None, Some(_)) => Err(problem(format!(
             "names helm settings, but {app}/Chart.yaml does not exist"
         ))),
@@ -109,7 +137,105 @@ pub fn detect(tree: &dyn SourceTree, app: &str) -> Result<Kind, Problem> {
     }
 }
 
-fn read_settings(tree: &dyn SourceTree, path: &str) -> Result<Settings, Problem> {
+/// Longest Helm release name (Helm's own limit).
+const MAX_RELEASE_NAME: usize = 53;
+
+/// Why a value from Git cannot be a renderer's argument, if it cannot:
+/// nothing a program could take for a flag, and no control characters.
+fn check_argument(value: &str) -> Result<(), &'static str> {
+    if value.chars().any(char::is_control) {
+        return Err("holds a control character (newline, NUL, ...)");
+    }
+    if value.starts_with('-') {
+        return Err("starts with '-', which a renderer would read as a flag");
+    }
+    Ok(())
+}
+
+/// RFC 1123 label: lower-case letters, digits and '-', starting and ending
+/// with a letter or digit.
+fn is_dns_label(value: &str, max: usize) -> bool {
+    !value.is_empty()
+        && value.len() <= max
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-')
+}
+
+fn check_helm(
+    tree: &dyn SourceTree,
+    app: &str,
+    helm: &HelmSettings,
+    at: &dyn Fn(&str, &str, String) -> Problem,
+) -> Result<(), Problem> {
+    if let Some(release) = &helm.release_name
+        && !is_dns_label(release, MAX_RELEASE_NAME)
+    {
+        return Err(at(
+            "releaseName",
+            release,
+            format!(
+                "helm.releaseName {release:?} is not a release name: lower-case letters, digits and '-', at most {MAX_RELEASE_NAME} characters"
+            ),
+        ));
+    }
+    if let Some(namespace) = &helm.namespace
+        && !is_dns_label(namespace, 63)
+    {
+        return Err(at(
+            "namespace",
+            namespace,
+            format!(
+                "helm.namespace {namespace:?} is not a namespace name: lower-case letters, digits and '-', at most 63 characters"
+            ),
+        ));
+    }
+    for values in &helm.values_files {
+        if let Err(why) = check_argument(values) {
+            return Err(at("valuesFiles", values, format!("values file {values:?} {why}")));
+        }
+        let inside = tree::resolve(app, values).filter(|path| tree::is_within(path, app));
+        let Some(path) = inside else {
+            return Err(at(
+                "valuesFiles",
+                values,
+                format!("values file {values:?} is outside the app directory"),
+            ));
+        };
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path.as_str()));
+        if tree.list(dir).and_then(|entries| entries.get(name).copied()) != Some(tree::Entry::File) {
+            return Err(at(
+                "valuesFiles",
+                values,
+                format!("values file {values:?} is not a file in {app}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The line of a setting: the first line after `key:` that shows the value
+/// (as written, or quoted with escapes), else the key's own line.
+fn line_of_setting(text: &str, key: &str, value: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(key_index) = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with(&format!("{key}:")))
+    else {
+        return 1;
+    };
+    let quoted = serde_json::to_string(value).unwrap_or_default();
+    let shown =
+        |line: &str| (!value.is_empty() && !value.contains('\n') && line.contains(value)) || line.contains(&quoted);
+    lines[key_index..]
+        .iter()
+        .position(|l| shown(l))
+        .map_or(key_index + 1, |i| key_index + i + 1)
+}
+
+fn read_settings(tree: &dyn SourceTree, path: &str) -> Result<(Settings, String), Problem> {
     let problem = |line: usize, message: String| Problem {
         file: path.to_string(),
         line,
@@ -118,9 +244,9 @@ fn read_settings(tree: &dyn SourceTree, path: &str) -> Result<Settings, Problem>
     let content = tree.read(path).map_err(|e| problem(1, e))?;
     let text = String::from_utf8(content).map_err(|_| problem(1, "file is not UTF-8".into()))?;
     if text.trim().is_empty() {
-        return Ok(Settings::default());
+        return Ok((Settings::default(), text));
     }
-    serde_saphyr::from_str::<Settings>(&text).map_err(|error| {
+    let settings = serde_saphyr::from_str::<Settings>(&text).map_err(|error| {
         let line = error.location().map_or(1, |l| l.line() as usize);
         let message = error.to_string();
         let first = message
@@ -132,7 +258,8 @@ fn read_settings(tree: &dyn SourceTree, path: &str) -> Result<Settings, Problem>
             line,
             format!("invalid settings: {}", first.strip_prefix("error: ").unwrap_or(first)),
         )
-    })
+    })?;
+    Ok((settings, text))
 }
 
 /// What the cluster serves, for charts that branch on `.Capabilities`.
@@ -194,6 +321,9 @@ pub struct Renderers {
     capabilities: RwLock<Option<Capabilities>>,
     versions: Mutex<HashMap<PathBuf, String>>,
     cache: Mutex<HashMap<String, Arc<[Manifest]>>>,
+    /// Renders that failed or timed out, by key: not run again until their
+    /// inputs change, so one broken app cannot spend every sync's time.
+    failures: Mutex<HashMap<String, Vec<Problem>>>,
     renders: AtomicU64,
 }
 
@@ -232,6 +362,11 @@ impl Renderers {
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.to_string(), manifests.into());
         let Some(disk) = &self.disk else { return };
+        // A rendered Secret is in clear in the output: such a render stays in
+        // memory only, and is rendered again by the next process.
+        if manifests.iter().any(|m| m.kind() == "Secret") {
+            return;
+        }
         // Written aside and renamed: a reader never sees half a file.
         let written = std::fs::create_dir_all(disk).and_then(|()| {
             let file = disk.join(disk_name(key));
@@ -246,6 +381,10 @@ impl Renderers {
 
     /// Drops the renders no app of the last revision used.
     fn forget_all_but(&self, used: &HashSet<String>) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|key, _| used.contains(key));
         self.cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -333,6 +472,8 @@ struct Plan {
 struct Prepared {
     app: String,
     key: String,
+    /// Where a render that panicked is reported.
+    file: String,
     scratch: tempfile::TempDir,
     run: Box<dyn FnOnce(&Path) -> Rendered + Send>,
 }
@@ -351,7 +492,15 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
         problems: vec![problem],
     };
     for job in jobs {
-        let plan = match prepare(tree, renderers, &job) {
+        let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(tree, renderers, &job)));
+        let prepared = prepared.unwrap_or_else(|_| {
+            Err(refusal(
+                &job.app,
+                1,
+                format!("app {}: internal error while rendering", job.app),
+            ))
+        });
+        let plan = match prepared {
             Ok(plan) => plan,
             Err(problem) => {
                 done.insert(job.app, failed(problem));
@@ -369,6 +518,22 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
             );
             continue;
         }
+        let remembered = renderers
+            .failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&plan.key)
+            .cloned();
+        if let Some(problems) = remembered {
+            done.insert(
+                job.app,
+                Rendered {
+                    manifests: Vec::new(),
+                    problems,
+                },
+            );
+            continue;
+        }
         let copied = scratch().and_then(|dir| {
             tree::export(tree, &plan.dirs, dir.path(), MAX_RENDER_INPUT_BYTES)?;
             Ok(dir)
@@ -377,6 +542,7 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
             Ok(scratch) => pending.push(Prepared {
                 app: job.app,
                 key: plan.key,
+                file: plan.file,
                 scratch,
                 run: plan.run,
             }),
@@ -390,9 +556,16 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
     }
     for (prepared, rendered) in run_parallel(pending, renderers.config.parallel) {
         renderers.renders.fetch_add(1, Ordering::Relaxed);
-        // Only a clean render is kept: a timeout may pass on the next try.
+        // A failure (a timeout too) is remembered in memory only, so a
+        // restarted agent tries again.
         if rendered.problems.is_empty() {
             renderers.keep(&prepared.key, &rendered.manifests);
+        } else {
+            renderers
+                .failures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(prepared.key.clone(), rendered.problems.clone());
         }
         done.insert(prepared.app, rendered);
     }
@@ -429,13 +602,35 @@ fn run_parallel(jobs: Vec<Prepared>, parallel: usize) -> Vec<(Prepared, Rendered
                         continue;
                     };
                     let run = std::mem::replace(&mut job.run, Box::new(|_| Rendered::default()));
-                    let rendered = run(job.scratch.path());
+                    let rendered = run_caught(&job.app, &job.file, run, job.scratch.path());
                     results.lock().unwrap_or_else(|e| e.into_inner()).push((job, rendered));
                 }
             });
         }
     });
     results.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs one render; a panic in it is a problem of its app, not of every app.
+fn run_caught(app: &str, file: &str, run: Box<dyn FnOnce(&Path) -> Rendered + Send>, scratch: &Path) -> Rendered {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(scratch))) {
+        Ok(rendered) => rendered,
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Rendered {
+                manifests: Vec::new(),
+                problems: vec![refusal(
+                    file,
+                    1,
+                    format!("app {app}: internal error while rendering: {why}"),
+                )],
+            }
+        }
+    }
 }
 
 /// A fresh scratch directory for one render.
@@ -575,7 +770,15 @@ impl Rendering {
         let mut rendering = Rendering::default();
         let apps = tree.list("").unwrap_or_default();
         for (app, _) in apps.into_iter().filter(|(_, kind)| *kind == tree::Entry::Dir) {
-            match detect(tree, &app) {
+            let detected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| detect(tree, &app)));
+            let detected = detected.unwrap_or_else(|_| {
+                Err(refusal(
+                    &tree::join(&app, SETTINGS_FILE),
+                    1,
+                    format!("app {app}: internal error while reading its settings"),
+                ))
+            });
+            match detected {
                 Ok(Kind::Plain) => {}
                 Ok(kind) => {
                     rendering.skip.insert(app.clone());
@@ -625,6 +828,7 @@ mod tests {
             ("kust/kustomization.yaml", "resources: []"),
             ("chart/Chart.yaml", "name: c"),
             ("overlaid/gitcanary.yaml", "kustomize:\n  path: overlays/prod\n"),
+            ("overlaid/overlays/prod/kustomization.yaml", "resources: []"),
             ("wrong/gitcanary.yaml", "helm:\n  releaseName: x\n"),
             ("typo/gitcanary.yaml", "helm:\n  valueFiles: [a.yaml]\n"),
         ]);
@@ -671,5 +875,202 @@ mod tests {
             "{problem}"
         );
         assert!(problem.message.contains("scripts/renderers.sh"), "{problem}");
+    }
+
+    /// A renderer program that records every run in `record`.
+    fn recording_renderer(dir: &Path) -> (PathBuf, PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let record = dir.join("ran");
+        let program = dir.join("renderer");
+        std::fs::write(
+            &program,
+            format!("#!/bin/sh\necho \"$@\" >> {}\necho v0.0.1\n", record.display()),
+        )
+        .expect("write");
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        (program, record)
+    }
+
+    #[test]
+    fn hostile_renderer_settings_are_refused_at_their_line_before_any_renderer_runs() {
+        let hostile = ["--set-file=x=/etc/passwd", "-x", "/etc/passwd", "../x", "a\nb", "a\0b"];
+        type Setting = fn(&str) -> String;
+        let settings: [(&str, Setting, usize); 4] = [
+            ("releaseName", |v| format!("helm:\n  releaseName: {v}\n"), 2),
+            (
+                "namespace",
+                |v| format!("helm:\n  releaseName: ok\n  namespace: {v}\n"),
+                3,
+            ),
+            (
+                "valuesFiles",
+                |v| format!("helm:\n  valuesFiles:\n  - values.yaml\n  - {v}\n"),
+                4,
+            ),
+            ("path", |v| format!("# an overlay\nkustomize:\n  path: {v}\n"), 3),
+        ];
+        for (key, yaml, line) in settings {
+            for value in hostile {
+                let quoted = serde_json::to_string(value).expect("json");
+                let (dir, tree) = tree_of(&[
+                    ("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n"),
+                    ("web/values.yaml", "a: 1\n"),
+                    ("web/kustomization.yaml", "resources: []\n"),
+                    ("x/cm.yaml", "a: 1\n"),
+                    ("web/gitcanary.yaml", &yaml(&quoted)),
+                ]);
+                let (program, record) = recording_renderer(dir.path());
+                let renderers = Renderers::new(RenderConfig {
+                    helm: Some(program.clone()),
+                    kustomize: Some(program),
+                    ..RenderConfig::default()
+                });
+                let mut set = crate::manifest::ManifestSet::default();
+                Rendering::plan(&tree).finish(&tree, &renderers, &mut set);
+                let problems = &set.apps["web"].problems;
+                assert_eq!(problems.len(), 1, "{key} {value:?}: {problems:?}");
+                let problem = &problems[0];
+                assert_eq!(
+                    (problem.file.as_str(), problem.line),
+                    ("web/gitcanary.yaml", line),
+                    "{key} {value:?}: {problem}"
+                );
+                assert!(
+                    problem.message.contains(key) || problem.message.contains("file"),
+                    "{key} {value:?}: {problem}"
+                );
+                assert!(!record.exists(), "{key} {value:?}: a renderer ran");
+            }
+        }
+        // The recording renderer does record: a valid setting runs it.
+        let (dir, tree) = tree_of(&[
+            ("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n"),
+            ("web/gitcanary.yaml", "helm:\n  releaseName: web-1\n"),
+        ]);
+        let (program, record) = recording_renderer(dir.path());
+        let renderers = Renderers::new(RenderConfig {
+            helm: Some(program),
+            ..RenderConfig::default()
+        });
+        Rendering::plan(&tree).finish(&tree, &renderers, &mut crate::manifest::ManifestSet::default());
+        let ran = std::fs::read_to_string(record).expect("ran");
+        assert!(
+            ran.contains("template --namespace=default --skip-tests -- web-1 "),
+            "{ran}"
+        );
+    }
+
+    #[test]
+    fn release_names_and_arguments_follow_the_rules() {
+        assert!(is_dns_label("web-1", MAX_RELEASE_NAME));
+        assert!(!is_dns_label(&"a".repeat(54), MAX_RELEASE_NAME));
+        assert!(!is_dns_label("-x", MAX_RELEASE_NAME));
+        assert!(!is_dns_label("Web", MAX_RELEASE_NAME));
+        assert!(!is_dns_label("", MAX_RELEASE_NAME));
+        assert!(check_argument("overlays/prod").is_ok());
+        assert!(check_argument("--flag=x").is_err());
+        assert!(check_argument("a\0b").is_err());
+    }
+
+    #[test]
+    fn a_render_that_panics_is_a_problem_of_its_app_only() {
+        let scratch = tempfile::tempdir().expect("dir");
+        let jobs = ["calm", "wild"].map(|app| Prepared {
+            app: app.to_string(),
+            key: app.to_string(),
+            file: format!("{app}/Chart.yaml"),
+            scratch: tempfile::tempdir().expect("dir"),
+            run: if app == "wild" {
+                Box::new(|_: &Path| -> Rendered { panic!("chart exploded") })
+            } else {
+                Box::new(|_: &Path| Rendered::default())
+            },
+        });
+        drop(scratch);
+        let results: BTreeMap<String, Rendered> = run_parallel(jobs.into_iter().collect(), 2)
+            .into_iter()
+            .map(|(job, rendered)| (job.app, rendered))
+            .collect();
+        assert!(results["calm"].problems.is_empty());
+        let problem = &results["wild"].problems[0];
+        assert_eq!(problem.file, "wild/Chart.yaml");
+        assert!(
+            problem
+                .message
+                .contains("app wild: internal error while rendering: chart exploded"),
+            "{problem}"
+        );
+    }
+
+    #[test]
+    fn a_render_with_a_secret_is_not_written_to_disk() {
+        let disk = tempfile::tempdir().expect("dir");
+        let renderers = Renderers {
+            disk: Some(disk.path().to_path_buf()),
+            ..Renderers::default()
+        };
+        let manifest = |kind: &str, value: &str| Manifest {
+            app: "web".into(),
+            file: "web/x.yaml".into(),
+            line: 1,
+            object: serde_json::json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": "a"}, "stringData": {"password": value}}),
+        };
+        renderers.keep(
+            "with-secret",
+            &[manifest("ConfigMap", "plain"), manifest("Secret", "hunter2-secret")],
+        );
+        renderers.keep("without", &[manifest("ConfigMap", "plain")]);
+        let mut written = String::new();
+        for entry in std::fs::read_dir(disk.path()).expect("dir").flatten() {
+            written.push_str(&std::fs::read_to_string(entry.path()).expect("read"));
+        }
+        assert!(written.contains("plain"), "a render without a Secret is kept on disk");
+        assert!(!written.contains("hunter2-secret"), "{written}");
+        assert_eq!(
+            renderers.cached("with-secret").map(|m| m.len()),
+            Some(2),
+            "kept in memory"
+        );
+    }
+
+    #[test]
+    fn a_failed_render_is_not_run_again_until_its_inputs_change() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, tree) = tree_of(&[("web/Chart.yaml", "apiVersion: v2\nname: web\nversion: 0.1.0\n")]);
+        let record = dir.path().join("ran");
+        let program = dir.path().join("helm");
+        std::fs::write(
+            &program,
+            format!(
+                "#!/bin/sh\necho \"$1\" >> {}\n[ \"$1\" = version ] && echo v0 && exit 0\necho 'Error: broken chart' >&2\nexit 1\n",
+                record.display()
+            ),
+        )
+        .expect("write");
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let renderers = Renderers::new(RenderConfig {
+            helm: Some(program),
+            ..RenderConfig::default()
+        });
+        let render = || {
+            let mut set = crate::manifest::ManifestSet::default();
+            Rendering::plan(&tree).finish(&tree, &renderers, &mut set);
+            set.apps["web"].problems.clone()
+        };
+        let runs = || {
+            std::fs::read_to_string(&record)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| *l == "template")
+                .count()
+        };
+        let first = render();
+        assert!(first[0].message.contains("broken chart"), "{first:?}");
+        assert_eq!(render(), first, "the failure comes from memory");
+        assert_eq!(runs(), 1);
+        // A changed chart is rendered again.
+        std::fs::write(dir.path().join("web/values.yaml"), "a: 1\n").expect("write");
+        render();
+        assert_eq!(runs(), 2);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::api::{AnalysisTemplate, BACKGROUND_RUN, Phase, RolloutSpec, RolloutStatus, StepState};
+use super::api::{AnalysisTemplate, BACKGROUND_RUN, Phase, PrometheusRef, RolloutSpec, RolloutStatus, StepState};
 
 /// Default time between measurements.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
@@ -288,6 +288,9 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         if template.metrics.is_empty() {
             out.push(format!("analysis template {:?} has no metrics", template.name));
         }
+        if let Some(problem) = template.prometheus.as_ref().and_then(prometheus_ref_problem) {
+            out.push(format!("analysis template {:?}: {problem}", template.name));
+        }
         if let Some(interval) = &template.interval
             && let Err(e) = interval.to_std()
         {
@@ -321,6 +324,35 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         }
     }
     out
+}
+
+/// A template may name a Prometheus only by the name the operator gave it
+/// (`--prometheus NAME=URL`): an address from Git would let a tenant point
+/// the agent at any server, inside the cluster or out.
+pub fn prometheus_ref_problem(prometheus: &PrometheusRef) -> Option<String> {
+    if let Some(address) = &prometheus.address {
+        return Some(format!(
+            "prometheus.address {:?} is not accepted: the agent asks only the Prometheus servers it was started with; name one with prometheus.name (the NAME of the agent's --prometheus NAME=URL), or leave prometheus out for the default",
+            super::api::bounded_line(address, 80)
+        ));
+    }
+    if !is_server_name(&prometheus.name) {
+        return Some(format!(
+            "prometheus.name {:?} must be the NAME of one of the agent's --prometheus NAME=URL (lowercase letters, digits and '-')",
+            super::api::bounded_line(&prometheus.name, 80)
+        ));
+    }
+    None
+}
+
+/// A name an operator gives a Prometheus server: a DNS label.
+pub fn is_server_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
 }
 
 pub fn step_run(step: u32) -> String {
@@ -424,6 +456,39 @@ mod tests {
         for bad in ["", "0.01", "<", "< a lot", "canary <= stable ^ 2", "~ 3"] {
             assert!(parse_condition(bad).is_err(), "{bad:?} should not parse");
         }
+    }
+
+    #[test]
+    fn a_template_names_a_prometheus_the_operator_gave_never_an_address() {
+        let by_address = PrometheusRef {
+            address: Some("http://169.254.169.254".into()),
+            ..PrometheusRef::default()
+        };
+        let problem = prometheus_ref_problem(&by_address).expect("an address is refused");
+        assert!(
+            problem.contains("prometheus.address \"http://169.254.169.254\" is not accepted"),
+            "{problem}"
+        );
+        let both = PrometheusRef {
+            name: "metrics".into(),
+            address: Some("http://evil".into()),
+        };
+        assert!(
+            prometheus_ref_problem(&both).is_some(),
+            "a name does not excuse an address"
+        );
+        for bad in ["", "http://prometheus:9090", "Metrics", "-x", "a b"] {
+            let named = PrometheusRef {
+                name: bad.into(),
+                address: None,
+            };
+            assert!(prometheus_ref_problem(&named).is_some(), "{bad:?}");
+        }
+        let named = PrometheusRef {
+            name: "metrics-eu".into(),
+            address: None,
+        };
+        assert_eq!(prometheus_ref_problem(&named), None);
     }
 
     #[test]

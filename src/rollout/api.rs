@@ -54,7 +54,8 @@ pub struct RolloutSpec {
 #[serde(rename_all = "camelCase")]
 pub struct AnalysisTemplate {
     pub name: String,
-    /// Prometheus to ask; default the agent's `--prometheus-url`.
+    /// Prometheus to ask, by the name the agent was given it under; default
+    /// the agent's `--prometheus-url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusRef>,
     /// Time between measurements (default 30s).
@@ -79,7 +80,13 @@ pub struct AnalysisTemplate {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusRef {
-    pub address: String,
+    /// A Prometheus the agent was started with (`--prometheus NAME=URL`):
+    /// the operator chooses the servers the agent asks, never a repository.
+    #[serde(default)]
+    pub name: String,
+    /// No longer accepted: validation refuses it and says to use `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -219,21 +226,68 @@ impl JsonSchema for Duration {
     }
 }
 
+/// Text from outside (Git, a server's answer) fit for one line of a status
+/// message or comment: control characters become spaces, whitespace runs
+/// collapse, and it is cut at `max` characters (on a char boundary) with `…`.
+pub fn bounded_line(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut count = 0;
+    for word in text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+    {
+        for c in (count > 0).then_some(' ').into_iter().chain(word.chars()) {
+            if count == max {
+                out.push('…');
+                return out;
+            }
+            out.push(c);
+            count += 1;
+        }
+    }
+    out
+}
+
+/// The longest pause, progress deadline or analysis interval a Rollout may
+/// give: longer is a mistake (and near `u64::MAX` seconds it would overflow
+/// every timer that adds it to a clock).
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 impl Duration {
+    /// The duration, refused when it does not parse or is over [`MAX_DURATION`].
     pub fn to_std(&self) -> Result<std::time::Duration, String> {
+        let duration = match self {
+            Duration::Seconds(s) => std::time::Duration::from_secs(*s),
+            Duration::Text(text) => parse_duration(text)?,
+        };
+        if duration > MAX_DURATION {
+            return Err(format!(
+                "duration {} is longer than the maximum of 30 days ({}s)",
+                self.shown(),
+                MAX_DURATION.as_secs()
+            ));
+        }
+        Ok(duration)
+    }
+
+    /// As Git wrote it, cut short so a hostile value cannot flood a message.
+    fn shown(&self) -> String {
         match self {
-            Duration::Seconds(s) => Ok(std::time::Duration::from_secs(*s)),
-            Duration::Text(text) => parse_duration(text),
+            Duration::Seconds(s) => s.to_string(),
+            Duration::Text(text) => format!("{:?}", bounded_line(text, 40)),
         }
     }
 }
 
-/// Parses "90", "90s", "5m", "1h30m", "500ms".
+/// Parses "90", "90s", "5m", "1h30m", "500ms". Every step is checked: a
+/// value from Git that overflows is an error, never a panic.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let text = text.trim();
+    let shown = bounded_line(text, 40);
     if let Ok(seconds) = text.parse::<u64>() {
         return Ok(std::time::Duration::from_secs(seconds));
     }
+    let too_long = || format!("invalid duration {shown:?}: too long");
     let mut total = std::time::Duration::ZERO;
     let mut number = String::new();
     let mut chars = text.chars().peekable();
@@ -251,24 +305,28 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
                 'h' => "h",
                 'm' => "m",
                 's' => "s",
-                _ => return Err(format!("invalid duration {text:?}: unexpected {c:?}")),
+                _ => return Err(format!("invalid duration {shown:?}: unexpected {c:?}")),
             }
         };
-        let value: u64 = number
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}: a number must come before {unit:?}"))?;
+        if number.is_empty() {
+            return Err(format!(
+                "invalid duration {shown:?}: a number must come before {unit:?}"
+            ));
+        }
+        let value: u64 = number.parse().map_err(|_| too_long())?;
         number.clear();
         any = true;
-        total += match unit {
-            "h" => std::time::Duration::from_secs(value * 3600),
-            "m" => std::time::Duration::from_secs(value * 60),
-            "s" => std::time::Duration::from_secs(value),
-            _ => std::time::Duration::from_millis(value),
+        let part = match unit {
+            "h" => value.checked_mul(3600).map(std::time::Duration::from_secs),
+            "m" => value.checked_mul(60).map(std::time::Duration::from_secs),
+            "s" => Some(std::time::Duration::from_secs(value)),
+            _ => Some(std::time::Duration::from_millis(value)),
         };
+        total = part.and_then(|part| total.checked_add(part)).ok_or_else(too_long)?;
     }
     if !number.is_empty() || !any {
         return Err(format!(
-            "invalid duration {text:?}: use seconds or a unit (90s, 5m, 1h)"
+            "invalid duration {shown:?}: use seconds or a unit (90s, 5m, 1h)"
         ));
     }
     Ok(total)
@@ -410,6 +468,10 @@ pub struct RolloutStatus {
     pub last_promote_signal: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub last_abort_signal: String,
+    /// The last promote or abort ignored: for another release, or sent while
+    /// nothing waited for it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ignored_signal: String,
     /// Each step of the current (or last) release: when it ran and what passed it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub step_history: Vec<StepRecord>,
@@ -576,6 +638,44 @@ mod tests {
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("m").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn text_from_outside_is_one_short_line() {
+        assert_eq!(bounded_line("  a\n\tb\r\u{1b}[31mc  ", 80), "a b [31mc");
+        let long = "é".repeat(1000);
+        let cut = bounded_line(&long, 200);
+        assert_eq!(cut.chars().count(), 201);
+        assert!(cut.ends_with('…'));
+        assert_eq!(bounded_line("short", 5), "short");
+        assert_eq!(bounded_line("", 5), "");
+    }
+
+    #[test]
+    fn durations_that_overflow_are_errors_not_panics() {
+        for text in [
+            "18446744073709551615s1s",
+            "18446744073709551615h",
+            "99999999999999999999999s",
+            "18446744073709551615m",
+            "18446744073709551615s18446744073709551615ms",
+        ] {
+            assert!(parse_duration(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn durations_over_thirty_days_are_refused() {
+        let max = MAX_DURATION.as_secs();
+        assert_eq!(Duration::Seconds(max).to_std(), Ok(MAX_DURATION));
+        let over = Duration::Seconds(max + 1).to_std().expect_err("over 30 days");
+        assert!(over.contains("longer than the maximum of 30 days"), "{over}");
+        assert!(Duration::Text("720h".into()).to_std().is_ok());
+        assert!(Duration::Text("720h1s".into()).to_std().is_err());
+        assert!(Duration::Seconds(u64::MAX).to_std().is_err());
+        // Git's text is cut short in the message.
+        let long = format!("{}s", "9".repeat(500));
+        assert!(Duration::Text(long).to_std().expect_err("too long").len() < 120);
     }
 
     #[test]

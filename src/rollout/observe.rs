@@ -110,6 +110,10 @@ pub(crate) async fn observe_rollout(
         replicas: git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32,
         promote_signal: annotation(PROMOTE_ANNOTATION),
         abort_signal: annotation(ABORT_ANNOTATION),
+        rollout_uid: live_rollout
+            .as_ref()
+            .and_then(|r| r.metadata.uid.clone())
+            .unwrap_or_default(),
         now: Timestamp::now(),
         ..Observed::default()
     };
@@ -311,10 +315,13 @@ async fn measure_due(
         stable_revision: revisions.stable.clone(),
         rollout_id: status.rollout_id.clone(),
     };
+    let servers = super::prometheus::Servers {
+        default: options.prometheus_url.clone(),
+        named: options.prometheus.clone(),
+    };
     let mut measurements = Vec::new();
     for (run, template) in analysis::due_runs(spec, status, now) {
-        let measurement =
-            super::prometheus::measure(&run, template, options.prometheus_url.as_deref(), &bindings).await;
+        let measurement = super::prometheus::measure(&run, template, &servers, &bindings).await;
         info!(rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
         measurements.push(measurement);
     }

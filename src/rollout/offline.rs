@@ -92,6 +92,11 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
     let mut now = Timestamp::UNIX_EPOCH;
     for round in 0..steps + WALK_EXTRA {
         let target = Target::find(objects, index)?;
+        // A person promotes only a release that waits for it, as the CLI allows.
+        let previous = status.clone().unwrap_or_default();
+        let promote_signal = super::signal::Release::running("offline-uid", &previous)
+            .filter(|_| super::signal::awaited(super::api::Signal::Promote, &previous).is_ok())
+            .map(|release| super::signal::token(&release, &format!("offline-{round}")));
         let observed = RolloutObserved {
             planner: Observed {
                 commit: "offline".to_string(),
@@ -101,7 +106,8 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
                 replicas,
                 canary_ready: replicas,
                 stable_rolled_out: round > 0,
-                promote_signal: Some(format!("offline-{round}")),
+                promote_signal,
+                rollout_uid: "offline-uid".to_string(),
                 stable_revision: "stable".to_string(),
                 canary_revision: "canary".to_string(),
                 now,

@@ -2,6 +2,7 @@
 //! plain HTTP, with a short timeout so that an unreachable server makes a
 //! measurement inconclusive instead of holding up the sync.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,11 +15,52 @@ use super::analysis::{self, Bindings, Measurement, Outcome};
 use super::api::AnalysisTemplate;
 
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest error from a server kept in a status or comment.
+const MAX_ERROR: usize = 200;
+
+/// The Prometheus servers the operator started the agent with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Servers {
+    /// `--prometheus-url`: for templates that name none.
+    pub default: Option<String>,
+    /// `--prometheus NAME=URL`.
+    pub named: BTreeMap<String, String>,
+}
+
+impl Servers {
+    /// The address a template's queries go to: the operator's, never Git's.
+    pub fn address_for(&self, template: &AnalysisTemplate) -> Result<&str, String> {
+        match &template.prometheus {
+            None => self
+                .default
+                .as_deref()
+                .ok_or_else(|| "no Prometheus address (set --prometheus-url)".to_string()),
+            Some(reference) => {
+                if let Some(problem) = analysis::prometheus_ref_problem(reference) {
+                    return Err(problem);
+                }
+                self.named.get(&reference.name).map(String::as_str).ok_or_else(|| {
+                    format!(
+                        "the agent has no Prometheus named {:?} (start it with --prometheus {}=URL)",
+                        reference.name, reference.name
+                    )
+                })
+            }
+        }
+    }
+}
 /// Answers larger than this are refused (a query should return one number).
 const MAX_ANSWER: usize = 1 << 20;
 
-/// The value of an instant query: `None` when it returned no series.
+/// The value of an instant query: `None` when it returned no series. Its
+/// error is one short line: a server's text never fills a status or comment.
 pub async fn query(address: &str, promql: &str) -> Result<Option<f64>, String> {
+    ask(address, promql)
+        .await
+        .map_err(|e| super::api::bounded_line(&e, MAX_ERROR))
+}
+
+async fn ask(address: &str, promql: &str) -> Result<Option<f64>, String> {
     if !address.starts_with("http://") {
         return Err(format!("Prometheus address {address:?}: only http:// is supported"));
     }
@@ -50,12 +92,15 @@ pub async fn query(address: &str, promql: &str) -> Result<Option<f64>, String> {
     let answer: Value =
         serde_json::from_slice(&body).map_err(|e| format!("Prometheus answer is not JSON ({status}): {e}"))?;
     if answer["status"] != "success" {
-        return Err(format!(
-            "Prometheus: {}",
-            answer["error"].as_str().unwrap_or("the query failed")
-        ));
+        return Err(failure(&answer));
     }
     parse_value(&answer["data"])
+}
+
+/// A failed query's error: the server's own words, one short line.
+fn failure(answer: &Value) -> String {
+    let said = answer["error"].as_str().unwrap_or("the query failed");
+    super::api::bounded_line(&format!("Prometheus: {said}"), MAX_ERROR)
 }
 
 /// The number in a query's `data`: a scalar, or a vector of one series.
@@ -86,7 +131,7 @@ fn parse_value(data: &Value) -> Result<Option<f64>, String> {
         _ => text
             .parse::<f64>()
             .map(Some)
-            .map_err(|_| format!("{text:?} is not a number")),
+            .map_err(|_| format!("{:?} is not a number", super::api::bounded_line(text, 40))),
     }
 }
 
@@ -96,27 +141,16 @@ fn show(value: Option<f64>) -> String {
 
 /// Measures every metric of a template once: failed when one fails,
 /// inconclusive when one is (and none fails), else successful.
-pub async fn measure(
-    run: &str,
-    template: &AnalysisTemplate,
-    default_address: Option<&str>,
-    bindings: &Bindings,
-) -> Measurement {
-    let address = template
-        .prometheus
-        .as_ref()
-        .map(|p| p.address.as_str())
-        .or(default_address);
+pub async fn measure(run: &str, template: &AnalysisTemplate, servers: &Servers, bindings: &Bindings) -> Measurement {
+    let address = servers.address_for(template);
     let mut outcomes = Vec::new();
     let mut messages = Vec::new();
     for metric in &template.metrics {
-        let (outcome, message) = match (address, analysis::parse_condition(&metric.success_condition)) {
-            (None, _) => (
-                Outcome::Inconclusive,
-                "no Prometheus address (set --prometheus-url)".to_string(),
-            ),
+        let (outcome, message) = match (&address, analysis::parse_condition(&metric.success_condition)) {
+            (Err(e), _) => (Outcome::Inconclusive, e.clone()),
             (_, Err(e)) => (Outcome::Inconclusive, e),
-            (Some(address), Ok(condition)) => {
+            (Ok(address), Ok(condition)) => {
+                let address = *address;
                 let asked = async |bindings: &Bindings| -> Result<(String, Option<f64>), String> {
                     let promql = analysis::render(&metric.query, bindings)?;
                     let value = query(address, &promql).await?;
@@ -174,6 +208,56 @@ pub async fn measure(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_servers_error_text_is_not_copied_whole() {
+        let page = format!(
+            "secret-line-1\n{}\n<html>{}</html>",
+            "x".repeat(10_000),
+            "é".repeat(5_000)
+        );
+        let answer = json!({"status": "error", "error": page});
+        let error = failure(&answer);
+        assert!(
+            error.chars().count() <= MAX_ERROR + 1,
+            "{} chars",
+            error.chars().count()
+        );
+        assert!(!error.contains('\n'), "{error}");
+        let not_a_number = json!({"resultType": "scalar", "result": [1, "é".repeat(10_000)]});
+        let error = parse_value(&not_a_number).expect_err("not a number");
+        assert!(super::super::api::bounded_line(&error, MAX_ERROR).len() < 1024);
+    }
+
+    #[test]
+    fn templates_reach_only_the_operators_servers() {
+        let servers = Servers {
+            default: Some("http://default:9090".into()),
+            named: [("eu".to_string(), "http://eu:9090".to_string())].into(),
+        };
+        let mut template = AnalysisTemplate::default();
+        assert_eq!(servers.address_for(&template), Ok("http://default:9090"));
+        template.prometheus = Some(super::super::api::PrometheusRef {
+            name: "eu".into(),
+            address: None,
+        });
+        assert_eq!(servers.address_for(&template), Ok("http://eu:9090"));
+        template.prometheus = Some(super::super::api::PrometheusRef {
+            name: "us".into(),
+            address: None,
+        });
+        assert!(
+            servers
+                .address_for(&template)
+                .expect_err("unknown")
+                .contains("no Prometheus named \"us\"")
+        );
+        template.prometheus = Some(super::super::api::PrometheusRef {
+            name: "eu".into(),
+            address: Some("http://attacker:80".into()),
+        });
+        assert!(servers.address_for(&template).is_err(), "Git's address is never asked");
+    }
 
     #[test]
     fn answers_are_read_as_one_number_or_no_data() {

@@ -299,6 +299,14 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
     if let Some(Err(e)) = canary.progress_deadline.as_ref().map(|d| d.to_std()) {
         problems.push(format!("progressDeadline: {e}"));
     }
+    if let Some(grace) = canary.grace_period_seconds
+        && std::time::Duration::from_secs(u64::from(grace)) > super::api::MAX_DURATION
+    {
+        problems.push(format!(
+            "gracePeriodSeconds: {grace} is longer than the maximum of 30 days ({}s)",
+            super::api::MAX_DURATION.as_secs()
+        ));
+    }
     problems.extend(naming_problems(spec));
     for routing in &canary.traffic_routings {
         if routing.gateway.is_none() && routing.ingress.is_none() {
@@ -629,6 +637,31 @@ mod tests {
             found[0].starts_with("echo/rollout.yaml:1: annotation gitcanary.io/promote is gitcanary's own signal"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn durations_that_overflow_or_pass_thirty_days_are_refused_with_file_and_line() {
+        let r = rollout(
+            "      - {traffic: 10%, pause: {duration: \"18446744073709551615s1s\"}}\n      - {traffic: 20%, pause: {duration: 2592001}}\n",
+        )
+        .replace(
+            "    canary:\n",
+            "    canary:\n      progressDeadline: 31d\n      gracePeriodSeconds: 2592001\n",
+        )
+        .replace("      progressDeadline: 31d", "      progressDeadline: 745h");
+        let r = format!(
+            "{r}  analysisTemplates:\n  - name: t\n    interval: 18446744073709551615\n    metrics: [{{name: m, query: up, successCondition: \"> 0\"}}]\n"
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &r)]);
+        for wanted in [
+            "echo/rollout.yaml:1: step 1: pause invalid duration \"18446744073709551615s1s\": too long",
+            "echo/rollout.yaml:1: step 2: pause duration 2592001 is longer than the maximum of 30 days",
+            "echo/rollout.yaml:1: progressDeadline: duration \"745h\" is longer than the maximum of 30 days",
+            "echo/rollout.yaml:1: gracePeriodSeconds: 2592001 is longer than the maximum of 30 days",
+            "echo/rollout.yaml:1: analysis template \"t\": interval: duration 18446744073709551615 is longer",
+        ] {
+            assert!(found.iter().any(|p| p.starts_with(wanted)), "{wanted} in {found:?}");
+        }
     }
 
     #[test]
