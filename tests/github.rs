@@ -79,7 +79,7 @@ async fn promotion_pull(fake: &GitHubFake, step: u32) -> FakePull {
 #[tokio::test]
 async fn the_pull_request_follows_the_release_and_only_writers_can_promote() {
     let scenario = Scenario::new("gh-release").await;
-    let fake = GitHubFake::start().await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
     fake.grant("alice", "write");
     fake.grant("mallory", "read");
     write_app(&scenario, "1.0");
@@ -679,4 +679,171 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
     // Git now asks for what runs: nothing to change.
     let (code, out, err) = scenario.diff();
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// The app with a fixed `rolloutID`, so every release has the same gate branch name.
+fn write_app_with_id(scenario: &Scenario, image: &str, rollout_id: &str) {
+    let spec = format!(
+        "  rolloutID: {rollout_id}\n  strategy:\n    canary:\n      steps:\n      - {{replicas: 1, pause: {{}}}}\n"
+    );
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &spec);
+}
+
+#[tokio::test]
+async fn the_releases_own_author_cannot_promote_it_by_command_nor_can_an_unlisted_bot() {
+    let scenario = Scenario::new("gh-self-promote").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    for writer in ["alice", "carol", "ci[bot]"] {
+        fake.grant(writer, "write");
+    }
+    // Git's commits are carol's; the pull request that carried them is dave's.
+    fake.link_email("author@example.test", "carol");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry_by(&commit, 7, "dave");
+    wait_for_phase(&scenario, Phase::Paused).await;
+
+    fake.comment(7, "carol", "/gitcanary promote");
+    fake.comment(7, "ci[bot]", "/gitcanary promote");
+    eventually("both are told no", WAIT, || async {
+        let replies = fake.comments_on(7);
+        let told = |who: &str| {
+            replies.iter().any(|(_, _, b)| {
+                b.starts_with(&format!(
+                    "@{who} `/gitcanary promote` must come from a writer who wrote"
+                ))
+            })
+        };
+        (told("carol") && told("ci[bot]")).then_some(())
+    })
+    .await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+
+    fake.comment(7, "alice", "/gitcanary promote");
+    eventually("a writer who wrote none of it promotes", WAIT, || async {
+        (phase(&scenario).await != Some(Phase::Paused)).then_some(())
+    })
+    .await;
+}
+
+/// Release 2 of a fixed rolloutID ends at its gate (merged, or closed
+/// unmerged: an abort); release 3, with the same gate branch name, must get
+/// a gate of its own and wait at it.
+async fn an_earlier_gate_of_the_same_name_decides_nothing(name: &str, merge: bool) {
+    let scenario = Scenario::new(name).await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    write_app_with_id(&scenario, "1.0", "steady");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+
+    write_app_with_id(&scenario, "2.0", "steady");
+    let second = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&second, 7);
+    let old = promotion_pull(&fake, 1).await;
+    if merge {
+        fake.merge_as(old.number, "alice");
+        wait_for_phase(&scenario, Phase::Healthy).await;
+    } else {
+        fake.close_as(old.number, "alice");
+        wait_for_failure(&scenario).await;
+        eventually("the revert is in Git", WAIT, || async {
+            scenario
+                .history()
+                .into_iter()
+                .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {second}")))
+        })
+        .await;
+    }
+
+    let repo = scenario.repo.path();
+    support::run(repo, "git", &["pull", "-q", "--rebase", "origin", "main"]);
+    write_app_with_id(&scenario, "3.0", "steady");
+    let third = scenario.repo.commit_and_push("echo 3.0");
+    fake.carry(&third, 8);
+    let new = eventually("release 3's own gate", WAIT, || async {
+        fake.pulls()
+            .into_iter()
+            .find(|p| p.number != old.number && p.head.starts_with("gitcanary/promote/") && p.open)
+    })
+    .await;
+    assert_ne!(new.head, old.head, "a new branch name");
+    assert!(new.body.contains(&third), "the gate names its release: {}", new.body);
+    reviews_read(&fake, new.number, 2).await;
+    assert_eq!(
+        phase(&scenario).await,
+        Some(Phase::Paused),
+        "the earlier release's gate decided nothing for this one"
+    );
+}
+
+#[tokio::test]
+async fn an_earlier_releases_merged_gate_of_the_same_name_does_not_pass_the_next() {
+    an_earlier_gate_of_the_same_name_decides_nothing("gh-old-gate-merged", true).await;
+}
+
+#[tokio::test]
+async fn an_earlier_releases_closed_gate_of_the_same_name_does_not_abort_the_next() {
+    an_earlier_gate_of_the_same_name_decides_nothing("gh-old-gate-closed", false).await;
+}
+
+#[tokio::test]
+async fn a_gate_branch_someone_else_pushed_first_is_not_reused() {
+    let scenario = Scenario::new("gh-taken-branch").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    write_app_with_id(&scenario, "1.0", "known");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = start_agent(&scenario, &fake);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+
+    // Mallory predicts the gate branch and pushes a commit carrying
+    // gitcanary's trailers before the release waits at its gate.
+    let branch = format!("gitcanary/promote/{}/echo/known-1", scenario.ns);
+    let repo = scenario.repo.path();
+    support::run(repo, "git", &["checkout", "-q", "-B", "trap"]);
+    std::fs::create_dir_all(repo.join(format!(".gitcanary/gates/{}", scenario.ns))).expect("dir");
+    std::fs::write(
+        repo.join(format!(".gitcanary/gates/{}/echo.yaml", scenario.ns)),
+        "step: 1\n",
+    )
+    .expect("write");
+    support::run(repo, "git", &["add", "-A"]);
+    let message = format!(
+        "gate\n\nGitcanary-Rollout: {}/echo\nGitcanary-Gate: known-1\n",
+        scenario.ns
+    );
+    support::run(repo, "git", &["commit", "-q", "-m", &message]);
+    let trap = support::run(repo, "git", &["rev-parse", "HEAD"]);
+    support::run(repo, "git", &["push", "-q", "origin", &format!("HEAD:{branch}")]);
+    support::run(repo, "git", &["checkout", "-q", "main"]);
+
+    write_app_with_id(&scenario, "2.0", "known");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let gate = eventually("the gate", WAIT, || async {
+        fake.pulls()
+            .into_iter()
+            .find(|p| p.head.starts_with("gitcanary/promote/"))
+    })
+    .await;
+    assert_ne!(gate.head, branch, "the taken branch is not the gate");
+    assert_ne!(
+        scenario.git(&["rev-parse", &gate.head]),
+        trap.trim(),
+        "nor is mallory's commit"
+    );
+    eventually("the change's pull request is warned", WAIT, || async {
+        fake.comments_on(7)
+            .iter()
+            .any(|(_, _, b)| b.contains(&format!("The gate branch `{branch}` already existed")))
+            .then_some(())
+    })
+    .await;
 }

@@ -6,7 +6,7 @@
 
 use tracing::{info, warn};
 
-use super::{GitHub, PullRequest, escape_inline};
+use super::{GatePolicy, GitHub, PullFile, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::engine::RolloutSummary;
 use crate::writeback::{GateFile, gate_branch, gate_path};
@@ -73,6 +73,77 @@ fn gate_commit(body: &str) -> Option<&str> {
     Some(rest[..rest.find(" -->")?].trim())
 }
 
+/// The hidden line that names the release and step a gate is for: a pull
+/// request of another release (the same rollout ID reused) is not this gate.
+fn release_marker(canary_commit: &str, step: u32) -> String {
+    format!("<!-- gitcanary:gate-release {canary_commit} {step} -->")
+}
+
+/// Whether a pull request is gitcanary's gate for this release and step:
+/// opened by gitcanary's own account, naming the release's full canary commit.
+pub fn is_gate_of_release(pull: &PullRequest, own: &str, canary_commit: &str, step: u32) -> bool {
+    !canary_commit.is_empty() && pull.author == own && pull.body.contains(&release_marker(canary_commit, step))
+}
+
+/// Whether the head is the commit gitcanary pushed (full sha, never empty).
+pub fn is_pushed_head(head_sha: &str, pushed: Option<&str>) -> bool {
+    pushed.is_some_and(|pushed| !pushed.is_empty() && pushed == head_sha)
+}
+
+/// Every path a pull request touches besides the gate file, a rename's old
+/// path included: a rename into the gate file is not "only the gate file".
+pub fn files_besides_gate(files: &[PullFile], gate_path: &str) -> Vec<String> {
+    let mut others = Vec::new();
+    for file in files {
+        for path in std::iter::once(&file.filename).chain(file.previous_filename.iter()) {
+            if path != gate_path && !others.contains(path) {
+                others.push(path.clone());
+            }
+        }
+    }
+    others
+}
+
+/// Whether a bot account counts at all: listed by `--github-bot` only.
+pub fn is_bot(login: &str) -> bool {
+    login.ends_with("[bot]")
+}
+
+/// Whether `user` may decide a release whose commits `authors` made or
+/// committed (writer access checked apart): never one of its authors (unless
+/// self-approval is allowed), a bot only when listed, and a bot never for its
+/// own commits even then. gitcanary's own account decides nothing this way.
+pub fn may_decide(user: &str, bot: bool, own: &str, authors: &[String], policy: &GatePolicy) -> bool {
+    if user.is_empty() || user == own {
+        return false;
+    }
+    let authored = authors.iter().any(|a| a.eq_ignore_ascii_case(user));
+    if (bot || is_bot(user)) && (!policy.bots.iter().any(|b| b == user) || authored) {
+        return false;
+    }
+    policy.allow_self_approval || !authored
+}
+
+/// Whether a merge passes the gate: gitcanary merged it (after an approval
+/// it checked), or someone who may decide did.
+pub fn merge_counts(merged_by: Option<&str>, own: &str, authors: &[String], policy: &GatePolicy) -> bool {
+    match merged_by {
+        Some(by) if by == own => true,
+        Some(by) => may_decide(by, false, own, authors, policy),
+        None => false,
+    }
+}
+
+/// Gate branches tried in turn: the release's own name first, then numbered
+/// ones for when a branch of that name exists that gitcanary did not push for
+/// this release.
+pub fn branch_candidates(first: &str) -> impl Iterator<Item = String> + '_ {
+    std::iter::once(first.to_string()).chain((2..=MAX_BRANCH_TRIES).map(move |n| format!("{first}-v{n}")))
+}
+
+/// How many gate branch names are tried before the gate waits.
+const MAX_BRANCH_TRIES: u32 = 5;
+
 impl GateRequest<'_> {
     pub fn branch(&self) -> String {
         gate_branch(
@@ -123,55 +194,94 @@ impl GateRequest<'_> {
         format!(
             "Release `{}` of `{}/{}` (carried by {carried}) waits at step {}.\n\n\
              **Approve** this pull request (write access needed) and gitcanary merges it and goes on; \
-             merging it yourself does the same. **Closing it unmerged aborts the release** and reverts it in Git.\n\n{}\n{GATE_COMMIT_MARKER}{commit} -->",
+             merging it yourself does the same. **Closing it unmerged aborts the release** and reverts it in Git. \
+             Nobody who wrote or committed the release's changes may pass it.\n\n{}\n{GATE_COMMIT_MARKER}{commit} -->\n{}",
             rollout.status.rollout_id,
             rollout.namespace,
             rollout.name,
             self.step,
-            super::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, &rollout.status, None)
+            super::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, &rollout.status, None),
+            release_marker(&rollout.status.canary_commit, self.step)
         )
     }
 }
 
+/// What driving the gate found: its pull request, what it says, and the
+/// branch names skipped because someone else's branch held them.
+pub struct Driven {
+    pub pull: PullRequest,
+    pub verdict: Verdict,
+    pub skipped: Vec<String>,
+}
+
 /// Finds the gate's pull request, or opens it (`push_branch` pushes the gate
-/// branch first). Returns it with what it says.
-pub async fn drive<F>(github: &GitHub, request: &GateRequest<'_>, push_branch: F) -> Result<(PullRequest, Verdict)>
+/// branch first). A branch name already taken by anything but gitcanary's
+/// gate for this release (an earlier release's gate, someone's push) is
+/// never reused: the next name is tried.
+pub async fn drive<F>(github: &GitHub, request: &GateRequest<'_>, push_branch: F) -> Result<Driven>
 where
     F: AsyncFnOnce(String) -> Result<String>,
 {
-    let branch = request.branch();
     let repository = github.repository();
-    // Only a pull request from this repository into the tracked branch is the gate.
-    let found = github
-        .pull_for_branch(&branch)
-        .await?
-        .filter(|p| p.head_repo == repository && p.base_ref == request.base);
-    let pull = match found {
-        Some(pull) => pull,
-        None => {
-            let commit = push_branch(branch.clone()).await?;
-            match github
-                .create_pull(&branch, request.base, &request.title(), &request.body(&commit))
-                .await
-            {
-                Ok(pull) => {
-                    info!(pull = pull.number, %branch, "promotion pull request opened");
-                    pull
-                }
-                // Another agent (or an earlier life of this one) opened it meanwhile.
-                Err(Error::GitHub { status: Some(422), .. }) => {
-                    github.pull_for_branch(&branch).await?.ok_or_else(|| Error::GitHub {
-                        context: "opening the promotion pull request".into(),
-                        status: Some(422),
-                        message: format!("refused, and no pull request from {branch} exists"),
-                    })?
-                }
-                Err(error) => return Err(error),
+    let own = github.login().await?.to_string();
+    let canary = &request.rollout.status.canary_commit;
+    let first = request.branch();
+    let mut skipped = Vec::new();
+    let mut free = None;
+    for branch in branch_candidates(&first) {
+        // Only a pull request from this repository into the tracked branch is the gate.
+        let found = github
+            .pull_for_branch(&branch)
+            .await?
+            .filter(|p| p.head_repo == repository && p.base_ref == request.base);
+        match found {
+            Some(pull) if is_gate_of_release(&pull, &own, canary, request.step) => {
+                let verdict = verdict(github, &pull, request, &own).await?;
+                return Ok(Driven { pull, verdict, skipped });
+            }
+            Some(_) => skipped.push(branch),
+            None if github.branch_exists(&branch).await? => skipped.push(branch),
+            None => {
+                free = Some(branch);
+                break;
             }
         }
+    }
+    let Some(branch) = free else {
+        return Err(Error::GitHub {
+            context: "choosing the gate branch".into(),
+            status: None,
+            message: format!(
+                "every gate branch name from {first} on is taken by a branch gitcanary did not push for this release"
+            ),
+        });
     };
-    let verdict = verdict(github, &pull, request).await?;
-    Ok((pull, verdict))
+    if !skipped.is_empty() {
+        warn!(skipped = ?skipped, %branch, "gate branch names taken by someone else's branch; using another");
+    }
+    let commit = push_branch(branch.clone()).await?;
+    let pull = match github
+        .create_pull(&branch, request.base, &request.title(), &request.body(&commit))
+        .await
+    {
+        Ok(pull) => {
+            info!(pull = pull.number, %branch, "promotion pull request opened");
+            pull
+        }
+        // Another agent (or an earlier life of this one) opened it meanwhile.
+        Err(Error::GitHub { status: Some(422), .. }) => github
+            .pull_for_branch(&branch)
+            .await?
+            .filter(|p| is_gate_of_release(p, &own, canary, request.step))
+            .ok_or_else(|| Error::GitHub {
+                context: "opening the promotion pull request".into(),
+                status: Some(422),
+                message: format!("refused, and no gate pull request of this release from {branch} exists"),
+            })?,
+        Err(error) => return Err(error),
+    };
+    let verdict = verdict(github, &pull, request, &own).await?;
+    Ok(Driven { pull, verdict, skipped })
 }
 
 /// The same whether the agent merged the approved pull request or a human
@@ -180,21 +290,49 @@ fn gate_token(number: u64) -> String {
     format!("promotion pull request #{number}")
 }
 
-async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>) -> Result<Verdict> {
+async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>, own: &str) -> Result<Verdict> {
     let number = pull.number;
+    let policy = &github.gate_policy;
+    let pushed = gate_commit(&pull.body);
     if pull.merged {
-        return Ok(Verdict::Promote {
-            token: gate_token(number),
-            by: format!("promotion pull request #{number} merged"),
-        });
+        // A merge counts only for exactly the commit gitcanary pushed,
+        // touching the gate file only, merged by someone who may decide.
+        let files = github.pull_files(number).await?;
+        let merger = pull.merged_by.as_deref();
+        let writer = match merger {
+            Some(by) if by != own => github.can_write(by).await?,
+            _ => true,
+        };
+        if is_pushed_head(&pull.head_sha, pushed)
+            && files_besides_gate(&files, &request.gate_path()).is_empty()
+            && writer
+            && merge_counts(merger, own, request.authors, policy)
+        {
+            return Ok(Verdict::Promote {
+                token: gate_token(number),
+                by: format!("promotion pull request #{number} merged"),
+            });
+        }
+        explain(
+            github,
+            number,
+            "merge-ignored",
+            &format!(
+                "This merge does not pass the gate: only the commit gitcanary pushed, changing the gate file only, \
+                 merged by gitcanary or by a writer who wrote or committed none of the release (merged by @{}). \
+                 The release still waits; a writer who is not its author can comment `/gitcanary promote` on the change.",
+                escape_inline(merger.unwrap_or("someone"))
+            ),
+        )
+        .await;
+        return Ok(Verdict::Waiting);
     }
     if !pull.open {
         return closed(github, number).await;
     }
     // What would be merged is exactly the commit gitcanary pushed, and it
     // changes the gate file only; anything else keeps the gate closed.
-    let pushed = gate_commit(&pull.body).unwrap_or_default();
-    if pushed.is_empty() || pull.head_sha != pushed {
+    if !is_pushed_head(&pull.head_sha, pushed) {
         explain(
             github,
             number,
@@ -203,23 +341,15 @@ async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>)
                 "The head of this pull request is {}, not the commit gitcanary pushed ({}): the gate stays closed. \
                  Only the gate file may be merged through it; a writer can comment `/gitcanary promote` instead.",
                 crate::short_commit(&pull.head_sha),
-                if pushed.is_empty() {
-                    "none recorded"
-                } else {
-                    crate::short_commit(pushed)
-                }
+                pushed
+                    .filter(|p| !p.is_empty())
+                    .map_or("none recorded", crate::short_commit)
             ),
         )
         .await;
         return Ok(Verdict::Waiting);
     }
-    let gate_path = request.gate_path();
-    let others: Vec<String> = github
-        .pull_files(number)
-        .await?
-        .into_iter()
-        .filter(|f| *f != gate_path)
-        .collect();
+    let others = files_besides_gate(&github.pull_files(number).await?, &request.gate_path());
     if !others.is_empty() {
         explain(
             github,
@@ -233,17 +363,12 @@ async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>)
         .await;
         return Ok(Verdict::Waiting);
     }
-    let own = github.login().await?.to_string();
-    let policy = &github.gate_policy;
     for approval in github.approvals(number).await? {
         let user = &approval.user;
         // An approval counts for the commit it was given on, and only from
-        // someone who may decide: a writer, not the change's own author
-        // (unless allowed), a bot only when listed, never gitcanary itself.
+        // someone who may decide and has write access.
         if approval.commit != pull.head_sha
-            || *user == own
-            || (approval.bot && !policy.bots.contains(user))
-            || (!policy.allow_self_approval && request.authors.contains(user))
+            || !may_decide(user, approval.bot, own, request.authors, policy)
             || !github.can_write(user).await?
         {
             continue;
@@ -347,4 +472,134 @@ pub async fn close_others(github: &GitHub, base: &str, rollout: &RolloutSummary,
         info!(pull = pull.number, "promotion pull request closed");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OWN: &str = "gitcanary[bot]";
+
+    fn pull(author: &str, body: &str) -> PullRequest {
+        PullRequest {
+            number: 3,
+            open: false,
+            merged: true,
+            head_ref: "gitcanary/promote/ns/web/r1-1".into(),
+            head_sha: "a".repeat(40),
+            head_repo: "acme/apps".into(),
+            base_ref: "main".into(),
+            author: author.into(),
+            body: body.into(),
+            merged_by: None,
+        }
+    }
+
+    #[test]
+    fn a_gate_of_another_release_with_the_same_branch_is_not_this_gate() {
+        let new = "b".repeat(40);
+        let old_body = release_marker(&"c".repeat(40), 1);
+        assert!(
+            !is_gate_of_release(&pull(OWN, &old_body), OWN, &new, 1),
+            "an earlier release's gate"
+        );
+        let body = release_marker(&new, 1);
+        assert!(is_gate_of_release(&pull(OWN, &body), OWN, &new, 1));
+        assert!(!is_gate_of_release(&pull(OWN, &body), OWN, &new, 2), "another step");
+        assert!(
+            !is_gate_of_release(&pull("mallory", &body), OWN, &new, 1),
+            "not opened by gitcanary"
+        );
+        assert!(
+            !is_gate_of_release(&pull(OWN, &release_marker("", 1)), OWN, "", 1),
+            "no canary commit"
+        );
+    }
+
+    #[test]
+    fn only_the_pushed_commit_by_full_sha_counts() {
+        let sha = "a".repeat(40);
+        assert!(is_pushed_head(&sha, Some(&sha)));
+        assert!(!is_pushed_head(&sha, Some(&sha[..7])), "a short sha is not the commit");
+        assert!(!is_pushed_head(&sha, None));
+        assert!(!is_pushed_head("", Some("")));
+    }
+
+    #[test]
+    fn a_rename_out_of_another_file_is_more_than_the_gate_file() {
+        let gate = ".gitcanary/gates/ns/web.yaml";
+        let file = |name: &str, old: Option<&str>| PullFile {
+            filename: name.into(),
+            previous_filename: old.map(str::to_string),
+        };
+        assert!(files_besides_gate(&[file(gate, None)], gate).is_empty());
+        assert_eq!(
+            files_besides_gate(&[file(gate, Some("web/deployment.yaml"))], gate),
+            vec!["web/deployment.yaml".to_string()],
+            "the old path of a rename counts"
+        );
+        assert_eq!(
+            files_besides_gate(&[file(gate, None), file("x", None)], gate),
+            vec!["x".to_string()]
+        );
+    }
+
+    #[test]
+    fn no_author_or_committer_of_the_release_decides_it() {
+        let authors = vec!["carol".to_string(), "Dave".to_string()];
+        let policy = GatePolicy::default();
+        assert!(may_decide("alice", false, OWN, &authors, &policy));
+        assert!(!may_decide("carol", false, OWN, &authors, &policy), "the author");
+        assert!(
+            !may_decide("dave", false, OWN, &authors, &policy),
+            "a committer, any case"
+        );
+        assert!(!may_decide(OWN, false, OWN, &authors, &policy), "gitcanary itself");
+        assert!(!may_decide("", false, OWN, &authors, &policy));
+        let lifted = GatePolicy {
+            allow_self_approval: true,
+            bots: vec![],
+        };
+        assert!(may_decide("carol", false, OWN, &authors, &lifted));
+    }
+
+    #[test]
+    fn a_bot_decides_only_when_listed_and_never_for_its_own_commits() {
+        let policy = GatePolicy {
+            allow_self_approval: true,
+            bots: vec!["release[bot]".into()],
+        };
+        assert!(!may_decide("other[bot]", true, OWN, &[], &policy), "not listed");
+        assert!(!may_decide("sneaky", true, OWN, &[], &policy), "type Bot, not listed");
+        assert!(may_decide("release[bot]", true, OWN, &[], &policy));
+        assert!(
+            !may_decide("release[bot]", true, OWN, &["release[bot]".into()], &policy),
+            "its own commits, self-approval or not"
+        );
+    }
+
+    #[test]
+    fn a_merge_counts_from_gitcanary_or_someone_who_may_decide() {
+        let authors = vec!["carol".to_string()];
+        let policy = GatePolicy::default();
+        assert!(merge_counts(Some(OWN), OWN, &authors, &policy));
+        assert!(merge_counts(Some("alice"), OWN, &authors, &policy));
+        assert!(
+            !merge_counts(Some("carol"), OWN, &authors, &policy),
+            "the author merged it"
+        );
+        assert!(
+            !merge_counts(Some("ci[bot]"), OWN, &authors, &policy),
+            "an unlisted bot"
+        );
+        assert!(!merge_counts(None, OWN, &authors, &policy), "nobody known");
+    }
+
+    #[test]
+    fn taken_branch_names_give_way_to_numbered_ones() {
+        let names: Vec<String> = branch_candidates("gitcanary/promote/ns/web/r1-1").collect();
+        assert_eq!(names[0], "gitcanary/promote/ns/web/r1-1");
+        assert_eq!(names[1], "gitcanary/promote/ns/web/r1-1-v2");
+        assert_eq!(names.len(), MAX_BRANCH_TRIES as usize);
+    }
 }

@@ -73,6 +73,15 @@ pub struct PullRequest {
     pub base_ref: String,
     pub author: String,
     pub body: String,
+    /// Who merged it, when it is merged.
+    pub merged_by: Option<String>,
+}
+
+/// One entry of a pull request's file list; a rename names its old path too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullFile {
+    pub filename: String,
+    pub previous_filename: Option<String>,
 }
 
 impl PullRequest {
@@ -90,6 +99,7 @@ impl PullRequest {
             base_ref: value["base"]["ref"].as_str().unwrap_or_default().to_string(),
             author: value["user"]["login"].as_str().unwrap_or_default().to_string(),
             body: value["body"].as_str().unwrap_or_default().to_string(),
+            merged_by: value["merged_by"]["login"].as_str().map(str::to_string),
         })
     }
 }
@@ -406,11 +416,7 @@ impl GitHub {
                 "a collaborator's permission",
             )
             .await?;
-        let permission = answer["role_name"]
-            .as_str()
-            .or(answer["permission"].as_str())
-            .unwrap_or_default();
-        Ok(matches!(permission, "write" | "maintain" | "admin"))
+        Ok(is_writer(&answer))
     }
 
     pub async fn reply(&self, pull: u64, body: &str) -> Result<()> {
@@ -491,15 +497,66 @@ impl GitHub {
             .collect())
     }
 
-    /// The files a pull request changes.
-    pub async fn pull_files(&self, pull: u64) -> Result<Vec<String>> {
+    /// The files a pull request changes, renames with their old paths.
+    pub async fn pull_files(&self, pull: u64) -> Result<Vec<PullFile>> {
         let files = self
             .list(&format!("pulls/{pull}/files"), "a pull request's files")
             .await?;
         Ok(files
             .iter()
-            .filter_map(|f| f["filename"].as_str().map(str::to_string))
+            .filter_map(|f| {
+                Some(PullFile {
+                    filename: f["filename"].as_str()?.to_string(),
+                    previous_filename: f["previous_filename"].as_str().map(str::to_string),
+                })
+            })
             .collect())
+    }
+
+    /// Whether a branch of this name exists in the repository.
+    pub async fn branch_exists(&self, branch: &str) -> Result<bool> {
+        match self
+            .call(Method::GET, &format!("git/ref/heads/{branch}"), None, "a branch")
+            .await
+        {
+            Ok(found) => Ok(found["ref"].as_str() == Some(format!("refs/heads/{branch}").as_str())),
+            Err(Error::GitHub { status: Some(404), .. }) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The GitHub logins of the authors and committers of the commits after
+    /// `base` up to `head` (GitHub's compare), or of `head` alone without a
+    /// base, as far as GitHub tied them to an account.
+    pub async fn commit_people(&self, base: Option<&str>, head: &str) -> Result<Vec<String>> {
+        let commits = match base {
+            Some(base) => {
+                let compare = self
+                    .call(
+                        Method::GET,
+                        &format!("compare/{base}...{head}"),
+                        None,
+                        "the release's commits",
+                    )
+                    .await?;
+                array(&compare["commits"]).to_vec()
+            }
+            None => vec![
+                self.call(Method::GET, &format!("commits/{head}"), None, "the release's commit")
+                    .await?,
+            ],
+        };
+        let mut people = Vec::new();
+        for commit in &commits {
+            for role in ["author", "committer"] {
+                if let Some(login) = commit[role]["login"].as_str()
+                    && !people.iter().any(|p: &String| p == login)
+                {
+                    people.push(login.to_string());
+                }
+            }
+        }
+        Ok(people)
     }
 
     /// Who closed the issue or pull request, when it is closed.
@@ -545,6 +602,13 @@ impl GitHub {
         .await?;
         Ok(())
     }
+}
+
+/// Whether a collaborator-permission answer grants write: `permission` is
+/// the base level (admin, write, read, none) even under a custom role, whose
+/// name `role_name` carries and which may be anything.
+pub fn is_writer(answer: &Value) -> bool {
+    matches!(answer["permission"].as_str(), Some("write" | "maintain" | "admin"))
 }
 
 /// Pages a list may have: 100 items each.
@@ -784,6 +848,23 @@ mod tests {
             Some(Signal::Promote),
             "people's commands still parse"
         );
+    }
+
+    #[test]
+    fn write_access_is_the_base_permission_whatever_the_role_is_called() {
+        assert!(
+            is_writer(&json!({"permission": "write", "role_name": "deployer"})),
+            "a custom role on write"
+        );
+        assert!(is_writer(&json!({"permission": "write", "role_name": "maintain"})));
+        assert!(is_writer(&json!({"permission": "admin", "role_name": "admin"})));
+        assert!(
+            !is_writer(&json!({"permission": "read", "role_name": "write"})),
+            "a role name grants nothing by itself"
+        );
+        assert!(!is_writer(&json!({"permission": "read", "role_name": "triage"})));
+        assert!(!is_writer(&json!({"permission": "none", "role_name": "admin"})));
+        assert!(!is_writer(&json!({})));
     }
 
     #[test]

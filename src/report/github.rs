@@ -46,15 +46,31 @@ impl GitHubReporter<'_> {
                 continue;
             }
             let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);
-            let (pulls, authors): (Vec<u64>, Vec<String>) = match github.carried_by(commit).await {
+            let (pulls, mut authors): (Vec<u64>, Vec<String>) = match github.carried_by(commit).await {
                 Ok(carried) => carried.into_iter().unzip(),
                 Err(error) => {
                     warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: cannot find the pull request");
                     continue;
                 }
             };
+            // Everyone who wrote or committed a commit of the release, with or
+            // without a pull request: none of them may pass its gate. Unknown,
+            // the gate and commands wait; the comment and status do not.
+            let mut authors_known = true;
+            if matches!(status.phase, Phase::Paused | Phase::Progressing) && !status.canary_commit.is_empty() {
+                match release_people(github, status).await {
+                    Ok(people) => {
+                        debug!(?people, "the release's authors and committers");
+                        authors.extend(people)
+                    }
+                    Err(error) => {
+                        warn!(%error, namespace = %fields.0, rollout = %fields.1, "GitHub: the release's commit authors are unknown; its gate and commands wait");
+                        authors_known = false;
+                    }
+                }
+            }
             let mut command_pulls = pulls.clone();
-            let waiting = gate::waiting_step(&rollout.spec, status);
+            let waiting = gate::waiting_step(&rollout.spec, status).filter(|_| authors_known);
             let mut gate_pull = None;
             let mut gate_branch = None;
             if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
@@ -67,9 +83,11 @@ impl GitHubReporter<'_> {
                 };
                 gate_branch = Some(request.branch());
                 match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
-                    Ok((pull, verdict)) => {
+                    Ok(gate::Driven { pull, verdict, skipped }) => {
                         command_pulls.push(pull.number);
                         gate_pull = Some(pull.number);
+                        gate_branch = Some(pull.head_ref.clone());
+                        warn_skipped(github, &pulls, &pull, &skipped).await;
                         signalled |= pass_verdict(cluster, rollout, verdict).await;
                     }
                     Err(error) => {
@@ -90,14 +108,14 @@ impl GitHubReporter<'_> {
                 if let Err(error) = github.set_status(commit, &context, state, &description).await {
                     warn!(%error, "GitHub: the commit status waits for the next change");
                 }
-                if let Some(git) = self.source.git()
+                if let Some(git) = self.source.git().filter(|_| authors_known)
                     && let Err(error) = gate::close_others(github, git.branch(), rollout, gate_branch.as_deref()).await
                 {
                     warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
                 }
             }
-            if matches!(status.phase, Phase::Paused | Phase::Progressing) {
-                signalled |= handle_commands(github, cluster, rollout, &command_pulls).await;
+            if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {
+                signalled |= handle_commands(github, cluster, rollout, &command_pulls, &authors).await;
             }
         }
         signalled
@@ -144,8 +162,10 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
             "promotion pull request closed unmerged".to_string(),
         ),
     };
-    if signal == Signal::Promote && rollout.status.last_promote_signal == token
-        || signal == Signal::Abort && rollout.status.last_abort_signal == token
+    // The annotation holds the token inside the release's identity.
+    let given = |last: &str| crate::rollout::signal::parse(last).by == token;
+    if signal == Signal::Promote && given(&rollout.status.last_promote_signal)
+        || signal == Signal::Abort && given(&rollout.status.last_abort_signal)
     {
         return false;
     }
@@ -161,7 +181,49 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
     }
 }
 
-async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSummary, pulls: &[u64]) -> bool {
+/// The GitHub logins of whoever wrote or committed the release's commits
+/// (from its stable commit, exclusive, to its canary commit).
+async fn release_people(github: &GitHub, status: &crate::rollout::api::RolloutStatus) -> Result<Vec<String>> {
+    if status.stable_commit.is_empty() || status.stable_commit == status.canary_commit {
+        return github.commit_people(None, &status.canary_commit).await;
+    }
+    github
+        .commit_people(Some(&status.stable_commit), &status.canary_commit)
+        .await
+}
+
+/// Says on the change's pull requests that a gate branch name was taken by
+/// a branch gitcanary did not push, and which name the gate uses instead.
+async fn warn_skipped(github: &GitHub, pulls: &[u64], gate: &github::PullRequest, skipped: &[String]) {
+    if skipped.is_empty() {
+        return;
+    }
+    let marker = format!("<!-- gitcanary:gate-branch-taken {} -->", gate.head_ref);
+    let body = format!(
+        "> [!WARNING]\n> The gate branch {} already existed and was not pushed by gitcanary for this release; \
+         it is not used. The gate is #{} from `{}`.",
+        skipped
+            .iter()
+            .map(|b| format!("`{}`", github::escape_inline(b)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        gate.number,
+        github::escape_inline(&gate.head_ref)
+    );
+    for pull in pulls {
+        if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
+            warn!(%error, pull, "GitHub: cannot warn about a taken gate branch");
+        }
+    }
+}
+
+async fn handle_commands(
+    github: &GitHub,
+    cluster: &Cluster,
+    rollout: &RolloutSummary,
+    pulls: &[u64],
+    authors: &[String],
+) -> bool {
     let mut last = rollout.last_command_comment;
     let mut signalled = false;
     // A command written before this release began is not for it.
@@ -198,6 +260,20 @@ async fn handle_commands(github: &GitHub, cluster: &Cluster, rollout: &RolloutSu
                 continue;
             }
             let signal = comment.command;
+            // Anyone who may write can stop a release; only someone who wrote
+            // none of it may pass it.
+            let own = github.login().await.unwrap_or_default();
+            if signal == Signal::Promote
+                && (own.is_empty() || !gate::may_decide(&comment.user, false, own, authors, &github.gate_policy))
+            {
+                info!(user = %comment.user, "GitHub: promote from the release's own author (or an unlisted bot) ignored");
+                let reply = format!(
+                    "@{} `/gitcanary promote` must come from a writer who wrote or committed none of this release (bots only when listed by `--github-bot`); nothing was changed.",
+                    comment.user
+                );
+                let _ = github.reply(*pull, &reply).await;
+                continue;
+            }
             let token = format!("comment {} by @{}", comment.id, comment.user);
             match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
                 Ok(()) => {

@@ -7,12 +7,14 @@ use serde_json::json;
 use super::api::{IntOrPercent, Phase, Rollout, StepState};
 use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::plan::parse_percent;
+use super::signal;
 use crate::cluster::Cluster;
 use crate::{Error, Result};
 
 pub use super::api::Signal;
 
-/// Sets the signal annotation to a fresh token; the engine acts on each token once.
+/// Sets the signal annotation to a fresh token for the running release; the
+/// engine acts on each token once.
 pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
     send_signal_token(
         cluster,
@@ -24,23 +26,25 @@ pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal:
     .await
 }
 
-/// Sets the signal annotation to `token` (a pull-request comment's id, say).
-pub async fn send_signal_token(
-    cluster: &Cluster,
-    namespace: &str,
-    name: &str,
-    signal: Signal,
-    token: &str,
-) -> Result<()> {
+/// Sets the signal annotation to a token naming the running release and
+/// `by` (a pull-request comment, say). Refused when nothing waits for the
+/// signal: a promote kept for later would pass the next release's gate.
+pub async fn send_signal_token(cluster: &Cluster, namespace: &str, name: &str, signal: Signal, by: &str) -> Result<()> {
     let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
-    api.get(name)
+    let rollout = api
+        .get(name)
         .await
         .map_err(Error::kube(format!("Rollout {namespace}/{name}")))?;
+    let status = rollout.status.clone().unwrap_or_default();
+    let refused = |why: String| Error::Usage(format!("rollout {namespace}/{name}: {why}; nothing was sent"));
+    signal::awaited(signal, &status).map_err(refused)?;
+    let uid = rollout.metadata.uid.as_deref().unwrap_or_default();
+    let release = signal::Release::running(uid, &status).ok_or_else(|| refused("no release is running".to_string()))?;
     let key = match signal {
         Signal::Promote => PROMOTE_ANNOTATION,
         Signal::Abort => ABORT_ANNOTATION,
     };
-    annotate(cluster, namespace, name, key, token)
+    annotate(cluster, namespace, name, key, &signal::token(&release, by))
         .await
         .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
 }
@@ -181,6 +185,9 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
         {
             let seconds = now.duration_since(started).as_secs().max(0);
             out.push_str(&format!("  in this state for {seconds}s\n"));
+        }
+        if !status.ignored_signal.is_empty() {
+            out.push_str(&format!("  {}\n", status.ignored_signal));
         }
         if status.phase == Phase::Paused && canary.current_step_state == StepState::StepPaused {
             out.push_str(&format!(

@@ -110,7 +110,7 @@ pub(crate) fn plan_rollout(
 
     // The canary Service check, before any canary pod exists.
     let rollout_id = if status.rollout_id.is_empty() {
-        spec.rollout_id.clone().unwrap_or_default()
+        super::plan::release_id(spec.rollout_id.as_deref(), &seen.commit)
     } else {
         status.rollout_id.clone()
     };
@@ -258,11 +258,14 @@ impl CanaryOwner<'_> {
             })
     }
 
-    /// This instance made the object for this Rollout. One that names no
-    /// Rollout was made before canary objects named theirs, and counts.
+    /// This instance made the object for this Rollout: by owner reference
+    /// only. The managed-by label alone is on every object gitcanary applies
+    /// from Git, so an app's own `web-canary` would pass for the canary.
     fn owns(&self, object: &Value) -> bool {
         object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(self.instance)
-            && Self::named_rollout(object).is_none_or(|(_, uid)| Some(uid) == self.rollout_uid)
+            && self
+                .rollout_uid
+                .is_some_and(|uid| Self::named_rollout(object).is_some_and(|(_, named)| named == uid))
     }
 }
 
@@ -278,15 +281,18 @@ fn taken_canary_name(
         if owner.owns(object) {
             return None;
         }
-        let holder = match CanaryOwner::named_rollout(object) {
-            Some((rollout, _)) if object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(owner.instance) => {
+        let managed = object["metadata"]["labels"][MANAGED_BY_LABEL].as_str() == Some(owner.instance);
+        let holder = match (CanaryOwner::named_rollout(object), object["metadata"]["annotations"][SOURCE_ANNOTATION].as_str()) {
+            (Some((rollout, _)), _) if managed => {
                 format!("it is the canary of Rollout {namespace}/{rollout}")
             }
+            (None, Some(source)) if managed => format!("it is an object of Git ({source})"),
             _ => format!("gitcanary did not make it ({})", field_managers(object)),
         };
         let suffix = canary.canary_suffix.as_deref().unwrap_or(DEFAULT_CANARY_SUFFIX);
         Some(format!(
-            "{kind} {namespace}/{name} already exists and {holder}; the canary needs that name: rename or delete that {kind}, or set spec.strategy.canary.canarySuffix to something other than {suffix:?}"
+            "{kind} {namespace}/{name} already exists and {holder}; the canary of Rollout {namespace}/{} needs that name: rename or delete that {kind}, or set spec.strategy.canary.canarySuffix to something other than {suffix:?}",
+            owner.rollout
         ))
     })
 }
@@ -524,5 +530,49 @@ mod tests {
         ]);
         let kinds: Vec<&str> = deletions.iter().map(|d| d.key.kind.as_str()).collect();
         assert_eq!(kinds, ["Ingress", "Service", "Deployment"]);
+    }
+
+    #[test]
+    fn an_object_of_git_with_the_canary_name_is_never_the_canary() {
+        let owner = CanaryOwner {
+            instance: "prod",
+            rollout: "web",
+            rollout_uid: Some("r-1"),
+        };
+        // Another app's Deployment: gitcanary applied it, so it has the label.
+        let from_git = json!({"kind": "Deployment", "metadata": {
+            "name": "web-canary", "namespace": "shop", "uid": "d",
+            "labels": {MANAGED_BY_LABEL: "prod"},
+            "annotations": {SOURCE_ANNOTATION: "other/deployment.yaml:1"},
+        }});
+        assert!(!owner.owns(&from_git));
+        let live: BTreeMap<(&'static str, String), Value> =
+            [(("Deployment", "web-canary".to_string()), from_git)].into();
+        let changes = CanaryObjects {
+            live: &live,
+            kinds: &BTreeMap::new(),
+            namespace: "shop",
+            owner: &owner,
+        };
+        assert!(
+            changes
+                .deletions(vec![("apps/v1", "Deployment", "web-canary".to_string())])
+                .is_empty(),
+            "never deleted"
+        );
+        let problem = taken_canary_name("shop", &live, &owner, &CanaryStrategy::default()).expect("refused");
+        assert!(
+            problem.contains("it is an object of Git (other/deployment.yaml:1)")
+                && problem.contains("the canary of Rollout shop/web needs that name"),
+            "{problem}"
+        );
+        // Before the Rollout exists nothing is its canary.
+        let unborn = CanaryOwner {
+            rollout_uid: None,
+            ..owner
+        };
+        let made = json!({"metadata": {"labels": {MANAGED_BY_LABEL: "prod"},
+            "ownerReferences": [{"apiVersion": API_VERSION, "kind": "Rollout", "name": "web", "uid": "r-1"}]}});
+        assert!(!unborn.owns(&made));
     }
 }

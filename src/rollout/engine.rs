@@ -175,6 +175,7 @@ async fn finish_rollout(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
         label_batch(cluster, work, step, &work.plan.status.rollout_id).await?;
     }
     write_status(cluster, work).await?;
+    clear_ignored_signals(cluster, work).await;
     for transition in &work.plan.transitions {
         info!("{transition}");
     }
@@ -185,6 +186,41 @@ async fn finish_rollout(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
         warn!(%cause, "release failed: traffic back on stable, canary removed");
     }
     Ok(())
+}
+
+/// Removes the annotations of signals the planner ignored, each only if it
+/// still holds the value the planner saw (a newer one is left for the next
+/// reconcile). Best effort: the status already records them as spent.
+async fn clear_ignored_signals(cluster: &Cluster, work: &RolloutWork) {
+    if work.plan.ignored_signals.is_empty() {
+        return;
+    }
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
+    let Ok(rollout) = rollouts.get(&work.name).await else {
+        return;
+    };
+    let annotations = rollout.metadata.annotations.clone().unwrap_or_default();
+    let mut cleared = serde_json::Map::new();
+    for (signal, value) in &work.plan.ignored_signals {
+        let key = match signal {
+            crate::rollout::api::Signal::Promote => PROMOTE_ANNOTATION,
+            crate::rollout::api::Signal::Abort => ABORT_ANNOTATION,
+        };
+        if annotations.get(key) == Some(value) {
+            cleared.insert(key.to_string(), Value::Null);
+        }
+    }
+    if cleared.is_empty() {
+        return;
+    }
+    // The resourceVersion makes the write fail if a signal changed meanwhile.
+    let patch = json!({"metadata": {"resourceVersion": rollout.metadata.resource_version, "annotations": cleared}});
+    if let Err(error) = rollouts
+        .patch(&work.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)");
+    }
 }
 
 /// Kubernetes Events on the Rollout, one per transition, so that
@@ -248,6 +284,12 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
         match pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => {}
+            // Pods are written only where a Role grants it (deploy/): the
+            // labels tell batches apart, they never hold a release back.
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                warn!(namespace = %work.namespace, "canary pods are not labelled with their batch: no pods patch in this namespace");
+                return Ok(());
+            }
             Err(e) => return Err(Error::kube(format!("labelling pod {}/{name}", work.namespace))(e)),
         }
     }

@@ -13,4 +13,5 @@ pub mod overlay;
 pub mod plan;
 pub mod prometheus;
 pub mod record;
+pub mod signal;
 pub mod validate;

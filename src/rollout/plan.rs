@@ -9,8 +9,9 @@ use jiff::Timestamp;
 use super::analysis::{self, Measurement, Outcome};
 use super::api::{
     AnalysisRun, CanaryStatus, CanaryStep, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec,
-    RolloutStatus, StepRecord, StepState, SupersededRelease, WritebackAction,
+    RolloutStatus, Signal, StepRecord, StepState, SupersededRelease, WritebackAction,
 };
+use super::signal;
 
 /// Default wait after a route change (Kruise Rollout's default).
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(3);
@@ -43,6 +44,8 @@ pub struct Observed {
     pub promote_signal: Option<String>,
     /// The value of the abort annotation, if set.
     pub abort_signal: Option<String>,
+    /// The Rollout's UID: part of the identity a signal must name.
+    pub rollout_uid: String,
     /// Analysis measurements the engine took for this reconcile.
     pub measurements: Vec<Measurement>,
     /// The revision (pod-template-hash or controller-revision-hash) the stable pods run.
@@ -134,6 +137,9 @@ pub struct Plan {
     pub failed: Option<String>,
     /// Set when the release was promoted in this reconcile.
     pub promoted: bool,
+    /// Signals not for the running release or given while nothing waited:
+    /// the annotation values the engine clears.
+    pub ignored_signals: Vec<(Signal, String)>,
 }
 
 /// What happened to a release in one reconcile. Events, logs and metrics
@@ -186,6 +192,11 @@ pub enum Transition {
     Promoted {
         rollout_id: String,
     },
+    /// A promote or abort that is not for the running release, or came
+    /// while nothing waited for it.
+    SignalIgnored {
+        reason: String,
+    },
 }
 
 /// How an Event reports a transition.
@@ -201,6 +212,7 @@ impl Transition {
         match self {
             Transition::Failed { .. } | Transition::Refused { .. } => (Severity::Warning, "ReleaseFailed"),
             Transition::AnalysisInconclusive { .. } => (Severity::Warning, "AnalysisInconclusive"),
+            Transition::SignalIgnored { .. } => (Severity::Warning, "SignalIgnored"),
             Transition::Promoted { .. } => (Severity::Normal, "Promoted"),
             Transition::GatePassed { .. } | Transition::AnalysisSkipped { .. } => (Severity::Normal, "GatePassed"),
             Transition::Started { .. } => (Severity::Normal, "ReleaseStarted"),
@@ -238,7 +250,18 @@ impl std::fmt::Display for Transition {
             Transition::AnalysisInconclusive { template } => write!(f, "analysis {template} inconclusive: paused"),
             Transition::GatePassed { step } => write!(f, "step {step}: promoted"),
             Transition::Promoted { rollout_id } => write!(f, "release {rollout_id} promoted"),
+            Transition::SignalIgnored { reason } => write!(f, "{reason}"),
         }
+    }
+}
+
+/// The release's rollout ID: the spec's, or the short commit when it is
+/// absent or empty (`rolloutID: ""` must not leave a release nameless, which
+/// would switch off its gates and GitHub reporting).
+pub fn release_id(spec_rollout_id: Option<&str>, commit: &str) -> String {
+    match spec_rollout_id.map(str::trim) {
+        Some(id) if !id.is_empty() => id.to_string(),
+        _ => crate::short_commit(commit).to_string(),
     }
 }
 
@@ -317,6 +340,7 @@ struct Planner<'a> {
     requeue: Option<Duration>,
     failed: Option<String>,
     promoted: bool,
+    ignored_signals: Vec<(Signal, String)>,
 }
 
 /// The next status and intent for one rollout.
@@ -329,8 +353,10 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         requeue: None,
         failed: None,
         promoted: false,
+        ignored_signals: Vec::new(),
     };
     let mut intent = planner.run();
+    planner.discard_unused_signals();
     planner.requeue_for_analysis();
     let mut status = planner.status;
     route(spec, observed, &mut intent);
@@ -359,6 +385,7 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         transitions: planner.transitions,
         failed: planner.failed,
         promoted: planner.promoted,
+        ignored_signals: planner.ignored_signals,
     }
 }
 
@@ -501,11 +528,7 @@ impl Planner<'_> {
         self.status.canary_template_hash = observed.git_template_hash.clone();
         self.status.canary_commit = observed.commit.clone();
         self.status.canary_revision.clear();
-        self.status.rollout_id = self
-            .spec
-            .rollout_id
-            .clone()
-            .unwrap_or_else(|| crate::short_commit(&observed.commit).to_string());
+        self.status.rollout_id = release_id(self.spec.rollout_id.as_deref(), &observed.commit);
         self.status.failed_template_hash.clear();
         self.status.canary_status = Some(CanaryStatus {
             traffic: "0%".into(),
@@ -562,13 +585,57 @@ impl Planner<'_> {
     }
 
     fn abort_if_asked(&mut self) -> Option<Intent> {
-        let signal = self.observed.abort_signal.clone()?;
-        if signal == self.status.last_abort_signal {
-            return None;
-        }
-        let cause = format!("aborted by {signal}");
-        self.status.last_abort_signal = signal;
+        let value = self.signal_for_this_release(Signal::Abort)?;
+        let cause = format!("aborted by {}", signal::parse(&value).by);
+        self.status.last_abort_signal = value;
         Some(self.fail(cause))
+    }
+
+    /// The signal's annotation value when it is new and names the running
+    /// release; the rest is left to `discard_unused_signals`.
+    fn signal_for_this_release(&self, kind: Signal) -> Option<String> {
+        let (value, last) = match kind {
+            Signal::Promote => (&self.observed.promote_signal, &self.status.last_promote_signal),
+            Signal::Abort => (&self.observed.abort_signal, &self.status.last_abort_signal),
+        };
+        let value = value.as_ref().filter(|v| *v != last)?;
+        let running = signal::Release::running(&self.observed.rollout_uid, &self.status);
+        signal::mismatch(kind, value, running.as_ref())
+            .is_none()
+            .then(|| value.clone())
+    }
+
+    /// A signal this reconcile did not act on is spent, never kept for a
+    /// later pause: a promote sent while Healthy must not pass the next
+    /// release's gate.
+    fn discard_unused_signals(&mut self) {
+        for kind in [Signal::Promote, Signal::Abort] {
+            let (value, last) = match kind {
+                Signal::Promote => (&self.observed.promote_signal, &self.status.last_promote_signal),
+                Signal::Abort => (&self.observed.abort_signal, &self.status.last_abort_signal),
+            };
+            let Some(value) = value.clone().filter(|v| v != last) else {
+                continue;
+            };
+            let running = signal::Release::running(&self.observed.rollout_uid, &self.status);
+            let reason = signal::mismatch(kind, &value, running.as_ref()).unwrap_or_else(|| {
+                let why = signal::awaited(kind, &self.status)
+                    .err()
+                    .unwrap_or_else(|| "nothing waited for it".to_string());
+                format!(
+                    "{} for release {} ignored: {why}",
+                    kind.verb(),
+                    running.map_or_else(String::new, |r| r.describe())
+                )
+            });
+            match kind {
+                Signal::Promote => self.status.last_promote_signal = value.clone(),
+                Signal::Abort => self.status.last_abort_signal = value.clone(),
+            }
+            self.status.ignored_signal = reason.clone();
+            self.note(Transition::SignalIgnored { reason });
+            self.ignored_signals.push((kind, value));
+        }
     }
 
     fn fail(&mut self, cause: String) -> Intent {
@@ -902,18 +969,18 @@ impl Planner<'_> {
             }
             if run.inconclusive > template.inconclusive_limit.unwrap_or(0) {
                 let index = self.status.canary_status.as_ref().map_or(1, |c| c.current_step_index);
-                match self.observed.promote_signal.clone() {
-                    Some(signal) if signal != self.status.last_promote_signal => {
-                        self.status.last_promote_signal = signal.clone();
+                match self.signal_for_this_release(Signal::Promote) {
+                    Some(value) => {
                         self.note(Transition::AnalysisSkipped {
                             template: template_name.clone(),
-                            by: signal.clone(),
+                            by: signal::parse(&value).by,
                         });
+                        self.status.last_promote_signal = value;
                         if let Some(run) = self.status.analysis_runs.iter_mut().find(|r| r.name == run_name) {
                             run.inconclusive = 0;
                         }
                     }
-                    _ => {
+                    None => {
                         if self.status.phase != Phase::Paused {
                             self.note(Transition::AnalysisInconclusive {
                                 template: template_name.clone(),
@@ -1017,14 +1084,14 @@ impl Planner<'_> {
     }
 
     fn promote_signal_received(&mut self, index: u32) -> bool {
-        match self.observed.promote_signal.clone() {
-            Some(signal) if signal != self.status.last_promote_signal => {
-                self.passed_by(format!("promoted by {signal}"));
-                self.status.last_promote_signal = signal;
+        match self.signal_for_this_release(Signal::Promote) {
+            Some(value) => {
+                self.passed_by(format!("promoted by {}", signal::parse(&value).by));
+                self.status.last_promote_signal = value;
                 self.note(Transition::GatePassed { step: index });
                 true
             }
-            _ => {
+            None => {
                 self.status.phase = Phase::Paused;
                 self.canary().message = format!("step {index}: waiting for promote");
                 false

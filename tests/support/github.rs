@@ -37,6 +37,10 @@ pub struct Data {
     pub tokens: BTreeMap<String, String>,
     /// Pull request carrying a commit -> its author (default `carol`).
     pub authors: BTreeMap<u64, String>,
+    /// Commit email -> the GitHub login it belongs to (others are unlinked).
+    pub logins: BTreeMap<String, String>,
+    /// User -> a custom role name (`role_name`) besides its base permission.
+    pub roles: BTreeMap<String, String>,
     /// Comment id -> when it was written.
     pub comment_times: BTreeMap<u64, String>,
     next_id: u64,
@@ -120,6 +124,9 @@ impl GitHubFake {
             .route("/repos/{owner}/{repo}/pulls/{pull}/merge", put(merge_pull))
             .route("/repos/{owner}/{repo}/pulls/{pull}/files", get(list_files))
             .route("/repos/{owner}/{repo}/issues/{pull}", get(get_issue))
+            .route("/repos/{owner}/{repo}/git/ref/heads/{*branch}", get(get_branch_ref))
+            .route("/repos/{owner}/{repo}/compare/{range}", get(compare))
+            .route("/repos/{owner}/{repo}/commits/{sha}", get(get_commit))
             .route("/user", get(authenticated_user))
             .layer(axum::middleware::from_fn_with_state(data.clone(), record))
             .with_state(data.clone());
@@ -222,6 +229,22 @@ impl GitHubFake {
             .expect("lock")
             .tokens
             .insert(token.to_string(), user.to_string());
+    }
+
+    /// Commits whose author or committer email is `email` belong to `login`.
+    pub fn link_email(&self, email: &str, login: &str) {
+        self.data
+            .lock()
+            .expect("lock")
+            .logins
+            .insert(email.to_string(), login.to_string());
+    }
+
+    /// A custom repository role: `role_name` is `role`, the base level `permission`.
+    pub fn grant_role(&self, user: &str, permission: &str, role: &str) {
+        let mut data = self.data.lock().expect("lock");
+        data.permissions.insert(user.to_string(), permission.to_string());
+        data.roles.insert(user.to_string(), role.to_string());
     }
 
     pub fn grant(&self, user: &str, permission: &str) {
@@ -594,17 +617,27 @@ async fn list_files(
         return StatusCode::NOT_FOUND.into_response();
     };
     let range = format!("refs/heads/{}...refs/heads/{}", pull.base, pull.head);
-    let names = git_in(bare, &["diff", "--name-status", &range]).unwrap_or_default();
+    let names = git_in(bare, &["diff", "-M", "--name-status", &range]).unwrap_or_default();
     let files: Vec<Value> = names
         .lines()
-        .filter_map(|line| line.split_once('\t'))
-        .map(|(status, name)| {
-            let status = match status {
-                "A" => "added",
-                "D" => "removed",
-                _ => "modified",
-            };
-            json!({"filename": name, "status": status, "sha": "0000000000000000000000000000000000000000"})
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let zero = "0000000000000000000000000000000000000000";
+            match fields.as_slice() {
+                // A rename names its new path, and the old one as GitHub does.
+                [status, old, new] if status.starts_with('R') => {
+                    Some(json!({"filename": new, "previous_filename": old, "status": "renamed", "sha": zero}))
+                }
+                [status, name, ..] => {
+                    let status = match *status {
+                        "A" => "added",
+                        "D" => "removed",
+                        _ => "modified",
+                    };
+                    Some(json!({"filename": name, "status": status, "sha": zero}))
+                }
+                _ => None,
+            }
         })
         .collect();
     paginate(files, &query, &uri, &headers)
@@ -894,5 +927,71 @@ async fn permission(
 ) -> Json<Value> {
     let data = data.lock().expect("lock");
     let permission = data.permissions.get(&login).cloned().unwrap_or_else(|| "read".into());
-    Json(json!({"permission": permission, "role_name": permission, "user": user(&login)}))
+    let role = data.roles.get(&login).cloned().unwrap_or_else(|| permission.clone());
+    // GitHub's base levels: maintain reads as write, triage as read.
+    let base = match permission.as_str() {
+        "maintain" => "write".to_string(),
+        "triage" => "read".to_string(),
+        other => other.to_string(),
+    };
+    Json(json!({"permission": base, "role_name": role, "user": user(&login)}))
+}
+
+/// `GET /repos/{owner}/{repo}/git/ref/heads/{branch}`: the branch in the bare repository.
+async fn get_branch_ref(
+    State(data): State<Shared>,
+    Path((_owner, _repo, branch)): Path<(String, String, String)>,
+) -> axum::response::Response {
+    let data = data.lock().expect("lock");
+    match branch_sha(&data, &branch) {
+        Some(sha) => Json(json!({"ref": format!("refs/heads/{branch}"), "object": {"type": "commit", "sha": sha}}))
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, Json(json!({"message": "Not Found"}))).into_response(),
+    }
+}
+
+/// A commit as GitHub's commits and compare APIs show it: `author` and
+/// `committer` are accounts only when their email is linked to one.
+fn commit_json(data: &Data, bare: &std::path::Path, sha: &str) -> Option<Value> {
+    let line = git_in(bare, &["show", "-s", "--format=%H%x09%ae%x09%ce", sha]).ok()?;
+    let fields: Vec<&str> = line.split('\t').collect();
+    let [full, author, committer] = fields.as_slice() else {
+        return None;
+    };
+    let account = |email: &str| data.logins.get(email).map_or(Value::Null, |login| user(login));
+    Some(json!({
+        "sha": full,
+        "commit": {"author": {"email": author}, "committer": {"email": committer}},
+        "author": account(author),
+        "committer": account(committer),
+    }))
+}
+
+/// `GET /repos/{owner}/{repo}/commits/{sha}`.
+async fn get_commit(
+    State(data): State<Shared>,
+    Path((_owner, _repo, sha)): Path<(String, String, String)>,
+) -> axum::response::Response {
+    let data = data.lock().expect("lock");
+    let found = data.bare.as_deref().and_then(|bare| commit_json(&data, bare, &sha));
+    match found {
+        Some(commit) => Json(commit).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `GET /repos/{owner}/{repo}/compare/{base}...{head}`: the commits after base up to head.
+async fn compare(
+    State(data): State<Shared>,
+    Path((_owner, _repo, range)): Path<(String, String, String)>,
+) -> axum::response::Response {
+    let data = data.lock().expect("lock");
+    let (Some(bare), Some((base, head))) = (data.bare.as_deref(), range.split_once("...")) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Ok(list) = git_in(bare, &["rev-list", "--reverse", &format!("{base}..{head}")]) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let commits: Vec<Value> = list.lines().filter_map(|sha| commit_json(&data, bare, sha)).collect();
+    Json(json!({"status": "ahead", "total_commits": commits.len(), "commits": commits})).into_response()
 }

@@ -114,6 +114,11 @@ impl Run {
         self.status = plan.status.clone();
         plan
     }
+    /// A signal's token for the release running now, as the CLI sends it.
+    fn token(&self, by: &str) -> String {
+        let release = signal::Release::running("", &self.status).expect("a release is running");
+        signal::token(&release, by)
+    }
     fn state(&self) -> (Phase, u32, StepState) {
         let canary = self.status.canary_status.clone().unwrap_or_default();
         (self.status.phase, canary.current_step_index, canary.current_step_state)
@@ -260,7 +265,7 @@ fn a_new_template_walks_every_step_and_promotes() {
             .contains("waiting for promote")
     );
 
-    seen.promote_signal = Some("2026-11-30T10:00:00Z".into());
+    seen.promote_signal = Some(run.token("2026-11-30T10:00:00Z"));
     seen.now = at(200);
     let plan = run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 3, StepState::StepUpgrade));
@@ -322,7 +327,9 @@ fn one_promote_signal_passes_one_pause_only() {
     run.step(&observed("v1", 0));
     let mut seen = observed("v2", 1);
     seen.canary_ready = 2;
-    seen.promote_signal = Some("token-1".into());
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Paused, 1, StepState::StepPaused));
+    seen.promote_signal = Some(run.token("token-1"));
     run.step(&seen);
     assert_eq!(
         run.state(),
@@ -336,9 +343,120 @@ fn one_promote_signal_passes_one_pause_only() {
         (Phase::Paused, 2, StepState::StepPaused),
         "the same token is not used twice"
     );
-    seen.promote_signal = Some("token-2".into());
+    seen.promote_signal = Some(run.token("token-2"));
     run.step(&seen);
     assert_eq!(run.status.phase, Phase::Promoting);
+}
+
+#[test]
+fn a_promote_sent_while_healthy_is_spent_and_the_next_release_stops_at_its_pause() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v1", 1);
+    seen.promote_signal = Some("by hand".into());
+    let plan = run.step(&seen);
+    assert_eq!(plan.ignored_signals, vec![(Signal::Promote, "by hand".to_string())]);
+    assert!(
+        matches!(&plan.transitions[..], [Transition::SignalIgnored { .. }]),
+        "{:?}",
+        plan.transitions
+    );
+    assert!(
+        run.status.ignored_signal.contains("ignored"),
+        "{}",
+        run.status.ignored_signal
+    );
+    // The annotation is still there (not cleared yet) when v2 arrives.
+    let mut seen = observed("v2", 2);
+    seen.promote_signal = Some("by hand".into());
+    seen.canary_ready = 2;
+    for now in (2..400).step_by(5) {
+        seen.now = at(now);
+        run.step(&seen);
+    }
+    assert_eq!(
+        run.state(),
+        (Phase::Paused, 2, StepState::StepPaused),
+        "the old promote passed no gate"
+    );
+}
+
+#[test]
+fn a_promote_for_another_release_is_ignored_with_both_releases_named() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 2;
+    for now in (1..400).step_by(5) {
+        seen.now = at(now);
+        run.step(&seen);
+    }
+    assert_eq!(run.state(), (Phase::Paused, 2, StepState::StepPaused));
+    let old = signal::Release {
+        uid: String::new(),
+        canary_commit: "1a2b3c4-old-commit".into(),
+        rollout_id: "1a2b3c4".into(),
+    };
+    seen.promote_signal = Some(signal::token(&old, "the CLI"));
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Paused, 2, StepState::StepPaused));
+    assert_eq!(
+        run.status.ignored_signal,
+        "promote for release 1a2b3c4 ignored: the running release is v2-comm"
+    );
+    assert_eq!(plan.ignored_signals.len(), 1);
+    // Another Rollout with the same name (deleted and re-created) is another release.
+    let mut other = signal::Release::running("", &run.status).unwrap();
+    other.uid = "another-uid".into();
+    seen.promote_signal = Some(signal::token(&other, "the CLI"));
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Paused, 2, StepState::StepPaused));
+}
+
+#[test]
+fn a_promote_during_a_timed_pause_is_spent_not_kept_for_the_next_pause() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    for now in [1, 5, 10] {
+        seen.now = at(now);
+        run.step(&seen);
+    }
+    assert_eq!(
+        run.state(),
+        (Phase::Progressing, 1, StepState::StepPaused),
+        "in the 60s pause"
+    );
+    seen.promote_signal = Some(run.token("too early"));
+    let plan = run.step(&seen);
+    assert_eq!(plan.ignored_signals.len(), 1);
+    assert!(
+        run.status.ignored_signal.contains("timed pause"),
+        "{}",
+        run.status.ignored_signal
+    );
+    seen.canary_ready = 2;
+    for now in [80, 90, 94, 100, 200] {
+        seen.now = at(now);
+        run.step(&seen);
+    }
+    assert_eq!(run.state(), (Phase::Paused, 2, StepState::StepPaused));
+}
+
+#[test]
+fn an_abort_when_no_release_runs_is_spent_and_aborts_nothing_later() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v1", 1);
+    seen.abort_signal = Some("by hand".into());
+    let plan = run.step(&seen);
+    assert_eq!(plan.ignored_signals, vec![(Signal::Abort, "by hand".to_string())]);
+    seen = observed("v2", 2);
+    seen.abort_signal = Some("by hand".into());
+    let plan = run.step(&seen);
+    assert_eq!(plan.failed, None);
+    assert_eq!(run.status.phase, Phase::Progressing);
 }
 
 #[test]
@@ -376,7 +494,7 @@ fn abort_sends_traffic_back_and_removes_the_canary() {
     let mut seen = observed("v2", 1);
     seen.canary_ready = 1;
     run.step(&seen);
-    seen.abort_signal = Some("abort-1".into());
+    seen.abort_signal = Some(run.token("abort-1"));
     let plan = run.step(&seen);
     assert_eq!(plan.failed.as_deref(), Some("aborted by abort-1"));
     assert_eq!(plan.intent.canary_replicas, None);
@@ -599,7 +717,7 @@ fn inconclusive_measurements_pause_the_release_until_a_promote() {
     run.step(&seen);
     assert_eq!(run.status.phase, Phase::Paused);
     seen.measurements.clear();
-    seen.promote_signal = Some("the CLI".into());
+    seen.promote_signal = Some(run.token("the CLI"));
     seen.now = at(39);
     run.step(&seen);
     assert_eq!(run.state().1, 2, "a promote goes on without the missing data");
@@ -796,4 +914,19 @@ fn a_promoted_function_keeps_the_canary_revision_as_stable() {
     assert_eq!(run.status.phase, Phase::Healthy);
     assert_eq!(run.status.stable_revision, "fn-00002");
     assert_eq!(run.status.canary_revision, "");
+}
+
+#[test]
+fn an_empty_or_absent_rollout_id_is_the_short_commit() {
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(release_id(None, commit), "0123456");
+    assert_eq!(release_id(Some(""), commit), "0123456");
+    assert_eq!(release_id(Some("  "), commit), "0123456");
+    assert_eq!(release_id(Some("v2.4"), commit), "v2.4");
+    let mut spec = spec();
+    spec.rollout_id = Some(String::new());
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 1));
+    assert_eq!(run.status.rollout_id, "v2-comm");
 }
