@@ -230,3 +230,73 @@ async fn a_corrupt_status_file_is_a_problem_of_the_app_and_nothing_is_released()
         "nothing of the app is applied"
     );
 }
+
+#[tokio::test]
+async fn a_hand_edited_status_file_naming_an_unmerged_commit_is_not_trusted() {
+    let scenario = Scenario::new("record-forged").await;
+    let ns = scenario.ns.clone();
+    write_echo_app(&scenario.repo, &ns, "1.0", PAUSED);
+    scenario.repo.commit_and_push("echo 1.0");
+    let mut agent = scenario.start_agent();
+    eventually("healthy on 1.0", WAIT, || async {
+        (rollout(&scenario.client, &ns, "echo").await?.status?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+    write_echo_app(&scenario.repo, &ns, "2.0", PAUSED);
+    let released = scenario.repo.commit_and_push("echo 2.0");
+    eventually("2.0 paused at step 1", WAIT, || async {
+        (rollout(&scenario.client, &ns, "echo").await?.status?.phase == Phase::Paused).then_some(())
+    })
+    .await;
+    promote(&scenario);
+    let file = format!(".gitcanary/status/{ns}/echo.yaml");
+    eventually("2.0 promoted and recorded in Git", WAIT, || async {
+        let record = scenario.try_git(&["show", &format!("main:{file}")])?;
+        record.contains(&format!("stableCommit: {released}")).then_some(())
+    })
+    .await;
+    assert!(agent.terminate(), "the agent stops");
+
+    // An insider commits web:evil on a scratch branch, then points the
+    // status file on main at that commit by hand.
+    let repo = scenario.repo.path();
+    support::run(repo, "git", &["pull", "-q", "--rebase", "origin", "main"]);
+    support::run(repo, "git", &["checkout", "-q", "-b", "scratch"]);
+    write_echo_app(&scenario.repo, &ns, "evil", PAUSED);
+    support::run(repo, "git", &["commit", "-qam", "scratch"]);
+    let evil = support::run(repo, "git", &["rev-parse", "HEAD"]).trim().to_string();
+    support::run(repo, "git", &["push", "-q", "origin", "scratch"]);
+    support::run(repo, "git", &["checkout", "-q", "main"]);
+    let record = std::fs::read_to_string(repo.join(&file)).expect("status file");
+    scenario.repo.write(
+        &file,
+        &record.replace(&format!("stableCommit: {released}"), &format!("stableCommit: {evil}")),
+    );
+    scenario.repo.commit_and_push("status: fix stable commit");
+    for delete in [
+        Api::<Rollout>::namespaced(scenario.client.clone(), &ns)
+            .delete("echo", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+        Api::<Deployment>::namespaced(scenario.client.clone(), &ns)
+            .delete("echo", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    ] {
+        delete.expect("deleted");
+    }
+
+    let (code, stdout, stderr) = scenario.sync_once(&[]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("echo/rollout.yaml:1:"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains(&format!("{file} is not trusted")), "{line}");
+    assert!(line.contains("is not gitcanary's write-back"), "{line}");
+    assert_ne!(
+        image(&scenario.client, &ns, "echo").await.as_deref(),
+        Some("registry.test/echo:evil"),
+        "the forged stable commit is never run"
+    );
+}

@@ -7,7 +7,77 @@ use git2::Oid;
 
 use super::GitSource;
 use crate::manifest::{MAX_FILE_BYTES, ObjectKey};
-use crate::rollout::record::{History, StatusRecord, record_path};
+use crate::rollout::record::{History, Outcome, StatusRecord, record_path};
+use crate::writeback::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER, carries_trailers};
+
+/// First-parent commits searched for a status file's last change and its
+/// stable commit: past that, the record is not trusted.
+const RECORD_HISTORY: usize = 5_000;
+
+/// Why a status file may not be read back, or `None` when it may: the
+/// commit that last changed it (on the branch's first-parent history) must
+/// be gitcanary's own, carrying the trailers of the outcome it records, and
+/// its stable commit must be on that history. Anyone can commit a file; only
+/// gitcanary's write-back says which commit passed a release.
+pub fn trust_problem(
+    head: &git2::Commit<'_>,
+    path: &str,
+    blob: Oid,
+    record: &StatusRecord,
+    writer: &Author,
+) -> Option<String> {
+    let first_parents: Vec<git2::Commit<'_>> = std::iter::successors(Some(head.clone()), |c| c.parent(0).ok())
+        .take(RECORD_HISTORY)
+        .collect();
+    let blob_at = |commit: &git2::Commit<'_>| {
+        commit
+            .tree()
+            .ok()
+            .and_then(|tree| tree.get_path(Path::new(path)).ok())
+            .map(|entry| entry.id())
+    };
+    // The oldest commit of the newest run holding this very content.
+    let Some(changed_by) = first_parents
+        .iter()
+        .take_while(|commit| blob_at(commit) == Some(blob))
+        .last()
+    else {
+        return Some("the synced commit does not hold it".to_string());
+    };
+    let introduced = changed_by
+        .parent(0)
+        .ok()
+        .is_none_or(|parent| blob_at(&parent) != Some(blob));
+    if !introduced {
+        return Some(format!(
+            "its last change is more than {RECORD_HISTORY} commits back, or beyond the fetched history"
+        ));
+    }
+    let rollout = (ROLLOUT_TRAILER, record.rollout.clone());
+    let outcome = match record.outcome {
+        Outcome::Promoted => (PROMOTES_TRAILER, record.stable_commit.clone()),
+        Outcome::Failed => (HOLDS_TRAILER, record.failed_commit.clone()),
+    };
+    let short = crate::short_commit;
+    if !carries_trailers(changed_by, &[rollout, outcome.clone()], writer) {
+        return Some(format!(
+            "commit {} that last changed it is not gitcanary's write-back ({} <{}>, with a {}: {} trailer)",
+            short(&changed_by.id().to_string()),
+            writer.name,
+            writer.email,
+            outcome.0,
+            short(&outcome.1)
+        ));
+    }
+    let stable = Oid::from_str(&record.stable_commit).ok();
+    if !first_parents.iter().any(|commit| Some(commit.id()) == stable) {
+        return Some(format!(
+            "its stableCommit {} is not on the tracked branch's first-parent history",
+            short(&record.stable_commit)
+        ));
+    }
+    None
+}
 
 pub struct GitHistory {
     pub(super) git: GitSource,
@@ -45,9 +115,13 @@ impl History for GitHistory {
             .find_blob(entry.id())
             .map_err(|e| format!("{path} is not a file: {}", e.message()))?;
         let text = std::str::from_utf8(blob.content()).map_err(|_| format!("{path} is not UTF-8"))?;
-        StatusRecord::parse(text, namespace, name)
-            .map(Some)
-            .map_err(|e| format!("{path} cannot be read: {e}"))
+        let record = StatusRecord::parse(text, namespace, name).map_err(|e| format!("{path} cannot be read: {e}"))?;
+        let head = repo
+            .find_commit(Oid::from_str(&self.head).map_err(|e| e.message().to_string())?)
+            .map_err(|e| format!("reading commit {}: {}", self.head, e.message()))?;
+        trust_problem(&head, &path, entry.id(), &record, &self.git.record_writer).map_or(Ok(Some(record)), |problem| {
+            Err(format!("{path} is not trusted: {problem}"))
+        })
     }
 
     fn object_at(
@@ -78,5 +152,110 @@ impl History for GitHistory {
                 seen == *key || m.key() == *key
             })
             .map(|m| m.object.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use git2::{Repository, Signature};
+
+    fn commit(repo: &Repository, who: &Author, files: &[(&str, &str)], parent: Option<Oid>, message: &str) -> Oid {
+        let parent = parent.map(|id| repo.find_commit(id).expect("parent"));
+        let base = parent.as_ref().map(|p| p.tree().expect("tree"));
+        let mut update = git2::build::TreeUpdateBuilder::new();
+        for (path, text) in files {
+            update.upsert(*path, repo.blob(text.as_bytes()).expect("blob"), git2::FileMode::Blob);
+        }
+        let empty = repo
+            .find_tree(repo.treebuilder(None).and_then(|b| b.write()).expect("empty"))
+            .expect("tree");
+        let tree = update
+            .create_updated(repo, base.as_ref().unwrap_or(&empty))
+            .expect("tree");
+        let tree = repo.find_tree(tree).expect("tree");
+        let signature = Signature::now(&who.name, &who.email).expect("signature");
+        let parents: Vec<&git2::Commit<'_>> = parent.iter().collect();
+        repo.commit(None, &signature, &signature, message, &tree, &parents)
+            .expect("commit")
+    }
+
+    fn record(stable: Oid) -> StatusRecord {
+        StatusRecord::parse(
+            &format!("rollout: ns/web\noutcome: promoted\nrolloutID: r\nstableCommit: {stable}\n"),
+            "ns",
+            "web",
+        )
+        .expect("record")
+    }
+
+    fn problem(repo: &Repository, head: Oid, record: &StatusRecord) -> Option<String> {
+        let head = repo.find_commit(head).expect("head");
+        let path = record_path("ns", "web");
+        let blob = head
+            .tree()
+            .expect("tree")
+            .get_path(Path::new(&path))
+            .expect("file")
+            .id();
+        trust_problem(&head, &path, blob, record, &Author::default())
+    }
+
+    #[test]
+    fn a_status_file_counts_only_as_gitcanary_wrote_it_for_a_commit_on_the_branch() {
+        let dir = tempfile::tempdir().expect("dir");
+        let repo = Repository::init(dir.path()).expect("repo");
+        let own = Author::default();
+        let mallory = Author {
+            name: "mallory".into(),
+            email: "mallory@example.test".into(),
+        };
+        let path = record_path("ns", "web");
+        let released = commit(&repo, &mallory, &[("web/app.yaml", "v2")], None, "v2");
+        let text = |stable: Oid| format!("rollout: ns/web\noutcome: promoted\nrolloutID: r\nstableCommit: {stable}\n");
+        let trailers = |stable: Oid| format!("promote\n\n{ROLLOUT_TRAILER}: ns/web\n{PROMOTES_TRAILER}: {stable}\n");
+        let promoted = commit(
+            &repo,
+            &own,
+            &[(&path, &text(released))],
+            Some(released),
+            &trailers(released),
+        );
+        let later = commit(&repo, &mallory, &[("web/other.yaml", "x")], Some(promoted), "later");
+        assert_eq!(
+            problem(&repo, later, &record(released)),
+            None,
+            "gitcanary's record, later commits above"
+        );
+
+        // The same record written by hand (trailers copied) counts for nothing.
+        let forged = commit(
+            &repo,
+            &mallory,
+            &[(&path, &text(released))],
+            Some(released),
+            &trailers(released),
+        );
+        let why = problem(&repo, forged, &record(released)).expect("forged");
+        assert!(why.contains("is not gitcanary's write-back"), "{why}");
+
+        // gitcanary's own commit naming a commit off the branch's first-parent history.
+        let scratch = commit(&repo, &mallory, &[("web/app.yaml", "evil")], Some(released), "evil");
+        let off = commit(
+            &repo,
+            &own,
+            &[(&path, &text(scratch))],
+            Some(promoted),
+            &trailers(scratch),
+        );
+        let why = problem(&repo, off, &record(scratch)).expect("off the branch");
+        assert!(
+            why.contains("not on the tracked branch's first-parent history"),
+            "{why}"
+        );
+
+        // A promote trailer for another commit than the file names.
+        let mismatched = commit(&repo, &own, &[(&path, &text(released))], Some(off), &trailers(scratch));
+        assert!(problem(&repo, mismatched, &record(released)).is_some());
     }
 }

@@ -86,6 +86,14 @@ impl Source {
         self
     }
 
+    /// The identity whose commits alone may write status files read back.
+    pub fn with_record_writer(mut self, writer: crate::writeback::Author) -> Source {
+        if let Source::Git(git) = &mut self {
+            git.record_writer = writer;
+        }
+        self
+    }
+
     pub fn renderers(&self) -> &Renderers {
         match self {
             Source::Git(git) => &git.renderers,

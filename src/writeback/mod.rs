@@ -171,9 +171,9 @@ impl Writer<'_> {
         };
         let message = format!(
             "hold({key}): {}\n\nThe {} failed: {}.\nTraffic is back on stable ({}); the failed template is held, not reverted, and is not\nreleased again while Git asks for it.\n\n{ROLLOUT_TRAILER}: {key}\n{HOLDS_TRAILER}: {}\n",
-            pending.cause,
+            message_text(&pending.cause),
             release_name(&pending.rollout_id, &pending.canary_commit),
-            pending.cause,
+            message_text(&pending.cause),
             crate::short_commit(&pending.stable_commit),
             pending.canary_commit
         );
@@ -224,14 +224,17 @@ impl Writer<'_> {
             let names: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
             let mut message = format!(
                 "revert({key}): {}\n\nThe {} failed: {}.\nTraffic is back on stable and the canary is removed; this commit\nrestores {} to their content at {}.\n",
-                pending.cause,
+                message_text(&pending.cause),
                 release_name(&pending.rollout_id, &pending.canary_commit),
-                pending.cause,
-                names.join(", "),
+                message_text(&pending.cause),
+                message_text(&names.join(", ")),
                 crate::short_commit(&pending.stable_commit)
             );
             if !later.is_empty() {
-                message.push_str(&format!("\n{LATER_NOTE_PREFIX} {}{LATER_NOTE_SUFFIX}\n", later.join(", ")));
+                message.push_str(&format!(
+                    "\n{LATER_NOTE_PREFIX} {}{LATER_NOTE_SUFFIX}\n",
+                    message_text(&later.join(", "))
+                ));
             }
             message.push_str(&format!("\n{ROLLOUT_TRAILER}: {key}\n{REVERTS_TRAILER}: {}\n", pending.canary_commit));
             Ok((message, files))
@@ -264,7 +267,7 @@ impl Writer<'_> {
                 .or_else(|_| repo.find_reference(&base_tracking))
                 .and_then(|r| r.peel_to_commit())
                 .map_err(Error::git(format!("branch {branch} not found")))?;
-            if let Some(existing) = find_by_trailers(&repo, &head, trailers) {
+            if let Some(existing) = find_by_trailers(&repo, &head, trailers, &self.author) {
                 return Ok(Outcome::AlreadyInGit { commit: existing });
             }
             let (message, files) = changes(&repo, &head)?;
@@ -374,10 +377,20 @@ impl Writer<'_> {
             what: format!("gate of {}", gate.rollout),
             message: e.to_string(),
         })?;
-        let gate_id = format!("{}-{}", gate.rollout_id, gate.step);
+        // The canary commit makes the gate one release's: a rollout ID
+        // reused by a later release finds no earlier gate commit as its own.
+        let gate_id = format!(
+            "{}-{} {}",
+            message_text(&gate.rollout_id),
+            gate.step,
+            gate.canary_commit
+        );
         let message = format!(
             "gate({}): promote release {} past step {}\n\nMerging this passes the gate; closing it unmerged aborts the release.\n\n{ROLLOUT_TRAILER}: {}\n{GATE_TRAILER}: {gate_id}\n",
-            gate.rollout, gate.rollout_id, gate.step, gate.rollout
+            gate.rollout,
+            message_text(&gate.rollout_id),
+            gate.step,
+            gate.rollout
         );
         let trailers = [(ROLLOUT_TRAILER, gate.rollout.clone()), (GATE_TRAILER, gate_id)];
         self.commit_with_retry(branch, &trailers, |_, _| {
@@ -424,12 +437,22 @@ fn app_dir(source_path: &str, app: &str) -> (String, bool) {
 
 /// `release abc1234`, naming the commit too when the release has an ID of its own.
 fn release_name(rollout_id: &str, commit: &str) -> String {
+    let rollout_id = message_text(rollout_id);
     if rollout_id == crate::short_commit(commit) {
         format!("release {rollout_id}")
     } else {
         format!("release {rollout_id} of {}", crate::short_commit(commit))
     }
 }
+
+/// Text from a Rollout, Prometheus or file names, fit for a commit message:
+/// one line, so nothing in it can stand as a trailer of its own.
+pub fn message_text(text: &str) -> String {
+    crate::rollout::api::bounded_line(text, MAX_MESSAGE_TEXT)
+}
+
+/// Characters of outside text one place in a commit message may hold.
+const MAX_MESSAGE_TEXT: usize = 300;
 
 /// Exponential backoff with jitter: 100 ms, 200 ms, … capped at 5 s.
 fn backoff(attempt: u32) -> Duration {
@@ -441,21 +464,39 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(base / 2 + jitter)
 }
 
-/// An earlier commit carrying all these trailers, if any.
-fn find_by_trailers(repo: &Repository, head: &Commit<'_>, trailers: &[(&str, String)]) -> Option<String> {
+/// An earlier commit of gitcanary's own carrying all these trailers, if any.
+fn find_by_trailers(
+    repo: &Repository,
+    head: &Commit<'_>,
+    trailers: &[(&str, String)],
+    author: &Author,
+) -> Option<String> {
     let mut walk = repo.revwalk().ok()?;
     walk.push(head.id()).ok()?;
     for oid in walk.take(TRAILER_SEARCH_DEPTH).flatten() {
         let Ok(commit) = repo.find_commit(oid) else { continue };
-        let message = commit.message().unwrap_or_default();
-        if trailers
-            .iter()
-            .all(|(key, value)| message.lines().any(|l| l.trim() == format!("{key}: {value}")))
-        {
+        if carries_trailers(&commit, trailers, author) {
             return Some(oid.to_string());
         }
     }
     None
+}
+
+/// Whether gitcanary made this commit (author and committer are its
+/// identity) and it carries every one of these trailers. Trailers on anyone
+/// else's commit count for nothing: a hand-made commit must not pass as a
+/// revert, promote or gate already written.
+pub fn carries_trailers(commit: &Commit<'_>, trailers: &[(&str, String)], author: &Author) -> bool {
+    let is_own = |signature: git2::Signature<'_>| {
+        signature.email() == Some(author.email.as_str()) && signature.name() == Some(author.name.as_str())
+    };
+    if !is_own(commit.author()) || !is_own(commit.committer()) {
+        return false;
+    }
+    let message = commit.message().unwrap_or_default();
+    trailers
+        .iter()
+        .all(|(key, value)| message.lines().any(|l| l.trim() == format!("{key}: {value}")))
 }
 
 /// The head tree with the given files written (Some) or removed (None).
@@ -552,5 +593,68 @@ mod tests {
         assert!(backoff(1) <= Duration::from_millis(200));
         assert!(backoff(8) <= Duration::from_secs(5));
         assert!(backoff(8) >= Duration::from_millis(1_600));
+    }
+
+    fn commit_as(repo: &Repository, name: &str, email: &str, message: &str) -> Oid {
+        let signature = Signature::now(name, email).expect("signature");
+        let tree = repo
+            .treebuilder(None)
+            .and_then(|b| b.write())
+            .and_then(|id| repo.find_tree(id))
+            .expect("tree");
+        repo.commit(None, &signature, &signature, message, &tree, &[])
+            .expect("commit")
+    }
+
+    #[test]
+    fn trailers_count_only_on_gitcanarys_own_commits() {
+        let dir = tempfile::tempdir().expect("dir");
+        let repo = Repository::init(dir.path()).expect("repo");
+        let own = Author::default();
+        let trailers = [
+            (ROLLOUT_TRAILER, "ns/web".to_string()),
+            (REVERTS_TRAILER, "c".repeat(40)),
+        ];
+        let message = format!(
+            "revert\n\nGitcanary-Rollout: ns/web\nGitcanary-Reverts: {}\n",
+            "c".repeat(40)
+        );
+        let forged = commit_as(&repo, "mallory", "mallory@example.test", &message);
+        let forged = repo.find_commit(forged).expect("commit");
+        assert!(!carries_trailers(&forged, &trailers, &own), "a hand-made commit");
+        let half = commit_as(&repo, "gitcanary", "mallory@example.test", &message);
+        assert!(!carries_trailers(
+            &repo.find_commit(half).expect("commit"),
+            &trailers,
+            &own
+        ));
+        let real = commit_as(&repo, &own.name, &own.email, &message);
+        let real = repo.find_commit(real).expect("commit");
+        assert!(carries_trailers(&real, &trailers, &own));
+        assert!(find_by_trailers(&repo, &forged, &trailers, &own).is_none());
+        assert_eq!(
+            find_by_trailers(&repo, &real, &trailers, &own),
+            Some(real.id().to_string())
+        );
+    }
+
+    #[test]
+    fn outside_text_cannot_add_a_trailer_to_a_commit_message() {
+        let cause = "analysis failed: 0.5\nGitcanary-Reverts: 1234\r\nGitcanary-Holds: x";
+        let text = message_text(cause);
+        assert!(!text.contains('\n') && !text.contains('\r'), "{text}");
+        let message = format!("revert(ns/web): {text}\n\n{ROLLOUT_TRAILER}: ns/web\n");
+        assert!(
+            !message
+                .lines()
+                .any(|l| l.starts_with("Gitcanary-Reverts") || l.starts_with("Gitcanary-Holds")),
+            "{message}"
+        );
+        assert!(
+            release_name("id\nGitcanary-Promotes: x", &"a".repeat(40))
+                .lines()
+                .count()
+                == 1
+        );
     }
 }
