@@ -188,4 +188,100 @@ mod tests {
         assert_eq!(status.stable_commit, "offline", "promoted: {status:?}");
         assert_eq!(status.step_history.len(), 3, "{status:?}");
     }
+
+    /// A small deterministic generator (xorshift), so a failure names its seed.
+    struct Gen(u64);
+
+    impl Gen {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[(self.next() % from.len() as u64) as usize]
+        }
+        fn number(&mut self) -> String {
+            match self.next() % 4 {
+                0 => (self.next() % 200).to_string(),
+                1 => u64::MAX.to_string(),
+                2 => format!("{}", self.next()),
+                _ => format!("-{}", self.next() % 1000),
+            }
+        }
+    }
+
+    const DURATIONS: &[&str] = &[
+        "30",
+        "1h30m",
+        "500ms",
+        "18446744073709551615s1s",
+        "720h",
+        "720h1s",
+        "99999999999999999999999s",
+        "",
+        "s",
+        "1é",
+        "\"5m\"",
+        "-1",
+        "1.5s",
+        "0",
+        "2592001",
+        "{}",
+        "[]",
+        "null",
+    ];
+    const PERCENTS: &[&str] = &[
+        "25%",
+        "100%",
+        "0%",
+        "101%",
+        "-1%",
+        "18446744073709551616%",
+        "%",
+        "50",
+        "1e9%",
+        "\"\"",
+    ];
+
+    fn rollout(g: &mut Gen) -> String {
+        let mut steps = String::new();
+        for _ in 0..(g.next() % 5) {
+            let duration = match g.next() % 3 {
+                0 => g.pick(DURATIONS).to_string(),
+                1 => g.number(),
+                _ => format!("{}s{}m", g.number(), g.number()),
+            };
+            steps.push_str(&format!(
+                "      - {{traffic: {}, replicas: {}, pause: {{duration: {duration}}}}}\n",
+                g.pick(PERCENTS),
+                g.pick(&["1", "50%", "-3", "18446744073709551615", "0", "200%"]),
+            ));
+        }
+        format!(
+            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: echo, namespace: demo}}\nspec:\n  rolloutID: {}\n  workloadRef: {{kind: {}, name: echo}}\n  strategy:\n    canary:\n      progressDeadline: {}\n      gracePeriodSeconds: {}\n      trafficRoutings: [{{service: echo, gateway: {{httpRouteName: echo}}}}]\n      steps:\n{steps}  analysisTemplates:\n  - name: t\n    interval: {}\n    count: {}\n    failureLimit: {}\n    prometheus: {{name: {}}}\n    metrics: [{{name: m, query: up, successCondition: \"{}\"}}]\n",
+            g.pick(&["\"\"", "r1", "\"a\\nGitcanary-Reverts: x\""]),
+            g.pick(&["Deployment", "StatefulSet", "Service", "Nonsense"]),
+            g.pick(DURATIONS),
+            g.number(),
+            g.pick(DURATIONS),
+            g.number(),
+            g.number(),
+            g.pick(&["main", "Bad Name", "\"\"", "x"]),
+            g.pick(&["> 0", "< 1e309", "== ", ">= -", "&&", "> 0.5"]),
+        )
+    }
+
+    #[test]
+    fn validate_and_plan_never_panic_on_generated_repositories() {
+        let workload = APP.split("\n---\n").take(3).collect::<Vec<_>>().join("\n---\n");
+        for seed in 1..=1500u64 {
+            let mut g = Gen(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let spec = rollout(&mut g);
+            let outcome =
+                std::panic::catch_unwind(|| problems(&[("echo/app.yaml", &workload), ("echo/rollout.yaml", &spec)]));
+            assert!(outcome.is_ok(), "seed {seed} panicked on:\n{spec}");
+        }
+    }
 }
