@@ -397,12 +397,14 @@ async fn apply_app(
         previous,
         adopt_all: options.adopt,
     };
-    // The API server validates everything before anything is written.
-    if !plan.fresh {
-        let problems = dry_run(writer, &plan, live, &adoption, options).await?;
-        if !problems.is_empty() {
-            return Ok(Reconciled::Refused(AppResult::Invalid, problems));
-        }
+    // The API server validates everything before anything is written, a
+    // fresh app's objects too: one of them may be someone else's object,
+    // which must be refused before gitcanary's fields are merged into it.
+    // (Objects in a namespace this revision creates cannot exist yet, and
+    // are not dry-run.)
+    let problems = dry_run(writer, &plan, live, &adoption, options).await?;
+    if !problems.is_empty() {
+        return Ok(Reconciled::Refused(AppResult::Invalid, problems));
     }
     let mut failures = Vec::new();
     let mut report = report_of(app, AppResult::Synced, Vec::new());

@@ -250,7 +250,8 @@ async fn under_namespaces_an_object_lands_only_where_allowed_whatever_its_manife
     assert!(
         problems
             .iter()
-            .any(|p| p.starts_with("sneaky/binding.yaml:1: ClusterRoleBinding is cluster-scoped")),
+            .any(|p| p
+                .starts_with("sneaky/binding.yaml:1: rbac.authorization.k8s.io/ClusterRoleBinding is cluster-scoped")),
         "{problems:?}"
     );
     assert_eq!(report.app("fine").expect("fine").applied.len(), 1);
@@ -386,5 +387,64 @@ async fn an_existing_object_is_taken_over_only_when_asked_and_an_adopted_namespa
         managed_by(released.metadata.labels.as_ref()),
         None,
         "gitcanary's label is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_new_app_never_writes_into_someone_elses_object_before_refusing_it() {
+    let f = Fixture::new("own-fresh").await;
+    let ns = f.ns.clone();
+    let params = PostParams {
+        field_manager: Some("kubectl-create".into()),
+        ..PostParams::default()
+    };
+    let theirs: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        serde_json::json!({"metadata": {"name": "theirs", "namespace": ns}, "data": {"color": "blue"}}),
+    )
+    .expect("a ConfigMap");
+    let before = f.configmaps().create(&params, &theirs).await.expect("created by hand");
+
+    // A brand-new app whose first write would merge its fields into it (no
+    // field of theirs is touched, so an apply meets no conflict).
+    f.repo
+        .write(
+            "newcomer/theirs.yaml",
+            &format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: theirs\n  namespace: {ns}\ndata:\n  extra: added\n"
+            ),
+        )
+        .write(
+            "newcomer/own.yaml",
+            &format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: newcomer-own, namespace: {ns}}}\ndata: {{a: b}}\n"
+            ),
+        );
+    f.repo.commit_and_push("a new app names someone else's ConfigMap");
+    let report = sync_once(&f, &f.options(true)).await;
+    let newcomer = report.app("newcomer").expect("newcomer");
+    assert_eq!(newcomer.result, gitcanary::sync::AppResult::Invalid);
+    assert!(
+        newcomer
+            .problems
+            .iter()
+            .any(|p| p.to_string().starts_with("newcomer/theirs.yaml:1:")
+                && p.message
+                    .contains("already exists and this instance does not manage it")),
+        "{:?}",
+        newcomer.problems
+    );
+    let after = f.configmaps().get("theirs").await.expect("still there");
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "never written, not even for a moment"
+    );
+    assert_eq!(after.data, before.data);
+    assert!(
+        f.configmaps()
+            .get_opt("newcomer-own")
+            .await
+            .expect("readable")
+            .is_none(),
+        "nothing of the refused app is written"
     );
 }

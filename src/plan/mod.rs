@@ -440,8 +440,8 @@ pub struct AppPlan<'a> {
     pub unchanged: Vec<(usize, Value)>,
     /// Manifests of kinds that CRDs of this revision add: applied once those are established.
     pub pending: Vec<&'a Manifest>,
-    /// None of the app's objects exists yet: nothing is dry-run first, and if
-    /// the API server refuses one object, the others are taken back.
+    /// None of the app's objects is gitcanary's yet: if the API server
+    /// refuses one object, the others are taken back.
     pub fresh: bool,
     /// Objects that left Git, to delete (only with `--prune`).
     pub prunes: Vec<Deletion>,
