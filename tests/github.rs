@@ -601,12 +601,22 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
     let scenario = Scenario::new("gh-revert").await;
     let fake = GitHubFake::start_for(&scenario.repo.bare).await;
     let steps = "      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 10s\n";
+    // A Secret of the app changes with the release: no value of it may show
+    // in a log line, an Event, a comment, a status or a commit message.
+    let secret = |value: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: echo-creds\n  namespace: {}\nstringData:\n  password: {value}\n",
+            scenario.ns
+        )
+    };
     write_app_with_steps(&scenario, "1.0", steps);
+    scenario.repo.write("echo/secret.yaml", &secret("first-hush-4711"));
     scenario.repo.commit_and_push("echo 1.0");
     let agent = start_agent(&scenario, &fake);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app_with_steps(&scenario, "2.0", steps);
+    scenario.repo.write("echo/secret.yaml", &secret("second-hush-4711"));
     let deployment = scenario.repo.path().join("echo/deployment.yaml");
     let never_ready = std::fs::read_to_string(&deployment).expect("deployment").replace(
         "labels: {app: echo}\n    spec",
@@ -679,6 +689,24 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
     // Git now asks for what runs: nothing to change.
     let (code, out, err) = scenario.diff();
     assert_eq!(code, 0, "{out}{err}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let events = events.list(&Default::default()).await.expect("events");
+    let mut said: Vec<String> = events
+        .items
+        .iter()
+        .map(|e| format!("{:?} {:?}", e.note, e.reason))
+        .collect();
+    said.push(agent.log_text());
+    said.extend(fake.comments_on(9).into_iter().map(|(_, _, body)| body));
+    said.extend(fake.statuses_for(&commit).into_iter().map(|(_, _, d)| d));
+    said.extend(scenario.history().into_iter().map(|(_, message)| message));
+    for text in &said {
+        assert!(!text.contains("hush-4711"), "a Secret's value was shown: {text}");
+    }
+    assert!(
+        said.iter().any(|t| t.contains("echo/secret.yaml")),
+        "the revert named the Secret's file"
+    );
 }
 
 /// The app with a fixed `rolloutID`, so every release has the same gate branch name.

@@ -38,11 +38,16 @@ impl ObjectDiff {
         } else {
             (live, after)
         };
-        let before_text = live.as_ref().map(to_yaml).unwrap_or_default();
-        let after_text = after.as_ref().map(to_yaml).unwrap_or_default();
-        if before_text == after_text {
+        // Equal as values is equal, whatever order each side's keys come in.
+        if live == after {
             return None;
         }
+        let after = match (&live, after) {
+            (Some(live), Some(after)) => Some(in_order_of(after, live)),
+            (_, after) => after,
+        };
+        let before_text = live.as_ref().map(to_yaml).unwrap_or_default();
+        let after_text = after.as_ref().map(to_yaml).unwrap_or_default();
         let change = match (live, after) {
             (None, _) => Change::Create,
             (_, None) => Change::Delete,
@@ -143,6 +148,34 @@ fn normalize(object: &Value) -> Value {
     object
 }
 
+/// `value` with the keys of every map in the order `model` has them (keys
+/// `model` lacks after), so a diff shows changes, not key order.
+fn in_order_of(value: Value, model: &Value) -> Value {
+    match (value, model) {
+        (Value::Object(mut map), Value::Object(model)) => {
+            let mut ordered = serde_json::Map::new();
+            for (key, model_value) in model {
+                if let Some(value) = map.remove(key) {
+                    ordered.insert(key.clone(), in_order_of(value, model_value));
+                }
+            }
+            ordered.extend(map);
+            Value::Object(ordered)
+        }
+        (Value::Array(items), Value::Array(model)) => Value::Array(
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| match model.get(i) {
+                    Some(model) => in_order_of(item, model),
+                    None => item,
+                })
+                .collect(),
+        ),
+        (value, _) => value,
+    }
+}
+
 fn to_yaml(value: &Value) -> String {
     serde_saphyr::to_string(value).unwrap_or_else(|_| serde_json::to_string_pretty(value).unwrap_or_default())
 }
@@ -195,6 +228,21 @@ mod tests {
         let live = json!({"metadata": {"name": "a", "resourceVersion": "1", "uid": "x", "managedFields": []}, "data": {"k": "v"}});
         let after = json!({"metadata": {"name": "a", "resourceVersion": "2", "uid": "x"}, "data": {"k": "v"}});
         assert!(ObjectDiff::between(key(), String::new(), Some(&live), Some(&after)).is_none());
+    }
+
+    #[test]
+    fn key_order_alone_is_no_change_and_does_not_show_in_a_diff() {
+        let live = json!({"metadata": {"namespace": "demo", "labels": {"a": "1"}, "name": "a"}, "data": {"k": "v"}});
+        let same = json!({"data": {"k": "v"}, "metadata": {"name": "a", "labels": {"a": "1"}, "namespace": "demo"}});
+        assert!(ObjectDiff::between(key(), String::new(), Some(&live), Some(&same)).is_none());
+        let changed = json!({"data": {"k": "w"}, "metadata": {"name": "a", "labels": {"a": "1"}, "namespace": "demo"}});
+        let diff = ObjectDiff::between(key(), String::new(), Some(&live), Some(&changed)).expect("differs");
+        let lines: Vec<&str> = diff
+            .unified
+            .lines()
+            .filter(|l| (l.starts_with('-') || l.starts_with('+')) && !l.starts_with("---") && !l.starts_with("+++"))
+            .collect();
+        assert_eq!(lines, ["-  k: v", "+  k: w"], "{}", diff.unified);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 /// annotation added, and the hash of all that recorded in an annotation.
 pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str, default_namespace: &str) -> Value {
     let mut object = manifest.object.clone();
+    fold_string_data(&mut object);
     let metadata = object["metadata"]
         .as_object_mut()
         .expect("validated: metadata is a mapping");
@@ -31,6 +32,51 @@ pub fn prepare(manifest: &Manifest, namespaced: bool, instance: &str, default_na
     let metadata = object["metadata"].as_object_mut().expect("still a mapping");
     ensure_map(metadata, "annotations").insert(APPLIED_HASH_ANNOTATION.to_string(), Value::String(hash));
     object
+}
+
+/// A core Secret's `stringData` as the API server stores it: base64 in
+/// `data`, each `stringData` key winning over the same key of `data`. The
+/// server never keeps `stringData`, so a Secret applied with it would never
+/// match what is live and be written again at every sync.
+fn fold_string_data(object: &mut Value) {
+    if object["apiVersion"] != "v1" || object["kind"] != "Secret" {
+        return;
+    }
+    let Some(map) = object.as_object_mut() else { return };
+    let Some(Value::Object(strings)) = map.get("stringData").cloned() else {
+        return;
+    };
+    if strings.values().any(|v| !v.is_string()) {
+        return; // left for the API server to refuse with its own words
+    }
+    map.remove("stringData");
+    let data = ensure_map(map, "data");
+    for (key, value) in strings {
+        data.insert(
+            key,
+            Value::String(base64(value.as_str().unwrap_or_default().as_bytes())),
+        );
+    }
+}
+
+/// Standard base64 with padding, as Secret `data` holds it.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// Records the hash of an object changed after [`prepare`] (by a rollout overlay).
@@ -107,6 +153,46 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base64_is_the_standard_alphabet_with_padding() {
+        for (text, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("hunter2?>", "aHVudGVyMj8+"),
+        ] {
+            assert_eq!(base64(text.as_bytes()), encoded, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_secrets_string_data_is_applied_as_the_server_stores_it() {
+        let manifest = Manifest {
+            app: "web".into(),
+            file: "web/secret.yaml".into(),
+            line: 1,
+            object: serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                "data": {"kept": "a2VwdA==", "user": "b2xk"}, "stringData": {"user": "admin", "password": "hunter2"}}),
+        };
+        let object = prepare(&manifest, true, "agent", "demo");
+        assert!(object.get("stringData").is_none());
+        assert_eq!(
+            object["data"],
+            serde_json::json!({"kept": "a2VwdA==", "user": "YWRtaW4=", "password": "aHVudGVyMg=="})
+        );
+        // Any other kind keeps its fields as they are.
+        let other = Manifest {
+            object: serde_json::json!({"apiVersion": "example.com/v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"a": "b"}}),
+            ..manifest
+        };
+        assert_eq!(
+            prepare(&other, true, "agent", "demo")["stringData"],
+            serde_json::json!({"a": "b"})
+        );
+    }
     use serde_json::json;
 
     fn manifest(object: Value) -> Manifest {
