@@ -14,6 +14,8 @@ have flock || need+=(util-linux)
 # Knative's autoscaler runs in a network namespace of its own (tests/testenv/knative-up.sh).
 have ip || need+=(iproute2)
 have pkg-config || need+=(pkg-config)
+# Signed status commits (ssh-keygen -Y sign/verify) and their tests.
+have ssh-keygen || need+=(openssh-client)
 have cc || need+=(gcc)
 have make || need+=(make)
 [ -x /usr/lib/git-core/git-http-backend ] || need+=(git)

@@ -99,30 +99,43 @@ fn promote(scenario: &Scenario) {
     assert_eq!(code, 0, "{stderr}");
 }
 
-#[tokio::test]
-async fn a_rebuilt_cluster_and_a_recreated_rollout_run_the_promoted_version_and_release_the_newer_one() {
-    let scenario = Scenario::new("record-rebuild").await;
-    let ns = scenario.ns.clone();
-    write_echo_app(&scenario.repo, &ns, "1.0", PAUSED);
+/// 1.0 Healthy, then 2.0 released, promoted and recorded in Git by the
+/// agent (stopped afterwards). Returns the commit of 2.0.
+async fn promoted_2_0(scenario: &Scenario) -> String {
+    promoted_2_0_with(scenario, &[]).await
+}
+
+/// [`promoted_2_0`], the agent started with `args`.
+async fn promoted_2_0_with(scenario: &Scenario, args: &[&str]) -> String {
+    let ns = &scenario.ns;
+    write_echo_app(&scenario.repo, ns, "1.0", PAUSED);
     scenario.repo.commit_and_push("echo 1.0");
-    let mut agent = scenario.start_agent();
+    let mut agent = AgentProcess::start_with(&scenario.repo, ns, scenario.cache.path(), args, &[]);
     eventually("healthy on 1.0", WAIT, || async {
-        (rollout(&scenario.client, &ns, "echo").await?.status?.phase == Phase::Healthy).then_some(())
+        (rollout(&scenario.client, ns, "echo").await?.status?.phase == Phase::Healthy).then_some(())
     })
     .await;
-    write_echo_app(&scenario.repo, &ns, "2.0", PAUSED);
+    write_echo_app(&scenario.repo, ns, "2.0", PAUSED);
     let released = scenario.repo.commit_and_push("echo 2.0");
     eventually("2.0 paused at step 1", WAIT, || async {
-        (rollout(&scenario.client, &ns, "echo").await?.status?.phase == Phase::Paused).then_some(())
+        (rollout(&scenario.client, ns, "echo").await?.status?.phase == Phase::Paused).then_some(())
     })
     .await;
-    promote(&scenario);
+    promote(scenario);
     eventually("2.0 promoted and recorded in Git", WAIT, || async {
         let record = scenario.try_git(&["show", &format!("main:.gitcanary/status/{ns}/echo.yaml")])?;
         record.contains(&format!("stableCommit: {released}")).then_some(())
     })
     .await;
     assert!(agent.terminate(), "the agent stops");
+    released
+}
+
+#[tokio::test]
+async fn a_rebuilt_cluster_and_a_recreated_rollout_run_the_promoted_version_and_release_the_newer_one() {
+    let scenario = Scenario::new("record-rebuild").await;
+    let ns = scenario.ns.clone();
+    let released = promoted_2_0(&scenario).await;
 
     // 3.0 is pushed while nothing runs, and the Rollout loses its status.
     write_echo_app(&scenario.repo, &ns, "3.0", PAUSED);
@@ -235,27 +248,8 @@ async fn a_corrupt_status_file_is_a_problem_of_the_app_and_nothing_is_released()
 async fn a_hand_edited_status_file_naming_an_unmerged_commit_is_not_trusted() {
     let scenario = Scenario::new("record-forged").await;
     let ns = scenario.ns.clone();
-    write_echo_app(&scenario.repo, &ns, "1.0", PAUSED);
-    scenario.repo.commit_and_push("echo 1.0");
-    let mut agent = scenario.start_agent();
-    eventually("healthy on 1.0", WAIT, || async {
-        (rollout(&scenario.client, &ns, "echo").await?.status?.phase == Phase::Healthy).then_some(())
-    })
-    .await;
-    write_echo_app(&scenario.repo, &ns, "2.0", PAUSED);
-    let released = scenario.repo.commit_and_push("echo 2.0");
-    eventually("2.0 paused at step 1", WAIT, || async {
-        (rollout(&scenario.client, &ns, "echo").await?.status?.phase == Phase::Paused).then_some(())
-    })
-    .await;
-    promote(&scenario);
+    let released = promoted_2_0(&scenario).await;
     let file = format!(".gitcanary/status/{ns}/echo.yaml");
-    eventually("2.0 promoted and recorded in Git", WAIT, || async {
-        let record = scenario.try_git(&["show", &format!("main:{file}")])?;
-        record.contains(&format!("stableCommit: {released}")).then_some(())
-    })
-    .await;
-    assert!(agent.terminate(), "the agent stops");
 
     // An insider commits web:evil on a scratch branch, then points the
     // status file on main at that commit by hand.
@@ -299,4 +293,74 @@ async fn a_hand_edited_status_file_naming_an_unmerged_commit_is_not_trusted() {
         Some("registry.test/echo:evil"),
         "the forged stable commit is never run"
     );
+}
+
+/// An ed25519 key and an allowed-signers file naming it for gitcanary's
+/// default commit identity.
+fn signing_key(dir: &std::path::Path, name: &str) -> (String, String) {
+    let key = dir.join(name);
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen runs");
+    assert!(status.success());
+    let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
+    let allowed = dir.join(format!("{name}.allowed"));
+    std::fs::write(&allowed, format!("gitcanary@localhost {public}")).expect("allowed signers");
+    (key.display().to_string(), allowed.display().to_string())
+}
+
+#[tokio::test]
+async fn signed_status_commits_verify_with_git_and_only_an_allowed_key_is_trusted() {
+    let scenario = Scenario::new("record-signed").await;
+    let ns = scenario.ns.clone();
+    let keys = tempfile::tempdir().expect("keys");
+    let (key, allowed) = signing_key(keys.path(), "agent");
+    let (_, elsewhere) = signing_key(keys.path(), "another");
+    promoted_2_0_with(
+        &scenario,
+        &["--sign-status-key", &key, "--verify-status-signers", &allowed],
+    )
+    .await;
+
+    // Git itself accepts the signature of the status commit.
+    let file = format!(".gitcanary/status/{ns}/echo.yaml");
+    let status_commit = scenario.git(&["log", "-1", "--format=%H", "main", "--", &file]);
+    let verified = std::process::Command::new("git")
+        .arg(format!("--git-dir={}", scenario.repo.bare.display()))
+        .args([
+            "-c",
+            "gpg.format=ssh",
+            "-c",
+            &format!("gpg.ssh.allowedSignersFile={allowed}"),
+        ])
+        .args(["verify-commit", status_commit.trim()])
+        .output()
+        .expect("git runs");
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+
+    // A Rollout with no status resumes from the signed record...
+    Api::<Rollout>::namespaced(scenario.client.clone(), &ns)
+        .delete("echo", &DeleteParams::default())
+        .await
+        .expect("Rollout deleted");
+    let (code, stdout, stderr) = scenario.sync_once(&["--verify-status-signers", &elsewhere]);
+    // ...but not when the key that signed it is not the one allowed.
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!("{file} is not trusted: commit")) && stdout.contains("is not signed as gitcanary's"),
+        "{stdout}"
+    );
+    let (code, stdout, stderr) = scenario.sync_once(&["--verify-status-signers", &allowed]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let status = rollout(&scenario.client, &ns, "echo")
+        .await
+        .and_then(|r| r.status)
+        .expect("status");
+    assert_eq!(status.resumed_from_git, file);
 }

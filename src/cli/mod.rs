@@ -168,6 +168,15 @@ pub struct SyncArgs {
     /// Branch for promote status files; default the tracked branch.
     #[arg(long)]
     pub status_branch: Option<String>,
+    /// SSH private key that signs gitcanary's commits (status files,
+    /// reverts, gates) as Git's SSH signing does.
+    #[arg(long, env = "GITCANARY_SIGN_STATUS_KEY")]
+    pub sign_status_key: Option<PathBuf>,
+    /// Allowed-signers file (ssh-keygen's format): a status file, or a
+    /// commit of gitcanary's found by its trailers, counts only when signed
+    /// by a key it lists for --git-author's email.
+    #[arg(long, env = "GITCANARY_VERIFY_STATUS_SIGNERS")]
+    pub verify_status_signers: Option<PathBuf>,
     /// GitHub API URL (GitHub Enterprise: https://HOST/api/v3).
     #[arg(long, env = "GITCANARY_GITHUB_URL", default_value = "https://api.github.com")]
     pub github_url: String,

@@ -17,10 +17,29 @@ use crate::report::{WritebackConfig, write_back};
 use crate::server::{ServerState, metrics_router, router, serve};
 use crate::sync::sync_owned;
 use crate::writeback::Author;
+use crate::writeback::signing::{Signer, Verifier};
 
 fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
+    let mut author = Author::parse(&args.git_author).map_err(Error::Usage)?;
+    let readable = |flag: &str, path: &std::path::Path| {
+        if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(Error::Usage(format!("{flag} {}: no such file", path.display())))
+        }
+    };
+    if let Some(key) = &args.sign_status_key {
+        author.signer = Some(Signer {
+            key: readable("--sign-status-key", key)?,
+        });
+    }
+    if let Some(allowed) = &args.verify_status_signers {
+        author.verifier = Some(Verifier {
+            allowed_signers: readable("--verify-status-signers", allowed)?,
+        });
+    }
     Ok(WritebackConfig {
-        author: Author::parse(&args.git_author).map_err(Error::Usage)?,
+        author,
         status_branch: args.status_branch.clone(),
     })
 }

@@ -8,7 +8,7 @@ use git2::Oid;
 use super::GitSource;
 use crate::manifest::{MAX_FILE_BYTES, ObjectKey};
 use crate::rollout::record::{History, Outcome, StatusRecord, record_path};
-use crate::writeback::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER, carries_trailers};
+use crate::writeback::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER, carries_trailers, signature_problem};
 
 /// First-parent commits searched for a status file's last change and its
 /// stable commit: past that, the record is not trusted.
@@ -20,6 +20,7 @@ const RECORD_HISTORY: usize = 5_000;
 /// its stable commit must be on that history. Anyone can commit a file; only
 /// gitcanary's write-back says which commit passed a release.
 pub fn trust_problem(
+    repo: &git2::Repository,
     head: &git2::Commit<'_>,
     path: &str,
     blob: Oid,
@@ -67,6 +68,12 @@ pub fn trust_problem(
             writer.email,
             outcome.0,
             short(&outcome.1)
+        ));
+    }
+    if let Some(why) = signature_problem(repo, changed_by, writer) {
+        return Some(format!(
+            "commit {} that last changed it is not signed as gitcanary's: {why}",
+            short(&changed_by.id().to_string())
         ));
     }
     let stable = Oid::from_str(&record.stable_commit).ok();
@@ -119,9 +126,10 @@ impl History for GitHistory {
         let head = repo
             .find_commit(Oid::from_str(&self.head).map_err(|e| e.message().to_string())?)
             .map_err(|e| format!("reading commit {}: {}", self.head, e.message()))?;
-        trust_problem(&head, &path, entry.id(), &record, &self.git.record_writer).map_or(Ok(Some(record)), |problem| {
-            Err(format!("{path} is not trusted: {problem}"))
-        })
+        trust_problem(&repo, &head, &path, entry.id(), &record, &self.git.record_writer)
+            .map_or(Ok(Some(record)), |problem| {
+                Err(format!("{path} is not trusted: {problem}"))
+            })
     }
 
     fn object_at(
@@ -198,7 +206,7 @@ mod tests {
             .get_path(Path::new(&path))
             .expect("file")
             .id();
-        trust_problem(&head, &path, blob, record, &Author::default())
+        trust_problem(repo, &head, &path, blob, record, &Author::default())
     }
 
     #[test]
@@ -209,6 +217,7 @@ mod tests {
         let mallory = Author {
             name: "mallory".into(),
             email: "mallory@example.test".into(),
+            ..Author::default()
         };
         let path = record_path("ns", "web");
         let released = commit(&repo, &mallory, &[("web/app.yaml", "v2")], None, "v2");
@@ -257,5 +266,59 @@ mod tests {
         // A promote trailer for another commit than the file names.
         let mismatched = commit(&repo, &own, &[(&path, &text(released))], Some(off), &trailers(scratch));
         assert!(problem(&repo, mismatched, &record(released)).is_some());
+    }
+
+    #[test]
+    fn with_allowed_signers_only_a_signed_record_counts() {
+        let dir = tempfile::tempdir().expect("dir");
+        let repo = Repository::init(dir.path().join("repo")).expect("repo");
+        let keys = tempfile::tempdir().expect("keys");
+        let (signer, verifier) =
+            crate::writeback::signing::tests::key_pair(keys.path(), "agent", "gitcanary@localhost");
+        let (forger, _) = crate::writeback::signing::tests::key_pair(keys.path(), "mallory", "gitcanary@localhost");
+        let own = Author {
+            verifier: Some(verifier),
+            ..Author::default()
+        };
+        let path = record_path("ns", "web");
+        let released = commit(&repo, &own, &[("web/app.yaml", "v2")], None, "v2");
+        let text = format!("rollout: ns/web\noutcome: promoted\nrolloutID: r\nstableCommit: {released}\n");
+        let message = format!("promote\n\n{ROLLOUT_TRAILER}: ns/web\n{PROMOTES_TRAILER}: {released}\n");
+        let signed_by = |key: &crate::writeback::signing::Signer| {
+            let parent = repo.find_commit(released).expect("parent");
+            let mut update = git2::build::TreeUpdateBuilder::new();
+            update.upsert(
+                path.as_str(),
+                repo.blob(text.as_bytes()).expect("blob"),
+                git2::FileMode::Blob,
+            );
+            let tree = update
+                .create_updated(&repo, &parent.tree().expect("tree"))
+                .expect("tree");
+            let tree = repo.find_tree(tree).expect("tree");
+            let signature = Signature::now(&own.name, &own.email).expect("signature");
+            let content = repo
+                .commit_create_buffer(&signature, &signature, &message, &tree, &[&parent])
+                .expect("buffer");
+            let content = content.as_str().expect("text").to_string();
+            let armored = key.sign(content.as_bytes()).expect("signed");
+            repo.commit_signed(&content, &armored, None).expect("commit")
+        };
+        let check = |head: Oid| {
+            let head = repo.find_commit(head).expect("head");
+            let blob = head
+                .tree()
+                .expect("tree")
+                .get_path(Path::new(&path))
+                .expect("file")
+                .id();
+            trust_problem(&repo, &head, &path, blob, &record(released), &own)
+        };
+        assert_eq!(check(signed_by(&signer)), None, "signed by the agent's key");
+        let forged = check(signed_by(&forger)).expect("another key");
+        assert!(forged.contains("is not signed as gitcanary's"), "{forged}");
+        let unsigned = commit(&repo, &own, &[(&path, &text)], Some(released), &message);
+        let unsigned = check(unsigned).expect("unsigned");
+        assert!(unsigned.contains("it is not signed"), "{unsigned}");
     }
 }

@@ -16,6 +16,8 @@ use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRec
 use crate::source::{GitSource, redact_url};
 use crate::{Error, Result};
 
+pub mod signing;
+
 pub const ROLLOUT_TRAILER: &str = "Gitcanary-Rollout";
 pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
 pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
@@ -31,6 +33,11 @@ const TRAILER_SEARCH_DEPTH: usize = 200;
 pub struct Author {
     pub name: String,
     pub email: String,
+    /// Signs gitcanary's commits (`--sign-status-key`).
+    pub signer: Option<signing::Signer>,
+    /// Accepts gitcanary's commits only when signed by an allowed key for
+    /// `email` (`--verify-status-signers`).
+    pub verifier: Option<signing::Verifier>,
 }
 
 impl Author {
@@ -45,6 +52,8 @@ impl Author {
         Ok(Author {
             name: name.trim().to_string(),
             email: email.trim().to_string(),
+            signer: None,
+            verifier: None,
         })
     }
 }
@@ -54,6 +63,8 @@ impl Default for Author {
         Author {
             name: "gitcanary".into(),
             email: "gitcanary@localhost".into(),
+            signer: None,
+            verifier: None,
         }
     }
 }
@@ -278,9 +289,7 @@ impl Writer<'_> {
             let tree = repo.find_tree(tree).map_err(Error::git("reading the new tree"))?;
             let signature =
                 Signature::now(&self.author.name, &self.author.email).map_err(Error::git("the commit author"))?;
-            let commit = repo
-                .commit(None, &signature, &signature, &message, &tree, &[&head])
-                .map_err(Error::git("creating the commit"))?;
+            let commit = self.create_commit(&repo, &signature, &message, &tree, &head)?;
             match self.push(&repo, commit, branch) {
                 Ok(()) => {
                     let _ = repo.reference(&tracking, commit, true, "gitcanary write-back");
@@ -300,6 +309,35 @@ impl Writer<'_> {
             target: format!("branch {branch} of {}", redact_url(self.git.url())),
             attempts: MAX_ATTEMPTS,
         })
+    }
+
+    /// The commit, signed when a key is given.
+    fn create_commit(
+        &self,
+        repo: &Repository,
+        signature: &Signature<'_>,
+        message: &str,
+        tree: &git2::Tree<'_>,
+        parent: &Commit<'_>,
+    ) -> Result<Oid> {
+        let Some(signer) = &self.author.signer else {
+            return repo
+                .commit(None, signature, signature, message, tree, &[parent])
+                .map_err(Error::git("creating the commit"));
+        };
+        let content = repo
+            .commit_create_buffer(signature, signature, message, tree, &[parent])
+            .map_err(Error::git("creating the commit"))?;
+        let content = content.as_str().ok_or_else(|| Error::Git {
+            context: "creating the commit".into(),
+            source: git2::Error::from_str("the commit is not UTF-8"),
+        })?;
+        let armored = signer.sign(content.as_bytes()).map_err(|message| Error::Git {
+            context: "signing the commit".into(),
+            source: git2::Error::from_str(&message),
+        })?;
+        repo.commit_signed(content, &armored, None)
+            .map_err(Error::git("creating the signed commit"))
     }
 
     fn push(&self, repo: &Repository, commit: Oid, branch: &str) -> std::result::Result<(), String> {
@@ -464,6 +502,14 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(base / 2 + jitter)
 }
 
+/// Why gitcanary's commit does not count under `--verify-status-signers`
+/// (unsigned, or not by an allowed key), if it does not; always counts
+/// without it.
+pub fn signature_problem(repo: &Repository, commit: &Commit<'_>, author: &Author) -> Option<String> {
+    let verifier = author.verifier.as_ref()?;
+    verifier.problem(repo, commit.id(), &author.email)
+}
+
 /// An earlier commit of gitcanary's own carrying all these trailers, if any.
 fn find_by_trailers(
     repo: &Repository,
@@ -475,7 +521,7 @@ fn find_by_trailers(
     walk.push(head.id()).ok()?;
     for oid in walk.take(TRAILER_SEARCH_DEPTH).flatten() {
         let Ok(commit) = repo.find_commit(oid) else { continue };
-        if carries_trailers(&commit, trailers, author) {
+        if carries_trailers(&commit, trailers, author) && signature_problem(repo, &commit, author).is_none() {
             return Some(oid.to_string());
         }
     }
