@@ -82,7 +82,8 @@ pub enum Error {
 
     /// A revision whose manifests together pass the cap: nothing of it is read.
     #[error(
-        "{revision}: its manifests are more than {limit} bytes together ({path} passes the cap); nothing of it is applied"
+        "{revision}: its manifests are more than {limit} bytes together ({path}, of app {}, passes the cap); nothing of it is applied",
+        crate::manifest::load::app_of_path(path)
     )]
     RevisionTooLarge { revision: String, path: String, limit: u64 },
 

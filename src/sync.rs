@@ -125,6 +125,9 @@ struct Observed {
 /// The checks a revision passes before any of it is applied (they need no
 /// cluster); their problems are added to the apps.
 pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
+    for app in revision.manifests.apps.values_mut() {
+        crate::manifest::load::cap_documents(app);
+    }
     rollout::validate::validate(&mut revision.manifests, &options.allowed);
     for app in revision.manifests.apps.values_mut() {
         if let Some(message) = options.tenant_problem(&app.name) {

@@ -174,4 +174,5 @@ async fn blobs_are_measured_before_they_are_read_and_a_revision_has_a_total_cap(
         )),
         "{message}"
     );
+    assert!(message.contains(", of app blob, passes the cap"), "{message}");
 }

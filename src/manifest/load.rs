@@ -11,6 +11,30 @@ pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 /// Largest sum of a revision's manifest files; a bigger revision is refused whole.
 pub const MAX_REVISION_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Most documents one app may hold, rendered or not; an app with more is
+/// refused (a render that fans out must not starve the other apps).
+pub const MAX_APP_DOCUMENTS: usize = 50_000;
+
+/// Refuses the app when it holds more than [`MAX_APP_DOCUMENTS`] documents:
+/// its manifests are dropped and a problem says why.
+pub fn cap_documents(app: &mut App) {
+    let count = app.manifests.len();
+    if count <= MAX_APP_DOCUMENTS {
+        return;
+    }
+    let file = app.manifests[MAX_APP_DOCUMENTS].file.clone();
+    let line = app.manifests[MAX_APP_DOCUMENTS].line;
+    app.manifests = Vec::new();
+    app.problems.push(Problem {
+        file,
+        line,
+        message: format!(
+            "app {} holds {count} documents, more than the {MAX_APP_DOCUMENTS} an app may hold; nothing of it is applied",
+            app.name
+        ),
+    });
+}
+
 /// Counts a revision's manifest bytes against [`MAX_REVISION_BYTES`] and
 /// holds back files over [`MAX_FILE_BYTES`], both before anything is read.
 #[derive(Debug, Default)]
@@ -60,13 +84,16 @@ fn too_large(path: &str, bytes: u64) -> Problem {
     }
 }
 
+/// The app a path (relative to the source path) belongs to: its top-level
+/// directory, or the root app.
+pub fn app_of_path(path: &str) -> &str {
+    path.split_once('/').map_or(ROOT_APP, |(dir, _)| dir)
+}
+
 /// The app a file belongs to (its top-level directory, or the root app),
 /// made when it is the first file of it.
 fn app_of_file<'s>(set: &'s mut ManifestSet, path: &str) -> &'s mut App {
-    let name = match path.split_once('/') {
-        Some((dir, _)) => dir.to_string(),
-        None => ROOT_APP.to_string(),
-    };
+    let name = app_of_path(path).to_string();
     set.apps
         .entry(name.clone())
         .or_insert_with(|| App { name, ..App::default() })
@@ -251,5 +278,29 @@ mod tests {
         let linked: Vec<_> = web.problems.iter().map(|p| (p.file.as_str(), p.line)).collect();
         assert_eq!(linked, [("web/dir", 1), ("web/leak.yaml", 1)]);
         assert!(web.problems[0].message.contains("symbolic link"), "{}", web.problems[0]);
+    }
+
+    #[test]
+    fn an_app_past_the_document_cap_is_refused_by_name() {
+        let documents = "kind: ConfigMap\n---\n".repeat(MAX_APP_DOCUMENTS / 2 + 1);
+        let files = [
+            ("big/a.yaml".to_string(), documents.clone().into_bytes()),
+            ("big/b.yaml".to_string(), documents.into_bytes()),
+            ("small/cm.yaml".to_string(), b"kind: ConfigMap\n".to_vec()),
+        ];
+        let mut set = load_files(files.into_iter());
+        for app in set.apps.values_mut() {
+            cap_documents(app);
+        }
+        let big = &set.apps["big"];
+        assert!(big.manifests.is_empty());
+        assert_eq!(big.problems.len(), 1);
+        assert_eq!(big.problems[0].file, "big/b.yaml");
+        assert!(
+            big.problems[0].message.starts_with("app big holds"),
+            "{}",
+            big.problems[0]
+        );
+        assert_eq!(set.apps["small"].manifests.len(), 1, "the other apps are untouched");
     }
 }
