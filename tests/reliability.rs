@@ -514,7 +514,7 @@ async fn an_api_server_stopped_for_30_seconds_mid_release_only_delays_it() {
 }
 
 #[tokio::test]
-async fn a_refused_new_app_takes_back_only_what_it_created() {
+async fn a_refused_new_app_writes_nothing_not_even_into_someone_elses_object() {
     let client = support::client().await;
     let ns = support::namespace(&client, "take-back").await;
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
@@ -522,7 +522,7 @@ async fn a_refused_new_app_takes_back_only_what_it_created() {
         "metadata": {"name": "shared", "namespace": ns}, "data": {"owner": "someone else"}
     }))
     .expect("a configmap");
-    configmaps
+    let before = configmaps
         .create(&kube::api::PostParams::default(), &theirs)
         .await
         .expect("created by someone else");
@@ -542,6 +542,56 @@ async fn a_refused_new_app_takes_back_only_what_it_created() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
     assert!(
+        stdout.contains("app/refused.yaml:1: Service ") && stdout.contains("must be between 1 and 65535"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("app/shared.yaml:1: ConfigMap ")
+            && stdout.contains("already exists and this instance does not manage it"),
+        "{stdout}"
+    );
+    assert!(
+        configmaps.get_opt("mine").await.expect("get").is_none(),
+        "nothing is created"
+    );
+    let shared = configmaps
+        .get_opt("shared")
+        .await
+        .expect("get")
+        .expect("someone else's object stays");
+    assert_eq!(
+        shared.metadata.resource_version, before.metadata.resource_version,
+        "someone else's object is never written"
+    );
+}
+
+#[tokio::test]
+async fn a_new_app_refused_past_its_dry_run_takes_back_only_what_it_created() {
+    let client = support::client().await;
+    let ns = support::namespace(&client, "take-back-late").await;
+    let fresh = format!("{ns}-fresh");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::create_dir_all(dir.path().join("app")).expect("mkdir");
+    // The refused Service lies in a namespace the app itself creates: it
+    // cannot be dry-run before that namespace exists, so the API server
+    // refuses it only when it is written, after the others.
+    std::fs::write(
+        dir.path().join("app/namespace.yaml"),
+        format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {fresh}}}\n"),
+    )
+    .expect("write");
+    std::fs::write(dir.path().join("app/mine.yaml"), configmap(&ns, "mine", "blue")).expect("write");
+    std::fs::write(
+        dir.path().join("app/refused.yaml"),
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: refused, namespace: {fresh}}}\nspec:\n  ports: [{{port: 99999}}]\n"),
+    )
+    .expect("write");
+    let output = sync_once(dir.path(), &format!("take-back-{ns}"), &ns);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
         stdout.contains("app/refused.yaml:1: applying Service ") && stdout.contains("must be between 1 and 65535"),
         "{stdout}"
     );
@@ -549,24 +599,11 @@ async fn a_refused_new_app_takes_back_only_what_it_created() {
         configmaps.get_opt("mine").await.expect("get").is_none(),
         "what it created is taken back"
     );
-    let shared = configmaps
-        .get_opt("shared")
-        .await
-        .expect("get")
-        .expect("someone else's object stays");
-    let data = shared.data.unwrap_or_default();
-    assert_eq!(data.get("owner").map(String::as_str), Some("someone else"));
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = namespaces.get_opt(&fresh).await.expect("get");
     assert!(
-        !data.contains_key("color"),
-        "gitcanary's fields are taken back: {data:?}"
-    );
-    assert!(
-        !shared
-            .metadata
-            .labels
-            .unwrap_or_default()
-            .contains_key("gitcanary.io/managed-by"),
-        "and its labels"
+        namespace.is_none_or(|n| n.metadata.deletion_timestamp.is_some()),
+        "the namespace it created is taken back"
     );
 }
 
