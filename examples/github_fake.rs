@@ -17,11 +17,16 @@ use serve::serve_on_own_thread;
 async fn main() {
     let mut args = std::env::args().skip(1);
     let Some(bare) = args.next() else {
-        eprintln!("usage: github_fake BARE_REPO [USER=TOKEN:PERMISSION ...]");
+        eprintln!("usage: github_fake BARE_REPO [USER=TOKEN:PERMISSION | EMAIL=LOGIN ...]");
         std::process::exit(2);
     };
     let fake = github::GitHubFake::start_for(std::path::Path::new(&bare)).await;
     for grant in args {
+        // EMAIL=LOGIN: commits of that email are that account's.
+        if let Some((email, login)) = grant.split_once('=').filter(|(email, _)| email.contains('@')) {
+            fake.link_email(email, login);
+            continue;
+        }
         let parsed = grant.split_once('=').and_then(|(user, rest)| {
             rest.split_once(':')
                 .map(|(token, permission)| (user, token, permission))

@@ -53,8 +53,9 @@ git -C "$work/clone" push -q origin HEAD:main
 "$gitcanary" crd | k apply --server-side -f - >/dev/null
 say "installed the Rollout CRD (gitcanary crd | kubectl apply -f -)"
 
-bold "Starting a GitHub API fake for acme/apps: alice may write, bob may only read"
-"$target_dir/debug/examples/github_fake" "$work/apps.git" alice=alice-token:write bob=bob-token:read >"$work/github.out" 2>&1 &
+bold "Starting a GitHub API fake for acme/apps: alice and carol may write, bob may only read; alice's commits are hers"
+"$target_dir/debug/examples/github_fake" "$work/apps.git" alice=alice-token:write bob=bob-token:read carol=carol-token:write \
+  alice@example.test=alice >"$work/github.out" 2>&1 &
 github_pid=$!
 for _ in $(seq 1 100); do grep -q '^GITHUB_URL=' "$work/github.out" 2>/dev/null && break; sleep 0.1; done
 github_url=$(sed -n 's/^GITHUB_URL=//p' "$work/github.out")
@@ -157,7 +158,11 @@ done
 say "  \"$reply\""
 say "and the release still waits: $(rollout_line)"
 api alice-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
-say "alice (write access) approves #$gate: gitcanary merges it and goes on"
+say "alice approves #$gate too, but she wrote the change: her approval does not count, and the release still waits"
+sleep 4
+say "$(rollout_line)"
+api carol-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
+say "carol (write access, who wrote none of the change) approves #$gate: gitcanary merges it and goes on"
 follow_until Healthy
 say "#$gate merged by: $(api alice-token GET "/pulls/$gate" | json 'd["merged_by"]["login"]')"
 for _ in $(seq 1 50); do git -C "$work/clone" pull -q --rebase origin main; [ -f "$work/clone/.gitcanary/status/demo/echoserver.yaml" ] && break; sleep 0.2; done

@@ -349,14 +349,17 @@ async fn signed_status_commits_verify_with_git_and_only_an_allowed_key_is_truste
         .delete("echo", &DeleteParams::default())
         .await
         .expect("Rollout deleted");
-    let (code, stdout, stderr) = scenario.sync_once(&["--verify-status-signers", &elsewhere]);
+    let (code, stdout, stderr) =
+        scenario.sync_once(&["--sign-status-key", &key, "--verify-status-signers", &elsewhere]);
     // ...but not when the key that signed it is not the one allowed.
     assert_eq!(code, 1, "{stdout}\n{stderr}");
     assert!(
         stdout.contains(&format!("{file} is not trusted: commit")) && stdout.contains("is not signed as gitcanary's"),
         "{stdout}"
     );
-    let (code, stdout, stderr) = scenario.sync_once(&["--verify-status-signers", &allowed]);
+    let (code, _, stderr) = scenario.sync_once(&["--verify-status-signers", &allowed]);
+    assert_eq!(code, 2, "verifying without signing is refused: {stderr}");
+    let (code, stdout, stderr) = scenario.sync_once(&["--sign-status-key", &key, "--verify-status-signers", &allowed]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     let status = rollout(&scenario.client, &ns, "echo")
         .await

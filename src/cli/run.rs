@@ -33,6 +33,11 @@ fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
             key: readable("--sign-status-key", key)?,
         });
     }
+    if args.verify_status_signers.is_some() && args.sign_status_key.is_none() {
+        return Err(Error::Usage(
+            "--verify-status-signers needs --sign-status-key: the agent's own status commits would be unsigned and not trusted".into(),
+        ));
+    }
     if let Some(allowed) = &args.verify_status_signers {
         author.verifier = Some(Verifier {
             allowed_signers: readable("--verify-status-signers", allowed)?,

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use super::{GatePolicy, GitHub, PullFile, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::engine::RolloutSummary;
-use crate::writeback::{GateFile, gate_branch, gate_path};
+use crate::writeback::{GATE_TRAILER, GateFile, gate_branch, gate_id, gate_path};
 use crate::{Error, Result};
 
 /// Prefix of every promotion branch of one rollout.
@@ -290,15 +290,44 @@ fn gate_token(number: u64) -> String {
     format!("promotion pull request #{number}")
 }
 
+/// Whether a gate commit's message names this release and step in its
+/// `Gitcanary-Gate` trailer. A pull request's body can be edited by any
+/// writer; the commit gitcanary pushed cannot.
+pub fn commit_names_release(message: &str, rollout_id: &str, step: u32, canary_commit: &str) -> bool {
+    let wanted = format!("{GATE_TRAILER}: {}", gate_id(rollout_id, step, canary_commit));
+    !canary_commit.is_empty() && message.lines().any(|line| line.trim() == wanted)
+}
+
 async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>, own: &str) -> Result<Verdict> {
     let number = pull.number;
     let policy = &github.gate_policy;
     let pushed = gate_commit(&pull.body);
+    let status = &request.rollout.status;
+    // The body can be edited by any writer; the commit gitcanary pushed
+    // cannot: it must name this release and step.
+    let of_release = async || -> Result<bool> {
+        Ok(!pull.head_sha.is_empty()
+            && commit_names_release(
+                &github.commit_message(&pull.head_sha).await?,
+                &status.rollout_id,
+                request.step,
+                &status.canary_commit,
+            ))
+    };
+    if pull.merged && !of_release().await? {
+        info!(
+            pull = number,
+            "a merged pull request whose commit is not this release's gate: ignored"
+        );
+        return Ok(Verdict::Waiting);
+    }
     if pull.merged {
         // A merge counts only for exactly the commit gitcanary pushed,
         // touching the gate file only, merged by someone who may decide.
         let files = github.pull_files(number).await?;
-        let merger = pull.merged_by.as_deref();
+        // A list does not say who merged; the pull request itself does.
+        let merged_by = github.pull(number).await?.merged_by;
+        let merger = merged_by.as_deref();
         let writer = match merger {
             Some(by) if by != own => github.can_write(by).await?,
             _ => true,
@@ -361,6 +390,13 @@ async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>,
             ),
         )
         .await;
+        return Ok(Verdict::Waiting);
+    }
+    if !of_release().await? {
+        info!(
+            pull = number,
+            "a pull request whose commit is not this release's gate: ignored"
+        );
         return Ok(Verdict::Waiting);
     }
     for approval in github.approvals(number).await? {
@@ -514,6 +550,25 @@ mod tests {
             !is_gate_of_release(&pull(OWN, &release_marker("", 1)), OWN, "", 1),
             "no canary commit"
         );
+    }
+
+    #[test]
+    fn only_the_commit_gitcanary_made_for_the_release_and_step_names_it() {
+        let canary = "b".repeat(40);
+        let message =
+            format!("gate(ns/web): promote\n\nGitcanary-Rollout: ns/web\nGitcanary-Gate: steady-1 {canary}\n");
+        assert!(commit_names_release(&message, "steady", 1, &canary));
+        assert!(!commit_names_release(&message, "steady", 2, &canary), "another step");
+        assert!(
+            !commit_names_release(&message, "steady", 1, &"c".repeat(40)),
+            "another release"
+        );
+        let old = "gate(ns/web): promote\n\nGitcanary-Gate: steady-1\n";
+        assert!(
+            !commit_names_release(old, "steady", 1, &canary),
+            "a gate of before release identity"
+        );
+        assert!(!commit_names_release(&message, "steady", 1, ""));
     }
 
     #[test]

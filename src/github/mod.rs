@@ -392,6 +392,9 @@ impl GitHub {
             .iter()
             .filter(|c| c["user"]["login"].as_str() != Some(own.as_str()))
             .filter(|c| written_since(c))
+            // A writer may edit anyone's comment: an edited one is no longer
+            // only its author's words, so it commands nothing.
+            .filter(|c| !is_edited(c))
             .filter_map(|c| {
                 let id = c["id"].as_u64()?;
                 let command = parse_command(c["body"].as_str()?)?;
@@ -528,7 +531,8 @@ impl GitHub {
     /// The GitHub logins of the authors and committers of the commits after
     /// `base` up to `head` (GitHub's compare), or of `head` alone without a
     /// base, as far as GitHub tied them to an account.
-    pub async fn commit_people(&self, base: Option<&str>, head: &str) -> Result<Vec<String>> {
+    pub async fn commit_people(&self, base: Option<&str>, head: &str, own_email: &str) -> Result<Vec<String>> {
+        let mut total = None;
         let commits = match base {
             Some(base) => {
                 let compare = self
@@ -539,6 +543,7 @@ impl GitHub {
                         "the release's commits",
                     )
                     .await?;
+                total = compare["total_commits"].as_u64();
                 array(&compare["commits"]).to_vec()
             }
             None => vec![
@@ -546,17 +551,7 @@ impl GitHub {
                     .await?,
             ],
         };
-        let mut people = Vec::new();
-        for commit in &commits {
-            for role in ["author", "committer"] {
-                if let Some(login) = commit[role]["login"].as_str()
-                    && !people.iter().any(|p: &String| p == login)
-                {
-                    people.push(login.to_string());
-                }
-            }
-        }
-        Ok(people)
+        release_people(&commits, total, own_email)
     }
 
     /// Who closed the issue or pull request, when it is closed.
@@ -588,6 +583,27 @@ impl GitHub {
         Ok(())
     }
 
+    /// One pull request as `GET pulls/{n}` has it: unlike a list, it says
+    /// who merged it.
+    pub async fn pull(&self, pull: u64) -> Result<PullRequest> {
+        let found = self
+            .call(Method::GET, &format!("pulls/{pull}"), None, "a pull request")
+            .await?;
+        PullRequest::from_json(&found).ok_or_else(|| Error::GitHub {
+            context: "a pull request".into(),
+            status: None,
+            message: format!("pull request #{pull} came back without a number"),
+        })
+    }
+
+    /// A commit's message.
+    pub async fn commit_message(&self, sha: &str) -> Result<String> {
+        let commit = self
+            .call(Method::GET, &format!("commits/{sha}"), None, "a commit")
+            .await?;
+        Ok(commit["commit"]["message"].as_str().unwrap_or_default().to_string())
+    }
+
     pub async fn close_pull(&self, pull: u64) -> Result<()> {
         self.set_pull_state(pull, "closed", "closing a pull request").await
     }
@@ -601,6 +617,56 @@ impl GitHub {
         )
         .await?;
         Ok(())
+    }
+}
+
+/// The GitHub logins of whoever wrote or committed `commits`. Unknown is an
+/// error, never an empty answer: a commit GitHub ties to no account (an
+/// email linked to nobody), or a compare that did not list every commit
+/// (`total`), would let its author pass as someone who wrote none of it.
+/// gitcanary's own commits (`own_email`, its status and gate records) are
+/// tied to no account and name nobody.
+pub fn release_people(commits: &[Value], total: Option<u64>, own_email: &str) -> Result<Vec<String>> {
+    let unknown = |message: String| Error::GitHub {
+        context: "the release's commits".into(),
+        status: None,
+        message,
+    };
+    if let Some(total) = total
+        && total > commits.len() as u64
+    {
+        return Err(unknown(format!(
+            "GitHub listed {} of its {total} commits",
+            commits.len()
+        )));
+    }
+    let mut people = Vec::new();
+    for commit in commits {
+        let email = |role: &str| commit["commit"][role]["email"].as_str().unwrap_or_default().to_string();
+        if !own_email.is_empty() && email("author") == own_email && email("committer") == own_email {
+            continue;
+        }
+        for role in ["author", "committer"] {
+            let Some(login) = commit[role]["login"].as_str() else {
+                return Err(unknown(format!(
+                    "the {role} of commit {} is tied to no GitHub account",
+                    crate::short_commit(commit["sha"].as_str().unwrap_or_default())
+                )));
+            };
+            if !people.iter().any(|p: &String| p == login) {
+                people.push(login.to_string());
+            }
+        }
+    }
+    Ok(people)
+}
+
+/// Whether a comment was edited after it was written.
+pub fn is_edited(comment: &Value) -> bool {
+    let at = |field: &str| comment[field].as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    match (at("created_at"), at("updated_at")) {
+        (Some(created), Some(updated)) => updated.as_second() > created.as_second(),
+        _ => false,
     }
 }
 
@@ -848,6 +914,56 @@ mod tests {
             Some(Signal::Promote),
             "people's commands still parse"
         );
+    }
+
+    #[test]
+    fn an_edited_comment_is_known_as_edited() {
+        assert!(!is_edited(
+            &json!({"created_at": "2026-12-01T10:00:00Z", "updated_at": "2026-12-01T10:00:00Z"})
+        ));
+        assert!(is_edited(
+            &json!({"created_at": "2026-12-01T10:00:00Z", "updated_at": "2026-12-01T10:05:00Z"})
+        ));
+        assert!(!is_edited(&json!({"created_at": "2026-12-01T10:00:00Z"})));
+    }
+
+    #[test]
+    fn a_release_whose_authors_github_cannot_name_has_no_known_authors() {
+        let commit = |sha: &str, author: Value, committer: Value| {
+            json!({"sha": sha, "author": author, "committer": committer,
+                "commit": {"author": {"email": "someone@example.test"}, "committer": {"email": "someone@example.test"}}})
+        };
+        let carol = json!({"login": "carol"});
+        let web = json!({"login": "web-flow"});
+        let known = [
+            commit("a1", carol.clone(), web.clone()),
+            commit("b2", carol.clone(), carol.clone()),
+        ];
+        assert_eq!(
+            release_people(&known, Some(2), "gitcanary@localhost").expect("known"),
+            ["carol", "web-flow"]
+        );
+        let unlinked = [
+            commit("a1", carol.clone(), web.clone()),
+            commit("c3", Value::Null, web.clone()),
+        ];
+        let error = release_people(&unlinked, None, "gitcanary@localhost").expect_err("an unlinked author");
+        assert!(
+            error
+                .to_string()
+                .contains("the author of commit c3 is tied to no GitHub account"),
+            "{error}"
+        );
+        // gitcanary's own records are tied to no account and name nobody.
+        let own = json!({"sha": "d4", "author": null, "committer": null,
+            "commit": {"author": {"email": "gitcanary@localhost"}, "committer": {"email": "gitcanary@localhost"}}});
+        let with_own = [known[0].clone(), own];
+        assert_eq!(
+            release_people(&with_own, None, "gitcanary@localhost").expect("known"),
+            ["carol", "web-flow"]
+        );
+        let error = release_people(&known, Some(300), "gitcanary@localhost").expect_err("a truncated compare");
+        assert!(error.to_string().contains("listed 2 of its 300 commits"), "{error}");
     }
 
     #[test]

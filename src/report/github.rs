@@ -11,7 +11,7 @@ use crate::Result;
 use crate::cluster::Cluster;
 use crate::github::{self, GitHub, gate};
 use crate::rollout::api::Phase;
-use crate::rollout::cli::{Signal, record_last_comment, send_signal_token};
+use crate::rollout::cli::{DecidedOn, Signal, record_last_comment, send_signal_token};
 use crate::rollout::engine::RolloutSummary;
 use crate::source::Source;
 use crate::sync::SyncReport;
@@ -58,7 +58,7 @@ impl GitHubReporter<'_> {
             // the gate and commands wait; the comment and status do not.
             let mut authors_known = true;
             if matches!(status.phase, Phase::Paused | Phase::Progressing) && !status.canary_commit.is_empty() {
-                match release_people(github, status).await {
+                match release_people(github, status, &self.author.email).await {
                     Ok(people) => {
                         debug!(?people, "the release's authors and committers");
                         authors.extend(people)
@@ -88,7 +88,7 @@ impl GitHubReporter<'_> {
                         gate_pull = Some(pull.number);
                         gate_branch = Some(pull.head_ref.clone());
                         warn_skipped(github, &pulls, &pull, &skipped).await;
-                        signalled |= pass_verdict(cluster, rollout, verdict).await;
+                        signalled |= pass_verdict(cluster, rollout, verdict, step).await;
                     }
                     Err(error) => {
                         warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands and the CLI still work")
@@ -152,7 +152,7 @@ impl GitHubReporter<'_> {
 
 /// Hands a promotion pull request's decision to its rollout (once: the token
 /// names the decision).
-async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate::Verdict) -> bool {
+async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate::Verdict, step: u32) -> bool {
     let (signal, token, by) = match verdict {
         gate::Verdict::Waiting => return false,
         gate::Verdict::Promote { token, by } => (Signal::Promote, token, by),
@@ -169,7 +169,20 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
     {
         return false;
     }
-    match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
+    let decided_on = DecidedOn {
+        canary_commit: &rollout.status.canary_commit,
+        step: (signal == Signal::Promote).then_some(step),
+    };
+    match send_signal_token(
+        cluster,
+        &rollout.namespace,
+        &rollout.name,
+        signal,
+        &token,
+        Some(decided_on),
+    )
+    .await
+    {
         Ok(()) => {
             info!(namespace = %rollout.namespace, rollout = %rollout.name, rollout_id = %rollout.status.rollout_id, %by, ?signal, "gate decided on GitHub");
             true
@@ -183,12 +196,16 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
 
 /// The GitHub logins of whoever wrote or committed the release's commits
 /// (from its stable commit, exclusive, to its canary commit).
-async fn release_people(github: &GitHub, status: &crate::rollout::api::RolloutStatus) -> Result<Vec<String>> {
+async fn release_people(
+    github: &GitHub,
+    status: &crate::rollout::api::RolloutStatus,
+    own_email: &str,
+) -> Result<Vec<String>> {
     if status.stable_commit.is_empty() || status.stable_commit == status.canary_commit {
-        return github.commit_people(None, &status.canary_commit).await;
+        return github.commit_people(None, &status.canary_commit, own_email).await;
     }
     github
-        .commit_people(Some(&status.stable_commit), &status.canary_commit)
+        .commit_people(Some(&status.stable_commit), &status.canary_commit, own_email)
         .await
 }
 
@@ -275,7 +292,22 @@ async fn handle_commands(
                 continue;
             }
             let token = format!("comment {} by @{}", comment.id, comment.user);
-            match send_signal_token(cluster, &rollout.namespace, &rollout.name, signal, &token).await {
+            let decided_on = DecidedOn {
+                canary_commit: &rollout.status.canary_commit,
+                step: (signal == Signal::Promote)
+                    .then(|| rollout.status.canary_status.as_ref().map(|c| c.current_step_index))
+                    .flatten(),
+            };
+            match send_signal_token(
+                cluster,
+                &rollout.namespace,
+                &rollout.name,
+                signal,
+                &token,
+                Some(decided_on),
+            )
+            .await
+            {
                 Ok(()) => {
                     info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
                     signalled = true;

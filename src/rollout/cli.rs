@@ -22,14 +22,32 @@ pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal:
         name,
         signal,
         &format!("the CLI at {}", Timestamp::now()),
+        None,
     )
     .await
+}
+
+/// The release and step a decision was made on (on GitHub, from a snapshot
+/// that may be behind): a signal for it is sent only while the Rollout is
+/// still there, so an approval of one pause never passes a later one.
+#[derive(Debug, Clone, Copy)]
+pub struct DecidedOn<'a> {
+    pub canary_commit: &'a str,
+    /// The pause decided on; `None` for an abort, which stops any step.
+    pub step: Option<u32>,
 }
 
 /// Sets the signal annotation to a token naming the running release and
 /// `by` (a pull-request comment, say). Refused when nothing waits for the
 /// signal: a promote kept for later would pass the next release's gate.
-pub async fn send_signal_token(cluster: &Cluster, namespace: &str, name: &str, signal: Signal, by: &str) -> Result<()> {
+pub async fn send_signal_token(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    signal: Signal,
+    by: &str,
+    decided_on: Option<DecidedOn<'_>>,
+) -> Result<()> {
     let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     let rollout = api
         .get(name)
@@ -40,6 +58,18 @@ pub async fn send_signal_token(cluster: &Cluster, namespace: &str, name: &str, s
     signal::awaited(signal, &status).map_err(refused)?;
     let uid = rollout.metadata.uid.as_deref().unwrap_or_default();
     let release = signal::Release::running(uid, &status).ok_or_else(|| refused("no release is running".to_string()))?;
+    if let Some(decided) = decided_on {
+        let step = status.canary_status.as_ref().map(|c| c.current_step_index);
+        if decided.canary_commit != status.canary_commit || decided.step.is_some_and(|s| Some(s) != step) {
+            return Err(refused(format!(
+                "it was decided on release {} at step {}, and the Rollout is now at release {} step {}",
+                crate::short_commit(decided.canary_commit),
+                decided.step.map_or_else(|| "any".to_string(), |s| s.to_string()),
+                release.describe(),
+                step.unwrap_or_default()
+            )));
+        }
+    }
     let key = match signal {
         Signal::Promote => PROMOTE_ANNOTATION,
         Signal::Abort => ABORT_ANNOTATION,

@@ -120,17 +120,19 @@ pub fn mismatch(signal: Signal, value: &str, running: Option<&Release>) -> Optio
     let token = parse(value);
     let Some(running) = running else {
         let named = token.release.map_or_else(|| "no release".to_string(), |r| r.describe());
+        let named = crate::rollout::api::bounded_line(&named, 80);
         return Some(format!("{verb} for release {named} ignored: no release is running"));
     };
     match token.release {
         Some(release) if release == *running => None,
         Some(release) => Some(format!(
             "{verb} for release {} ignored: the running release is {}",
-            release.describe(),
+            crate::rollout::api::bounded_line(&release.describe(), 80),
             running.describe()
         )),
         None => Some(format!(
-            "{verb} {value:?} ignored: it names no release (the running release is {}); use `gitcanary {verb}`",
+            "{verb} {:?} ignored: it names no release (the running release is {}); use `gitcanary {verb}`",
+            crate::rollout::api::bounded_line(value, 80),
             running.describe()
         )),
     }
@@ -208,5 +210,16 @@ mod tests {
         let healthy = awaited(Signal::Abort, &status(Phase::Healthy, StepState::Completed));
         assert!(healthy.unwrap_err().contains("no release is running"));
         assert!(awaited(Signal::Abort, &status(Phase::Failed, StepState::StepUpgrade)).is_err());
+    }
+
+    #[test]
+    fn an_ignored_signal_is_said_in_one_short_line() {
+        let running = release("4d5e6f0aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+        let huge = format!("x\n{}", "y".repeat(100_000));
+        let said = mismatch(Signal::Promote, &huge, Some(&running)).expect("ignored");
+        assert!(said.len() < 300 && !said.contains('\n'), "{} bytes", said.len());
+        let forged = format!("release=u/{}/id; by=me", "z".repeat(100_000));
+        let said = mismatch(Signal::Promote, &forged, Some(&running)).expect("ignored");
+        assert!(said.len() < 300, "{} bytes", said.len());
     }
 }

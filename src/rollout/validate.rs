@@ -138,6 +138,26 @@ fn spec_schema() -> &'static Value {
 /// in `default_namespace`.
 pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
+    // Only gitcanary makes a Rollout's canary objects: a manifest that names
+    // a Rollout as its owner would pass for one, and be written over and
+    // deleted by that release (or take its canary traffic).
+    for manifest in &app.manifests {
+        let claims_a_rollout = manifest.object["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| {
+                r["kind"] == "Rollout"
+                    && r["apiVersion"]
+                        .as_str()
+                        .is_some_and(|v| v.starts_with(super::api::GROUP))
+            });
+        if claims_a_rollout {
+            problems.push(manifest.problem(
+                "metadata.ownerReferences names a gitcanary Rollout: only gitcanary makes a Rollout's objects (its canaries); remove the reference".to_string(),
+            ));
+        }
+    }
     let mut governed: BTreeMap<(String, String, String), String> = BTreeMap::new();
     for manifest in app.manifests.iter().filter(|m| is_rollout(m)) {
         for signal in [PROMOTE_ANNOTATION, ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION] {
@@ -637,6 +657,20 @@ mod tests {
             found[0].starts_with("echo/rollout.yaml:1: annotation gitcanary.io/promote is gitcanary's own signal"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_manifest_that_names_a_rollout_as_its_owner_is_refused() {
+        let claimed = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo-canary\n  ownerReferences:\n  - {apiVersion: gitcanary.io/v1alpha1, kind: Rollout, name: echo, uid: \"1234\"}\nspec: {}\n";
+        let found = problems(&[("other/canary.yaml", claimed)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.starts_with("other/canary.yaml:1: metadata.ownerReferences names a gitcanary Rollout")),
+            "{found:?}"
+        );
+        let owned_elsewhere = claimed.replace("gitcanary.io/v1alpha1, kind: Rollout", "apps/v1, kind: ReplicaSet");
+        assert!(problems(&[("other/canary.yaml", &owned_elsewhere)]).is_empty());
     }
 
     #[test]

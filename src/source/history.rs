@@ -14,6 +14,35 @@ use crate::writeback::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER,
 /// stable commit: past that, the record is not trusted.
 const RECORD_HISTORY: usize = 5_000;
 
+/// A commit of gitcanary's for this rollout that the head holds and the
+/// record's commit does not: a merge whose first parent is an old record
+/// and whose other parent holds a newer one replays the old record.
+fn newer_record(
+    repo: &git2::Repository,
+    head: &git2::Commit<'_>,
+    record_commit: &git2::Commit<'_>,
+    rollout: &str,
+    writer: &Author,
+) -> Option<String> {
+    let mut walk = repo.revwalk().ok()?;
+    walk.push(head.id()).ok()?;
+    walk.hide(record_commit.id()).ok()?;
+    let trailer = [(ROLLOUT_TRAILER, rollout.to_string())];
+    walk.take(RECORD_HISTORY)
+        .flatten()
+        .filter_map(|oid| repo.find_commit(oid).ok())
+        .find(|commit| {
+            // A record: a promote or a hold (a revert or a gate writes none).
+            let message = commit.message().unwrap_or_default();
+            let records = message.lines().any(|line| {
+                let line = line.trim();
+                line.starts_with(&format!("{PROMOTES_TRAILER}: ")) || line.starts_with(&format!("{HOLDS_TRAILER}: "))
+            });
+            records && carries_trailers(commit, &trailer, writer)
+        })
+        .map(|commit| commit.id().to_string())
+}
+
 /// Why a status file may not be read back, or `None` when it may: the
 /// commit that last changed it (on the branch's first-parent history) must
 /// be gitcanary's own, carrying the trailers of the outcome it records, and
@@ -68,6 +97,12 @@ pub fn trust_problem(
             writer.email,
             outcome.0,
             short(&outcome.1)
+        ));
+    }
+    if let Some(newer) = newer_record(repo, head, changed_by, &record.rollout, writer) {
+        return Some(format!(
+            "a newer record of gitcanary's ({}) is in the branch's history but not on its first parent: an older record was put back by a merge",
+            short(&newer)
         ));
     }
     if let Some(why) = signature_problem(repo, changed_by, writer) {
@@ -262,6 +297,42 @@ mod tests {
             why.contains("not on the tracked branch's first-parent history"),
             "{why}"
         );
+
+        // An old record put back by a merge whose first parent is that
+        // record's commit, the newer record on the other side.
+        let newer_text = text(released).replace("rolloutID: r", "rolloutID: r2");
+        let newer = commit(&repo, &own, &[(&path, &newer_text)], Some(later), &trailers(released));
+        let replay = {
+            let old = repo.find_commit(promoted).expect("old record");
+            let newer = repo.find_commit(newer).expect("newer record");
+            let signature = Signature::now("mallory", "mallory@example.test").expect("signature");
+            repo.commit(
+                None,
+                &signature,
+                &signature,
+                "merge",
+                &old.tree().expect("tree"),
+                &[&old, &newer],
+            )
+            .expect("merge")
+        };
+        let why = problem(&repo, replay, &record(released)).expect("replayed");
+        assert!(
+            why.contains("is in the branch's history but not on its first parent"),
+            "{why}"
+        );
+        // A revert of gitcanary's after the record is no newer record.
+        let revert = commit(
+            &repo,
+            &own,
+            &[("web/app.yaml", "v1")],
+            Some(promoted),
+            &format!(
+                "revert\n\n{ROLLOUT_TRAILER}: ns/web\nGitcanary-Reverts: {}\n",
+                "c".repeat(40)
+            ),
+        );
+        assert_eq!(problem(&repo, revert, &record(released)), None);
 
         // A promote trailer for another commit than the file names.
         let mismatched = commit(&repo, &own, &[(&path, &text(released))], Some(off), &trailers(scratch));

@@ -385,6 +385,12 @@ pub fn gate_branch(namespace: &str, name: &str, rollout_id: &str, step: u32) -> 
     format!("gitcanary/promote/{namespace}/{name}/{rollout_id}-{step}")
 }
 
+/// The `Gitcanary-Gate` trailer's value on a gate commit: the release's
+/// rollout ID, the step and the full canary commit.
+pub fn gate_id(rollout_id: &str, step: u32, canary_commit: &str) -> String {
+    format!("{}-{step} {canary_commit}", message_text(rollout_id))
+}
+
 /// The file a promotion pull request's commit writes.
 pub fn gate_path(namespace: &str, name: &str) -> String {
     format!(".gitcanary/gates/{namespace}/{name}.yaml")
@@ -417,12 +423,7 @@ impl Writer<'_> {
         })?;
         // The canary commit makes the gate one release's: a rollout ID
         // reused by a later release finds no earlier gate commit as its own.
-        let gate_id = format!(
-            "{}-{} {}",
-            message_text(&gate.rollout_id),
-            gate.step,
-            gate.canary_commit
-        );
+        let gate_id = gate_id(&gate.rollout_id, gate.step, &gate.canary_commit);
         let message = format!(
             "gate({}): promote release {} past step {}\n\nMerging this passes the gate; closing it unmerged aborts the release.\n\n{ROLLOUT_TRAILER}: {}\n{GATE_TRAILER}: {gate_id}\n",
             gate.rollout,

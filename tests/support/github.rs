@@ -103,6 +103,13 @@ impl GitHubFake {
     pub async fn start() -> GitHubFake {
         let data: Shared = Arc::new(Mutex::new(Data {
             next_id: 1000,
+            // The test repositories' commits are carol's, as the pull
+            // requests that carry them are by default.
+            // Merges are committed as GitHub's own account.
+            logins: BTreeMap::from([
+                ("author@example.test".to_string(), "carol".to_string()),
+                ("noreply@github.example.test".to_string(), "web-flow".to_string()),
+            ]),
             ..Data::default()
         }));
         let app = Router::new()
@@ -419,7 +426,16 @@ async fn list_pulls(
         .filter(|p| state == "all" || (state == "open") == p.open)
         .filter(|p| head.is_none_or(|(user, branch)| user == p.head_owner && branch == p.head))
         .filter(|p| query.get("base").is_none_or(|b| *b == p.base))
-        .map(|p| pull_json(&owner, &repo, p, &data))
+        .map(|p| {
+            // GitHub lists a pull request without who merged it (nor `merged`):
+            // only `GET pulls/{n}` says.
+            let mut listed = pull_json(&owner, &repo, p, &data);
+            if let Some(fields) = listed.as_object_mut() {
+                fields.remove("merged_by");
+                fields.remove("merged");
+            }
+            listed
+        })
         .collect();
     paginate(pulls, &query, &uri, &headers)
 }
@@ -958,10 +974,11 @@ fn commit_json(data: &Data, bare: &std::path::Path, sha: &str) -> Option<Value> 
     let [full, author, committer] = fields.as_slice() else {
         return None;
     };
+    let message = git_in(bare, &["show", "-s", "--format=%B", sha]).unwrap_or_default();
     let account = |email: &str| data.logins.get(email).map_or(Value::Null, |login| user(login));
     Some(json!({
         "sha": full,
-        "commit": {"author": {"email": author}, "committer": {"email": committer}},
+        "commit": {"author": {"email": author}, "committer": {"email": committer}, "message": message},
         "author": account(author),
         "committer": account(committer),
     }))
