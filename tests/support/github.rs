@@ -765,6 +765,17 @@ fn merge_into_bare(data: &Shared, number: u64, by: &str) -> Result<String, Strin
     Ok(sha)
 }
 
+/// Who opened pull request `n`: whoever opened it through the API, else
+/// the author `carry_by` named (default `carol`).
+fn pull_author(data: &Data, n: u64) -> &str {
+    data.pull_requests
+        .iter()
+        .find(|p| p.number == n)
+        .map(|p| p.author.as_str())
+        .or_else(|| data.authors.get(&n).map(String::as_str))
+        .unwrap_or("carol")
+}
+
 async fn pulls_for_commit(
     State(data): State<Shared>,
     Path((owner, repo, sha)): Path<(String, String, String)>,
@@ -788,7 +799,7 @@ async fn pulls_for_commit(
         .map(|n| {
             json!({
                 "id": 9000 + n, "number": n, "state": "closed", "title": format!("Change {n}"),
-                "user": user(data.authors.get(n).map_or("carol", String::as_str)), "merged_at": "2026-11-30T11:00:00Z", "merge_commit_sha": sha,
+                "user": user(pull_author(&data, *n)), "merged_at": "2026-11-30T11:00:00Z", "merge_commit_sha": sha,
                 "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{n}"),
                 "url": format!("https://api.github.example.test/repos/{owner}/{repo}/pulls/{n}"),
                 "head": {"ref": format!("change-{n}"), "sha": sha}, "base": {"ref": "main"}
