@@ -83,6 +83,9 @@ pub fn metrics_router(state: ServerState) -> Router {
 pub struct ConnectionLimits {
     /// Connections open at once; one more is closed as soon as it is accepted.
     pub max_open: usize,
+    /// Connections one address may hold at once, so that a single client
+    /// cannot take every slot (and the kubelet's probes with them).
+    pub max_per_peer: usize,
     /// How long a client may take to send a request's headers.
     pub header_timeout: std::time::Duration,
     /// How long a connection may stay open: an idle keep-alive connection
@@ -94,6 +97,7 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
             max_open: 256,
+            max_per_peer: 32,
             header_timeout: std::time::Duration::from_secs(10),
             max_age: std::time::Duration::from_secs(60),
         }
@@ -123,6 +127,44 @@ async fn bounded(
     }
 }
 
+/// Connections open per peer address.
+#[derive(Default)]
+struct PeerCounts(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection of a peer, given back when dropped.
+struct PeerSlot {
+    counts: Arc<PeerCounts>,
+    peer: std::net::IpAddr,
+}
+
+impl PeerCounts {
+    /// A slot for `peer`, or `None` when it holds `max` already.
+    fn hold(counts: &Arc<PeerCounts>, peer: std::net::IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut map = counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        let held = map.entry(peer).or_insert(0);
+        if *held >= max {
+            return None;
+        }
+        *held += 1;
+        Some(PeerSlot {
+            counts: counts.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = map.get_mut(&self.peer) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                map.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// Serves `router` with the default connection limits; returns the bound
 /// address at once.
 pub async fn serve(addr: SocketAddr, router: Router) -> std::io::Result<SocketAddr> {
@@ -136,10 +178,11 @@ pub async fn serve_with(addr: SocketAddr, router: Router, limits: ConnectionLimi
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let open = Arc::new(tokio::sync::Semaphore::new(limits.max_open));
+    let peers = Arc::new(PeerCounts::default());
     tokio::spawn(async move {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of file descriptors, say: try again shortly.
                     warn!(%error, "accepting a connection failed");
@@ -147,13 +190,17 @@ pub async fn serve_with(addr: SocketAddr, router: Router, limits: ConnectionLimi
                     continue;
                 }
             };
+            let Some(held) = PeerCounts::hold(&peers, peer.ip(), limits.max_per_peer) else {
+                drop(stream);
+                continue;
+            };
             let Ok(permit) = open.clone().try_acquire_owned() else {
                 drop(stream);
                 continue;
             };
             let service = hyper_util::service::TowerToHyperService::new(router.clone());
             tokio::spawn(async move {
-                let _permit = permit;
+                let (_permit, _held) = (permit, held);
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
                     .timer(hyper_util::rt::TokioTimer::new())
@@ -280,7 +327,12 @@ mod tests {
         use tokio::io::AsyncWriteExt;
         let (state, _queue) = test_state();
         let state_permits = state.webhook_permits.clone();
-        let addr = serve("127.0.0.1:0".parse().expect("addr"), router(state, true))
+        // Every client here is one address: the per-peer share is not what is tested.
+        let limits = ConnectionLimits {
+            max_per_peer: 256,
+            ..ConnectionLimits::default()
+        };
+        let addr = serve_with("127.0.0.1:0".parse().expect("addr"), router(state, true), limits)
             .await
             .expect("serves");
         // Clients that promise a body and never send it hold every permit.
@@ -356,6 +408,7 @@ mod tests {
         let (state, _queue) = test_state();
         let limits = ConnectionLimits {
             max_open: 2,
+            max_per_peer: 2,
             header_timeout: std::time::Duration::from_millis(300),
             max_age: std::time::Duration::from_millis(1500),
         };
@@ -424,5 +477,21 @@ mod tests {
         assert_eq!(get(webhook, "/healthz").await, 200);
         assert_eq!(get(metrics, "/metrics").await, 200);
         assert_eq!(get(metrics, "/webhook").await, 404, "nothing else beside the metrics");
+    }
+
+    #[test]
+    fn one_peer_holds_at_most_its_share_of_connections() {
+        let counts = Arc::new(PeerCounts::default());
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("127.0.0.1".parse().expect("ip"), "127.0.0.2".parse().expect("ip"));
+        let first = PeerCounts::hold(&counts, a, 2).expect("a slot");
+        let _second = PeerCounts::hold(&counts, a, 2).expect("a slot");
+        assert!(PeerCounts::hold(&counts, a, 2).is_none(), "a's share is used up");
+        assert!(PeerCounts::hold(&counts, b, 2).is_some(), "b still gets one");
+        drop(first);
+        assert!(
+            PeerCounts::hold(&counts, a, 2).is_some(),
+            "a slot comes back when a connection ends"
+        );
     }
 }
