@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cli;
 pub mod cluster;
 pub mod github;
+pub mod identity;
 pub mod lease;
 pub mod manifest;
 pub mod plan;

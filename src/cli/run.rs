@@ -12,12 +12,12 @@ use crate::Error;
 use crate::agent::{Agent, trigger_channel};
 use crate::cluster::ensure_namespace;
 use crate::github::GitHub;
+use crate::identity::signing::{Signer, Verifier};
 use crate::lease::{Leadership, LeaseConfig};
 use crate::report::{WritebackConfig, write_back};
 use crate::server::{ServerState, metrics_router, router, serve};
 use crate::sync::sync_owned;
 use crate::writeback::Author;
-use crate::writeback::signing::{Signer, Verifier};
 
 fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
     let mut author = Author::parse(&args.git_author).map_err(Error::Usage)?;

@@ -68,7 +68,7 @@ pub struct GitSource {
     pub(crate) renderers: Arc<Renderers>,
     /// gitcanary's commit identity: a status file counts only when its last
     /// change is a commit of this identity.
-    pub(crate) record_writer: Arc<crate::writeback::Author>,
+    pub(crate) record_writer: Arc<crate::identity::Author>,
 }
 
 /// How long a Git server may take to accept a connection.

@@ -6,9 +6,9 @@ use std::path::Path;
 use git2::Oid;
 
 use super::GitSource;
+use crate::identity::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER, carries_trailers, signature_problem};
 use crate::manifest::{MAX_FILE_BYTES, ObjectKey};
 use crate::rollout::record::{History, Outcome, StatusRecord, record_path};
-use crate::writeback::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER, carries_trailers, signature_problem};
 
 /// First-parent commits searched for a status file's last change and its
 /// stable commit: past that, the record is not trusted.
@@ -344,9 +344,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let repo = Repository::init(dir.path().join("repo")).expect("repo");
         let keys = tempfile::tempdir().expect("keys");
-        let (signer, verifier) =
-            crate::writeback::signing::tests::key_pair(keys.path(), "agent", "gitcanary@localhost");
-        let (forger, _) = crate::writeback::signing::tests::key_pair(keys.path(), "mallory", "gitcanary@localhost");
+        let (signer, verifier) = crate::identity::signing::tests::key_pair(keys.path(), "agent", "gitcanary@localhost");
+        let (forger, _) = crate::identity::signing::tests::key_pair(keys.path(), "mallory", "gitcanary@localhost");
         let own = Author {
             verifier: Some(verifier),
             ..Author::default()
@@ -355,7 +354,7 @@ mod tests {
         let released = commit(&repo, &own, &[("web/app.yaml", "v2")], None, "v2");
         let text = format!("rollout: ns/web\noutcome: promoted\nrolloutID: r\nstableCommit: {released}\n");
         let message = format!("promote\n\n{ROLLOUT_TRAILER}: ns/web\n{PROMOTES_TRAILER}: {released}\n");
-        let signed_by = |key: &crate::writeback::signing::Signer| {
+        let signed_by = |key: &crate::identity::signing::Signer| {
             let parent = repo.find_commit(released).expect("parent");
             let mut update = git2::build::TreeUpdateBuilder::new();
             update.upsert(

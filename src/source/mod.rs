@@ -87,7 +87,7 @@ impl Source {
     }
 
     /// The identity whose commits alone may write status files read back.
-    pub fn with_record_writer(mut self, writer: crate::writeback::Author) -> Source {
+    pub fn with_record_writer(mut self, writer: crate::identity::Author) -> Source {
         if let Source::Git(git) = &mut self {
             git.record_writer = Arc::new(writer);
         }
