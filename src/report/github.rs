@@ -150,6 +150,14 @@ impl GitHubReporter<'_> {
     }
 }
 
+/// The release (and, for a promote, the pause) a decision on GitHub was made on.
+fn decided_on(rollout: &RolloutSummary, signal: Signal, step: Option<u32>) -> DecidedOn<'_> {
+    DecidedOn {
+        canary_commit: &rollout.status.canary_commit,
+        step: step.filter(|_| signal == Signal::Promote),
+    }
+}
+
 /// Hands a promotion pull request's decision to its rollout (once: the token
 /// names the decision).
 async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate::Verdict, step: u32) -> bool {
@@ -169,10 +177,7 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
     {
         return false;
     }
-    let decided_on = DecidedOn {
-        canary_commit: &rollout.status.canary_commit,
-        step: (signal == Signal::Promote).then_some(step),
-    };
+    let decided_on = decided_on(rollout, signal, Some(step));
     match send_signal_token(
         cluster,
         &rollout.namespace,
@@ -292,12 +297,8 @@ async fn handle_commands(
                 continue;
             }
             let token = format!("comment {} by @{}", comment.id, comment.user);
-            let decided_on = DecidedOn {
-                canary_commit: &rollout.status.canary_commit,
-                step: (signal == Signal::Promote)
-                    .then(|| rollout.status.canary_status.as_ref().map(|c| c.current_step_index))
-                    .flatten(),
-            };
+            let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
+            let decided_on = decided_on(rollout, signal, step);
             match send_signal_token(
                 cluster,
                 &rollout.namespace,

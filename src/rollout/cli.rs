@@ -5,7 +5,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::api::{IntOrPercent, Phase, Rollout, StepState};
-use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::engine::{LAST_COMMENT_ANNOTATION, annotation_of};
 use super::plan::parse_percent;
 use super::signal;
 use crate::cluster::Cluster;
@@ -70,13 +70,15 @@ pub async fn send_signal_token(
             )));
         }
     }
-    let key = match signal {
-        Signal::Promote => PROMOTE_ANNOTATION,
-        Signal::Abort => ABORT_ANNOTATION,
-    };
-    annotate(cluster, namespace, name, key, &signal::token(&release, by))
-        .await
-        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
+    annotate(
+        cluster,
+        namespace,
+        name,
+        annotation_of(signal),
+        &signal::token(&release, by),
+    )
+    .await
+    .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
 }
 
 /// Records the last pull-request comment whose command was handled, so that

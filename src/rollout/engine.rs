@@ -24,6 +24,14 @@ use crate::{Error, FIELD_MANAGER, Result};
 /// Annotations that carry a signal; each value is acted on once.
 pub const PROMOTE_ANNOTATION: &str = "gitcanary.io/promote";
 pub const ABORT_ANNOTATION: &str = "gitcanary.io/abort";
+
+/// The annotation a signal is given by.
+pub fn annotation_of(signal: crate::rollout::api::Signal) -> &'static str {
+    match signal {
+        crate::rollout::api::Signal::Promote => PROMOTE_ANNOTATION,
+        crate::rollout::api::Signal::Abort => ABORT_ANNOTATION,
+    }
+}
 /// The last pull-request comment whose `/gitcanary` command was handled.
 pub const LAST_COMMENT_ANNOTATION: &str = "gitcanary.io/github-last-comment";
 
@@ -202,10 +210,7 @@ async fn clear_ignored_signals(cluster: &Cluster, work: &RolloutWork) {
     let annotations = rollout.metadata.annotations.clone().unwrap_or_default();
     let mut cleared = serde_json::Map::new();
     for (signal, value) in &work.plan.ignored_signals {
-        let key = match signal {
-            crate::rollout::api::Signal::Promote => PROMOTE_ANNOTATION,
-            crate::rollout::api::Signal::Abort => ABORT_ANNOTATION,
-        };
+        let key = annotation_of(*signal);
         if annotations.get(key) == Some(value) {
             cleared.insert(key.to_string(), Value::Null);
         }

@@ -593,12 +593,17 @@ impl Planner<'_> {
 
     /// The signal's annotation value when it is new and names the running
     /// release; the rest is left to `discard_unused_signals`.
-    fn signal_for_this_release(&self, kind: Signal) -> Option<String> {
+    /// The signal's annotation value when it is one not acted on yet.
+    fn new_signal(&self, kind: Signal) -> Option<&String> {
         let (value, last) = match kind {
             Signal::Promote => (&self.observed.promote_signal, &self.status.last_promote_signal),
             Signal::Abort => (&self.observed.abort_signal, &self.status.last_abort_signal),
         };
-        let value = value.as_ref().filter(|v| *v != last)?;
+        value.as_ref().filter(|v| *v != last)
+    }
+
+    fn signal_for_this_release(&self, kind: Signal) -> Option<String> {
+        let value = self.new_signal(kind)?;
         let running = signal::Release::running(&self.observed.rollout_uid, &self.status);
         signal::mismatch(kind, value, running.as_ref())
             .is_none()
@@ -610,11 +615,7 @@ impl Planner<'_> {
     /// release's gate.
     fn discard_unused_signals(&mut self) {
         for kind in [Signal::Promote, Signal::Abort] {
-            let (value, last) = match kind {
-                Signal::Promote => (&self.observed.promote_signal, &self.status.last_promote_signal),
-                Signal::Abort => (&self.observed.abort_signal, &self.status.last_abort_signal),
-            };
-            let Some(value) = value.clone().filter(|v| v != last) else {
+            let Some(value) = self.new_signal(kind).cloned() else {
                 continue;
             };
             let running = signal::Release::running(&self.observed.rollout_uid, &self.status);
