@@ -91,6 +91,26 @@ pub struct Listen {
     pub metrics: Option<SocketAddr>,
 }
 
+/// Starts the webhook listener, and the metrics one when it has its own
+/// address; returns the webhook's bound address.
+async fn serve_listeners(listen: Listen, state: ServerState) -> Result<SocketAddr, Error> {
+    let bind_error = |addr: SocketAddr| {
+        move |source| Error::Read {
+            path: format!("listen address {addr}"),
+            source,
+        }
+    };
+    if let Some(addr) = listen.metrics {
+        let bound = serve(addr, metrics_router(state.clone()))
+            .await
+            .map_err(bind_error(addr))?;
+        tracing::info!(%bound, "metrics listening");
+    }
+    serve(listen.webhook, router(state, listen.metrics.is_none()))
+        .await
+        .map_err(bind_error(listen.webhook))
+}
+
 pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<LeaderArgs>) -> Result<ExitCode, Error> {
     // Configuration first: a bad setting fails before anything connects.
     let secret = match listen {
@@ -115,22 +135,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
             deliveries: Arc::default(),
             webhook_permits: crate::server::webhook_permits(),
         };
-        let bind_error = |addr: SocketAddr| {
-            move |source| Error::Read {
-                path: format!("listen address {addr}"),
-                source,
-            }
-        };
-        if let Some(addr) = listen.metrics {
-            let bound = serve(addr, metrics_router(state.clone()))
-                .await
-                .map_err(bind_error(addr))?;
-            tracing::info!(%bound, "metrics listening");
-        }
-        let addr = listen.webhook;
-        let bound = serve(addr, router(state, listen.metrics.is_none()))
-            .await
-            .map_err(bind_error(addr))?;
+        let bound = serve_listeners(listen, state).await?;
         tracing::info!(%bound, source = %source.describe(), "agent listening");
     }
     let agent = Agent {

@@ -58,7 +58,7 @@ impl GitHubReporter<'_> {
             // the gate and commands wait; the comment and status do not.
             let mut authors_known = true;
             if matches!(status.phase, Phase::Paused | Phase::Progressing) && !status.canary_commit.is_empty() {
-                match release_people(github, status, &self.author.email).await {
+                match release_authors(github, status, &self.author.email).await {
                     Ok(people) => {
                         debug!(?people, "the release's authors and committers");
                         authors.extend(people)
@@ -201,7 +201,7 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
 
 /// The GitHub logins of whoever wrote or committed the release's commits
 /// (from its stable commit, exclusive, to its canary commit).
-async fn release_people(
+async fn release_authors(
     github: &GitHub,
     status: &crate::rollout::api::RolloutStatus,
     own_email: &str,
