@@ -39,6 +39,14 @@ enum Command {
         allowed: AllowedArgs,
         #[command(flatten)]
         render: RenderArgs,
+        /// The Kubernetes version Helm charts render for (`.Capabilities.KubeVersion`);
+        /// default the one gitcanary supports.
+        #[arg(long)]
+        kube_version: Option<String>,
+        /// API versions Helm charts see besides the built-in ones and gitcanary's
+        /// (`.Capabilities.APIVersions`), comma-separated: group/version or group/version/Kind.
+        #[arg(long, value_delimiter = ',')]
+        api_versions: Vec<String>,
     },
     /// Show what the next sync would change; exit 1 when the cluster differs.
     Diff(SourceArgs),
@@ -122,7 +130,17 @@ fn init_logging(format: LogFormat) {
 
 async fn dispatch(command: Command) -> Result<ExitCode, Error> {
     match command {
-        Command::Validate { dir, allowed, render } => cli::validate(dir, allowed, render),
+        Command::Validate {
+            dir,
+            allowed,
+            render,
+            kube_version,
+            api_versions,
+        } => {
+            let capabilities = gitcanary::render::Capabilities::offline(kube_version.as_deref(), &api_versions)
+                .map_err(Error::Usage)?;
+            cli::validate(dir, allowed, render, capabilities)
+        }
         Command::Diff(args) => cli::diff(args).await,
         Command::Sync(args) if args.once => cli::sync_once(args).await,
         Command::Sync(args) => cli::run_agent(args, None, None).await,

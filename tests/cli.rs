@@ -206,6 +206,61 @@ fn validate_refuses_a_duration_that_overflows_instead_of_panicking() {
     );
 }
 
+/// A chart as podinfo's: it requires a recent Kubernetes and branches on
+/// the API versions served.
+fn chart_requiring_a_recent_kubernetes(dir: &Path) {
+    std::fs::create_dir_all(dir.join("podinfo/templates")).expect("mkdir");
+    std::fs::write(
+        dir.join("podinfo/Chart.yaml"),
+        "apiVersion: v2\nname: podinfo\nversion: 6.9.0\nkubeVersion: \">=1.23.0-0\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.join("podinfo/templates/pdb.yaml"),
+        "{{- if not (.Capabilities.APIVersions.Has \"policy/v1\") }}{{ fail \"no policy/v1\" }}{{ end }}\n\
+         {{- if not (.Capabilities.APIVersions.Has \"gitcanary.io/v1alpha1/Rollout\") }}{{ fail \"no Rollout kind\" }}{{ end }}\n\
+         apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: {{ .Release.Name }}\n  annotations:\n    example.test/kube: \"{{ .Capabilities.KubeVersion.Version }}\"\n\
+         {{- if .Capabilities.APIVersions.Has \"example.com/v1/Widget\" }}{{ fail \"this cluster serves Widget\" }}{{ end }}\n\
+         spec:\n  minAvailable: 1\n  selector:\n    matchLabels: {app: podinfo}\n",
+    )
+    .expect("write");
+}
+
+#[test]
+fn validate_renders_charts_for_the_supported_kubernetes_not_helms_old_default() {
+    let dir = tempfile::tempdir().expect("dir");
+    chart_requiring_a_recent_kubernetes(dir.path());
+    let (code, stdout, stderr) = output(gitcanary().arg("validate").arg(dir.path()));
+    assert_eq!(
+        code, 0,
+        "offline, the chart renders for the supported version: {stdout}{stderr}"
+    );
+
+    // An older cluster asked for by name is what the chart refuses.
+    let (code, stdout, stderr) = output(
+        gitcanary()
+            .args(["validate", "--kube-version", "v1.20.0"])
+            .arg(dir.path()),
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stdout.contains("kubeVersion") && stdout.contains("v1.20.0"), "{stdout}");
+
+    // Extra API versions reach the chart; a bad one is a usage error, not a helm flag.
+    let (code, stdout, stderr) = output(
+        gitcanary()
+            .args(["validate", "--api-versions", "example.com/v1/Widget,apps/v1"])
+            .arg(dir.path()),
+    );
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(stdout.contains("this cluster serves Widget"), "{stdout}");
+    let (code, _, stderr) = output(
+        gitcanary()
+            .args(["validate", "--api-versions", "--post-renderer=/bin/sh"])
+            .arg(dir.path()),
+    );
+    assert_eq!(code, 2, "{stderr}");
+}
+
 #[test]
 fn crd_prints_what_deploy_ships() {
     let (code, stdout, _) = output(gitcanary().arg("crd"));

@@ -268,12 +268,20 @@ pub async fn status(
     }
 }
 
-pub fn validate(dir: PathBuf, allowed: AllowedArgs, render: RenderArgs) -> Result<ExitCode, Error> {
+pub fn validate(
+    dir: PathBuf,
+    allowed: AllowedArgs,
+    render: RenderArgs,
+    capabilities: crate::render::Capabilities,
+) -> Result<ExitCode, Error> {
     if !dir.is_dir() {
         return Err(Error::Usage(format!("{} is not a directory", dir.display())));
     }
-    // Offline: Helm renders for its own default version and API versions.
-    let mut set = crate::render::load_dir(&dir, &render.renderers(&allowed.default_namespace, None))?;
+    // Offline: Helm renders for the version gitcanary supports (or the one
+    // asked for), never Helm's own old default.
+    let renderers = render.renderers(&allowed.default_namespace, None);
+    renderers.set_capabilities(capabilities);
+    let mut set = crate::render::load_dir(&dir, &renderers)?;
     let options = SyncOptions {
         allowed: allowed.to_allowed(),
         ..SyncOptions::default()

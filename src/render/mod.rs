@@ -271,6 +271,63 @@ pub struct Capabilities {
     pub api_versions: Vec<String>,
 }
 
+/// The Kubernetes version gitcanary is built and tested against (the test
+/// control plane's, `tests/testenv/versions.env`): what `validate` renders
+/// Helm charts for when no cluster is there to ask.
+pub const SUPPORTED_KUBE_VERSION: &str = "v1.36.3";
+
+/// gitcanary's own API, served wherever it runs, beyond the built-in ones
+/// Helm knows. Gateway API and Knative are not everywhere: `--api-versions`
+/// names them for a chart that branches on them.
+const OWN_API_VERSIONS: &[&str] = &["gitcanary.io/v1alpha1", "gitcanary.io/v1alpha1/Rollout"];
+
+impl Capabilities {
+    /// What a chart sees offline: `kube_version` (default the supported
+    /// one), and Helm's built-in API versions plus gitcanary's and `extra`.
+    pub fn offline(kube_version: Option<&str>, extra: &[String]) -> Result<Capabilities, String> {
+        let kube_version = kube_version.unwrap_or(SUPPORTED_KUBE_VERSION);
+        if !is_kube_version(kube_version) {
+            return Err(format!(
+                "--kube-version {kube_version:?}: expected a version such as {SUPPORTED_KUBE_VERSION}"
+            ));
+        }
+        if let Some(bad) = extra.iter().find(|v| !is_api_version(v)) {
+            return Err(format!(
+                "--api-versions {bad:?}: expected group/version or group/version/Kind"
+            ));
+        }
+        let mut api_versions: Vec<String> = OWN_API_VERSIONS.iter().map(ToString::to_string).collect();
+        api_versions.extend(extra.iter().cloned());
+        Ok(Capabilities {
+            kube_version: kube_version.to_string(),
+            api_versions,
+        })
+    }
+}
+
+/// `v1.36`, `1.36.3`, `v1.36.3-rc.1`: what `helm --kube-version` reads.
+fn is_kube_version(text: &str) -> bool {
+    let text = text.strip_prefix('v').unwrap_or(text);
+    let (core, pre) = text.split_once(['-', '+']).unwrap_or((text, ""));
+    let parts: Vec<&str> = core.split('.').collect();
+    (2..=3).contains(&parts.len())
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+        && pre.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+}
+
+/// `apps/v1`, `v1`, `example.com/v1/Widget`: nothing a comma list could split.
+fn is_api_version(text: &str) -> bool {
+    let parts = text.split('/').count();
+    !text.is_empty()
+        && (1..=3).contains(&parts)
+        && !text.split('/').any(str::is_empty)
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'/')
+}
+
 /// How renderers are found and bounded.
 #[derive(Debug, Clone)]
 pub struct RenderConfig {
@@ -820,6 +877,34 @@ pub fn load_dir(root: &Path, renderers: &Renderers) -> crate::Result<crate::mani
 mod tests {
     use super::*;
     use crate::render::tree::tree_of;
+
+    #[test]
+    fn offline_charts_render_for_the_control_plane_gitcanary_is_tested_on() {
+        let versions = include_str!("../../tests/testenv/versions.env");
+        assert!(
+            versions
+                .lines()
+                .any(|l| l == format!("KUBE_VERSION={SUPPORTED_KUBE_VERSION}")),
+            "SUPPORTED_KUBE_VERSION follows tests/testenv/versions.env"
+        );
+        let offline = Capabilities::offline(None, &["example.com/v1/Widget".into()]).expect("valid");
+        assert_eq!(offline.kube_version, SUPPORTED_KUBE_VERSION);
+        assert!(
+            offline
+                .api_versions
+                .contains(&"gitcanary.io/v1alpha1/Rollout".to_string())
+        );
+        assert!(offline.api_versions.contains(&"example.com/v1/Widget".to_string()));
+        for version in ["v1.30", "1.30.2", "v1.31.0-rc.1"] {
+            assert!(Capabilities::offline(Some(version), &[]).is_ok(), "{version}");
+        }
+        for version in ["", "v1", "latest", "v1.30.0 --post-renderer=x", "v1..2"] {
+            assert!(Capabilities::offline(Some(version), &[]).is_err(), "{version:?}");
+        }
+        for api in ["", "a//b", "apps/v1,extra", "x/y/z/w", "apps/v1 --set=a"] {
+            assert!(Capabilities::offline(None, &[api.into()]).is_err(), "{api:?}");
+        }
+    }
 
     #[test]
     fn app_kinds_come_from_the_directory_and_its_settings() {
