@@ -17,7 +17,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::cluster::observe::{self, resolve_manifest};
 use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, Writer, api_message, ensure_namespace};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
-use crate::plan::desired::is_subset;
+use crate::plan::desired::{applies_as_is, is_subset};
 use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
 use crate::rollout::engine::RolloutWork;
@@ -405,10 +405,11 @@ async fn apply_app(
     // which must be refused before gitcanary's fields are merged into it.
     // (Objects in a namespace this revision creates cannot exist yet, and
     // are not dry-run.)
-    let problems = dry_run(writer, &plan, live, &adoption, options).await?;
+    let (problems, answers) = dry_run(writer, &plan, live, &adoption, options).await?;
     if !problems.is_empty() {
         return Ok(Reconciled::Refused(AppResult::Invalid, problems));
     }
+    plan.settle(&answers, live);
     let mut failures = Vec::new();
     let mut report = report_of(app, AppResult::Synced, Vec::new());
     // Canary objects first, so that a route never names a canary Service that does not exist yet.
@@ -748,13 +749,16 @@ async fn existing_namespaces(
         .collect())
 }
 
+/// The pre-check: every write dry-run, so that the API server validates
+/// everything before anything is written. Returns the refusals, and the
+/// server's answer for each write of a live object (what it would store).
 async fn dry_run(
     writer: &Writer<'_>,
     plan: &AppPlan<'_>,
     live: &LiveObjects,
     adoption: &Adoption<'_>,
     options: &SyncOptions,
-) -> Result<Vec<Problem>> {
+) -> Result<(Vec<Problem>, BTreeMap<usize, Value>)> {
     let cluster = writer.cluster();
     let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
     let namespaces = existing_namespaces(cluster, &plan.objects, &indices).await?;
@@ -764,21 +768,32 @@ async fn dry_run(
     let outcomes = stream::iter(checkable.map(|i| async move {
         let item = &plan.objects[i];
         let ours = live.contains_key(&item.key);
-        match writer.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
-            Err(e) => Some(refused(item, &e)),
-            Ok(_) if ours => None,
+        let outcome = match writer.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
+            Err(e) => Err(refused(item, &e)),
+            Ok(answer) if ours => Ok(Some(serde_json::to_value(answer).unwrap_or(Value::Null))),
             Ok(answer) => match adoption.creation(item, &serde_json::to_value(answer).unwrap_or(Value::Null)) {
-                plan::Creation::Refused(message) => Some(item.manifest.problem(message)),
-                plan::Creation::Created | plan::Creation::Adopted => None,
+                plan::Creation::Refused(message) => Err(item.manifest.problem(message)),
+                plan::Creation::Created | plan::Creation::Adopted => Ok(None),
             },
-        }
+        };
+        (i, outcome)
     }))
     .buffer_unordered(options.concurrency.max(1))
     .collect::<Vec<_>>()
     .await;
-    let mut problems: Vec<Problem> = outcomes.into_iter().flatten().collect();
+    let mut problems = Vec::new();
+    let mut answers = BTreeMap::new();
+    for (index, outcome) in outcomes {
+        match outcome {
+            Ok(Some(answer)) => {
+                answers.insert(index, answer);
+            }
+            Ok(None) => {}
+            Err(problem) => problems.push(problem),
+        }
+    }
     problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-    Ok(problems)
+    Ok((problems, answers))
 }
 
 fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
@@ -1016,19 +1031,23 @@ async fn dry_run_diff(
             Err(kube::Error::Api(status)) if status.code == 404 && before.is_none() => item.desired.clone(),
             Err(e) => return Err(refused(item, &e)),
         };
-        Ok(write_diff(
+        // The server would store it as it is: the sync settles it, no write.
+        if ours && before.as_ref().is_some_and(|before| applies_as_is(before, &after)) {
+            return Ok(None);
+        }
+        Ok(Some(write_diff(
             item.key.clone(),
             item.manifest.location(),
             before.as_ref(),
             &after,
-        ))
+        )))
     }))
     .buffer_unordered(options.concurrency.max(1))
     .collect::<Vec<_>>()
     .await;
     for outcome in outcomes {
         match outcome {
-            Ok(diff) => diffs.push(diff),
+            Ok(diff) => diffs.extend(diff),
             Err(problem) => problems.push(problem),
         }
     }

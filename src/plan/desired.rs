@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::quantity;
 use crate::manifest::Manifest;
 use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 
@@ -131,22 +132,66 @@ fn feed(hasher: &mut Sha256, value: &Value) {
     }
 }
 
-/// True when every field the desired object sets has the same value live.
-/// Fields the API server defaulted, or other managers own, are ignored;
-/// lists must have the same length.
+/// True when every field the desired object sets has the same value live,
+/// as the API server would store it: fields the server defaulted, or other
+/// managers own, are ignored; lists must have the same length; an empty
+/// list or map is the same as none (the server drops them); resource
+/// quantities compare by amount (`2000m` is `2`).
 pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    subset_in(desired, live, false)
+}
+
+/// [`is_subset`], `quantities` true under a key that holds resource quantities.
+fn subset_in(desired: &Value, live: &Value, quantities: bool) -> bool {
     match (desired, live) {
         (Value::Null, _) => true,
-        (Value::Object(want), Value::Object(have)) => want
-            .iter()
-            .all(|(key, value)| value.is_null() || have.get(key).is_some_and(|h| is_subset(value, h))),
+        (Value::Object(want), Value::Object(have)) => want.iter().all(|(key, value)| {
+            let quantities = quantities || quantity::holds_quantities(key);
+            match have.get(key) {
+                Some(have) => subset_in(value, have, quantities),
+                None => is_empty(value),
+            }
+        }),
         (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| subset_in(w, h, quantities))
         }
         (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (Value::String(a), Value::String(b)) if quantities => a == b || quantity::same_quantity(a, b),
+        (Value::String(a), Value::Number(b)) | (Value::Number(b), Value::String(a)) if quantities => {
+            quantity::same_quantity(a, &b.to_string())
+        }
         // YAML may give `"80"` where the server stores 80 (int-or-string fields).
         (Value::String(a), Value::Number(b)) | (Value::Number(b), Value::String(a)) => *a == b.to_string(),
         (a, b) => a == b,
+    }
+}
+
+/// Whether an apply would leave the live object as it is, given the
+/// server's dry-run answer to it: equal but for what the server keeps by
+/// itself (status, versions, field managers).
+pub fn applies_as_is(live: &Value, answer: &Value) -> bool {
+    fn content(object: &Value) -> Value {
+        let mut object = object.clone();
+        if let Some(map) = object.as_object_mut() {
+            map.remove("status");
+        }
+        if let Some(metadata) = object["metadata"].as_object_mut() {
+            for field in ["managedFields", "resourceVersion", "generation"] {
+                metadata.remove(field);
+            }
+        }
+        object
+    }
+    !answer.is_null() && content(live) == content(answer)
+}
+
+/// What the server stores as nothing at all.
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        _ => false,
     }
 }
 
@@ -244,5 +289,61 @@ mod tests {
         assert!(!is_subset(&desired, &edited));
         let extra_port = json!({"spec": {"replicas": 2, "ports": [{"port": 80}, {"port": 81}]}});
         assert!(!is_subset(&desired, &extra_port));
+    }
+
+    #[test]
+    fn quantities_compare_by_amount_where_the_server_stores_quantities() {
+        let desired = json!({"spec": {"containers": [{"name": "app", "resources": {
+            "limits": {"cpu": "2000m", "memory": "1Gi"}, "requests": {"cpu": 0.5, "memory": "129000000"}}}],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1024Mi"}}]}});
+        let live = json!({"spec": {"containers": [{"name": "app", "resources": {
+            "limits": {"cpu": "2", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "129e6"}}}],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]}});
+        assert!(is_subset(&desired, &live));
+        let more = json!({"spec": {"containers": [{"name": "app", "resources": {
+            "limits": {"cpu": "2001m", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "129e6"}}}],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]}});
+        assert!(!is_subset(&desired, &more), "a real change of amount is drift");
+        // Elsewhere a string is text: an image tag `1.0` is not `1`.
+        assert!(!is_subset(&json!({"image": "1.0"}), &json!({"image": "1"})));
+        assert!(!is_subset(
+            &json!({"data": {"cpu": "2000m"}}),
+            &json!({"data": {"cpu": "2"}})
+        ));
+    }
+
+    #[test]
+    fn an_apply_the_server_would_store_as_it_is_changes_nothing() {
+        let live = json!({"metadata": {"name": "a", "resourceVersion": "7", "generation": 2,
+            "managedFields": [{"manager": "kube-controller-manager"}], "annotations": {"h": "1"}},
+            "spec": {"cpu": "2"}, "status": {"ready": 1}});
+        let answer = json!({"metadata": {"name": "a", "resourceVersion": "8", "generation": 2,
+            "managedFields": [{"manager": "gitcanary"}], "annotations": {"h": "1"}},
+            "spec": {"cpu": "2"}, "status": {"ready": 2}});
+        assert!(applies_as_is(&live, &answer));
+        let mut changed = answer.clone();
+        changed["spec"]["cpu"] = json!("3");
+        assert!(!applies_as_is(&live, &changed));
+        let mut rehashed = answer.clone();
+        rehashed["metadata"]["annotations"]["h"] = json!("2");
+        assert!(
+            !applies_as_is(&live, &rehashed),
+            "gitcanary's own annotations are written too"
+        );
+        assert!(!applies_as_is(&live, &Value::Null), "no answer is no proof");
+    }
+
+    #[test]
+    fn an_empty_list_or_map_is_the_same_as_none() {
+        let desired = json!({"metadata": {"annotations": {}}, "spec": {"env": [], "selector": null}});
+        assert!(is_subset(&desired, &json!({"metadata": {}, "spec": {}})));
+        assert!(!is_subset(
+            &json!({"spec": {"env": [{"name": "A"}]}}),
+            &json!({"spec": {}})
+        ));
+        assert!(
+            !is_subset(&json!({"spec": {"paused": false}}), &json!({"spec": {}})),
+            "false is a value"
+        );
     }
 }

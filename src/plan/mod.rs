@@ -5,6 +5,7 @@
 //! No I/O here; `sync` observes, calls [`plan_app`], applies and reports.
 
 pub mod desired;
+pub mod quantity;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -455,6 +456,24 @@ pub struct AppPlan<'a> {
 }
 
 impl AppPlan<'_> {
+    /// Drops the writes of live objects that the server, asked by a dry-run
+    /// apply, would leave as they are: its own normalisation (`2000m` stored
+    /// as `2`, defaults, dropped empty fields) is not drift.
+    pub fn settle(&mut self, answers: &BTreeMap<usize, Value>, live: &LiveObjects) {
+        let mut settled = Vec::new();
+        self.writes.retain(|&(index, _)| {
+            let key = &self.objects[index].key;
+            match (live.get(key), answers.get(&index)) {
+                (Some(current), Some(answer)) if desired::applies_as_is(&current, answer) => {
+                    settled.push((index, health_view(&current)));
+                    false
+                }
+                _ => true,
+            }
+        });
+        self.unchanged.extend(settled);
+    }
+
     /// Writes of objects staged first (Namespaces, CRDs), then the others.
     pub fn staged_writes(&self) -> (Vec<usize>, Vec<usize>) {
         self.writes
