@@ -135,7 +135,8 @@ fn feed(hasher: &mut Sha256, value: &Value) {
 /// True when every field the desired object sets has the same value live,
 /// as the API server would store it: fields the server defaulted, or other
 /// managers own, are ignored; lists must have the same length; an empty
-/// list or map is the same as none (the server drops them); resource
+/// list or map, or a zero value, is the same as none (the server drops
+/// them); resource
 /// quantities compare by amount (`2000m` is `2`).
 pub fn is_subset(desired: &Value, live: &Value) -> bool {
     subset_in(desired, live, false)
@@ -185,13 +186,16 @@ pub fn applies_as_is(live: &Value, answer: &Value) -> bool {
     !answer.is_null() && content(live) == content(answer)
 }
 
-/// What the server stores as nothing at all.
+/// What the server stores as nothing at all: the zero values of fields it
+/// omits when empty (`paused: false`, `env: []`, `annotations: {}`).
 fn is_empty(value: &Value) -> bool {
     match value {
-        Value::Null => true,
+        Value::Null | Value::Bool(false) => true,
         Value::Object(map) => map.is_empty(),
         Value::Array(items) => items.is_empty(),
-        _ => false,
+        Value::String(text) => text.is_empty(),
+        Value::Number(number) => number.as_f64() == Some(0.0),
+        Value::Bool(true) => false,
     }
 }
 
@@ -334,16 +338,18 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_list_or_map_is_the_same_as_none() {
-        let desired = json!({"metadata": {"annotations": {}}, "spec": {"env": [], "selector": null}});
+    fn an_empty_list_or_map_or_a_zero_value_is_the_same_as_none() {
+        let desired = json!({"metadata": {"annotations": {}}, "spec": {"env": [], "selector": null,
+            "paused": false, "hostname": "", "priority": 0}});
         assert!(is_subset(&desired, &json!({"metadata": {}, "spec": {}})));
         assert!(!is_subset(
             &json!({"spec": {"env": [{"name": "A"}]}}),
             &json!({"spec": {}})
         ));
-        assert!(
-            !is_subset(&json!({"spec": {"paused": false}}), &json!({"spec": {}})),
-            "false is a value"
-        );
+        assert!(!is_subset(&json!({"spec": {"paused": true}}), &json!({"spec": {}})));
+        assert!(!is_subset(
+            &json!({"spec": {"replicas": 0}}),
+            &json!({"spec": {"replicas": 1}})
+        ));
     }
 }
