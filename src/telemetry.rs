@@ -92,6 +92,8 @@ pub struct Metrics {
     pub github_requests: AtomicU64,
     pub github_errors: AtomicU64,
     pub github_rate_limited: AtomicU64,
+    /// Kustomize and Helm runs in progress, as the source's renderers count them.
+    pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
     pub kube_requests: std::sync::OnceLock<crate::cluster::RequestCounts>,
     /// (namespace, rollout) -> phase, as last seen.
@@ -250,6 +252,13 @@ impl Metrics {
 
     /// The API server requests and each rollout's phase.
     fn render_cluster(&self, out: &mut String) {
+        if let Some(running) = self.renders_running.get() {
+            let _ = writeln!(
+                out,
+                "# HELP gitcanary_renders_running Runs of kustomize or helm in progress.\n# TYPE gitcanary_renders_running gauge\ngitcanary_renders_running {}",
+                running.load(Ordering::Relaxed)
+            );
+        }
         if let Some(requests) = self.kube_requests.get() {
             let _ = writeln!(
                 out,

@@ -464,6 +464,54 @@ async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
 }
 
 #[tokio::test]
+async fn an_abort_never_waits_for_the_render_of_a_newer_commit() {
+    let scenario = Scenario::new("ro-slow-render").await;
+    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    let agent = support::agent::AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--render-timeout", "30"],
+        &[],
+    );
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+
+    // Someone who may push to another app adds a chart that renders until its deadline.
+    scenario
+        .repo
+        .write("spin/Chart.yaml", "apiVersion: v2\nname: spin\nversion: 0.1.0\n")
+        .write(
+            "spin/templates/cm.yaml",
+            "{{- range until 100000 }}{{- range until 100000 }}{{- end }}{{- end }}\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: spin\n",
+        );
+    scenario.repo.commit_and_push("a chart that spins");
+    let rendering = || agent.counter("gitcanary_renders_running");
+    eventually("the agent renders the newer commit", WAIT, || async {
+        (rendering().await >= 1).then_some(())
+    })
+    .await;
+
+    let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("aborted, traffic back on stable", WAIT, || async {
+        let status = cluster.rollout().await?.status?;
+        let done = support::agent::failed_or_reverted(&status) && cluster.weights().await == restored();
+        done.then_some(())
+    })
+    .await;
+    assert!(
+        rendering().await >= 1,
+        "the abort was acted on while the render still ran, not after its deadline"
+    );
+}
+
+#[tokio::test]
 async fn a_commit_back_to_stable_rolls_back_at_once_and_a_third_template_restarts() {
     let scenario = Scenario::new("ro-newcommit").await;
     let strategy = format!(

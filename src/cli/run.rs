@@ -124,6 +124,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(crate::telemetry::Metrics::default());
     let _ = metrics.kube_requests.set(cluster.requests.clone());
+    let _ = metrics.renders_running.set(source.renderers().running());
     let (triggers, queue) = trigger_channel();
     if let Some(listen) = listen {
         let state = ServerState {

@@ -77,7 +77,7 @@ impl Quantity {
                 exponent: 0,
             });
         }
-        while mantissa % 10 == 0 {
+        while mantissa.is_multiple_of(10) {
             mantissa /= 10;
             exponent += 1;
         }

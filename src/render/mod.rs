@@ -382,6 +382,8 @@ pub struct Renderers {
     /// inputs change, so one broken app cannot spend every sync's time.
     failures: Mutex<HashMap<String, Vec<Problem>>>,
     renders: AtomicU64,
+    /// Renders running now, shared with the agent's metrics.
+    running: Arc<AtomicU64>,
 }
 
 impl Renderers {
@@ -460,6 +462,11 @@ impl Renderers {
     /// Renders run so far (cache hits are not renders).
     pub fn renders(&self) -> u64 {
         self.renders.load(Ordering::Relaxed)
+    }
+
+    /// The count of renders running now, for a gauge.
+    pub fn running(&self) -> Arc<AtomicU64> {
+        self.running.clone()
     }
 
     fn capabilities(&self) -> Option<Capabilities> {
@@ -611,7 +618,10 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
             }
         }
     }
-    for (prepared, rendered) in run_parallel(pending, renderers.config.parallel) {
+    let running = Running::start(&renderers.running, pending.len() as u64);
+    let results = run_parallel(pending, renderers.config.parallel);
+    drop(running);
+    for (prepared, rendered) in results {
         renderers.renders.fetch_add(1, Ordering::Relaxed);
         // A failure (a timeout too) is remembered in memory only, so a
         // restarted agent tries again.
@@ -635,6 +645,25 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
             ..App::default()
         })
         .collect()
+}
+
+/// Renders counted as running until dropped, however the run ends.
+struct Running<'a> {
+    count: &'a AtomicU64,
+    renders: u64,
+}
+
+impl<'a> Running<'a> {
+    fn start(count: &'a AtomicU64, renders: u64) -> Running<'a> {
+        count.fetch_add(renders, Ordering::Relaxed);
+        Running { count, renders }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.renders, Ordering::Relaxed);
+    }
 }
 
 fn prepare(tree: &dyn SourceTree, renderers: &Renderers, job: &Job) -> Result<Plan, Problem> {

@@ -69,6 +69,9 @@ pub struct GitSource {
     /// gitcanary's commit identity: a status file counts only when its last
     /// change is a commit of this identity.
     pub(crate) record_writer: Arc<crate::identity::Author>,
+    /// Fetches into the mirror one at a time: the loader's and a
+    /// write-back's would otherwise race for the same refs' locks.
+    fetching: Arc<std::sync::Mutex<()>>,
 }
 
 /// How long a Git server may take to accept a connection.
@@ -106,6 +109,7 @@ impl GitSource {
             credentials,
             renderers: Arc::default(),
             record_writer: Arc::default(),
+            fetching: Arc::default(),
         }
     }
 
@@ -154,6 +158,7 @@ impl GitSource {
         if !self.url.starts_with("file://") {
             options.depth(APP_HISTORY as i32 + 1);
         }
+        let _one_at_a_time = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
         remote
             .fetch(&[&refspec], Some(&mut options), None)
             .map_err(|e| Error::Git {
@@ -357,6 +362,7 @@ impl GitSource {
         let mut remote = repo
             .remote_anonymous(&self.url)
             .map_err(Error::git(format!("opening remote {}", redact_url(&self.url))))?;
+        let _one_at_a_time = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
         remote
             .fetch(refspecs, Some(&mut self.fetch_options()), None)
             .map_err(Error::git(format!("fetching from {}", redact_url(&self.url))))

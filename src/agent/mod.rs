@@ -1,6 +1,11 @@
-//! The agent's loop: wait for a trigger (timer, file change, webhook,
-//! drift), fetch, reconcile (`sync`), report (`report`), repeat. Triggers
-//! that arrive while a sync runs are merged into the next one.
+//! The agent's loop: wait for a trigger (timer, drift, signal, a newly
+//! loaded revision), reconcile (`sync`), report (`report`), repeat.
+//! Triggers that arrive while a sync runs are merged into the next one.
+//! Reading the source (fetch, parse, render) runs beside it (`loader`).
+
+mod loader;
+
+use loader::Loaded;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -14,15 +19,14 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info};
 
+use crate::MANAGED_BY_LABEL;
 use crate::cluster::Cluster;
 use crate::github::GitHub;
 use crate::report::{GitHubReporter, WritebackConfig, write_back};
 use crate::rollout::api::Phase;
 use crate::source::Source;
-use crate::source::{AppFiles, Revision};
-use crate::sync::{SyncMemo, SyncOptions, SyncReport, sync_validated, validate_revision};
+use crate::sync::{SyncMemo, SyncOptions, SyncReport, sync_validated};
 use crate::telemetry::Metrics;
-use crate::{MANAGED_BY_LABEL, Result};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trigger {
@@ -37,6 +41,10 @@ pub enum Trigger {
     Signal(Option<(String, String)>),
     /// A rollout asked to be looked at again (a pause or grace period ends).
     Timer,
+    /// A write-back pushed a commit: the source has news.
+    Pushed,
+    /// The loader has read the source's head: sync it.
+    Loaded,
 }
 
 impl Trigger {
@@ -49,7 +57,19 @@ impl Trigger {
             Trigger::Drift(_) => "drift",
             Trigger::Signal(_) => "signal",
             Trigger::Timer => "timer",
+            Trigger::Pushed => "pushed",
+            Trigger::Loaded => "loaded",
         }
+    }
+
+    /// Whether the trigger says the source may have changed: the loader
+    /// reads it, and a sync follows once it is loaded. The others sync the
+    /// revision already loaded, at once.
+    fn reads_source(&self) -> bool {
+        matches!(
+            self,
+            Trigger::Start | Trigger::Poll | Trigger::FileChange | Trigger::Webhook | Trigger::Pushed
+        )
     }
 
     /// Whether the sync may wait for the burst it belongs to end.
@@ -74,57 +94,6 @@ pub struct Agent {
     /// Apps earlier syncs found in order, answered again while nothing they
     /// hold changes (the watch caches tell).
     pub(crate) memo: SyncMemo,
-}
-
-pub(crate) struct Loaded {
-    revision: Arc<Revision>,
-    files: AppFiles,
-    capabilities: crate::render::Capabilities,
-}
-
-/// Fetches and loads the head, reusing what `previous` holds where it is
-/// still the same: all of it for the same commit and cluster, else the
-/// plain apps whose files did not change.
-fn load(
-    source: &Source,
-    previous: Option<Loaded>,
-    capabilities: crate::render::Capabilities,
-    options: &SyncOptions,
-) -> Result<Loaded> {
-    let Some(git) = source.git() else {
-        let mut revision = source.fetch()?;
-        validate_revision(&mut revision, options);
-        return Ok(Loaded {
-            revision: Arc::new(revision),
-            files: AppFiles::default(),
-            capabilities,
-        });
-    };
-    let head = git.fetch_head()?;
-    let reuse = match previous {
-        // An app with problems is read again: a render may have failed for a while only.
-        Some(previous)
-            if previous.revision.commit == head
-                && previous.capabilities == capabilities
-                && previous.revision.manifests.problems().next().is_none() =>
-        {
-            return Ok(previous);
-        }
-        Some(previous) => {
-            let manifests = Arc::try_unwrap(previous.revision)
-                .map(|revision| revision.manifests)
-                .unwrap_or_else(|shared| shared.manifests.clone());
-            Some((manifests, previous.files))
-        }
-        None => None,
-    };
-    let (mut revision, files) = git.load(&head, reuse)?;
-    validate_revision(&mut revision, options);
-    Ok(Loaded {
-        revision: Arc::new(revision),
-        files,
-        capabilities,
-    })
 }
 
 /// How often open pauses look for `/gitcanary` commands when GitHub is on.
@@ -156,33 +125,6 @@ pub fn trigger_channel() -> (mpsc::Sender<Trigger>, mpsc::Receiver<Trigger>) {
 }
 
 impl Agent {
-    /// Fetches and syncs once.
-    pub async fn sync_once(&self) -> Result<SyncReport> {
-        let source = self.source.clone();
-        let capabilities = self.cluster.capabilities().await;
-        source.renderers().set_capabilities(capabilities.clone());
-        let timer = self.metrics.fetch_duration.start_timer();
-        let previous = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let options = self.options.clone();
-        let fetched = crate::blocking("fetching", move || load(&source, previous, capabilities, &options))
-            .await
-            .and_then(|fetched| fetched);
-        drop(timer);
-        self.metrics
-            .renders
-            .store(self.source.renderers().renders(), Ordering::Relaxed);
-        if fetched.is_err() {
-            self.metrics.fetch_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        self.metrics
-            .source_up
-            .store(u64::from(fetched.is_ok()), Ordering::Relaxed);
-        let loaded = fetched?;
-        let revision = loaded.revision.clone();
-        *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
-        sync_validated(&self.cluster, &revision, &self.options, &self.memo).await
-    }
-
     /// Runs until the trigger channel closes or `stop` turns true; a sync in
     /// progress (and its write-back) is finished first.
     pub async fn run(
@@ -207,45 +149,65 @@ impl Agent {
             )
         });
         let _ = triggers.try_send(Trigger::Start);
-        loop {
-            let first = tokio::select! {
-                _ = stop.wait_for(|stop| *stop) => break,
-                first = queue.recv() => match first {
-                    Some(first) => first,
-                    None => break,
-                },
-            };
-            let burst = next_burst(first, &mut queue).await;
-            // The watch events of the last sync's own applies are no news (they
-            // are read after that sync, when all its writes are recorded).
-            let own_echo = |trigger: &Trigger| match trigger {
-                Trigger::Drift(Some((uid, version))) | Trigger::Signal(Some((uid, version))) => {
-                    self.cluster.own_writes.wrote(uid, version)
+        let load_wanted = tokio::sync::Notify::new();
+        let reconcile = async {
+            loop {
+                let first = tokio::select! {
+                    _ = stop.wait_for(|stop| *stop) => break,
+                    first = queue.recv() => match first {
+                        Some(first) => first,
+                        None => break,
+                    },
+                };
+                let burst = next_burst(first, &mut queue).await;
+                if burst.iter().any(Trigger::reads_source) {
+                    load_wanted.notify_one();
                 }
-                _ => false,
-            };
-            if burst.iter().all(own_echo) {
-                self.metrics
-                    .own_write_events
-                    .fetch_add(burst.len() as u64, Ordering::Relaxed);
-                continue;
+                let wakes: Vec<&Trigger> = burst.iter().filter(|t| !t.reads_source()).collect();
+                // The watch events of the last sync's own applies are no news (they
+                // are read after that sync, when all its writes are recorded).
+                let own_echo = |trigger: &&Trigger| match trigger {
+                    Trigger::Drift(Some((uid, version))) | Trigger::Signal(Some((uid, version))) => {
+                        self.cluster.own_writes.wrote(uid, version)
+                    }
+                    _ => false,
+                };
+                if wakes.is_empty() {
+                    continue;
+                }
+                if wakes.iter().all(own_echo) {
+                    self.metrics
+                        .own_write_events
+                        .fetch_add(wakes.len() as u64, Ordering::Relaxed);
+                    continue;
+                }
+                // Nothing loaded yet: the first load's sync comes.
+                let Some(revision) = self.revision() else {
+                    continue;
+                };
+                let reasons: BTreeSet<&str> = wakes.iter().map(|t| t.reason()).collect();
+                debug!(?reasons, commit = %revision.commit, "sync triggered");
+                let sync_started = tokio::time::Instant::now();
+                let timer = self.metrics.sync_duration.start_timer();
+                let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo).await;
+                drop(timer);
+                drop(revision);
+                match outcome {
+                    Ok(report) => {
+                        self.report(report, &triggers, &mut drift, github.as_ref(), sync_started)
+                            .await
+                    }
+                    Err(error) => {
+                        self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
+                        error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
+                    }
+                }
             }
-            let reasons: BTreeSet<&str> = burst.iter().map(Trigger::reason).collect();
-            debug!(?reasons, "sync triggered");
-            let sync_started = tokio::time::Instant::now();
-            let timer = self.metrics.sync_duration.start_timer();
-            let outcome = self.sync_once().await;
-            drop(timer);
-            match outcome {
-                Ok(report) => {
-                    self.report(report, &triggers, &mut drift, github.as_ref(), sync_started)
-                        .await
-                }
-                Err(error) => {
-                    self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
-                    error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
-                }
-            }
+        };
+        // A long render of a new commit delays only that commit's sync.
+        tokio::select! {
+            () = reconcile => {}
+            () = self.follow_source(&load_wanted, &triggers) => {}
         }
     }
 
@@ -270,8 +232,8 @@ impl Agent {
             .writeback_failures
             .fetch_add(pending as u64, Ordering::Relaxed);
         if pushed > 0 {
-            // Sync the commit just pushed.
-            let _ = triggers.try_send(Trigger::Timer);
+            // Load and sync the commit just pushed.
+            let _ = triggers.try_send(Trigger::Pushed);
         }
         if let Some(github) = github {
             github.submit(report.clone());
