@@ -76,6 +76,11 @@ pub enum Error {
     #[error("CustomResourceDefinition {name}: not established within {seconds} s")]
     NotEstablished { name: String, seconds: u64 },
 
+    /// The API server will not serve a CRD the sync applied (its names
+    /// conflict with another's): waiting would not help.
+    #[error("CustomResourceDefinition {name}: names not accepted: {message}")]
+    NamesNotAccepted { name: String, message: String },
+
     /// A task that reads untrusted input (Git objects, manifests) panicked;
     /// the sync that ran it fails, the agent goes on.
     #[error("{task} stopped unexpectedly: {message}")]
@@ -110,7 +115,7 @@ impl Error {
             Error::RevisionTooLarge { .. } => "revision_too_large",
             Error::Serialize { .. } => "serialize",
             Error::PushRejected { .. } => "push_rejected",
-            Error::NotEstablished { .. } => "crd_not_established",
+            Error::NotEstablished { .. } | Error::NamesNotAccepted { .. } => "crd_not_established",
             Error::GitHub { .. } => "github",
             Error::Panicked { .. } => "panicked",
         }

@@ -511,8 +511,23 @@ async fn apply_objects(
         .map(|&i| plan.objects[i].name())
         .collect();
     if !crds.is_empty() {
-        wait_for_crds(cluster, &crds).await?;
-        cluster.refresh_discovery().await?;
+        let served = match wait_for_crds(cluster, &crds).await {
+            Ok(()) => cluster.refresh_discovery().await,
+            Err(error) => Err(error),
+        };
+        // What was written stays recorded (the inventory is made from the
+        // plan's objects); the objects of the new kinds wait for a later sync.
+        if let Err(error) = served {
+            let first_crd = first
+                .iter()
+                .map(|&i| &plan.objects[i])
+                .find(|item| item.manifest.kind() == "CustomResourceDefinition");
+            let message = format!("{error}; the objects of its kinds are applied by a later sync");
+            failures.extend(first_crd.map(|item| item.manifest.problem(message)));
+            for manifest in std::mem::take(&mut plan.pending) {
+                failures.push(manifest.problem(format!("kind {} is not served yet", manifest.kind())));
+            }
+        }
     }
     for manifest in std::mem::take(&mut plan.pending) {
         let Some(item) = resolve_manifest(cluster, manifest, options).await else {
@@ -848,14 +863,21 @@ async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
                 .get(name)
                 .await
                 .map_err(Error::kube(format!("reading CRD {name}")))?;
-            let established = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
+            let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+            if conditions
                 .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
                 break;
+            }
+            if let Some(refused) = conditions
+                .iter()
+                .find(|c| c.type_ == "NamesAccepted" && c.status == "False")
+            {
+                return Err(Error::NamesNotAccepted {
+                    name: name.to_string(),
+                    message: refused.message.clone().unwrap_or_default(),
+                });
             }
             if Instant::now() > deadline {
                 return Err(Error::NotEstablished {

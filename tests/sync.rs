@@ -291,6 +291,78 @@ async fn a_crd_and_its_objects_sync_in_one_commit_with_the_namespace_first() {
 }
 
 #[tokio::test]
+async fn what_a_sync_wrote_before_a_crd_was_refused_is_recorded_and_pruned_later() {
+    let f = Fixture::new("sync-crd-refused").await;
+    let group = format!("{}.example.test", f.ns);
+    let crd = |plural: &str| {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: {plural}.{group}\nspec:\n  group: {group}\n  scope: Namespaced\n  names: {{plural: {plural}, kind: Widget}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema:\n      openAPIV3Schema:\n        type: object\n        x-kubernetes-preserve-unknown-fields: true\n"
+        )
+    };
+    // Someone else's CRD already serves the kind Widget of this group.
+    let theirs: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("widgets.{group}")},
+            "spec": {"group": group, "scope": "Namespaced", "names": {"plural": "widgets", "kind": "Widget"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .expect("a CRD");
+    Api::all(f.client.clone())
+        .create(&PostParams::default(), &theirs)
+        .await
+        .expect("created");
+    f.repo.write("a/one.yaml", &configmap(&f.ns, "a1", "blue"));
+    f.repo.commit_and_push("a");
+    assert!(f.sync(true).await.is_clean());
+
+    // A Namespace, then a CRD whose kind is taken: the API server never serves it.
+    let extra_ns = format!("{}-extra", f.ns);
+    f.repo
+        .write(
+            "a/ns.yaml",
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {extra_ns}\n"),
+        )
+        .write("a/crd.yaml", &crd("gizmos"));
+    f.repo.commit_and_push("a namespace and a refused CRD");
+    let report = f.sync(true).await;
+    let a = report.app("a").expect("a");
+    assert_eq!(a.result, AppResult::Failed);
+    assert!(
+        a.problems
+            .iter()
+            .any(|p| p.file == "a/crd.yaml" && p.to_string().contains("names not accepted")),
+        "{:?}",
+        a.problems
+    );
+    let status = AppStatus::load(&f.cluster, &f.ns, &format!("test-{}", f.ns), "a")
+        .await
+        .expect("readable")
+        .expect("status exists");
+    let mut recorded: Vec<&str> = status.inventory.iter().map(|e| e.kind.as_str()).collect();
+    recorded.sort();
+    assert_eq!(
+        recorded,
+        vec!["ConfigMap", "CustomResourceDefinition", "Namespace"],
+        "what was written is recorded"
+    );
+
+    // Recorded, they are pruned when they leave Git.
+    f.repo.remove("a/ns.yaml").remove("a/crd.yaml");
+    f.repo.commit_and_push("both leave");
+    let report = f.sync(true).await;
+    let mut pruned: Vec<&str> = report
+        .app("a")
+        .expect("a")
+        .pruned
+        .iter()
+        .map(|k| k.kind.as_str())
+        .collect();
+    pruned.sort();
+    assert_eq!(pruned, vec!["CustomResourceDefinition", "Namespace"]);
+}
+
+#[tokio::test]
 async fn deployments_report_health_once_available() {
     let f = Fixture::new("sync-health").await;
     f.repo.write("web/deploy.yaml", &deployment(&f.ns, "web", "2"));
