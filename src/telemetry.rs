@@ -140,7 +140,7 @@ impl Metrics {
         let mut out = String::new();
         self.sync_duration.render(
             "gitcanary_sync_duration_seconds",
-            "Time of one fetch and sync.",
+            "Time of one sync (reading the source is timed apart, as git_fetch_duration_seconds).",
             &mut out,
         );
         self.fetch_duration.render(

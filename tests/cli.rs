@@ -412,6 +412,7 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     })
     .await;
     let syncs_before_edit = sync_count(&addr);
+    let fetches_before_edit = counter(&addr, "gitcanary_git_fetch_duration_seconds_count");
     let echoes_before_edit = counter(&addr, "gitcanary_own_write_events_total");
     let edit = serde_json::json!({"data": {"color": "hacked"}});
     configmaps
@@ -432,6 +433,11 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
         syncs_before_edit + 1,
         "one sync for the edit, none for the agent's own repair"
     );
+    assert_eq!(
+        counter(&addr, "gitcanary_git_fetch_duration_seconds_count"),
+        fetches_before_edit,
+        "a drift is put back from the revision already loaded: Git is not read again"
+    );
 
     // What happened is counted at /metrics.
     let (status, metrics) = support::http(&addr, "GET", "/metrics", &[], b"").expect("metrics answer");
@@ -450,7 +456,8 @@ async fn the_agent_syncs_on_a_signed_webhook_refuses_a_bad_one_and_heals_drift()
     assert!(value("gitcanary_objects_applied_total") >= 2, "{metrics}");
     assert!(value("gitcanary_objects_drifted_total") >= 1, "{metrics}");
     assert!(value("gitcanary_sync_duration_seconds_count") >= 3, "{metrics}");
-    assert!(value("gitcanary_git_fetch_duration_seconds_count") >= 3, "{metrics}");
+    // Read at start and on the webhook; the drift's sync read nothing.
+    assert!(value("gitcanary_git_fetch_duration_seconds_count") >= 2, "{metrics}");
     assert_eq!(value("gitcanary_git_fetch_errors_total"), 0, "{metrics}");
     // Writes: at least the two objects, their status, the drift repair.
     assert!(value("gitcanary_kube_requests_total{kind=\"write\"}") >= 3, "{metrics}");

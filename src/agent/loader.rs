@@ -43,7 +43,7 @@ impl Agent {
                 }
                 Err(error) => {
                     self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
-                    error!(%error, kind = error.metric_label(), "reading the source failed; the cluster keeps what it had");
+                    error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
                 }
             }
         }
