@@ -21,6 +21,7 @@ use crate::plan::desired::{applies_as_is, is_subset};
 use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
 use crate::rollout::engine::RolloutWork;
+use crate::rollout::plan::Requeue;
 use crate::source::Revision;
 use crate::{Error, FIELD_MANAGER, Result, short_commit};
 
@@ -66,8 +67,8 @@ pub struct AppReport {
     pub problems: Vec<Problem>,
     pub health: String,
     pub duration: Duration,
-    /// Sync this app again after this long: a rollout waits for time to pass.
-    pub requeue_after: Option<Duration>,
+    /// Sync this app again after this long, and why: a rollout waits for time to pass.
+    pub requeue: Option<Requeue>,
     /// Promotes and reverts of this app's rollouts still to be written to Git.
     pub writebacks: Vec<crate::writeback::Request>,
     /// The app's rollouts as this sync left them.
@@ -102,7 +103,7 @@ impl SyncReport {
 
     /// The soonest any app asked to be synced again.
     pub fn requeue_after(&self) -> Option<Duration> {
-        self.apps.iter().filter_map(|a| a.requeue_after).min()
+        self.apps.iter().filter_map(|a| a.requeue).map(|r| r.after).min()
     }
 }
 
@@ -569,7 +570,7 @@ async fn finish_rollouts(
             failures.push(rollout_problem(app, work, &error.to_string()));
         }
     }
-    report.requeue_after = rollouts.iter().filter_map(|w| w.requeue_after()).min();
+    report.requeue = rollouts.iter().map(|w| w.requeue()).fold(None, Requeue::sooner);
     report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
     report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
 }
@@ -930,7 +931,7 @@ fn report_of(app: &App, result: AppResult, problems: Vec<Problem>) -> AppReport 
         problems,
         health: String::new(),
         duration: Duration::ZERO,
-        requeue_after: None,
+        requeue: None,
         writebacks: Vec::new(),
         rollouts: Vec::new(),
         recalled: false,

@@ -4,8 +4,10 @@
 //! Reading the source (fetch, parse, render) runs beside it (`loader`).
 
 mod loader;
+mod requeue;
 
 use loader::Loaded;
+use requeue::Requeues;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -23,7 +25,6 @@ use crate::MANAGED_BY_LABEL;
 use crate::cluster::Cluster;
 use crate::github::GitHub;
 use crate::report::{GitHubReporter, WritebackConfig, write_back};
-use crate::rollout::api::Phase;
 use crate::source::Source;
 use crate::sync::{SyncMemo, SyncOptions, SyncReport, sync_validated};
 use crate::telemetry::Metrics;
@@ -41,6 +42,8 @@ pub enum Trigger {
     Signal(Option<(String, String)>),
     /// A rollout asked to be looked at again (a pause or grace period ends).
     Timer,
+    /// A GitHub gate or command was handed to a rollout: act on it.
+    Decided,
     /// A write-back pushed a commit: the source has news.
     Pushed,
     /// The loader has read the source's head: sync it.
@@ -57,6 +60,7 @@ impl Trigger {
             Trigger::Drift(_) => "drift",
             Trigger::Signal(_) => "signal",
             Trigger::Timer => "timer",
+            Trigger::Decided => "github decision",
             Trigger::Pushed => "pushed",
             Trigger::Loaded => "loaded",
         }
@@ -150,6 +154,7 @@ impl Agent {
         });
         let _ = triggers.try_send(Trigger::Start);
         let load_wanted = tokio::sync::Notify::new();
+        let mut requeues = Requeues::default();
         let reconcile = async {
             loop {
                 let first = tokio::select! {
@@ -158,6 +163,11 @@ impl Agent {
                         Some(first) => first,
                         None => break,
                     },
+                    due = requeues.next_due() => {
+                        let due: Vec<String> = due.iter().map(|(app, reason)| format!("{app}: {}", reason.as_str())).collect();
+                        debug!(?due, "requeue due");
+                        Trigger::Timer
+                    }
                 };
                 let burst = next_burst(first, &mut queue).await;
                 if burst.iter().any(Trigger::reads_source) {
@@ -194,8 +204,9 @@ impl Agent {
                 drop(revision);
                 match outcome {
                     Ok(report) => {
-                        self.report(report, &triggers, &mut drift, github.as_ref(), sync_started)
-                            .await
+                        let command_poll = github.is_some().then_some(COMMAND_POLL);
+                        requeues.replace(&report, sync_started, command_poll);
+                        self.report(report, &triggers, &mut drift, github.as_ref()).await
                     }
                     Err(error) => {
                         self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
@@ -211,15 +222,13 @@ impl Agent {
         }
     }
 
-    /// After a sync: metrics, the Git write-back, GitHub, the drift watches
-    /// and the next timer.
+    /// After a sync: metrics, the Git write-back, GitHub and the drift watches.
     async fn report(
         &self,
         mut report: SyncReport,
         triggers: &mpsc::Sender<Trigger>,
         drift: &mut DriftWatch,
         github: Option<&GitHubTask>,
-        sync_started: tokio::time::Instant,
     ) {
         self.ready.store(true, Ordering::Relaxed);
         self.metrics.record_sync(&report);
@@ -237,30 +246,10 @@ impl Agent {
         }
         if let Some(github) = github {
             github.submit(report.clone());
-            let waiting = report
-                .apps
-                .iter()
-                .flat_map(|a| a.rollouts.iter())
-                .any(|r| r.status.phase == Phase::Paused);
-            if waiting {
-                let triggers = triggers.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(COMMAND_POLL).await;
-                    let _ = triggers.try_send(Trigger::Timer);
-                });
-            }
         }
         drift
             .follow(&self.cluster, &report.kinds, &self.options, triggers)
             .await;
-        if let Some(after) = report.requeue_after() {
-            let triggers = triggers.clone();
-            // Measured from when the rollouts were planned, not from now.
-            tokio::spawn(async move {
-                tokio::time::sleep_until(sync_started + after).await;
-                let _ = triggers.try_send(Trigger::Timer);
-            });
-        }
         if !report.is_clean() {
             info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
         }
@@ -302,7 +291,7 @@ impl GitHubTask {
                     };
                     if reporter.report(&report).await {
                         // A decision was handed to a rollout: act on it now.
-                        let _ = triggers.try_send(Trigger::Timer);
+                        let _ = triggers.try_send(Trigger::Decided);
                     }
                 }
             }

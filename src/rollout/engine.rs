@@ -3,8 +3,6 @@
 //! canary objects to write or delete, all applied by the sync's one write
 //! path), then reported: pod batch labels, the Rollout's status and Events.
 
-use std::time::Duration;
-
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -73,8 +71,8 @@ pub struct CanaryWrite {
 }
 
 impl RolloutWork {
-    pub fn requeue_after(&self) -> Option<Duration> {
-        self.plan.requeue_after
+    pub fn requeue(&self) -> Option<crate::rollout::plan::Requeue> {
+        self.plan.requeue
     }
 
     /// What GitHub reporting needs to know of this rollout.

@@ -125,12 +125,56 @@ impl Intent {
     }
 }
 
+/// Why the agent looks at a rollout again without being woken by a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RequeueReason {
+    /// A step's deadline (pods ready, traffic read back) runs out.
+    Deadline,
+    /// A timed pause ends.
+    Pause,
+    /// The grace period after a traffic change ends.
+    Grace,
+    /// An analysis run's next measurement is due.
+    Analysis,
+    /// A pause waits for a promote: look for `/gitcanary` commands on GitHub.
+    Command,
+}
+
+impl RequeueReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RequeueReason::Deadline => "deadline",
+            RequeueReason::Pause => "pause",
+            RequeueReason::Grace => "grace",
+            RequeueReason::Analysis => "analysis",
+            RequeueReason::Command => "command",
+        }
+    }
+}
+
+/// The next look at a rollout: after how long, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requeue {
+    pub after: Duration,
+    pub reason: RequeueReason,
+}
+
+impl Requeue {
+    /// The sooner of two.
+    pub fn sooner(a: Option<Requeue>, b: Option<Requeue>) -> Option<Requeue> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if b.after < a.after { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub status: RolloutStatus,
     pub intent: Intent,
     /// Reconcile again after this long (a pause, a grace period, a deadline).
-    pub requeue_after: Option<Duration>,
+    pub requeue: Option<Requeue>,
     /// What happened to the release in this reconcile, in order.
     pub transitions: Vec<Transition>,
     /// Set when the release failed in this reconcile: the cause.
@@ -337,7 +381,7 @@ struct Planner<'a> {
     observed: &'a Observed,
     status: RolloutStatus,
     transitions: Vec<Transition>,
-    requeue: Option<Duration>,
+    requeue: Option<Requeue>,
     failed: Option<String>,
     promoted: bool,
     ignored_signals: Vec<(Signal, String)>,
@@ -381,7 +425,7 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
     Plan {
         status,
         intent,
-        requeue_after: planner.requeue,
+        requeue: planner.requeue,
         transitions: planner.transitions,
         failed: planner.failed,
         promoted: planner.promoted,
@@ -411,9 +455,9 @@ impl Planner<'_> {
         self.transitions.push(transition);
     }
 
-    fn requeue_in(&mut self, after: Duration) {
+    fn requeue_in(&mut self, after: Duration, reason: RequeueReason) {
         let after = after.max(Duration::from_millis(100));
-        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+        self.requeue = Requeue::sooner(self.requeue, Some(Requeue { after, reason }));
     }
 
     fn canary(&mut self) -> &mut CanaryStatus {
@@ -807,7 +851,7 @@ impl Planner<'_> {
         } else {
             format!("step {index}: waiting for {wanted} canary pod(s) to be ready")
         };
-        self.requeue_in(deadline - here.in_state);
+        self.requeue_in(deadline - here.in_state, RequeueReason::Deadline);
         Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic))
     }
 
@@ -838,7 +882,7 @@ impl Planner<'_> {
                     "step {index}: routing {asked}% of requests to the canary Revision {}; waiting for the Service's status to read it back",
                     self.observed.canary_revision
                 );
-                self.requeue_in(deadline - here.in_state);
+                self.requeue_in(deadline - here.in_state, RequeueReason::Deadline);
                 return Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic));
             }
         }
@@ -859,7 +903,7 @@ impl Planner<'_> {
             "step {index}: routing {}% of traffic to the canary",
             traffic.unwrap_or(0)
         );
-        self.requeue_in(grace - here.in_state);
+        self.requeue_in(grace - here.in_state, RequeueReason::Grace);
         Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic))
     }
 
@@ -887,7 +931,7 @@ impl Planner<'_> {
                 Some(duration) => {
                     self.status.phase = Phase::Progressing;
                     self.canary().message = format!("step {index}: paused for {}s", duration.as_secs());
-                    self.requeue_in(duration - here.in_state);
+                    self.requeue_in(duration - here.in_state, RequeueReason::Pause);
                     false
                 }
                 None => self.promote_signal_received(index),
@@ -1019,7 +1063,7 @@ impl Planner<'_> {
                 Some(last) => analysis::interval(template).saturating_sub(elapsed(&last, self.observed.now)),
                 None => Duration::ZERO,
             };
-            self.requeue_in(wait);
+            self.requeue_in(wait, RequeueReason::Analysis);
         }
     }
 

@@ -57,7 +57,7 @@ impl SyncMemo {
             && report.canary_applied.is_empty()
             && report.canary_deleted.is_empty()
             && report.drifted.is_empty()
-            && report.requeue_after.is_none()
+            && report.requeue.is_none()
             && report.writebacks.is_empty()
             && report.rollouts.is_empty();
         let mut apps = self.apps.lock().unwrap_or_else(|e| e.into_inner());

@@ -227,13 +227,13 @@ fn a_new_template_walks_every_step_and_promotes() {
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     assert_eq!(plan.intent.traffic, Some(10));
     assert!(plan.intent.pin_stable_service);
-    assert_eq!(plan.requeue_after, Some(DEFAULT_GRACE));
+    assert_eq!(plan.requeue.map(|r| r.after), Some(DEFAULT_GRACE));
 
     // Grace over: the 60 s pause.
     seen.now = at(23);
     let plan = run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
-    assert_eq!(plan.requeue_after, Some(Duration::from_secs(60)));
+    assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(60)));
     assert_eq!(plan.intent.traffic, Some(10));
 
     // Pause over: step 2 scales the canary to 50% of 4 while traffic stays at 10%.
@@ -253,7 +253,8 @@ fn a_new_template_walks_every_step_and_promotes() {
     assert_eq!(run.state(), (Phase::Paused, 2, StepState::StepPaused));
     assert_eq!(plan.intent.traffic, Some(50));
     assert_eq!(
-        plan.requeue_after, None,
+        plan.requeue.map(|r| r.after),
+        None,
         "an indefinite pause waits for a signal, not a timer"
     );
     assert!(
@@ -466,7 +467,7 @@ fn canary_pods_not_ready_by_the_deadline_fail_the_release_and_it_is_not_retried(
     run.step(&observed("v2", 0));
     let plan = run.step(&observed("v2", 599));
     assert_eq!(plan.failed, None);
-    assert_eq!(plan.requeue_after, Some(Duration::from_secs(1)));
+    assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(1)));
     let plan = run.step(&observed("v2", 600));
     assert_eq!(run.status.phase, Phase::Failed);
     let cause = plan.failed.expect("failed");
@@ -662,7 +663,7 @@ fn an_analysed_step_passes_after_count_successful_measurements() {
         "one of two"
     );
     assert_eq!(
-        plan.requeue_after,
+        plan.requeue.map(|r| r.after),
         Some(Duration::from_secs(10)),
         "woken for the next measurement"
     );

@@ -1,0 +1,166 @@
+//! The agent's own wake-ups: when each app asked to be looked at again,
+//! and why. Each sync answers for every app of the revision, so its answer
+//! replaces all earlier ones: a wake-up a later sync no longer asks for
+//! never fires, and two syncs never leave two timers for one pause.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::rollout::api::Phase;
+use crate::rollout::plan::RequeueReason;
+use crate::sync::SyncReport;
+
+#[derive(Debug, Default)]
+pub(super) struct Requeues {
+    due: BTreeMap<(String, RequeueReason), Instant>,
+}
+
+impl Requeues {
+    /// What the sync of `report`, planned at `planned_at`, asks for: each
+    /// app's rollout timers, and with `command_poll` (GitHub on) a look for
+    /// commands at every app with a rollout paused for a promote.
+    pub(super) fn replace(&mut self, report: &SyncReport, planned_at: Instant, command_poll: Option<Duration>) {
+        self.due.clear();
+        for app in &report.apps {
+            if let Some(requeue) = app.requeue {
+                self.due
+                    .insert((app.app.clone(), requeue.reason), planned_at + requeue.after);
+            }
+            let paused = app.rollouts.iter().any(|r| r.status.phase == Phase::Paused);
+            if let (Some(poll), true) = (command_poll, paused) {
+                self.due
+                    .insert((app.app.clone(), RequeueReason::Command), planned_at + poll);
+            }
+        }
+    }
+
+    /// Waits for the soonest wake-up (forever when none), then takes every
+    /// one due by then.
+    pub(super) async fn next_due(&mut self) -> Vec<(String, RequeueReason)> {
+        match self.due.values().min() {
+            Some(&at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+        self.take_due(Instant::now())
+    }
+
+    fn take_due(&mut self, now: Instant) -> Vec<(String, RequeueReason)> {
+        let due: Vec<_> = self
+            .due
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &due {
+            self.due.remove(key);
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::api::RolloutStatus;
+    use crate::rollout::plan::Requeue;
+    use crate::sync::{AppReport, AppResult};
+
+    fn app(name: &str, requeue: Option<Requeue>, paused: bool) -> AppReport {
+        let mut status = RolloutStatus::default();
+        if paused {
+            status.phase = Phase::Paused;
+        }
+        AppReport {
+            app: name.into(),
+            result: AppResult::Synced,
+            applied: Vec::new(),
+            unchanged: 0,
+            pruned: Vec::new(),
+            released: Vec::new(),
+            canary_applied: Vec::new(),
+            canary_deleted: Vec::new(),
+            drifted: Vec::new(),
+            problems: Vec::new(),
+            health: String::new(),
+            duration: Duration::ZERO,
+            requeue,
+            writebacks: Vec::new(),
+            rollouts: vec![crate::rollout::engine::RolloutSummary {
+                namespace: "ns".into(),
+                name: name.into(),
+                spec: Default::default(),
+                status,
+                changed: false,
+                last_command_comment: 0,
+            }],
+            recalled: false,
+        }
+    }
+
+    fn report(apps: Vec<AppReport>) -> SyncReport {
+        SyncReport {
+            commit: "c".into(),
+            apps,
+            kinds: Default::default(),
+        }
+    }
+
+    const fn after(seconds: u64, reason: RequeueReason) -> Option<Requeue> {
+        Some(Requeue {
+            after: Duration::from_secs(seconds),
+            reason,
+        })
+    }
+
+    #[test]
+    fn a_later_sync_replaces_every_wake_up_an_earlier_one_asked_for() {
+        let start = Instant::now();
+        let mut requeues = Requeues::default();
+        requeues.replace(
+            &report(vec![app("web", after(10, RequeueReason::Pause), false)]),
+            start,
+            None,
+        );
+        requeues.replace(
+            &report(vec![app("web", after(30, RequeueReason::Grace), false)]),
+            start,
+            None,
+        );
+        assert_eq!(
+            requeues.take_due(start + Duration::from_secs(20)),
+            vec![],
+            "the pause was superseded"
+        );
+        assert_eq!(
+            requeues.take_due(start + Duration::from_secs(30)),
+            vec![("web".to_string(), RequeueReason::Grace)]
+        );
+        assert_eq!(requeues.take_due(start + Duration::from_secs(60)), vec![], "taken once");
+        requeues.replace(&report(vec![app("web", None, false)]), start, None);
+        assert!(requeues.due.is_empty(), "nothing asked for, nothing kept");
+    }
+
+    #[test]
+    fn only_a_pause_waiting_for_a_promote_looks_for_commands_and_only_with_github() {
+        let start = Instant::now();
+        let mut requeues = Requeues::default();
+        let apps = || {
+            report(vec![
+                app("waiting", None, true),
+                app("timed", after(5, RequeueReason::Pause), false),
+            ])
+        };
+        requeues.replace(&apps(), start, None);
+        assert_eq!(
+            requeues.take_due(start + Duration::from_secs(5)),
+            vec![("timed".to_string(), RequeueReason::Pause)]
+        );
+        requeues.replace(&apps(), start, Some(Duration::from_secs(3)));
+        assert_eq!(
+            requeues.take_due(start + Duration::from_secs(3)),
+            vec![("waiting".to_string(), RequeueReason::Command)]
+        );
+    }
+}
