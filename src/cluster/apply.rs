@@ -1,8 +1,9 @@
 //! The one server-side-apply path and the one delete path. Every object
 //! gitcanary writes for an app (Git's objects with their overlays, canary
-//! objects, the take-back of a failed new app) and every delete it makes
-//! (prune, canary cleanup) goes through here, each with a dry-run mode that
-//! `gitcanary diff` uses. Writes are made by a [`Writer`]: as the agent, or
+//! objects, the take-back of a failed new app, Rollout status, batch
+//! labels, signal annotations, app status) and every delete it makes
+//! (prune, canary cleanup) goes through here, each write with a deadline;
+//! applies and deletes with a dry-run mode that `gitcanary diff` uses. Writes are made by a [`Writer`]: as the agent, or
 //! as the ServiceAccount the agent's configuration maps the app to, so that
 //! Kubernetes RBAC bounds what a commit to that app can do.
 
@@ -106,10 +107,46 @@ impl<'c> Writer<'c> {
         let api = self.api(resolved, namespace);
         let applied = within_write_timeout(api.patch(name, &params, &Patch::Apply(object))).await?;
         if mode == Mode::Apply {
-            self.cluster.own_writes.record(&applied);
-            self.cluster.watch_cache.wrote(resolved, &applied);
+            self.recorded(resolved, &applied);
         }
         Ok(applied)
+    }
+
+    /// Server-side apply of `body` (apiVersion, kind and `status`) to the
+    /// object's status subresource, forced: the status is gitcanary's alone.
+    pub async fn apply_status(
+        &self,
+        resolved: &Resolved,
+        namespace: Option<&str>,
+        name: &str,
+        body: &Value,
+    ) -> Result<DynamicObject, kube::Error> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let api = self.api(resolved, namespace);
+        let applied = within_write_timeout(api.patch_status(name, &params, &Patch::Apply(body))).await?;
+        self.recorded(resolved, &applied);
+        Ok(applied)
+    }
+
+    /// A JSON merge patch (a label, an annotation). A `resourceVersion` in
+    /// the patch's metadata makes it fail if the object changed meanwhile.
+    pub async fn merge(
+        &self,
+        resolved: &Resolved,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<DynamicObject, kube::Error> {
+        let api = self.api(resolved, namespace);
+        let patched = within_write_timeout(api.patch(name, &PatchParams::default(), &Patch::Merge(patch))).await?;
+        self.recorded(resolved, &patched);
+        Ok(patched)
+    }
+
+    /// Remembers a write, so that its own watch event wakes nothing.
+    fn recorded(&self, resolved: &Resolved, written: &DynamicObject) {
+        self.cluster.own_writes.record(written);
+        self.cluster.watch_cache.wrote(resolved, written);
     }
 
     /// Deletes the object decided on, and only it: the uid (and

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use super::Cluster;
 use crate::plan::InventoryEntry;
-use crate::{Error, FIELD_MANAGER, Result};
+use crate::{Error, Result};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 
 pub const APP_STATUS_LABEL: &str = "gitcanary.io/app-status";
 
@@ -172,17 +172,17 @@ impl AppStatus {
             "metadata": {"name": name, "namespace": namespace, "labels": {APP_STATUS_LABEL: instance}},
             "data": data,
         });
-        let api: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), namespace);
-        let written = api
-            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        let context = format!("writing the status of app {}", self.app);
+        let Some(resolved) = cluster.resolve("v1", "ConfigMap").await else {
+            return Err(Error::kube(context)(kube::Error::Service(
+                "the API server serves no ConfigMaps".into(),
+            )));
+        };
+        cluster
+            .writer(None)
+            .apply(&resolved, &body, true, super::Mode::Apply)
             .await
-            .map_err(Error::kube(format!("writing the status of app {}", self.app)))?;
-        if let (Some(resolved), Ok(object)) = (
-            cluster.resolve("v1", "ConfigMap").await,
-            serde_json::to_value(&written).and_then(serde_json::from_value::<kube::api::DynamicObject>),
-        ) {
-            cluster.watch_cache.wrote(&resolved, &object);
-        }
+            .map_err(Error::kube(context))?;
         Ok(())
     }
 }
@@ -199,8 +199,16 @@ pub async fn ensure_namespace(cluster: &Cluster, namespace: &str) -> Result<()> 
         return Ok(());
     }
     let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
-    api.patch(namespace, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&body))
+    let context = format!("creating namespace {namespace}");
+    let Some(resolved) = cluster.resolve("v1", "Namespace").await else {
+        return Err(Error::kube(context)(kube::Error::Service(
+            "the API server serves no Namespaces".into(),
+        )));
+    };
+    cluster
+        .writer(None)
+        .apply(&resolved, &body, false, super::Mode::Apply)
         .await
-        .map_err(Error::kube(format!("creating namespace {namespace}")))?;
+        .map_err(Error::kube(context))?;
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -108,13 +108,24 @@ pub struct RolloutSummary {
 
 /// Writes a Rollout's whole status with gitcanary's field manager.
 pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
-    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
+    let context = format!("writing the status of Rollout {namespace}/{name}");
+    let resolved = served(cluster, API_VERSION, KIND, &context).await?;
     let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
-    rollouts
-        .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+    cluster
+        .writer(None)
+        .apply_status(&resolved, Some(namespace), name, &body)
         .await
-        .map_err(Error::kube(format!("writing the status of Rollout {namespace}/{name}")))?;
+        .map_err(Error::kube(context))?;
     Ok(())
+}
+
+/// How the API server serves a kind gitcanary writes itself.
+async fn served(cluster: &Cluster, api_version: &str, kind: &str, context: &str) -> Result<crate::plan::Resolved> {
+    cluster.resolve(api_version, kind).await.ok_or_else(|| {
+        Error::kube(context.to_string())(kube::Error::Service(
+            format!("the API server does not serve {kind} ({api_version})").into(),
+        ))
+    })
 }
 
 /// Observes and plans every Rollout of an app, and overlays the app's
@@ -218,8 +229,12 @@ async fn clear_ignored_signals(cluster: &Cluster, work: &RolloutWork) {
     }
     // The resourceVersion makes the write fail if a signal changed meanwhile.
     let patch = json!({"metadata": {"resourceVersion": rollout.metadata.resource_version, "annotations": cleared}});
-    if let Err(error) = rollouts
-        .patch(&work.name, &PatchParams::default(), &Patch::Merge(&patch))
+    let Some(resolved) = cluster.resolve(API_VERSION, KIND).await else {
+        return;
+    };
+    if let Err(error) = cluster
+        .writer(None)
+        .merge(&resolved, Some(&work.namespace), &work.name, &patch)
         .await
     {
         info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)");
@@ -269,6 +284,8 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
         return Ok(());
     }
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &work.namespace);
+    let resolved = served(cluster, "v1", "Pod", "labelling canary pods").await?;
+    let writer = cluster.writer(None);
     let selector = format!("{}={}", work.kind.revision_label(), work.revisions.canary);
     let list = pods
         .list(&ListParams::default().labels(&selector))
@@ -284,7 +301,7 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
             BATCH_ID_LABEL: step.to_string(),
             ROLLOUT_ID_LABEL: rollout_id,
         }}});
-        match pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match writer.merge(&resolved, Some(&work.namespace), &name, &patch).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             // Pods are written only where a Role grants it (deploy/): the
