@@ -171,16 +171,19 @@ async fn observe_revision(cluster: &Cluster, revision: &Revision, options: &Sync
 /// validated in place rather than copied.
 pub async fn sync_owned(cluster: &Cluster, mut revision: Revision, options: &SyncOptions) -> Result<SyncReport> {
     validate_revision(&mut revision, options);
-    sync_validated(cluster, &revision, options, &SyncMemo::default()).await
+    sync_validated(cluster, &revision, options, &SyncMemo::default(), None).await
 }
 
 /// `sync` of a revision that `validate_revision` has checked; `memo` holds
-/// what earlier syncs of the same agent found (see [`SyncMemo`]).
+/// what earlier syncs of the same agent found (see [`SyncMemo`]). With
+/// `scope`, only the apps it names are synced and reported (a drift or a
+/// timer concerns one app); the others are left as the last sync left them.
 pub async fn sync_validated(
     cluster: &Cluster,
     revision: &Revision,
     options: &SyncOptions,
     memo: &SyncMemo,
+    scope: Option<&BTreeSet<String>>,
 ) -> Result<SyncReport> {
     let span = info_span!("sync", commit = short_commit(&revision.commit));
     async move {
@@ -190,11 +193,12 @@ pub async fn sync_validated(
             ensure_namespace(cluster, &options.state_namespace).await?;
         }
         let manifests = &revision.manifests;
+        let in_scope = |app: &&App| scope.is_none_or(|apps| apps.contains(&app.name));
         // Before the live objects are read: a change after this is seen by
         // the plan and misses the memo next time, never the other way round.
         let mut inputs = BTreeMap::new();
         let mut recalled = BTreeMap::new();
-        for app in manifests.apps.values() {
+        for app in manifests.apps.values().filter(in_scope) {
             let app_commit = revision.commit_for(&app.name);
             let previous = statuses.get(&app.name).map(AsRef::as_ref);
             if let Some((found, keys)) = memo::inputs_of(cluster, app, app_commit, options).await {
@@ -212,6 +216,7 @@ pub async fn sync_validated(
         let (first, rest): (Vec<&App>, Vec<&App>) = manifests
             .apps
             .values()
+            .filter(in_scope)
             .partition(|app| app.kinds().iter().any(|(_, kind)| plan::is_staged_first_kind(kind)));
         let one = async |app: &App| -> Result<AppReport> {
             if let Some(report) = recalled.get(app.name.as_str()) {

@@ -15,6 +15,7 @@ const WAIT: Duration = Duration::from_secs(90);
 const LISTS: &str = "gitcanary_kube_reads_total{kind=\"list\"}";
 const APPLIED: &str = "gitcanary_objects_applied_total";
 const RECALLED: &str = "gitcanary_apps_recalled_total";
+const WATCHES: &str = "gitcanary_kube_reads_total{kind=\"watch\"}";
 
 fn config_map(ns: &str, name: &str) -> String {
     format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: blue\n")
@@ -92,9 +93,61 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
         applied + 1,
         "only the drifted object was written"
     );
+    // The drift's own sync looked at cm-3's app only; the resyncs after it
+    // answer from memory again.
+    agent.wait_for_syncs(2).await;
     assert!(
         agent.counter(RECALLED).await > recalled,
         "resyncs after the healing answer from memory again"
+    );
+}
+
+#[tokio::test]
+async fn a_drift_replans_only_the_app_that_holds_the_object() {
+    let scenario = Scenario::new("cache-scope").await;
+    scenario.repo.write("a/cm.yaml", &config_map(&scenario.ns, "a1"));
+    scenario.repo.write("b/cm.yaml", &config_map(&scenario.ns, "b1"));
+    scenario.repo.commit_and_push("two apps");
+    // No poll: every sync after the first is woken by a watch.
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--poll-interval", "3600"],
+        &[],
+    );
+    eventually("synced", WAIT, || async {
+        color(&scenario.client, &scenario.ns, "b1").await
+    })
+    .await;
+    // Both kinds' watches (the apps' ConfigMaps, the status ConfigMaps) have listed.
+    eventually("the watches run", WAIT, || async {
+        (agent.counter(WATCHES).await >= 2).then_some(())
+    })
+    .await;
+    let configmaps = Api::<ConfigMap>::namespaced(scenario.client.clone(), &scenario.ns);
+    let drift_a1 = async |color_now: &str| {
+        let syncs = agent.syncs().await;
+        let drift = serde_json::json!({"data": {"color": color_now}});
+        configmaps
+            .patch("a1", &PatchParams::default(), &Patch::Merge(&drift))
+            .await
+            .expect("drift");
+        eventually("drift healed and its sync counted", WAIT, || async {
+            let healed = color(&scenario.client, &scenario.ns, "a1").await? == "blue";
+            (healed && agent.syncs().await > syncs).then_some(())
+        })
+        .await;
+    };
+    // Were b looked at, its answer would be remembered now and recalled next time.
+    drift_a1("red").await;
+    let (recalled, applied) = (agent.counter(RECALLED).await, agent.counter(APPLIED).await);
+    drift_a1("green").await;
+    assert_eq!(agent.counter(APPLIED).await, applied + 1, "a1 written back");
+    assert_eq!(
+        agent.counter(RECALLED).await,
+        recalled,
+        "app b was not looked at, not even to be recalled from memory"
     );
 }
 

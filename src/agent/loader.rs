@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use tokio::sync::{Notify, mpsc};
 use tracing::error;
 
+use super::scope::Owners;
 use super::{Agent, Trigger};
 use crate::Result;
 use crate::source::{AppFiles, Revision, Source};
@@ -18,16 +19,21 @@ use crate::sync::{SyncOptions, validate_revision};
 #[derive(Clone)]
 pub(crate) struct Loaded {
     revision: Arc<Revision>,
+    /// Which app holds each object of the revision (see `scope`).
+    owners: Arc<Owners>,
     /// Shared, so that a load that reuses nothing copies nothing.
     files: Arc<AppFiles>,
     capabilities: crate::render::Capabilities,
 }
 
 impl Agent {
-    /// The revision last loaded, validated; none before the first load.
-    pub(super) fn revision(&self) -> Option<Arc<Revision>> {
+    /// The revision last loaded, validated, and which app holds each of its
+    /// objects; none before the first load.
+    pub(super) fn revision(&self) -> Option<(Arc<Revision>, Arc<Owners>)> {
         let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
-        loaded.as_ref().map(|loaded| loaded.revision.clone())
+        loaded
+            .as_ref()
+            .map(|loaded| (loaded.revision.clone(), loaded.owners.clone()))
     }
 
     /// Loads the head each time `wanted` is notified (a request during a
@@ -89,11 +95,7 @@ fn load(
     let Some(git) = source.git() else {
         let mut revision = source.fetch()?;
         validate_revision(&mut revision, options);
-        return Ok(Loaded {
-            revision: Arc::new(revision),
-            files: Arc::default(),
-            capabilities,
-        });
+        return Ok(Loaded::new(revision, AppFiles::default(), capabilities, options));
     };
     let head = git.fetch_head()?;
     let reuse = match previous {
@@ -116,9 +118,22 @@ fn load(
     };
     let (mut revision, files) = git.load(&head, reuse)?;
     validate_revision(&mut revision, options);
-    Ok(Loaded {
-        revision: Arc::new(revision),
-        files: Arc::new(files),
-        capabilities,
-    })
+    Ok(Loaded::new(revision, files, capabilities, options))
+}
+
+impl Loaded {
+    fn new(
+        revision: Revision,
+        files: AppFiles,
+        capabilities: crate::render::Capabilities,
+        options: &SyncOptions,
+    ) -> Loaded {
+        let owners = super::scope::owners(&revision.manifests, &options.allowed.default_namespace);
+        Loaded {
+            revision: Arc::new(revision),
+            owners: Arc::new(owners),
+            files: Arc::new(files),
+            capabilities,
+        }
+    }
 }

@@ -5,9 +5,11 @@
 
 mod loader;
 mod requeue;
+mod scope;
 
 use loader::Loaded;
 use requeue::Requeues;
+pub use scope::Seen;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -35,13 +37,13 @@ pub enum Trigger {
     Poll,
     FileChange,
     Webhook,
-    /// A watched object changed: its uid and new resourceVersion (none when deleted).
-    Drift(Option<(String, String)>),
+    /// A watched object changed (none: it was deleted, or a watch listed again).
+    Drift(Option<Seen>),
     /// A Rollout carries a promote or abort signal not acted on yet: as
     /// `Drift`, but acted on at once, since a person is waiting on it.
-    Signal(Option<(String, String)>),
-    /// A rollout asked to be looked at again (a pause or grace period ends).
-    Timer,
+    Signal(Option<Seen>),
+    /// These apps asked to be looked at again (a pause or grace period ends).
+    Due(BTreeSet<String>),
     /// A GitHub gate or command was handed to a rollout: act on it.
     Decided,
     /// A write-back pushed a commit: the source has news.
@@ -59,7 +61,7 @@ impl Trigger {
             Trigger::Webhook => "webhook",
             Trigger::Drift(_) => "drift",
             Trigger::Signal(_) => "signal",
-            Trigger::Timer => "timer",
+            Trigger::Due(_) => "timer",
             Trigger::Decided => "github decision",
             Trigger::Pushed => "pushed",
             Trigger::Loaded => "loaded",
@@ -164,9 +166,9 @@ impl Agent {
                         None => break,
                     },
                     due = requeues.next_due() => {
-                        let due: Vec<String> = due.iter().map(|(app, reason)| format!("{app}: {}", reason.as_str())).collect();
-                        debug!(?due, "requeue due");
-                        Trigger::Timer
+                        let reasons: Vec<String> = due.iter().map(|(app, reason)| format!("{app}: {}", reason.as_str())).collect();
+                        debug!(?reasons, "requeue due");
+                        Trigger::Due(due.into_iter().map(|(app, _)| app).collect())
                     }
                 };
                 let burst = next_burst(first, &mut queue).await;
@@ -177,35 +179,34 @@ impl Agent {
                 // The watch events of the last sync's own applies are no news (they
                 // are read after that sync, when all its writes are recorded).
                 let own_echo = |trigger: &&Trigger| match trigger {
-                    Trigger::Drift(Some((uid, version))) | Trigger::Signal(Some((uid, version))) => {
-                        self.cluster.own_writes.wrote(uid, version)
+                    Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {
+                        self.cluster.own_writes.wrote(&seen.uid, &seen.version)
                     }
                     _ => false,
                 };
-                if wakes.is_empty() {
-                    continue;
-                }
-                if wakes.iter().all(own_echo) {
-                    self.metrics
-                        .own_write_events
-                        .fetch_add(wakes.len() as u64, Ordering::Relaxed);
+                let (echoes, news): (Vec<&Trigger>, Vec<&Trigger>) = wakes.into_iter().partition(own_echo);
+                self.metrics
+                    .own_write_events
+                    .fetch_add(echoes.len() as u64, Ordering::Relaxed);
+                if news.is_empty() {
                     continue;
                 }
                 // Nothing loaded yet: the first load's sync comes.
-                let Some(revision) = self.revision() else {
+                let Some((revision, owners)) = self.revision() else {
                     continue;
                 };
-                let reasons: BTreeSet<&str> = wakes.iter().map(|t| t.reason()).collect();
-                debug!(?reasons, commit = %revision.commit, "sync triggered");
+                let scope = scope::apps_of(&news, &owners);
+                let reasons: BTreeSet<&str> = news.iter().map(|t| t.reason()).collect();
+                debug!(?reasons, apps = ?scope, commit = %revision.commit, "sync triggered");
                 let sync_started = tokio::time::Instant::now();
                 let timer = self.metrics.sync_duration.start_timer();
-                let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo).await;
+                let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
                 drop(timer);
                 drop(revision);
                 match outcome {
                     Ok(report) => {
                         let command_poll = github.is_some().then_some(COMMAND_POLL);
-                        requeues.replace(&report, sync_started, command_poll);
+                        requeues.replace(&report, scope.is_none(), sync_started, command_poll);
                         self.report(report, &triggers, &mut drift, github.as_ref()).await
                     }
                     Err(error) => {
@@ -299,24 +300,38 @@ impl GitHubTask {
         GitHubTask { pending, wake, task }
     }
 
-    /// Queues the report; one not yet reported is replaced, keeping what changed in it.
-    fn submit(&self, mut report: SyncReport) {
+    /// Queues the report; one not yet reported is replaced, keeping what
+    /// changed in it and the apps the newer one did not sync.
+    fn submit(&self, report: SyncReport) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(older) = pending.take() {
-            let changed: BTreeSet<(String, String)> = older
-                .apps
-                .iter()
-                .flat_map(|a| a.rollouts.iter())
-                .filter(|r| r.changed)
-                .map(|r| (r.namespace.clone(), r.name.clone()))
-                .collect();
-            for rollout in report.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
-                rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
-            }
-        }
-        *pending = Some(report);
+        let merged = match pending.take() {
+            Some(older) => merged_reports(older, report),
+            None => report,
+        };
+        *pending = Some(merged);
         self.wake.notify_one();
     }
+}
+
+/// `newer` over `older`: a rollout changed in either changed; an app only
+/// `older` holds (the newer sync did not look at it) is kept as it was.
+fn merged_reports(older: SyncReport, mut newer: SyncReport) -> SyncReport {
+    let changed: BTreeSet<(String, String)> = older
+        .apps
+        .iter()
+        .flat_map(|a| a.rollouts.iter())
+        .filter(|r| r.changed)
+        .map(|r| (r.namespace.clone(), r.name.clone()))
+        .collect();
+    for rollout in newer.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
+        rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
+    }
+    for app in older.apps {
+        if !newer.apps.iter().any(|a| a.app == app.app) {
+            newer.apps.push(app);
+        }
+    }
+    newer
 }
 
 impl Drop for GitHubTask {
@@ -469,11 +484,7 @@ impl DriftWatch {
                             }
                         }
                         Ok(watcher::Event::Apply(object)) => {
-                            let version = object
-                                .metadata
-                                .uid
-                                .clone()
-                                .zip(object.metadata.resource_version.clone());
+                            let version = Seen::of(&resource.group, &resource.kind, &object);
                             let signal = rollouts && pending_signal(&object);
                             cache.changed(&resource, object);
                             wake(version, signal);

@@ -1,7 +1,7 @@
 //! The agent's own wake-ups: when each app asked to be looked at again,
-//! and why. Each sync answers for every app of the revision, so its answer
-//! replaces all earlier ones: a wake-up a later sync no longer asks for
-//! never fires, and two syncs never leave two timers for one pause.
+//! and why. A sync answers for the apps it synced, so its answer replaces
+//! theirs: a wake-up a later sync no longer asks for never fires, and two
+//! syncs never leave two timers for one pause.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,9 +20,22 @@ pub(super) struct Requeues {
 impl Requeues {
     /// What the sync of `report`, planned at `planned_at`, asks for: each
     /// app's rollout timers, and with `command_poll` (GitHub on) a look for
-    /// commands at every app with a rollout paused for a promote.
-    pub(super) fn replace(&mut self, report: &SyncReport, planned_at: Instant, command_poll: Option<Duration>) {
-        self.due.clear();
+    /// commands at every app with a rollout paused for a promote. It
+    /// replaces what earlier syncs asked for the apps it synced (every app,
+    /// when `every_app`).
+    pub(super) fn replace(
+        &mut self,
+        report: &SyncReport,
+        every_app: bool,
+        planned_at: Instant,
+        command_poll: Option<Duration>,
+    ) {
+        if every_app {
+            self.due.clear();
+        } else {
+            self.due
+                .retain(|(app, _), _| !report.apps.iter().any(|a| a.app == *app));
+        }
         for app in &report.apps {
             if let Some(requeue) = app.requeue {
                 self.due
@@ -120,11 +133,13 @@ mod tests {
         let mut requeues = Requeues::default();
         requeues.replace(
             &report(vec![app("web", after(10, RequeueReason::Pause), false)]),
+            true,
             start,
             None,
         );
         requeues.replace(
             &report(vec![app("web", after(30, RequeueReason::Grace), false)]),
+            true,
             start,
             None,
         );
@@ -138,8 +153,25 @@ mod tests {
             vec![("web".to_string(), RequeueReason::Grace)]
         );
         assert_eq!(requeues.take_due(start + Duration::from_secs(60)), vec![], "taken once");
-        requeues.replace(&report(vec![app("web", None, false)]), start, None);
+        requeues.replace(&report(vec![app("web", None, false)]), true, start, None);
         assert!(requeues.due.is_empty(), "nothing asked for, nothing kept");
+    }
+
+    #[test]
+    fn a_sync_of_some_apps_keeps_the_wake_ups_of_the_others() {
+        let start = Instant::now();
+        let mut requeues = Requeues::default();
+        let both = report(vec![
+            app("web", after(10, RequeueReason::Pause), false),
+            app("shop", after(20, RequeueReason::Deadline), false),
+        ]);
+        requeues.replace(&both, true, start, None);
+        requeues.replace(&report(vec![app("shop", None, false)]), false, start, None);
+        assert_eq!(
+            requeues.take_due(start + Duration::from_secs(60)),
+            vec![("web".to_string(), RequeueReason::Pause)],
+            "web was not synced: its pause still ends; shop's deadline was answered"
+        );
     }
 
     #[test]
@@ -152,12 +184,12 @@ mod tests {
                 app("timed", after(5, RequeueReason::Pause), false),
             ])
         };
-        requeues.replace(&apps(), start, None);
+        requeues.replace(&apps(), true, start, None);
         assert_eq!(
             requeues.take_due(start + Duration::from_secs(5)),
             vec![("timed".to_string(), RequeueReason::Pause)]
         );
-        requeues.replace(&apps(), start, Some(Duration::from_secs(3)));
+        requeues.replace(&apps(), true, start, Some(Duration::from_secs(3)));
         assert_eq!(
             requeues.take_due(start + Duration::from_secs(3)),
             vec![("waiting".to_string(), RequeueReason::Command)]
