@@ -1060,7 +1060,11 @@ async fn dry_run_diff(
             Err(e) => return Err(refused(item, &e)),
         };
         // The server would store it as it is: the sync settles it, no write.
-        if ours && before.as_ref().is_some_and(|before| applies_as_is(before, &after)) {
+        if ours
+            && before
+                .as_ref()
+                .is_some_and(|before| applies_as_is(before, &after, &item.desired))
+        {
             return Ok(None);
         }
         Ok(Some(write_diff(

@@ -135,26 +135,44 @@ fn feed(hasher: &mut Sha256, value: &Value) {
 /// True when every field the desired object sets has the same value live,
 /// as the API server would store it: fields the server defaulted, or other
 /// managers own, are ignored; lists must have the same length; an empty
-/// list or map, or a zero value, is the same as none (the server drops
-/// them); resource
-/// quantities compare by amount (`2000m` is `2`).
+/// list or map is the same as none (the server drops them); in built-in
+/// kinds, resource quantities compare by amount (`2000m` is `2`). A zero
+/// value (`false`, `0`, `""`) is a value: where the server drops it, its
+/// dry-run answer says so (`AppPlan::settle`).
 pub fn is_subset(desired: &Value, live: &Value) -> bool {
-    subset_in(desired, live, false)
+    subset_in(desired, live, false, !is_custom_resource(desired))
 }
 
-/// [`is_subset`], `quantities` true under a key that holds resource quantities.
-fn subset_in(desired: &Value, live: &Value, quantities: bool) -> bool {
+/// An object of a group no Kubernetes release serves: its fields mean what
+/// its CRD says, and a `limits` there is not a resource list.
+fn is_custom_resource(object: &Value) -> bool {
+    let Some(api_version) = object["apiVersion"].as_str() else {
+        return false; // a part of an object (a pod template): built-in
+    };
+    match api_version.split_once('/') {
+        None => false,
+        Some((group, _)) => group.contains('.') && !group.ends_with(".k8s.io"),
+    }
+}
+
+/// [`is_subset`], `quantities` true under a key that holds resource
+/// quantities (in a built-in kind: `built_in`).
+fn subset_in(desired: &Value, live: &Value, quantities: bool, built_in: bool) -> bool {
     match (desired, live) {
         (Value::Null, _) => true,
         (Value::Object(want), Value::Object(have)) => want.iter().all(|(key, value)| {
-            let quantities = quantities || quantity::holds_quantities(key);
+            let quantities = quantities || (built_in && quantity::holds_quantities(key));
             match have.get(key) {
-                Some(have) => subset_in(value, have, quantities),
+                Some(have) => subset_in(value, have, quantities, built_in),
                 None => is_empty(value),
             }
         }),
         (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| subset_in(w, h, quantities))
+            want.len() == have.len()
+                && want
+                    .iter()
+                    .zip(have)
+                    .all(|(w, h)| subset_in(w, h, quantities, built_in))
         }
         (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
         (Value::String(a), Value::String(b)) if quantities => a == b || quantity::same_quantity(a, b),
@@ -167,13 +185,17 @@ fn subset_in(desired: &Value, live: &Value, quantities: bool) -> bool {
     }
 }
 
-/// Whether an apply would leave the live object as it is, given the
-/// server's dry-run answer to it: equal but for what the server keeps by
-/// itself (status, versions, field managers).
-pub fn applies_as_is(live: &Value, answer: &Value) -> bool {
-    fn content(object: &Value) -> Value {
+/// Whether applying `desired` would leave the live object as it is, given
+/// the server's dry-run answer to it: equal but for what the server keeps
+/// by itself (versions, field managers, and the status, unless Git sets one:
+/// a custom resource without a status subresource takes it from Git).
+pub fn applies_as_is(live: &Value, answer: &Value, desired: &Value) -> bool {
+    let keeps_status = desired.get("status").is_none();
+    let content = |object: &Value| {
         let mut object = object.clone();
-        if let Some(map) = object.as_object_mut() {
+        if let Some(map) = object.as_object_mut()
+            && keeps_status
+        {
             map.remove("status");
         }
         if let Some(metadata) = object["metadata"].as_object_mut() {
@@ -182,20 +204,19 @@ pub fn applies_as_is(live: &Value, answer: &Value) -> bool {
             }
         }
         object
-    }
+    };
     !answer.is_null() && content(live) == content(answer)
 }
 
-/// What the server stores as nothing at all: the zero values of fields it
-/// omits when empty (`paused: false`, `env: []`, `annotations: {}`).
+/// What the server stores as nothing at all (`env: []`, `annotations: {}`).
+/// Not a zero value: `allowPrivilegeEscalation: false` removed by hand is
+/// drift, since absent means true.
 fn is_empty(value: &Value) -> bool {
     match value {
-        Value::Null | Value::Bool(false) => true,
+        Value::Null => true,
         Value::Object(map) => map.is_empty(),
         Value::Array(items) => items.is_empty(),
-        Value::String(text) => text.is_empty(),
-        Value::Number(number) => number.as_f64() == Some(0.0),
-        Value::Bool(true) => false,
+        _ => false,
     }
 }
 
@@ -308,7 +329,13 @@ mod tests {
             "limits": {"cpu": "2001m", "memory": "1Gi"}, "requests": {"cpu": "500m", "memory": "129e6"}}}],
             "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]}});
         assert!(!is_subset(&desired, &more), "a real change of amount is drift");
-        // Elsewhere a string is text: an image tag `1.0` is not `1`.
+        // Elsewhere a string is text: an image tag `1.0` is not `1`, nor a
+        // custom resource's `limits`, whose meaning its CRD gives.
+        let widget =
+            |cpu: &str| json!({"apiVersion": "example.com/v1", "kind": "Widget", "spec": {"limits": {"cpu": cpu}}});
+        assert!(!is_subset(&widget("1.0"), &widget("1")));
+        let quota = |cpu: &str| json!({"apiVersion": "v1", "kind": "ResourceQuota", "spec": {"hard": {"cpu": cpu}}});
+        assert!(is_subset(&quota("4000m"), &quota("4")));
         assert!(!is_subset(&json!({"image": "1.0"}), &json!({"image": "1"})));
         assert!(!is_subset(
             &json!({"data": {"cpu": "2000m"}}),
@@ -324,32 +351,38 @@ mod tests {
         let answer = json!({"metadata": {"name": "a", "resourceVersion": "8", "generation": 2,
             "managedFields": [{"manager": "gitcanary"}], "annotations": {"h": "1"}},
             "spec": {"cpu": "2"}, "status": {"ready": 2}});
-        assert!(applies_as_is(&live, &answer));
+        let desired = json!({"spec": {"cpu": "2000m"}});
+        assert!(applies_as_is(&live, &answer, &desired));
         let mut changed = answer.clone();
         changed["spec"]["cpu"] = json!("3");
-        assert!(!applies_as_is(&live, &changed));
+        assert!(!applies_as_is(&live, &changed, &desired));
         let mut rehashed = answer.clone();
         rehashed["metadata"]["annotations"]["h"] = json!("2");
         assert!(
-            !applies_as_is(&live, &rehashed),
+            !applies_as_is(&live, &rehashed, &desired),
             "gitcanary's own annotations are written too"
         );
-        assert!(!applies_as_is(&live, &Value::Null), "no answer is no proof");
+        assert!(!applies_as_is(&live, &Value::Null, &desired), "no answer is no proof");
+        let with_status = json!({"spec": {"cpu": "2"}, "status": {"ready": 2}});
+        assert!(
+            !applies_as_is(&live, &answer, &with_status),
+            "a status Git sets is Git's"
+        );
     }
 
     #[test]
-    fn an_empty_list_or_map_or_a_zero_value_is_the_same_as_none() {
-        let desired = json!({"metadata": {"annotations": {}}, "spec": {"env": [], "selector": null,
-            "paused": false, "hostname": "", "priority": 0}});
+    fn an_empty_list_or_map_is_the_same_as_none_but_a_zero_value_is_a_value() {
+        let desired = json!({"metadata": {"annotations": {}}, "spec": {"env": [], "selector": null}});
         assert!(is_subset(&desired, &json!({"metadata": {}, "spec": {}})));
         assert!(!is_subset(
             &json!({"spec": {"env": [{"name": "A"}]}}),
             &json!({"spec": {}})
         ));
-        assert!(!is_subset(&json!({"spec": {"paused": true}}), &json!({"spec": {}})));
-        assert!(!is_subset(
-            &json!({"spec": {"replicas": 0}}),
-            &json!({"spec": {"replicas": 1}})
-        ));
+        // Absent means true: someone removing it is drift.
+        let locked =
+            json!({"securityContext": {"allowPrivilegeEscalation": false}, "automountServiceAccountToken": false});
+        assert!(!is_subset(&locked, &json!({"securityContext": {}})));
+        assert!(!is_subset(&json!({"runAsUser": 0}), &json!({})));
+        assert!(!is_subset(&json!({"data": {"empty": ""}}), &json!({"data": {}})));
     }
 }

@@ -462,9 +462,9 @@ impl AppPlan<'_> {
     pub fn settle(&mut self, answers: &BTreeMap<usize, Value>, live: &LiveObjects) {
         let mut settled = Vec::new();
         self.writes.retain(|&(index, _)| {
-            let key = &self.objects[index].key;
-            match (live.get(key), answers.get(&index)) {
-                (Some(current), Some(answer)) if desired::applies_as_is(&current, answer) => {
+            let item = &self.objects[index];
+            match (live.get(&item.key), answers.get(&index)) {
+                (Some(current), Some(answer)) if desired::applies_as_is(&current, answer, &item.desired) => {
                     settled.push((index, health_view(&current)));
                     false
                 }
