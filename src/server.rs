@@ -274,7 +274,7 @@ async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, bo
             if serde_json::from_slice::<serde_json::Value>(&body).is_err() {
                 return (StatusCode::BAD_REQUEST, format!("malformed {event} event"));
             }
-            let _ = state.triggers.try_send(Trigger::Webhook);
+            let _ = state.triggers.try_send(Trigger::GitHubEvent);
             (StatusCode::ACCEPTED, "releases will be looked at".into())
         }
         other => (StatusCode::OK, format!("ignored event {other:?}")),
@@ -385,7 +385,7 @@ mod tests {
         assert!(queue.try_recv().is_err(), "a refused event wakes nothing");
         let signed = webhook::sign(b"s3cret", body);
         assert_eq!(post(addr, "issue_comment", body, &signed).await, 202);
-        assert_eq!(queue.recv().await, Some(Trigger::Webhook));
+        assert_eq!(queue.recv().await, Some(Trigger::GitHubEvent));
         let junk = b"{not json";
         assert_eq!(
             post(addr, "issue_comment", junk, &webhook::sign(b"s3cret", junk)).await,

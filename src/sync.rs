@@ -84,6 +84,8 @@ pub struct SyncReport {
     pub apps: Vec<AppReport>,
     /// Every (apiVersion, kind) the revision holds.
     pub kinds: BTreeSet<(String, String)>,
+    /// Only some apps were synced (a scoped sync): the others are not in `apps`.
+    pub scoped: bool,
 }
 
 impl SyncReport {
@@ -99,11 +101,6 @@ impl SyncReport {
     /// Every promote and revert still to be written to Git.
     pub fn writebacks(&self) -> impl Iterator<Item = &crate::writeback::Request> {
         self.apps.iter().flat_map(|a| a.writebacks.iter())
-    }
-
-    /// The soonest any app asked to be synced again.
-    pub fn requeue_after(&self) -> Option<Duration> {
-        self.apps.iter().filter_map(|a| a.requeue).map(|r| r.after).min()
     }
 }
 
@@ -253,6 +250,7 @@ pub async fn sync_validated(
             commit: revision.commit.clone(),
             apps: reports,
             kinds,
+            scoped: scope.is_some(),
         })
     }
     .instrument(span)
@@ -524,12 +522,22 @@ async fn apply_objects(
         // What was written stays recorded (the inventory is made from the
         // plan's objects); the objects of the new kinds wait for a later sync.
         if let Err(error) = served {
-            let first_crd = first
+            let failed = match &error {
+                Error::NotEstablished { name, .. } | Error::NamesNotAccepted { name, .. } => Some(name.as_str()),
+                _ => None,
+            };
+            let crd = crds.iter().find(|&&name| Some(name) == failed).or(crds.first());
+            let blamed = first
                 .iter()
                 .map(|&i| &plan.objects[i])
-                .find(|item| item.manifest.kind() == "CustomResourceDefinition");
-            let message = format!("{error}; the objects of its kinds are applied by a later sync");
-            failures.extend(first_crd.map(|item| item.manifest.problem(message)));
+                .find(|item| item.manifest.kind() == "CustomResourceDefinition" && Some(&item.name()) == crd);
+            let message = match &error {
+                Error::NamesNotAccepted { .. } => {
+                    format!("{error}; the objects of its kinds wait until its names are fixed")
+                }
+                _ => format!("{error}; the objects of its kinds are applied by a later sync"),
+            };
+            failures.extend(blamed.map(|item| item.manifest.problem(message)));
             for manifest in std::mem::take(&mut plan.pending) {
                 failures.push(manifest.problem(format!("kind {} is not served yet", manifest.kind())));
             }

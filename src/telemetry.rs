@@ -255,7 +255,7 @@ impl Metrics {
         if let Some(running) = self.renders_running.get() {
             let _ = writeln!(
                 out,
-                "# HELP gitcanary_renders_running Runs of kustomize or helm in progress.\n# TYPE gitcanary_renders_running gauge\ngitcanary_renders_running {}",
+                "# HELP gitcanary_renders_running Runs of kustomize or helm of the load in progress (running or waiting for a slot).\n# TYPE gitcanary_renders_running gauge\ngitcanary_renders_running {}",
                 running.load(Ordering::Relaxed)
             );
         }

@@ -21,7 +21,8 @@ pub(crate) struct Loaded {
     revision: Arc<Revision>,
     /// Which app holds each object of the revision (see `scope`).
     owners: Arc<Owners>,
-    /// Shared, so that a load that reuses nothing copies nothing.
+    /// What the next load takes unchanged apps from; moved to the loader
+    /// (the reconcile loop never reads it), so that it is never copied.
     files: Arc<AppFiles>,
     capabilities: crate::render::Capabilities,
 }
@@ -62,8 +63,18 @@ impl Agent {
         let capabilities = self.cluster.capabilities().await;
         source.renderers().set_capabilities(capabilities.clone());
         let timer = self.metrics.fetch_duration.start_timer();
-        // A copy: the reconcile loop keeps syncing the current one meanwhile.
-        let previous = self.loaded.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // The reconcile loop keeps syncing the current revision meanwhile: it
+        // is shared (a new commit copies the manifests the load reuses); the
+        // files are taken.
+        let previous = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .map(|loaded| Loaded {
+                files: std::mem::take(&mut loaded.files),
+                ..loaded.clone()
+            });
         let options = self.options.clone();
         let fetched = crate::blocking("fetching", move || load(&source, previous, capabilities, &options))
             .await

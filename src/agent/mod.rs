@@ -42,10 +42,14 @@ pub enum Trigger {
     /// A Rollout carries a promote or abort signal not acted on yet: as
     /// `Drift`, but acted on at once, since a person is waiting on it.
     Signal(Option<Seen>),
-    /// These apps asked to be looked at again (a pause or grace period ends).
-    Due(BTreeSet<String>),
+    /// These apps asked to be looked at again, for these reasons (a pause
+    /// or grace period ends).
+    Due(Vec<(String, crate::rollout::plan::RequeueReason)>),
     /// A GitHub gate or command was handed to a rollout: act on it.
     Decided,
+    /// A signed comment, review or pull-request event: the releases' gates
+    /// and commands are looked at now, with the revision already loaded.
+    GitHubEvent,
     /// A write-back pushed a commit: the source has news.
     Pushed,
     /// The loader has read the source's head: sync it.
@@ -63,6 +67,7 @@ impl Trigger {
             Trigger::Signal(_) => "signal",
             Trigger::Due(_) => "timer",
             Trigger::Decided => "github decision",
+            Trigger::GitHubEvent => "github event",
             Trigger::Pushed => "pushed",
             Trigger::Loaded => "loaded",
         }
@@ -94,13 +99,17 @@ pub struct Agent {
     /// Pull-request comments, commit statuses, gates and commands; off without a token.
     pub github: Option<Arc<GitHub>>,
     pub metrics: Arc<Metrics>,
-    /// The revision the last sync used, validated: kept while its commit is
-    /// the branch's head, and what the next load takes unchanged apps from.
+    /// The revision last loaded, validated: what syncs use until the loader
+    /// replaces it, kept while its commit is the branch's head, and what the
+    /// next load takes unchanged apps from.
     pub(crate) loaded: std::sync::Mutex<Option<Loaded>>,
     /// Apps earlier syncs found in order, answered again while nothing they
     /// hold changes (the watch caches tell).
     pub(crate) memo: SyncMemo,
 }
+
+/// When a timer whose sync failed is tried again.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
 /// How often open pauses look for `/gitcanary` commands when GitHub is on.
 const COMMAND_POLL: Duration = Duration::from_secs(3);
@@ -168,7 +177,7 @@ impl Agent {
                     due = requeues.next_due() => {
                         let reasons: Vec<String> = due.iter().map(|(app, reason)| format!("{app}: {}", reason.as_str())).collect();
                         debug!(?reasons, "requeue due");
-                        Trigger::Due(due.into_iter().map(|(app, _)| app).collect())
+                        Trigger::Due(due)
                     }
                 };
                 let burst = next_burst(first, &mut queue).await;
@@ -212,6 +221,12 @@ impl Agent {
                     Err(error) => {
                         self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
                         error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
+                        // A pause or deadline that came due is not lost with the sync.
+                        let due = news.iter().filter_map(|t| match t {
+                            Trigger::Due(due) => Some(due.iter().cloned()),
+                            _ => None,
+                        });
+                        requeues.retry(due.flatten(), sync_started + RETRY_AFTER_FAILURE);
                     }
                 }
             }
@@ -313,8 +328,9 @@ impl GitHubTask {
     }
 }
 
-/// `newer` over `older`: a rollout changed in either changed; an app only
-/// `older` holds (the newer sync did not look at it) is kept as it was.
+/// `newer` over `older`: a rollout changed in either changed; when `newer`
+/// is scoped, an app only `older` holds (the newer sync did not look at it)
+/// is kept as it was. A full sync's report holds every app there still is.
 fn merged_reports(older: SyncReport, mut newer: SyncReport) -> SyncReport {
     let changed: BTreeSet<(String, String)> = older
         .apps
@@ -326,10 +342,13 @@ fn merged_reports(older: SyncReport, mut newer: SyncReport) -> SyncReport {
     for rollout in newer.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
         rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
     }
-    for app in older.apps {
-        if !newer.apps.iter().any(|a| a.app == app.app) {
-            newer.apps.push(app);
+    if newer.scoped {
+        for app in older.apps {
+            if !newer.apps.iter().any(|a| a.app == app.app) {
+                newer.apps.push(app);
+            }
         }
+        newer.scoped = older.scoped;
     }
     newer
 }
@@ -518,7 +537,8 @@ impl Drop for DriftWatch {
 
 #[cfg(test)]
 mod tests {
-    use super::{Trigger, next_burst, pending_signal, trigger_channel};
+    use super::requeue::tests::{app, report};
+    use super::{Trigger, merged_reports, next_burst, pending_signal, trigger_channel};
     use kube::api::DynamicObject;
     use serde_json::json;
     use std::time::Duration;
@@ -530,6 +550,29 @@ mod tests {
             "status": status,
         }))
         .expect("a Rollout")
+    }
+
+    #[test]
+    fn a_pending_report_keeps_what_a_scoped_one_did_not_look_at_but_not_what_left_git() {
+        let names = |report: &crate::sync::SyncReport| {
+            let mut names: Vec<String> = report.apps.iter().map(|a| a.app.clone()).collect();
+            names.sort();
+            names
+        };
+        let mut older = report(vec![app("web", None, false), app("shop", None, true)]);
+        older.apps[1].rollouts[0].changed = true;
+        let mut scoped = report(vec![app("web", None, false)]);
+        scoped.scoped = true;
+        let merged = merged_reports(older.clone(), scoped);
+        assert_eq!(names(&merged), vec!["shop", "web"]);
+        assert!(
+            merged.apps.iter().any(|a| a.app == "shop" && a.rollouts[0].changed),
+            "still to report"
+        );
+        assert!(!merged.scoped);
+
+        let full = report(vec![app("web", None, false)]);
+        assert_eq!(names(&merged_reports(older, full)), vec!["web"], "shop left Git");
     }
 
     #[tokio::test]

@@ -49,6 +49,14 @@ impl Requeues {
         }
     }
 
+    /// Asks again, at `at`, for wake-ups whose sync failed (unless a sync
+    /// since asked for the same app and reason).
+    pub(super) fn retry(&mut self, due: impl IntoIterator<Item = (String, RequeueReason)>, at: Instant) {
+        for key in due {
+            self.due.entry(key).or_insert(at);
+        }
+    }
+
     /// Waits for the soonest wake-up (forever when none), then takes every
     /// one due by then.
     pub(super) async fn next_due(&mut self) -> Vec<(String, RequeueReason)> {
@@ -74,13 +82,14 @@ impl Requeues {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::rollout::api::RolloutStatus;
     use crate::rollout::plan::Requeue;
     use crate::sync::{AppReport, AppResult};
 
-    fn app(name: &str, requeue: Option<Requeue>, paused: bool) -> AppReport {
+    /// An app's report with one rollout, `name`, paused or not.
+    pub(in crate::agent) fn app(name: &str, requeue: Option<Requeue>, paused: bool) -> AppReport {
         let mut status = RolloutStatus::default();
         if paused {
             status.phase = Phase::Paused;
@@ -112,11 +121,12 @@ mod tests {
         }
     }
 
-    fn report(apps: Vec<AppReport>) -> SyncReport {
+    pub(in crate::agent) fn report(apps: Vec<AppReport>) -> SyncReport {
         SyncReport {
             commit: "c".into(),
             apps,
             kinds: Default::default(),
+            scoped: false,
         }
     }
 
@@ -171,6 +181,24 @@ mod tests {
             requeues.take_due(start + Duration::from_secs(60)),
             vec![("web".to_string(), RequeueReason::Pause)],
             "web was not synced: its pause still ends; shop's deadline was answered"
+        );
+    }
+
+    #[test]
+    fn a_wake_up_whose_sync_failed_comes_again() {
+        let start = Instant::now();
+        let mut requeues = Requeues::default();
+        requeues.replace(
+            &report(vec![app("web", after(10, RequeueReason::Pause), false)]),
+            true,
+            start,
+            None,
+        );
+        let due = requeues.take_due(start + Duration::from_secs(10));
+        requeues.retry(due, start + Duration::from_secs(15));
+        assert_eq!(
+            requeues.take_due(start + Duration::from_secs(15)),
+            vec![("web".to_string(), RequeueReason::Pause)]
         );
     }
 

@@ -15,35 +15,38 @@ use crate::manifest::{ManifestSet, ObjectKey};
 pub struct Seen {
     pub uid: String,
     pub version: String,
-    /// The object's key, or the key of the Rollout that owns it (a canary object).
     pub key: ObjectKey,
+    /// The Rollout that owns it (a canary object), if one does.
+    pub rollout: Option<ObjectKey>,
 }
 
 impl Seen {
     /// What a watch event of `object` (of `group`/`kind`) names.
     pub(super) fn of(group: &str, kind: &str, object: &DynamicObject) -> Option<Seen> {
         let metadata = &object.metadata;
-        let rollout_owner = metadata.owner_references.iter().flatten().find(|owner| {
-            owner.kind == crate::rollout::api::KIND && owner.api_version.split('/').next() == Some(crate::API_GROUP)
-        });
-        let key = match rollout_owner {
-            Some(owner) => ObjectKey {
+        let rollout = metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|owner| {
+                owner.kind == crate::rollout::api::KIND && owner.api_version.split('/').next() == Some(crate::API_GROUP)
+            })
+            .map(|owner| ObjectKey {
                 group: crate::API_GROUP.to_string(),
                 kind: owner.kind.clone(),
                 namespace: metadata.namespace.clone(),
                 name: owner.name.clone(),
-            },
-            None => ObjectKey {
+            });
+        Some(Seen {
+            uid: metadata.uid.clone()?,
+            version: metadata.resource_version.clone()?,
+            key: ObjectKey {
                 group: group.to_string(),
                 kind: kind.to_string(),
                 namespace: metadata.namespace.clone(),
                 name: metadata.name.clone()?,
             },
-        };
-        Some(Seen {
-            uid: metadata.uid.clone()?,
-            version: metadata.resource_version.clone()?,
-            key,
+            rollout,
         })
     }
 }
@@ -52,9 +55,20 @@ impl Seen {
 pub(super) type Owners = HashMap<ObjectKey, String>;
 
 /// Which app holds each object of a revision. An object whose manifest
-/// names no namespace is found under `default_namespace` too.
-pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> HashMap<ObjectKey, String> {
-    let mut owners = HashMap::new();
+/// names no namespace is found under `default_namespace` too. Only apps
+/// without problems count, and a key two apps claim belongs to neither
+/// (its events sync every app): one app's manifests cannot make the events
+/// of another's objects look elsewhere.
+pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners {
+    let mut owners = Owners::new();
+    let mut claimed_twice = Vec::new();
+    let mut claim = |key: ObjectKey, app: &str| match owners.get(&key) {
+        Some(owner) if owner != app => claimed_twice.push(key),
+        Some(_) => {}
+        None => {
+            owners.insert(key, app.to_string());
+        }
+    };
     for app in manifests.apps.values() {
         for manifest in &app.manifests {
             let key = manifest.key();
@@ -63,11 +77,21 @@ pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> HashMa
                     namespace: Some(default_namespace.to_string()),
                     ..key.clone()
                 };
-                owners.insert(defaulted, app.name.clone());
+                claim(defaulted, &app.name);
             }
-            owners.insert(key, app.name.clone());
+            claim(key, &app.name);
         }
     }
+    for key in claimed_twice {
+        owners.remove(&key);
+    }
+    let invalid: Vec<&str> = manifests
+        .apps
+        .values()
+        .filter(|app| !app.problems.is_empty())
+        .map(|app| app.name.as_str())
+        .collect();
+    owners.retain(|_, app| !invalid.contains(&app.as_str()));
     owners
 }
 
@@ -76,9 +100,12 @@ pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>
     let mut apps = BTreeSet::new();
     for trigger in triggers {
         match trigger {
-            Trigger::Due(due) => apps.extend(due.iter().cloned()),
+            Trigger::Due(due) => apps.extend(due.iter().map(|(app, _)| app.clone())),
             Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {
-                apps.insert(owners.get(&seen.key)?.clone());
+                let owner = owners
+                    .get(&seen.key)
+                    .or_else(|| seen.rollout.as_ref().and_then(|rollout| owners.get(rollout)))?;
+                apps.insert(owner.clone());
             }
             _ => return None,
         }
@@ -108,7 +135,29 @@ mod tests {
             uid: "u".into(),
             version: "1".into(),
             key,
+            rollout: None,
         }
+    }
+
+    fn set(apps: &[(&str, &str, &str)]) -> ManifestSet {
+        let mut set = ManifestSet::default();
+        for (app, kind, name) in apps {
+            let manifest = crate::manifest::Manifest {
+                app: app.to_string(),
+                file: format!("{app}/x.yaml"),
+                line: 1,
+                object: serde_json::json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}),
+            };
+            set.apps
+                .entry(app.to_string())
+                .or_insert_with(|| crate::manifest::App {
+                    name: app.to_string(),
+                    ..crate::manifest::App::default()
+                })
+                .manifests
+                .push(manifest);
+        }
+        set
     }
 
     #[test]
@@ -121,7 +170,10 @@ mod tests {
         .collect();
         let drift = Trigger::Drift(Some(seen(key("ConfigMap", Some("web"), "settings"))));
         let signal = Trigger::Signal(Some(seen(key("Rollout", Some("shop"), "shop"))));
-        let due = Trigger::Due(["billing".to_string()].into_iter().collect());
+        let due = Trigger::Due(vec![(
+            "billing".to_string(),
+            crate::rollout::plan::RequeueReason::Pause,
+        )]);
         let apps = apps_of(&[&drift, &signal, &due], &owners).expect("scoped");
         assert_eq!(apps.into_iter().collect::<Vec<_>>(), vec!["billing", "shop", "web"]);
 
@@ -142,35 +194,68 @@ mod tests {
     }
 
     #[test]
-    fn a_canary_object_is_its_rollouts_and_a_manifest_without_namespace_is_found_in_the_default() {
+    fn a_canary_object_is_its_rollouts_unless_git_holds_it_and_a_manifest_without_namespace_is_found_in_the_default() {
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "shop-canary", "namespace": "shop", "uid": "u1", "resourceVersion": "9",
                 "ownerReferences": [{"apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout", "name": "shop", "uid": "r"}]}
         }))
         .expect("an object");
-        let seen = Seen::of("apps", "Deployment", &object).expect("seen");
-        assert_eq!(seen.key, key("Rollout", Some("shop"), "shop"));
+        let canary = Seen::of("apps", "Deployment", &object).expect("seen");
+        assert_eq!(canary.rollout, Some(key("Rollout", Some("shop"), "shop")));
+        let mut owners: Owners = [(key("Rollout", Some("shop"), "shop"), "shop".to_string())]
+            .into_iter()
+            .collect();
+        let trigger = Trigger::Drift(Some(canary.clone()));
+        assert_eq!(
+            apps_of(&[&trigger], &owners),
+            Some(["shop".to_string()].into_iter().collect())
+        );
+        // An object Git holds is its app's, whatever owns it.
+        let mut in_git = canary.key.clone();
+        in_git.group = "apps".into();
+        owners.insert(in_git, "platform".into());
+        assert_eq!(
+            apps_of(&[&trigger], &owners),
+            Some(["platform".to_string()].into_iter().collect())
+        );
 
-        let manifest = crate::manifest::Manifest {
-            app: "web".into(),
-            file: "web/cm.yaml".into(),
-            line: 1,
-            object: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}}),
-        };
-        let app = crate::manifest::App {
-            name: "web".into(),
-            manifests: vec![manifest],
-            ..crate::manifest::App::default()
-        };
-        let set = ManifestSet {
-            apps: [("web".to_string(), app)].into_iter().collect(),
-        };
-        let owners = owners(&set, "team");
+        let owners = super::owners(&set(&[("web", "ConfigMap", "settings")]), "team");
         assert_eq!(
             owners
                 .get(&key("ConfigMap", Some("team"), "settings"))
                 .map(String::as_str),
+            Some("web")
+        );
+    }
+
+    #[test]
+    fn a_key_two_apps_claim_or_an_invalid_apps_key_is_nobodys() {
+        let mut set = set(&[
+            ("victim", "ConfigMap", "settings"),
+            ("zz-copycat", "ConfigMap", "settings"),
+            ("web", "ConfigMap", "web"),
+            ("broken", "ConfigMap", "broken"),
+        ]);
+        set.apps
+            .get_mut("broken")
+            .expect("app")
+            .problems
+            .push(crate::manifest::Problem {
+                file: "broken/x.yaml".into(),
+                line: 1,
+                message: "invalid".into(),
+            });
+        let owners = super::owners(&set, "default");
+        assert_eq!(
+            owners.get(&key("ConfigMap", None, "settings")),
+            None,
+            "claimed twice: every app syncs"
+        );
+        assert_eq!(owners.get(&key("ConfigMap", Some("default"), "settings")), None);
+        assert_eq!(owners.get(&key("ConfigMap", None, "broken")), None);
+        assert_eq!(
+            owners.get(&key("ConfigMap", None, "web")).map(String::as_str),
             Some("web")
         );
     }

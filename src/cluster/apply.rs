@@ -143,10 +143,18 @@ impl<'c> Writer<'c> {
         Ok(patched)
     }
 
-    /// Remembers a write, so that its own watch event wakes nothing.
+    /// Remembers a write, so that its own watch event wakes nothing; only
+    /// where a watch will deliver that event (and forget it on deletion):
+    /// a pod's batch label is not remembered forever.
     fn recorded(&self, resolved: &Resolved, written: &DynamicObject) {
-        self.cluster.own_writes.record(written);
-        self.cluster.watch_cache.wrote(resolved, written);
+        let watched = self
+            .cluster
+            .watch_cache
+            .watches(resolved, written.metadata.namespace.as_deref());
+        if watched {
+            self.cluster.own_writes.record(written);
+            self.cluster.watch_cache.wrote(resolved, written);
+        }
     }
 
     /// Deletes the object decided on, and only it: the uid (and
