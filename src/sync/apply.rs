@@ -1,0 +1,522 @@
+//! The apply stage of one app: the plan executed through the one write
+//! path, in order (the API server's check of every write first, canary
+//! objects, the app's objects staged by kind, the rollouts' reports,
+//! prune), and the take-back of a new app that failed.
+
+use super::*;
+
+/// The apply stage: executes the plan through the one write path.
+pub(super) async fn apply_app(
+    writer: &Writer<'_>,
+    app: &App,
+    prepared: Prepared<'_>,
+    live: &LiveObjects,
+    previous: &[InventoryEntry],
+    options: &SyncOptions,
+) -> Result<Reconciled> {
+    let Prepared { mut plan, rollouts } = prepared;
+    let adoption = Adoption {
+        started: jiff::Timestamp::now(),
+        previous,
+        adopt_all: options.adopt,
+    };
+    // The API server validates everything before anything is written, a
+    // fresh app's objects too: one of them may be someone else's object,
+    // which must be refused before gitcanary's fields are merged into it.
+    // (Objects in a namespace this revision creates cannot exist yet, and
+    // are not dry-run.)
+    let (problems, answers) = dry_run(writer, &plan, live, &adoption, options).await?;
+    if !problems.is_empty() {
+        return Ok(Reconciled::Refused(AppResult::Invalid, problems));
+    }
+    plan.settle(&answers, live);
+    let mut failures = Vec::new();
+    let mut report = report_of(app, AppResult::Synced, Vec::new());
+    // Canary objects first, so that a route never names a canary Service that does not exist yet.
+    report.canary_applied = apply_canary_objects(writer, app, &rollouts, &mut failures).await;
+    // Canary routes no longer wanted go before anything else is written: an
+    // abort's traffic is back on stable as soon as it can be.
+    delete_canary_objects(writer, app, &rollouts, true, &mut report, &mut failures).await;
+    let applied = apply_objects(writer, &mut plan, live, &adoption, options, &mut failures).await?;
+    if plan.fresh && !failures.is_empty() {
+        take_back(writer, &plan.objects, &applied.results, adoption.started).await;
+        failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        return Ok(Reconciled::Refused(AppResult::Invalid, failures));
+    }
+    report.unchanged = plan.objects.len() - applied.written.len();
+    for &index in &applied.written {
+        if applied.results[index].is_null() {
+            continue;
+        }
+        let key = plan.objects[index].key.clone();
+        if plan.writes.contains(&(index, Reason::Drift)) {
+            report.drifted.push(key.clone());
+        }
+        report.applied.push(key);
+    }
+    finish_rollouts(writer, app, &rollouts, &mut report, &mut failures).await;
+    let inventory = prune(writer, app, &mut plan, &applied, previous, &mut report, &mut failures).await;
+    report.health = if applied.results.iter().all(plan::is_healthy) {
+        "Healthy".to_string()
+    } else {
+        "Progressing".to_string()
+    };
+    if !failures.is_empty() {
+        report.problems = failures;
+        report.result = AppResult::Failed;
+    }
+    Ok(Reconciled::Applied(Box::new(report), inventory))
+}
+
+/// The canary objects that differ from the cluster; returns those written.
+async fn apply_canary_objects(
+    writer: &Writer<'_>,
+    app: &App,
+    rollouts: &[RolloutWork],
+    failures: &mut Vec<Problem>,
+) -> Vec<ObjectKey> {
+    let mut written = Vec::new();
+    for work in rollouts {
+        for write in &work.canary_writes {
+            match writer
+                .apply(&write.resolved, &write.object, write.ours, Mode::Apply)
+                .await
+            {
+                Ok(_) => written.push(write.key.clone()),
+                Err(error) => {
+                    let message = format!("applying {}: {}", write.key, api_message(&error));
+                    failures.push(rollout_problem(app, work, &message));
+                }
+            }
+        }
+    }
+    written
+}
+
+/// What the staged apply did to an app's objects.
+struct Applied {
+    /// By object index: what the API server answered (or what health reads
+    /// of an unchanged object); null for an object not applied.
+    results: Vec<Value>,
+    /// Indices of the objects written, in the order written.
+    written: Vec<usize>,
+    /// Objects that existed and were taken over in this sync, as asked.
+    adopted: BTreeSet<ObjectKey>,
+}
+
+/// Namespaces and CRDs first; then, once those CRDs are established, the
+/// objects of the kinds they add; then the rest.
+async fn apply_objects(
+    writer: &Writer<'_>,
+    plan: &mut AppPlan<'_>,
+    live: &LiveObjects,
+    adoption: &Adoption<'_>,
+    options: &SyncOptions,
+    failures: &mut Vec<Problem>,
+) -> Result<Applied> {
+    let cluster = writer.cluster();
+    let mut applied = Applied {
+        results: vec![Value::Null; plan.objects.len()],
+        written: Vec::new(),
+        adopted: BTreeSet::new(),
+    };
+    for (index, health) in std::mem::take(&mut plan.unchanged) {
+        applied.results[index] = health;
+    }
+    let (first, mut rest) = plan.staged_writes();
+    failures.extend(apply_writes(writer, &plan.objects, &first, live, adoption, &mut applied, options).await);
+    let crds: Vec<&str> = first
+        .iter()
+        .filter(|&&i| plan.objects[i].manifest.kind() == "CustomResourceDefinition")
+        .map(|&i| plan.objects[i].name())
+        .collect();
+    if !crds.is_empty() {
+        let served = match wait_for_crds(cluster, &crds).await {
+            Ok(()) => cluster.refresh_discovery().await,
+            Err(error) => Err(error),
+        };
+        // What was written stays recorded (the inventory is made from the
+        // plan's objects); the objects of the new kinds wait for a later sync.
+        if let Err(error) = served {
+            let failed = match &error {
+                Error::NotEstablished { name, .. } | Error::NamesNotAccepted { name, .. } => Some(name.as_str()),
+                _ => None,
+            };
+            let crd = crds.iter().find(|&&name| Some(name) == failed).or(crds.first());
+            let blamed = first
+                .iter()
+                .map(|&i| &plan.objects[i])
+                .find(|item| item.manifest.kind() == "CustomResourceDefinition" && Some(&item.name()) == crd);
+            let message = match &error {
+                Error::NamesNotAccepted { .. } => {
+                    format!("{error}; the objects of its kinds wait until its names are fixed")
+                }
+                _ => format!("{error}; the objects of its kinds are applied by a later sync"),
+            };
+            failures.extend(blamed.map(|item| item.manifest.problem(message)));
+            for manifest in std::mem::take(&mut plan.pending) {
+                failures.push(manifest.problem(format!("kind {} is not served yet", manifest.kind())));
+            }
+        }
+    }
+    for manifest in std::mem::take(&mut plan.pending) {
+        let Some(item) = resolve_manifest(cluster, manifest, options).await else {
+            failures.push(manifest.problem(format!(
+                "kind {} is still not served after its CRD was applied",
+                manifest.kind()
+            )));
+            continue;
+        };
+        match live.get(&item.key) {
+            Some(current) if is_subset(&item.desired, &current) => applied.results.push(plan::health_view(&current)),
+            _ => {
+                rest.push(plan.objects.len());
+                applied.results.push(Value::Null);
+            }
+        }
+        plan.objects.push(item);
+    }
+    failures.extend(apply_writes(writer, &plan.objects, &rest, live, adoption, &mut applied, options).await);
+    applied.written = first;
+    applied.written.append(&mut rest);
+    Ok(applied)
+}
+
+/// After the app's objects: the canary objects no longer wanted go (routes
+/// are back on stable by now: the canary Ingresses went before the app's
+/// objects, Git's HTTPRoutes were among them), then each rollout reports.
+async fn finish_rollouts(
+    writer: &Writer<'_>,
+    app: &App,
+    rollouts: &[RolloutWork],
+    report: &mut AppReport,
+    failures: &mut Vec<Problem>,
+) {
+    let cluster = writer.cluster();
+    delete_canary_objects(writer, app, rollouts, false, report, failures).await;
+    for work in rollouts {
+        if let Err(error) = rollout::engine::finish(cluster, work).await {
+            failures.push(rollout_problem(app, work, &error.to_string()));
+        }
+    }
+    report.requeue = rollouts.iter().map(|w| w.requeue()).fold(None, Requeue::sooner);
+    report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
+    report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
+}
+
+/// Deletes the rollouts' canary objects no longer wanted, in the order
+/// planned: the routes (`routes`), or all but the routes.
+async fn delete_canary_objects(
+    writer: &Writer<'_>,
+    app: &App,
+    rollouts: &[RolloutWork],
+    routes: bool,
+    report: &mut AppReport,
+    failures: &mut Vec<Problem>,
+) {
+    for work in rollouts {
+        let chosen = work
+            .canary_deletions
+            .iter()
+            .filter(|d| rollout::engine::is_route(d) == routes);
+        for deletion in chosen {
+            match writer.delete(deletion, Mode::Apply).await {
+                Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
+                Ok(_) => {}
+                Err(error) => {
+                    let message = format!("deleting {}: {}", deletion.key, api_message(&error));
+                    failures.push(rollout_problem(app, work, &message));
+                }
+            }
+        }
+    }
+}
+
+/// The plan's prunes and releases; returns the inventory to record: what
+/// Git holds now (adopted or created), plus what left Git but was not pruned.
+async fn prune(
+    writer: &Writer<'_>,
+    app: &App,
+    plan: &mut AppPlan<'_>,
+    applied: &Applied,
+    previous: &[InventoryEntry],
+    report: &mut AppReport,
+    failures: &mut Vec<Problem>,
+) -> Vec<InventoryEntry> {
+    let cluster = writer.cluster();
+    let was_adopted =
+        |key: &ObjectKey| applied.adopted.contains(key) || previous.iter().any(|e| e.adopted && e.key() == *key);
+    let mut inventory: Vec<InventoryEntry> = plan
+        .objects
+        .iter()
+        .map(|item| item.inventory_entry(was_adopted(&item.key)))
+        .collect();
+    inventory.append(&mut plan.kept);
+    failures.append(&mut plan.problems);
+    for deletion in &plan.prunes {
+        match writer.delete(deletion, Mode::Apply).await {
+            Ok(Deleted::Deleted) => report.pruned.push(deletion.key.clone()),
+            Ok(Deleted::Gone) => {}
+            // Another app took it over, or someone re-created it: keep tracking it.
+            Ok(Deleted::Changed) => inventory.push(deletion.inventory_entry()),
+            Err(error) => {
+                let message = format!("pruning {}: {}", deletion.key, api_message(&error));
+                failures.push(app_problem(app, message));
+                inventory.push(deletion.inventory_entry());
+            }
+        }
+    }
+    for entry in &plan.releases {
+        match cluster.resolve(&entry.api_version, &entry.kind).await {
+            Some(resolved) => {
+                release(writer, &resolved, &release_target(entry)).await;
+                report.released.push(entry.key());
+            }
+            None => inventory.push(entry.clone()),
+        }
+    }
+    inventory.sort();
+    inventory
+}
+
+/// The object an inventory entry names, as [`release`] needs it.
+pub(super) fn release_target(entry: &InventoryEntry) -> Value {
+    let mut object = json!({"apiVersion": entry.api_version, "kind": entry.kind, "metadata": {"name": entry.name}});
+    if let Some(namespace) = &entry.namespace {
+        object["metadata"]["namespace"] = json!(namespace);
+    }
+    object
+}
+
+/// What decides whether an object written as new may be taken over.
+struct Adoption<'a> {
+    /// When the sync began: an object created before is not gitcanary's new one.
+    started: jiff::Timestamp,
+    /// The app's inventory as the last sync left it.
+    previous: &'a [InventoryEntry],
+    /// `--adopt`: take over every existing object (a migration).
+    adopt_all: bool,
+}
+
+impl Adoption<'_> {
+    fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
+        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
+    }
+}
+
+/// Applies the objects at `indices`; each result goes to `results`, each
+/// refusal is returned. An object that already existed and that nothing
+/// asked to adopt is refused, and gitcanary's fields are taken back from it.
+async fn apply_writes(
+    writer: &Writer<'_>,
+    objects: &[Planned<'_>],
+    indices: &[usize],
+    live: &LiveObjects,
+    adoption: &Adoption<'_>,
+    applied: &mut Applied,
+    options: &SyncOptions,
+) -> Vec<Problem> {
+    let outcomes = stream::iter(indices.iter().map(|&i| async move {
+        let item = &objects[i];
+        let outcome = writer
+            .apply(&item.resolved, &item.desired, live.contains_key(&item.key), Mode::Apply)
+            .await
+            .map(|applied| serde_json::to_value(applied).unwrap_or(Value::Null))
+            .map_err(|e| {
+                item.manifest
+                    .problem(format!("applying {}: {}", item.key, api_message(&e)))
+            });
+        (i, outcome)
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .collect::<Vec<_>>()
+    .await;
+    let mut problems = Vec::new();
+    for (index, outcome) in outcomes {
+        let item = &objects[index];
+        match outcome {
+            Ok(answer) if live.contains_key(&item.key) => applied.results[index] = answer,
+            Ok(answer) => match adoption.creation(item, &answer) {
+                plan::Creation::Created => applied.results[index] = answer,
+                plan::Creation::Adopted => {
+                    applied.adopted.insert(item.key.clone());
+                    applied.results[index] = answer;
+                }
+                plan::Creation::Refused(message) => {
+                    release(writer, &item.resolved, &item.desired).await;
+                    problems.push(item.manifest.problem(message));
+                }
+            },
+            Err(problem) => problems.push(problem),
+        }
+    }
+    problems
+}
+
+/// Removes gitcanary's fields (its label and annotations among them) from an
+/// object it does not keep, by applying an empty configuration.
+async fn release(writer: &Writer<'_>, resolved: &crate::plan::Resolved, object: &Value) {
+    let mut empty = json!({"apiVersion": object["apiVersion"], "kind": object["kind"],
+        "metadata": {"name": object["metadata"]["name"]}});
+    if let Some(namespace) = object["metadata"]["namespace"].as_str() {
+        empty["metadata"]["namespace"] = json!(namespace);
+    }
+    if let Err(error) = writer.apply(resolved, &empty, false, Mode::Apply).await {
+        warn!(object = %object["metadata"]["name"], error = %api_message(&error), "could not take back gitcanary's fields");
+    }
+}
+
+/// Namespaces (of the objects at `indices`) that exist now. Objects in a
+/// namespace this revision creates cannot be dry-run before it exists.
+async fn existing_namespaces(
+    cluster: &Cluster,
+    objects: &[Planned<'_>],
+    indices: &[usize],
+) -> Result<BTreeSet<String>> {
+    let mut checked: BTreeMap<String, bool> = BTreeMap::new();
+    let api: Api<Namespace> = Api::all(cluster.client.clone());
+    for &i in indices {
+        if let Some(ns) = objects[i].namespace()
+            && !checked.contains_key(ns)
+        {
+            let exists = api
+                .get_opt(ns)
+                .await
+                .map_err(Error::kube(format!("reading namespace {ns}")))?
+                .is_some();
+            checked.insert(ns.to_string(), exists);
+        }
+    }
+    Ok(checked
+        .into_iter()
+        .filter(|(_, exists)| *exists)
+        .map(|(ns, _)| ns)
+        .collect())
+}
+
+/// The pre-check: every write dry-run, so that the API server validates
+/// everything before anything is written. Returns the refusals, and the
+/// server's answer for each write of a live object (what it would store).
+async fn dry_run(
+    writer: &Writer<'_>,
+    plan: &AppPlan<'_>,
+    live: &LiveObjects,
+    adoption: &Adoption<'_>,
+    options: &SyncOptions,
+) -> Result<(Vec<Problem>, BTreeMap<usize, Value>)> {
+    let cluster = writer.cluster();
+    let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
+    let namespaces = existing_namespaces(cluster, &plan.objects, &indices).await?;
+    let checkable = indices
+        .into_iter()
+        .filter(|&i| plan.objects[i].namespace().is_none_or(|ns| namespaces.contains(ns)));
+    let outcomes = stream::iter(checkable.map(|i| async move {
+        let item = &plan.objects[i];
+        let ours = live.contains_key(&item.key);
+        let outcome = match writer.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
+            Err(e) => Err(refused(item, &e)),
+            Ok(answer) if ours => Ok(Some(serde_json::to_value(answer).unwrap_or(Value::Null))),
+            Ok(answer) => match adoption.creation(item, &serde_json::to_value(answer).unwrap_or(Value::Null)) {
+                plan::Creation::Refused(message) => Err(item.manifest.problem(message)),
+                plan::Creation::Created | plan::Creation::Adopted => Ok(None),
+            },
+        };
+        (i, outcome)
+    }))
+    .buffer_unordered(options.concurrency.max(1))
+    .collect::<Vec<_>>()
+    .await;
+    let mut problems = Vec::new();
+    let mut answers = BTreeMap::new();
+    for (index, outcome) in outcomes {
+        match outcome {
+            Ok(Some(answer)) => {
+                answers.insert(index, answer);
+            }
+            Ok(None) => {}
+            Err(problem) => problems.push(problem),
+        }
+    }
+    problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+    Ok((problems, answers))
+}
+
+pub(super) fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
+    item.manifest.problem(format!(
+        "{} refused by the API server: {}",
+        item.key,
+        api_message(error)
+    ))
+}
+
+/// Takes back what this sync did to a fresh app that failed, newest first:
+/// deletes the objects it created (gitcanary their only field manager,
+/// created after the sync began), and from an object that someone else
+/// made it removes gitcanary's fields by applying an empty configuration.
+async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
+    let started_second = started.as_second();
+    for (index, applied) in results.iter().enumerate().rev() {
+        let Some(meta) = LiveMeta::of(applied) else {
+            continue; // not applied by this sync
+        };
+        let managers = applied["metadata"]["managedFields"].as_array().map_or(0, Vec::len);
+        let only_ours = managers == 1 && applied["metadata"]["managedFields"][0]["manager"] == FIELD_MANAGER;
+        let created = applied["metadata"]["creationTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .is_some_and(|t| t.as_second() >= started_second);
+        let item = &objects[index];
+        if !only_ours || !created {
+            release(writer, &item.resolved, &item.desired).await;
+            continue;
+        }
+        let deletion = plan::Deletion {
+            resource_version: None,
+            ..plan::Deletion::of(item.manifest.api_version(), item.key.clone(), &meta)
+        };
+        if let Err(error) = writer.delete(&deletion, Mode::Apply).await {
+            warn!(object = %item.key, error = %api_message(&error), "could not take back an object of a failed app");
+        }
+    }
+}
+
+/// How long a CRD the sync applied may take to become established.
+const CRD_WAIT: Duration = Duration::from_secs(60);
+
+async fn wait_for_crds(cluster: &Cluster, names: &[&str]) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
+    let deadline = Instant::now() + CRD_WAIT;
+    for name in names {
+        loop {
+            let crd = api
+                .get(name)
+                .await
+                .map_err(Error::kube(format!("reading CRD {name}")))?;
+            let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
+                break;
+            }
+            if let Some(refused) = conditions
+                .iter()
+                .find(|c| c.type_ == "NamesAccepted" && c.status == "False")
+            {
+                return Err(Error::NamesNotAccepted {
+                    name: name.to_string(),
+                    message: refused.message.clone().unwrap_or_default(),
+                });
+            }
+            if Instant::now() > deadline {
+                return Err(Error::NotEstablished {
+                    name: name.to_string(),
+                    seconds: CRD_WAIT.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
