@@ -93,6 +93,30 @@ pub struct SyncReport {
     pub scoped: bool,
 }
 
+impl AppReport {
+    /// A report of `app` that did nothing yet.
+    pub fn new(app: &str, result: AppResult) -> AppReport {
+        AppReport {
+            app: app.to_string(),
+            result,
+            applied: Vec::new(),
+            unchanged: 0,
+            pruned: Vec::new(),
+            released: Vec::new(),
+            canary_applied: Vec::new(),
+            canary_deleted: Vec::new(),
+            drifted: Vec::new(),
+            problems: Vec::new(),
+            health: String::new(),
+            duration: Duration::ZERO,
+            requeue: None,
+            writebacks: Vec::new(),
+            rollouts: Vec::new(),
+            recalled: false,
+        }
+    }
+}
+
 impl SyncReport {
     pub fn app(&self, name: &str) -> Option<&AppReport> {
         self.apps.iter().find(|a| a.app == name)
@@ -421,22 +445,8 @@ fn rollout_problem(app: &App, work: &RolloutWork, message: &str) -> Problem {
 
 fn report_of(app: &App, result: AppResult, problems: Vec<Problem>) -> AppReport {
     AppReport {
-        app: app.name.clone(),
-        result,
-        applied: Vec::new(),
-        unchanged: 0,
-        pruned: Vec::new(),
-        released: Vec::new(),
-        canary_applied: Vec::new(),
-        canary_deleted: Vec::new(),
-        drifted: Vec::new(),
         problems,
-        health: String::new(),
-        duration: Duration::ZERO,
-        requeue: None,
-        writebacks: Vec::new(),
-        rollouts: Vec::new(),
-        recalled: false,
+        ..AppReport::new(&app.name, result)
     }
 }
 

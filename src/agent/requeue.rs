@@ -95,20 +95,7 @@ pub(super) mod tests {
             status.phase = Phase::Paused;
         }
         AppReport {
-            app: name.into(),
-            result: AppResult::Synced,
-            applied: Vec::new(),
-            unchanged: 0,
-            pruned: Vec::new(),
-            released: Vec::new(),
-            canary_applied: Vec::new(),
-            canary_deleted: Vec::new(),
-            drifted: Vec::new(),
-            problems: Vec::new(),
-            health: String::new(),
-            duration: Duration::ZERO,
             requeue,
-            writebacks: Vec::new(),
             rollouts: vec![crate::rollout::engine::RolloutSummary {
                 namespace: "ns".into(),
                 name: name.into(),
@@ -117,7 +104,7 @@ pub(super) mod tests {
                 changed: false,
                 last_command_comment: 0,
             }],
-            recalled: false,
+            ..AppReport::new(name, AppResult::Synced)
         }
     }
 
@@ -137,16 +124,18 @@ pub(super) mod tests {
         })
     }
 
+    /// After a full sync at `start` in which web's pause has 10 s to run.
+    fn web_paused_for_10_s(start: Instant) -> Requeues {
+        let mut requeues = Requeues::default();
+        let web = report(vec![app("web", after(10, RequeueReason::Pause), false)]);
+        requeues.replace(&web, true, start, None);
+        requeues
+    }
+
     #[test]
     fn a_later_sync_replaces_every_wake_up_an_earlier_one_asked_for() {
         let start = Instant::now();
-        let mut requeues = Requeues::default();
-        requeues.replace(
-            &report(vec![app("web", after(10, RequeueReason::Pause), false)]),
-            true,
-            start,
-            None,
-        );
+        let mut requeues = web_paused_for_10_s(start);
         requeues.replace(
             &report(vec![app("web", after(30, RequeueReason::Grace), false)]),
             true,
@@ -187,13 +176,7 @@ pub(super) mod tests {
     #[test]
     fn a_wake_up_whose_sync_failed_comes_again() {
         let start = Instant::now();
-        let mut requeues = Requeues::default();
-        requeues.replace(
-            &report(vec![app("web", after(10, RequeueReason::Pause), false)]),
-            true,
-            start,
-            None,
-        );
+        let mut requeues = web_paused_for_10_s(start);
         let due = requeues.take_due(start + Duration::from_secs(10));
         requeues.retry(due, start + Duration::from_secs(15));
         assert_eq!(

@@ -172,19 +172,25 @@ impl AppStatus {
             "metadata": {"name": name, "namespace": namespace, "labels": {APP_STATUS_LABEL: instance}},
             "data": data,
         });
-        let context = format!("writing the status of app {}", self.app);
-        let Some(resolved) = cluster.resolve("v1", "ConfigMap").await else {
-            return Err(Error::kube(context)(kube::Error::Service(
-                "the API server serves no ConfigMaps".into(),
-            )));
-        };
+        write_own(cluster, &body, true, format!("writing the status of app {}", self.app)).await
+    }
+}
+
+/// Applies an object of gitcanary's own bookkeeping, as the agent.
+async fn write_own(cluster: &Cluster, body: &serde_json::Value, ours: bool, context: String) -> Result<()> {
+    let (api_version, kind) = (
+        body["apiVersion"].as_str().unwrap_or_default(),
+        body["kind"].as_str().unwrap_or_default(),
+    );
+    let written = async {
+        let resolved = cluster.served(api_version, kind).await?;
         cluster
             .writer(None)
-            .apply(&resolved, &body, true, super::Mode::Apply)
+            .apply(&resolved, body, ours, super::Mode::Apply)
             .await
-            .map_err(Error::kube(context))?;
-        Ok(())
-    }
+    };
+    written.await.map_err(Error::kube(context))?;
+    Ok(())
 }
 
 /// Creates the state namespace when it is missing.
@@ -199,16 +205,5 @@ pub async fn ensure_namespace(cluster: &Cluster, namespace: &str) -> Result<()> 
         return Ok(());
     }
     let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
-    let context = format!("creating namespace {namespace}");
-    let Some(resolved) = cluster.resolve("v1", "Namespace").await else {
-        return Err(Error::kube(context)(kube::Error::Service(
-            "the API server serves no Namespaces".into(),
-        )));
-    };
-    cluster
-        .writer(None)
-        .apply(&resolved, &body, false, super::Mode::Apply)
-        .await
-        .map_err(Error::kube(context))?;
-    Ok(())
+    write_own(cluster, &body, false, format!("creating namespace {namespace}")).await
 }

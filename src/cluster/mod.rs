@@ -205,6 +205,14 @@ impl Cluster {
         self.discovery_generation.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// How the API server serves a kind gitcanary writes for itself (a
+    /// status, a label); an error when it does not.
+    pub async fn served(&self, api_version: &str, kind: &str) -> std::result::Result<Resolved, kube::Error> {
+        self.resolve(api_version, kind)
+            .await
+            .ok_or_else(|| kube::Error::Service(format!("the API server does not serve {kind} ({api_version})").into()))
+    }
+
     pub async fn resolve(&self, api_version: &str, kind: &str) -> Option<Resolved> {
         let id = (api_version.to_string(), kind.to_string());
         if let Some(known) = self.resolved.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {

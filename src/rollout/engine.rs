@@ -108,24 +108,18 @@ pub struct RolloutSummary {
 
 /// Writes a Rollout's whole status with gitcanary's field manager.
 pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
-    let context = format!("writing the status of Rollout {namespace}/{name}");
-    let resolved = served(cluster, API_VERSION, KIND, &context).await?;
     let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
-    cluster
-        .writer(None)
-        .apply_status(&resolved, Some(namespace), name, &body)
+    let written = async {
+        let resolved = cluster.served(API_VERSION, KIND).await?;
+        cluster
+            .writer(None)
+            .apply_status(&resolved, Some(namespace), name, &body)
+            .await
+    };
+    written
         .await
-        .map_err(Error::kube(context))?;
+        .map_err(Error::kube(format!("writing the status of Rollout {namespace}/{name}")))?;
     Ok(())
-}
-
-/// How the API server serves a kind gitcanary writes itself.
-async fn served(cluster: &Cluster, api_version: &str, kind: &str, context: &str) -> Result<crate::plan::Resolved> {
-    cluster.resolve(api_version, kind).await.ok_or_else(|| {
-        Error::kube(context.to_string())(kube::Error::Service(
-            format!("the API server does not serve {kind} ({api_version})").into(),
-        ))
-    })
 }
 
 /// Observes and plans every Rollout of an app, and overlays the app's
@@ -284,7 +278,10 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
         return Ok(());
     }
     let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), &work.namespace);
-    let resolved = served(cluster, "v1", "Pod", "labelling canary pods").await?;
+    let resolved = cluster
+        .served("v1", "Pod")
+        .await
+        .map_err(Error::kube("labelling canary pods"))?;
     let writer = cluster.writer(None);
     let selector = format!("{}={}", work.kind.revision_label(), work.revisions.canary);
     let list = pods
