@@ -59,74 +59,76 @@ impl Agent {
     /// Fetches and loads the head, reusing what the last load holds where it
     /// is still the same; the loaded revision replaces it.
     async fn load_head(&self) -> Result<()> {
-        let source = self.source.clone();
         let capabilities = self.cluster.capabilities().await;
-        source.renderers().set_capabilities(capabilities.clone());
+        self.source.renderers().set_capabilities(capabilities.clone());
         let timer = self.metrics.fetch_duration.start_timer();
-        // The reconcile loop keeps syncing the current revision meanwhile: it
-        // is shared (a new commit copies the manifests the load reuses); the
-        // files are taken.
-        let previous = self
-            .loaded
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-            .map(|loaded| Loaded {
-                files: std::mem::take(&mut loaded.files),
-                ..loaded.clone()
-            });
-        let options = self.options.clone();
-        let fetched = crate::blocking("fetching", move || load(&source, previous, capabilities, &options))
-            .await
-            .and_then(|fetched| fetched);
+        let loaded = self.fetch_and_load(capabilities).await;
         drop(timer);
         self.metrics
             .renders
             .store(self.source.renderers().renders(), Ordering::Relaxed);
-        if fetched.is_err() {
+        if loaded.is_err() {
             self.metrics.fetch_errors.fetch_add(1, Ordering::Relaxed);
         }
         self.metrics
             .source_up
-            .store(u64::from(fetched.is_ok()), Ordering::Relaxed);
-        *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(fetched?);
+            .store(u64::from(loaded.is_ok()), Ordering::Relaxed);
+        if let Some(loaded) = loaded? {
+            *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = Some(loaded);
+        }
         Ok(())
+    }
+
+    /// The newly loaded revision, or none when the head is the one loaded
+    /// (same commit and cluster, no problem to read again).
+    async fn fetch_and_load(&self, capabilities: crate::render::Capabilities) -> Result<Option<Loaded>> {
+        let source = self.source.clone();
+        let head = crate::blocking("fetching", move || source.git().map(|git| git.fetch_head()).transpose()).await??;
+        // The reconcile loop keeps syncing the current revision meanwhile: it
+        // is shared (a new commit copies the manifests the load reuses); the
+        // files, which only a load reads, are moved.
+        let previous = {
+            let mut slot = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+            if let (Some(loaded), Some(head)) = (slot.as_ref(), &head)
+                && loaded.revision.commit == *head
+                && loaded.capabilities == capabilities
+                && loaded.revision.manifests.problems().next().is_none()
+            {
+                return Ok(None);
+            }
+            slot.as_mut().map(|loaded| Loaded {
+                files: std::mem::take(&mut loaded.files),
+                ..loaded.clone()
+            })
+        };
+        let (source, options) = (self.source.clone(), self.options.clone());
+        let loaded =
+            crate::blocking("loading", move || load(&source, head, previous, capabilities, &options)).await??;
+        Ok(Some(loaded))
     }
 }
 
-/// Fetches and loads the head, reusing what `previous` holds where it is
-/// still the same: all of it for the same commit and cluster, else the
-/// plain apps whose files did not change.
+/// Loads `head` (a plain directory: reads it), reusing the plain apps of
+/// `previous` whose files did not change.
 fn load(
     source: &Source,
+    head: Option<String>,
     previous: Option<Loaded>,
     capabilities: crate::render::Capabilities,
     options: &SyncOptions,
 ) -> Result<Loaded> {
-    let Some(git) = source.git() else {
+    let (Some(git), Some(head)) = (source.git(), head) else {
         let mut revision = source.fetch()?;
         validate_revision(&mut revision, options);
         return Ok(Loaded::new(revision, AppFiles::default(), capabilities, options));
     };
-    let head = git.fetch_head()?;
-    let reuse = match previous {
-        // An app with problems is read again: a render may have failed for a while only.
-        Some(previous)
-            if previous.revision.commit == head
-                && previous.capabilities == capabilities
-                && previous.revision.manifests.problems().next().is_none() =>
-        {
-            return Ok(previous);
-        }
-        Some(previous) => {
-            let manifests = Arc::try_unwrap(previous.revision)
-                .map(|revision| revision.manifests)
-                .unwrap_or_else(|shared| shared.manifests.clone());
-            let files = Arc::try_unwrap(previous.files).unwrap_or_else(|shared| (*shared).clone());
-            Some((manifests, files))
-        }
-        None => None,
-    };
+    let reuse = previous.map(|previous| {
+        let manifests = Arc::try_unwrap(previous.revision)
+            .map(|revision| revision.manifests)
+            .unwrap_or_else(|shared| shared.manifests.clone());
+        let files = Arc::try_unwrap(previous.files).unwrap_or_else(|shared| (*shared).clone());
+        (manifests, files)
+    });
     let (mut revision, files) = git.load(&head, reuse)?;
     validate_revision(&mut revision, options);
     Ok(Loaded::new(revision, files, capabilities, options))

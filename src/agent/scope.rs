@@ -57,8 +57,9 @@ pub(super) type Owners = HashMap<ObjectKey, String>;
 /// Which app holds each object of a revision. An object whose manifest
 /// names no namespace is found under `default_namespace` too. Only apps
 /// without problems count, and a key two apps claim belongs to neither
-/// (its events sync every app): one app's manifests cannot make the events
-/// of another's objects look elsewhere.
+/// (its events sync every app, or for a canary object its Rollout's app):
+/// one app's manifests cannot make the events of another's objects look
+/// elsewhere.
 pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners {
     let mut owners = Owners::new();
     let mut claimed_twice = Vec::new();
@@ -101,11 +102,15 @@ pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>
     for trigger in triggers {
         match trigger {
             Trigger::Due(due) => apps.extend(due.iter().map(|(app, _)| app.clone())),
+            // The app whose Git holds the object and the app of the Rollout
+            // that owns it: each may need to act on it.
             Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {
-                let owner = owners
-                    .get(&seen.key)
-                    .or_else(|| seen.rollout.as_ref().and_then(|rollout| owners.get(rollout)))?;
-                apps.insert(owner.clone());
+                let holder = owners.get(&seen.key);
+                let rollout = seen.rollout.as_ref().and_then(|rollout| owners.get(rollout));
+                if holder.is_none() && rollout.is_none() {
+                    return None;
+                }
+                apps.extend(holder.into_iter().chain(rollout).cloned());
             }
             _ => return None,
         }
@@ -194,7 +199,8 @@ mod tests {
     }
 
     #[test]
-    fn a_canary_object_is_its_rollouts_unless_git_holds_it_and_a_manifest_without_namespace_is_found_in_the_default() {
+    fn a_canary_object_concerns_its_rollouts_app_and_the_app_whose_git_holds_it_and_a_manifest_without_namespace_is_found_in_the_default()
+     {
         let object: DynamicObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "shop-canary", "namespace": "shop", "uid": "u1", "resourceVersion": "9",
@@ -211,13 +217,13 @@ mod tests {
             apps_of(&[&trigger], &owners),
             Some(["shop".to_string()].into_iter().collect())
         );
-        // An object Git holds is its app's, whatever owns it.
+        // An object Git holds is its app's too, whatever owns it.
         let mut in_git = canary.key.clone();
         in_git.group = "apps".into();
         owners.insert(in_git, "platform".into());
         assert_eq!(
             apps_of(&[&trigger], &owners),
-            Some(["platform".to_string()].into_iter().collect())
+            Some(["platform".to_string(), "shop".to_string()].into_iter().collect())
         );
 
         let owners = super::owners(&set(&[("web", "ConfigMap", "settings")]), "team");

@@ -144,8 +144,8 @@ impl<'c> Writer<'c> {
     }
 
     /// Remembers a write, so that its own watch event wakes nothing; only
-    /// where a watch will deliver that event (and forget it on deletion):
-    /// a pod's batch label is not remembered forever.
+    /// for a kind a watch follows in that namespace: a pod's batch label,
+    /// which no watch delivers, is not remembered forever.
     fn recorded(&self, resolved: &Resolved, written: &DynamicObject) {
         let watched = self
             .cluster

@@ -201,12 +201,12 @@ impl WatchCache {
         }
     }
 
-    /// Caches of the kind whose scope holds `namespace`, with their selectors.
     /// Whether a watch delivers changes of the kind in `namespace`.
     pub fn watches(&self, resolved: &Resolved, namespace: Option<&str>) -> bool {
         !self.covering(resolved, namespace).is_empty()
     }
 
+    /// Caches of the kind whose scope holds `namespace`, with their selectors.
     fn covering(&self, resolved: &Resolved, namespace: Option<&str>) -> Vec<(String, Arc<KindCache>)> {
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
         kinds

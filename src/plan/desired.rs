@@ -140,7 +140,16 @@ fn feed(hasher: &mut Sha256, value: &Value) {
 /// value (`false`, `0`, `""`) is a value: where the server drops it, its
 /// dry-run answer says so (`AppPlan::settle`).
 pub fn is_subset(desired: &Value, live: &Value) -> bool {
-    subset_in(desired, live, false, !is_custom_resource(desired))
+    subset_in(desired, live, false, !is_custom_resource(desired), false)
+}
+
+/// [`is_subset`] for a pod template (or a canary object) gitcanary compares
+/// with what the server stored to tell which revision it is: there a zero
+/// value the server drops (`readOnly: false`, an env `value: ""`) is the
+/// same as none, with no dry-run to ask, or the release would never see
+/// its template rolled out.
+pub fn is_stored_as(desired: &Value, live: &Value) -> bool {
+    subset_in(desired, live, false, !is_custom_resource(desired), true)
 }
 
 /// An object of a group no Kubernetes release serves: its fields mean what
@@ -156,15 +165,16 @@ fn is_custom_resource(object: &Value) -> bool {
 }
 
 /// [`is_subset`], `quantities` true under a key that holds resource
-/// quantities (in a built-in kind: `built_in`).
-fn subset_in(desired: &Value, live: &Value, quantities: bool, built_in: bool) -> bool {
+/// quantities (in a built-in kind: `built_in`); with `zero_is_absent`, as
+/// [`is_stored_as`].
+fn subset_in(desired: &Value, live: &Value, quantities: bool, built_in: bool, zero_is_absent: bool) -> bool {
     match (desired, live) {
         (Value::Null, _) => true,
         (Value::Object(want), Value::Object(have)) => want.iter().all(|(key, value)| {
             let quantities = quantities || (built_in && quantity::holds_quantities(key));
             match have.get(key) {
-                Some(have) => subset_in(value, have, quantities, built_in),
-                None => is_empty(value),
+                Some(have) => subset_in(value, have, quantities, built_in, zero_is_absent),
+                None => is_empty(value) || (zero_is_absent && is_zero(value)),
             }
         }),
         (Value::Array(want), Value::Array(have)) => {
@@ -172,7 +182,7 @@ fn subset_in(desired: &Value, live: &Value, quantities: bool, built_in: bool) ->
                 && want
                     .iter()
                     .zip(have)
-                    .all(|(w, h)| subset_in(w, h, quantities, built_in))
+                    .all(|(w, h)| subset_in(w, h, quantities, built_in, zero_is_absent))
         }
         (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
         (Value::String(a), Value::String(b)) if quantities => a == b || quantity::same_quantity(a, b),
@@ -190,7 +200,7 @@ fn subset_in(desired: &Value, live: &Value, quantities: bool, built_in: bool) ->
 /// by itself (versions, field managers, and the status, unless Git sets one:
 /// a custom resource without a status subresource takes it from Git).
 pub fn applies_as_is(live: &Value, answer: &Value, desired: &Value) -> bool {
-    let keeps_status = desired.get("status").is_none();
+    let keeps_status = desired.get("status").is_none_or(is_empty);
     let content = |object: &Value| {
         let mut object = object.clone();
         if let Some(map) = object.as_object_mut()
@@ -206,6 +216,16 @@ pub fn applies_as_is(live: &Value, answer: &Value, desired: &Value) -> bool {
         object
     };
     !answer.is_null() && content(live) == content(answer)
+}
+
+/// A zero value, which the server drops from a field that omits it when empty.
+fn is_zero(value: &Value) -> bool {
+    match value {
+        Value::Bool(b) => !b,
+        Value::String(text) => text.is_empty(),
+        Value::Number(number) => number.as_f64() == Some(0.0),
+        _ => false,
+    }
 }
 
 /// What the server stores as nothing at all (`env: []`, `annotations: {}`).
@@ -384,5 +404,16 @@ mod tests {
         assert!(!is_subset(&locked, &json!({"securityContext": {}})));
         assert!(!is_subset(&json!({"runAsUser": 0}), &json!({})));
         assert!(!is_subset(&json!({"data": {"empty": ""}}), &json!({"data": {}})));
+        // A template compared to tell its revision: what the server drops is none.
+        let template = json!({"spec": {"hostNetwork": false, "containers": [{"name": "a",
+            "env": [{"name": "E", "value": ""}], "ports": [{"containerPort": 80, "hostPort": 0}]}]}});
+        let stored =
+            json!({"spec": {"containers": [{"name": "a", "env": [{"name": "E"}], "ports": [{"containerPort": 80}]}]}});
+        assert!(is_stored_as(&template, &stored));
+        assert!(!is_subset(&template, &stored));
+        assert!(!is_stored_as(
+            &json!({"spec": {"hostNetwork": true}}),
+            &json!({"spec": {}})
+        ));
     }
 }

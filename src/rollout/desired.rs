@@ -15,7 +15,7 @@ use super::observe::RolloutObserved;
 use super::overlay::{self, WorkloadKind};
 use super::plan;
 use crate::manifest::{ObjectKey, Problem};
-use crate::plan::desired::{is_subset, rehash};
+use crate::plan::desired::{is_stored_as, rehash};
 use crate::plan::{Deletion, LiveMeta, Planned, Resolved};
 use crate::{MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 
@@ -430,7 +430,7 @@ impl CanaryObjects<'_> {
             let kind = object["kind"].as_str().unwrap_or_default().to_string();
             let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
             let current = self.live(&kind, &name).cloned();
-            if current.as_ref().is_some_and(|current| is_subset(&object, current)) {
+            if current.as_ref().is_some_and(|current| is_stored_as(&object, current)) {
                 continue;
             }
             let Some(resolved) = self.kinds.get(kind.as_str()).cloned() else {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::overlay::Revisions;
 use super::plan::{Intent, StableTemplate};
-use crate::plan::desired::is_subset;
+use crate::plan::desired::is_stored_as;
 
 pub const API_VERSION: &str = "serving.knative.dev/v1";
 pub const GROUP: &str = "serving.knative.dev";
@@ -100,9 +100,9 @@ pub struct Seen {
 /// Whether a Revision was made from `template` (Knative adds labels and
 /// annotations of its own, and the release may add a minimum scale).
 pub fn made_from(revision: &Value, template: &Value) -> bool {
-    is_subset(&template["spec"], &revision["spec"])
-        && is_subset(&template["metadata"]["labels"], &revision["metadata"]["labels"])
-        && is_subset(
+    is_stored_as(&template["spec"], &revision["spec"])
+        && is_stored_as(&template["metadata"]["labels"], &revision["metadata"]["labels"])
+        && is_stored_as(
             &template["metadata"]["annotations"],
             &revision["metadata"]["annotations"],
         )

@@ -22,7 +22,7 @@ use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, 
 use super::plan::{Observed, Resumed, SelfRouted};
 use super::record::{History, Outcome as RecordOutcome, record_path};
 use crate::cluster::Cluster;
-use crate::plan::desired::{canonical_hash, is_subset};
+use crate::plan::desired::{canonical_hash, is_stored_as};
 use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -106,7 +106,7 @@ pub(crate) async fn observe_rollout(
         }),
         git_matches_live: live
             .as_ref()
-            .is_some_and(|l| is_subset(&git_template, &l["spec"]["template"])),
+            .is_some_and(|l| is_stored_as(&git_template, &l["spec"]["template"])),
         replicas: git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32,
         promote_signal: annotation(PROMOTE_ANNOTATION),
         abort_signal: annotation(ABORT_ANNOTATION),
@@ -401,7 +401,7 @@ fn ready_of_current(workload: &Value, ready_field: &str) -> i32 {
 fn rolled_out(workload: &Value, git_template: &Value, ready_field: &str) -> bool {
     let want = workload["spec"]["replicas"].as_i64().unwrap_or(1);
     let status = &workload["status"];
-    is_subset(git_template, &workload["spec"]["template"])
+    is_stored_as(git_template, &workload["spec"]["template"])
         && int(&status["observedGeneration"]) >= int(&workload["metadata"]["generation"])
         && int(&status["updatedReplicas"]) == want
         && int(&status[ready_field]) == want
@@ -474,7 +474,7 @@ pub(super) async fn observe_statefulset(
     observed.stable_rolled_out = rolled_out(live, git_template, "readyReplicas") && current == update;
     // Once the controller has seen Git's template, its update revision is the canary.
     let seen_latest = int(&status["observedGeneration"]) >= int(&live["metadata"]["generation"]);
-    let canary_revision = if seen_latest && is_subset(git_template, &live["spec"]["template"]) {
+    let canary_revision = if seen_latest && is_stored_as(git_template, &live["spec"]["template"]) {
         update.clone()
     } else {
         String::new()
