@@ -18,6 +18,8 @@ have pkg-config || need+=(pkg-config)
 have ssh-keygen || need+=(openssh-client)
 have cc || need+=(gcc)
 have make || need+=(make)
+# libFuzzer (built by libfuzzer-sys for the fuzz targets) is C++.
+have c++ || need+=(g++)
 [ -x /usr/lib/git-core/git-http-backend ] || need+=(git)
 # A real Prometheus for the analysis tests (started by the tests themselves).
 have prometheus || need+=(prometheus)

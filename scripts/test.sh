@@ -37,3 +37,6 @@ export GITCANARY_TEST_KUBECONFIG="$kubeconfig"
 
 step "cargo test"
 cargo test --locked
+
+step "fuzzing each target for 10 s (first run: about 8 minutes to build them; cached in ~/.cache/gitcanary/fuzz-target)"
+scripts/fuzz.sh 10
