@@ -215,7 +215,7 @@ impl Agent {
                 match outcome {
                     Ok(report) => {
                         let command_poll = github.is_some().then_some(COMMAND_POLL);
-                        requeues.replace(&report, scope.is_none(), sync_started, command_poll);
+                        requeues.replace(&report, sync_started, command_poll);
                         self.report(report, &triggers, &mut drift, github.as_ref()).await
                     }
                     Err(error) => {

@@ -22,15 +22,9 @@ impl Requeues {
     /// app's rollout timers, and with `command_poll` (GitHub on) a look for
     /// commands at every app with a rollout paused for a promote. It
     /// replaces what earlier syncs asked for the apps it synced (every app,
-    /// when `every_app`).
-    pub(super) fn replace(
-        &mut self,
-        report: &SyncReport,
-        every_app: bool,
-        planned_at: Instant,
-        command_poll: Option<Duration>,
-    ) {
-        if every_app {
+    /// unless the sync was scoped).
+    pub(super) fn replace(&mut self, report: &SyncReport, planned_at: Instant, command_poll: Option<Duration>) {
+        if !report.scoped {
             self.due.clear();
         } else {
             self.due
@@ -128,7 +122,7 @@ pub(super) mod tests {
     fn web_paused_for_10_s(start: Instant) -> Requeues {
         let mut requeues = Requeues::default();
         let web = report(vec![app("web", after(10, RequeueReason::Pause), false)]);
-        requeues.replace(&web, true, start, None);
+        requeues.replace(&web, start, None);
         requeues
     }
 
@@ -138,7 +132,6 @@ pub(super) mod tests {
         let mut requeues = web_paused_for_10_s(start);
         requeues.replace(
             &report(vec![app("web", after(30, RequeueReason::Grace), false)]),
-            true,
             start,
             None,
         );
@@ -152,7 +145,7 @@ pub(super) mod tests {
             vec![("web".to_string(), RequeueReason::Grace)]
         );
         assert_eq!(requeues.take_due(start + Duration::from_secs(60)), vec![], "taken once");
-        requeues.replace(&report(vec![app("web", None, false)]), true, start, None);
+        requeues.replace(&report(vec![app("web", None, false)]), start, None);
         assert!(requeues.due.is_empty(), "nothing asked for, nothing kept");
     }
 
@@ -164,8 +157,10 @@ pub(super) mod tests {
             app("web", after(10, RequeueReason::Pause), false),
             app("shop", after(20, RequeueReason::Deadline), false),
         ]);
-        requeues.replace(&both, true, start, None);
-        requeues.replace(&report(vec![app("shop", None, false)]), false, start, None);
+        requeues.replace(&both, start, None);
+        let mut shop = report(vec![app("shop", None, false)]);
+        shop.scoped = true;
+        requeues.replace(&shop, start, None);
         assert_eq!(
             requeues.take_due(start + Duration::from_secs(60)),
             vec![("web".to_string(), RequeueReason::Pause)],
@@ -195,12 +190,12 @@ pub(super) mod tests {
                 app("timed", after(5, RequeueReason::Pause), false),
             ])
         };
-        requeues.replace(&apps(), true, start, None);
+        requeues.replace(&apps(), start, None);
         assert_eq!(
             requeues.take_due(start + Duration::from_secs(5)),
             vec![("timed".to_string(), RequeueReason::Pause)]
         );
-        requeues.replace(&apps(), true, start, Some(Duration::from_secs(3)));
+        requeues.replace(&apps(), start, Some(Duration::from_secs(3)));
         assert_eq!(
             requeues.take_due(start + Duration::from_secs(3)),
             vec![("waiting".to_string(), RequeueReason::Command)]
