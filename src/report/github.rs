@@ -150,12 +150,28 @@ impl GitHubReporter<'_> {
     }
 }
 
-/// The release (and, for a promote, the pause) a decision on GitHub was made on.
-fn decided_on(rollout: &RolloutSummary, signal: Signal, step: Option<u32>) -> DecidedOn<'_> {
-    DecidedOn {
+/// Hands a decision made on GitHub to the rollout, bound to the release
+/// (and, for a promote, the pause) it was made on.
+async fn hand_over(
+    cluster: &Cluster,
+    rollout: &RolloutSummary,
+    signal: Signal,
+    token: &str,
+    step: Option<u32>,
+) -> crate::Result<()> {
+    let decided_on = DecidedOn {
         canary_commit: &rollout.status.canary_commit,
         step: step.filter(|_| signal == Signal::Promote),
-    }
+    };
+    send_signal_token(
+        cluster,
+        &rollout.namespace,
+        &rollout.name,
+        signal,
+        token,
+        Some(decided_on),
+    )
+    .await
 }
 
 /// Hands a promotion pull request's decision to its rollout (once: the token
@@ -177,17 +193,7 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
     {
         return false;
     }
-    let decided_on = decided_on(rollout, signal, Some(step));
-    match send_signal_token(
-        cluster,
-        &rollout.namespace,
-        &rollout.name,
-        signal,
-        &token,
-        Some(decided_on),
-    )
-    .await
-    {
+    match hand_over(cluster, rollout, signal, &token, Some(step)).await {
         Ok(()) => {
             info!(namespace = %rollout.namespace, rollout = %rollout.name, rollout_id = %rollout.status.rollout_id, %by, ?signal, "gate decided on GitHub");
             true
@@ -298,17 +304,7 @@ async fn handle_commands(
             }
             let token = format!("comment {} by @{}", comment.id, comment.user);
             let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
-            let decided_on = decided_on(rollout, signal, step);
-            match send_signal_token(
-                cluster,
-                &rollout.namespace,
-                &rollout.name,
-                signal,
-                &token,
-                Some(decided_on),
-            )
-            .await
-            {
+            match hand_over(cluster, rollout, signal, &token, step).await {
                 Ok(()) => {
                     info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
                     signalled = true;
