@@ -233,6 +233,11 @@ mod tests {
     }
 
     fn problem(repo: &Repository, head: Oid, record: &StatusRecord) -> Option<String> {
+        problem_as(repo, head, record, &Author::default())
+    }
+
+    /// Why the status file at `head` is not trusted, with `writer` as gitcanary's identity.
+    fn problem_as(repo: &Repository, head: Oid, record: &StatusRecord, writer: &Author) -> Option<String> {
         let head = repo.find_commit(head).expect("head");
         let path = record_path("ns", "web");
         let blob = head
@@ -241,7 +246,7 @@ mod tests {
             .get_path(Path::new(&path))
             .expect("file")
             .id();
-        trust_problem(repo, &head, &path, blob, record, &Author::default())
+        trust_problem(repo, &head, &path, blob, record, writer)
     }
 
     #[test]
@@ -374,16 +379,7 @@ mod tests {
             let armored = key.sign(content.as_bytes()).expect("signed");
             repo.commit_signed(&content, &armored, None).expect("commit")
         };
-        let check = |head: Oid| {
-            let head = repo.find_commit(head).expect("head");
-            let blob = head
-                .tree()
-                .expect("tree")
-                .get_path(Path::new(&path))
-                .expect("file")
-                .id();
-            trust_problem(&repo, &head, &path, blob, &record(released), &own)
-        };
+        let check = |head: Oid| problem_as(&repo, head, &record(released), &own);
         assert_eq!(check(signed_by(&signer)), None, "signed by the agent's key");
         let forged = check(signed_by(&forger)).expect("another key");
         assert!(forged.contains("is not signed as gitcanary's"), "{forged}");
