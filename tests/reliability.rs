@@ -122,6 +122,23 @@ fn sync_once(dir: &Path, instance: &str, ns: &str) -> std::process::Output {
         .expect("gitcanary runs")
 }
 
+/// A Service only the API server refuses (a port out of range: validation
+/// cannot know), in `namespace`.
+fn refused_service(namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: refused, namespace: {namespace}}}\nspec:\n  ports: [{{port: 99999}}]\n"
+    )
+}
+
+/// `sync --once` of a new app the API server refuses: exit 1; its output.
+fn sync_refused(dir: &Path, ns: &str) -> String {
+    let output = sync_once(dir, &format!("take-back-{ns}"), ns);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    stdout
+}
+
 fn webhook_agent(scenario: &Scenario) -> AgentProcess {
     AgentProcess::start_with(
         &scenario.repo,
@@ -529,18 +546,11 @@ async fn a_refused_new_app_writes_nothing_not_even_into_someone_elses_object() {
     let dir = tempfile::tempdir().expect("dir");
     std::fs::create_dir_all(dir.path().join("app")).expect("mkdir");
     // Shares an object someone else made, creates one, and has one only the
-    // API server refuses (a port out of range: validation cannot know).
+    // API server refuses.
     std::fs::write(dir.path().join("app/shared.yaml"), configmap(&ns, "shared", "blue")).expect("write");
     std::fs::write(dir.path().join("app/mine.yaml"), configmap(&ns, "mine", "blue")).expect("write");
-    std::fs::write(
-        dir.path().join("app/refused.yaml"),
-        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: refused, namespace: {ns}}}\nspec:\n  ports: [{{port: 99999}}]\n"),
-    )
-    .expect("write");
-    let output = sync_once(dir.path(), &format!("take-back-{ns}"), &ns);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    std::fs::write(dir.path().join("app/refused.yaml"), refused_service(&ns)).expect("write");
+    let stdout = sync_refused(dir.path(), &ns);
     assert!(
         stdout.contains("app/refused.yaml:1: Service ") && stdout.contains("must be between 1 and 65535"),
         "{stdout}"
@@ -582,15 +592,8 @@ async fn a_new_app_refused_past_its_dry_run_takes_back_only_what_it_created() {
     )
     .expect("write");
     std::fs::write(dir.path().join("app/mine.yaml"), configmap(&ns, "mine", "blue")).expect("write");
-    std::fs::write(
-        dir.path().join("app/refused.yaml"),
-        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: refused, namespace: {fresh}}}\nspec:\n  ports: [{{port: 99999}}]\n"),
-    )
-    .expect("write");
-    let output = sync_once(dir.path(), &format!("take-back-{ns}"), &ns);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
+    std::fs::write(dir.path().join("app/refused.yaml"), refused_service(&fresh)).expect("write");
+    let stdout = sync_refused(dir.path(), &ns);
     assert!(
         stdout.contains("app/refused.yaml:1: applying Service ") && stdout.contains("must be between 1 and 65535"),
         "{stdout}"
