@@ -6,10 +6,11 @@
 
 use tracing::{info, warn};
 
-use super::{GatePolicy, GitHub, PullFile, PullRequest, escape_inline};
+use super::judge::{self, Evidence, GATE_COMMIT_MARKER, Gate, Judgement, Why, judge};
+use super::{GitHub, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::engine::RolloutSummary;
-use crate::writeback::{GATE_TRAILER, GateFile, gate_branch, gate_id, gate_path};
+use crate::writeback::{GateFile, gate_branch, gate_path};
 use crate::{Error, Result};
 
 /// Prefix of every promotion branch of one rollout.
@@ -63,16 +64,6 @@ pub struct GateRequest<'a> {
     pub authors: &'a [String],
 }
 
-/// The hidden line of a promotion pull request's body that names the commit
-/// gitcanary pushed: nothing else is merged.
-const GATE_COMMIT_MARKER: &str = "<!-- gitcanary:gate-commit ";
-
-fn gate_commit(body: &str) -> Option<&str> {
-    let start = body.find(GATE_COMMIT_MARKER)? + GATE_COMMIT_MARKER.len();
-    let rest = &body[start..];
-    Some(rest[..rest.find(" -->")?].trim())
-}
-
 /// The hidden line that names the release and step a gate is for: a pull
 /// request of another release (the same rollout ID reused) is not this gate.
 fn release_marker(canary_commit: &str, step: u32) -> String {
@@ -83,55 +74,6 @@ fn release_marker(canary_commit: &str, step: u32) -> String {
 /// opened by gitcanary's own account, naming the release's full canary commit.
 pub fn is_gate_of_release(pull: &PullRequest, own: &str, canary_commit: &str, step: u32) -> bool {
     !canary_commit.is_empty() && pull.author == own && pull.body.contains(&release_marker(canary_commit, step))
-}
-
-/// Whether the head is the commit gitcanary pushed (full sha, never empty).
-pub fn is_pushed_head(head_sha: &str, pushed: Option<&str>) -> bool {
-    pushed.is_some_and(|pushed| !pushed.is_empty() && pushed == head_sha)
-}
-
-/// Every path a pull request touches besides the gate file, a rename's old
-/// path included: a rename into the gate file is not "only the gate file".
-pub fn files_besides_gate(files: &[PullFile], gate_path: &str) -> Vec<String> {
-    let mut others = Vec::new();
-    for file in files {
-        for path in std::iter::once(&file.filename).chain(file.previous_filename.iter()) {
-            if path != gate_path && !others.contains(path) {
-                others.push(path.clone());
-            }
-        }
-    }
-    others
-}
-
-/// Whether a bot account counts at all: listed by `--github-bot` only.
-pub fn is_bot(login: &str) -> bool {
-    login.ends_with("[bot]")
-}
-
-/// Whether `user` may decide a release whose commits `authors` made or
-/// committed (writer access checked apart): never one of its authors (unless
-/// self-approval is allowed), a bot only when listed, and a bot never for its
-/// own commits even then. gitcanary's own account decides nothing this way.
-pub fn may_decide(user: &str, bot: bool, own: &str, authors: &[String], policy: &GatePolicy) -> bool {
-    if user.is_empty() || user == own {
-        return false;
-    }
-    let authored = authors.iter().any(|a| a.eq_ignore_ascii_case(user));
-    if (bot || is_bot(user)) && (!policy.bots.iter().any(|b| b == user) || authored) {
-        return false;
-    }
-    policy.allow_self_approval || !authored
-}
-
-/// Whether a merge passes the gate: gitcanary merged it (after an approval
-/// it checked), or someone who may decide did.
-pub fn merge_counts(merged_by: Option<&str>, own: &str, authors: &[String], policy: &GatePolicy) -> bool {
-    match merged_by {
-        Some(by) if by == own => true,
-        Some(by) => may_decide(by, false, own, authors, policy),
-        None => false,
-    }
 }
 
 /// Gate branches tried in turn: the release's own name first, then numbered
@@ -290,182 +232,141 @@ fn gate_token(number: u64) -> String {
     format!("promotion pull request #{number}")
 }
 
-/// Whether a gate commit's message names this release and step in its
-/// `Gitcanary-Gate` trailer. A pull request's body can be edited by any
-/// writer; the commit gitcanary pushed cannot.
-pub fn commit_names_release(message: &str, rollout_id: &str, step: u32, canary_commit: &str) -> bool {
-    let wanted = format!("{GATE_TRAILER}: {}", gate_id(rollout_id, step, canary_commit));
-    !canary_commit.is_empty() && message.lines().any(|line| line.trim() == wanted)
-}
-
-async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>, own: &str) -> Result<Verdict> {
+/// Reads what the gate's rule needs about `pull` from GitHub: for a merged
+/// or open one its head commit's message and files, who merged it or its
+/// approvals; for a closed one who closed it; then the write access of
+/// whoever could decide.
+async fn evidence(github: &GitHub, pull: &PullRequest, gate: &Gate<'_>) -> Result<Evidence> {
     let number = pull.number;
-    let policy = &github.gate_policy;
-    let pushed = gate_commit(&pull.body);
-    let status = &request.rollout.status;
-    // The body can be edited by any writer; the commit gitcanary pushed
-    // cannot: it must name this release and step.
-    let of_release = async || -> Result<bool> {
-        Ok(!pull.head_sha.is_empty()
-            && commit_names_release(
-                &github.commit_message(&pull.head_sha).await?,
-                &status.rollout_id,
-                request.step,
-                &status.canary_commit,
-            ))
+    let mut evidence = Evidence {
+        pull: Some(pull.clone()),
+        ..Evidence::default()
     };
-    if pull.merged && !of_release().await? {
-        info!(
-            pull = number,
-            "a merged pull request whose commit is not this release's gate: ignored"
-        );
-        return Ok(Verdict::Waiting);
+    if pull.merged || pull.open {
+        if !pull.head_sha.is_empty() {
+            evidence.head_message = github.commit_message(&pull.head_sha).await?;
+        }
+        evidence.files = github.pull_files(number).await?;
     }
     if pull.merged {
-        // A merge counts only for exactly the commit gitcanary pushed,
-        // touching the gate file only, merged by someone who may decide.
-        let files = github.pull_files(number).await?;
-        // A list does not say who merged; the pull request itself does.
-        let merged_by = github.pull(number).await?.merged_by;
-        let merger = merged_by.as_deref();
-        let writer = match merger {
-            Some(by) if by != own => github.can_write(by).await?,
-            _ => true,
-        };
-        if is_pushed_head(&pull.head_sha, pushed)
-            && files_besides_gate(&files, &request.gate_path()).is_empty()
-            && writer
-            && merge_counts(merger, own, request.authors, policy)
-        {
-            return Ok(Verdict::Promote {
-                token: gate_token(number),
-                by: format!("promotion pull request #{number} merged"),
-            });
+        evidence.merged_by = github.pull(number).await?.merged_by;
+    } else if pull.open {
+        evidence.approvals = github.approvals(number).await?;
+    } else {
+        evidence.closed_by = github.closed_by(number).await?;
+    }
+    for user in judge::asks_permission(&evidence, gate) {
+        if github.can_write(&user).await? {
+            evidence.writers.insert(user);
         }
-        explain(
-            github,
-            number,
-            "merge-ignored",
-            &format!(
-                "This merge does not pass the gate: only the commit gitcanary pushed, changing the gate file only, \
-                 merged by gitcanary or by a writer who wrote or committed none of the release (merged by @{}). \
-                 The release still waits; a writer who is not its author can comment `/gitcanary promote` on the change.",
-                escape_inline(merger.unwrap_or("someone"))
-            ),
-        )
-        .await;
-        return Ok(Verdict::Waiting);
     }
-    if !pull.open {
-        return closed(github, number).await;
-    }
-    // What would be merged is exactly the commit gitcanary pushed, and it
-    // changes the gate file only; anything else keeps the gate closed.
-    if !is_pushed_head(&pull.head_sha, pushed) {
-        explain(
-            github,
-            number,
-            "head",
-            &format!(
-                "The head of this pull request is {}, not the commit gitcanary pushed ({}): the gate stays closed. \
-                 Only the gate file may be merged through it; a writer can comment `/gitcanary promote` instead.",
-                crate::short_commit(&pull.head_sha),
-                pushed
-                    .filter(|p| !p.is_empty())
-                    .map_or("none recorded", crate::short_commit)
-            ),
-        )
-        .await;
-        return Ok(Verdict::Waiting);
-    }
-    let others = files_besides_gate(&github.pull_files(number).await?, &request.gate_path());
-    if !others.is_empty() {
-        explain(
-            github,
-            number,
-            "files",
-            &format!(
-                "This pull request changes more than the gate file ({}): the gate stays closed.",
-                escape_inline(&others.join(", "))
-            ),
-        )
-        .await;
-        return Ok(Verdict::Waiting);
-    }
-    if !of_release().await? {
-        info!(
-            pull = number,
-            "a pull request whose commit is not this release's gate: ignored"
-        );
-        return Ok(Verdict::Waiting);
-    }
-    for approval in github.approvals(number).await? {
-        let user = &approval.user;
-        // An approval counts for the commit it was given on, and only from
-        // someone who may decide and has write access.
-        if approval.commit != pull.head_sha
-            || !may_decide(user, approval.bot, own, request.authors, policy)
-            || !github.can_write(user).await?
-        {
-            continue;
-        }
-        let title = format!("{} (approved by {user})", request.title());
-        return match github.merge(number, &pull.head_sha, &title).await {
-            Ok(()) => Ok(Verdict::Promote {
-                token: gate_token(number),
-                by: format!("@{user} approved #{number}"),
-            }),
-            // Branch protection wants more (reviews, checks): the team's rules
-            // decide, so the gate stays closed and says why.
-            Err(Error::GitHub {
-                status: Some(status @ (403 | 405 | 409)),
-                message,
-                ..
-            }) => {
-                explain(
-                    github,
-                    number,
-                    "merge-refused",
-                    &format!(
-                        "@{user} approved, but GitHub refused the merge ({status}: {}). \
+    Ok(evidence)
+}
+
+/// Judges the gate's pull request and does what the judgement asks.
+async fn verdict(github: &GitHub, pull: &PullRequest, request: &GateRequest<'_>, own: &str) -> Result<Verdict> {
+    let number = pull.number;
+    let status = &request.rollout.status;
+    let gate_path = request.gate_path();
+    let gate = Gate {
+        own,
+        rollout_id: &status.rollout_id,
+        step: request.step,
+        canary_commit: &status.canary_commit,
+        gate_path: &gate_path,
+        authors: request.authors,
+        policy: &github.gate_policy,
+    };
+    let promote = |by: String| Verdict::Promote {
+        token: gate_token(number),
+        by,
+    };
+    match judge(&evidence(github, pull, &gate).await?, &gate) {
+        Judgement::Passed { .. } => Ok(promote(format!("promotion pull request #{number} merged"))),
+        Judgement::Merge { approver } => {
+            let title = format!("{} (approved by {approver})", request.title());
+            match github.merge(number, &pull.head_sha, &title).await {
+                Ok(()) => Ok(promote(format!("@{approver} approved #{number}"))),
+                // Branch protection wants more (reviews, checks): the team's
+                // rules decide, so the gate stays closed and says why.
+                Err(Error::GitHub {
+                    status: Some(status @ (403 | 405 | 409)),
+                    message,
+                    ..
+                }) => {
+                    let body = format!(
+                        "@{approver} approved, but GitHub refused the merge ({status}: {}). \
                          The gate stays closed until the branch's rules are met and it merges; \
                          a writer can also comment `/gitcanary promote`.",
                         escape_inline(&message)
-                    ),
-                )
-                .await;
-                Ok(Verdict::Waiting)
+                    );
+                    explain(github, number, "merge-refused", &body).await;
+                    Ok(Verdict::Waiting)
+                }
+                Err(error) => Err(error),
             }
-            Err(error) => Err(error),
-        };
+        }
+        Judgement::Abort => Ok(Verdict::Abort {
+            token: format!("{} closed unmerged", gate_token(number)),
+        }),
+        Judgement::Reopen { closer } => {
+            let who = closer.map_or_else(|| "someone".to_string(), |c| format!("@{c}"));
+            let body = format!(
+                "{who} closed this promotion pull request, but only a writer's close aborts the release: gitcanary reopens it."
+            );
+            github.reply(number, &body).await?;
+            github.reopen_pull(number).await?;
+            Ok(Verdict::Waiting)
+        }
+        Judgement::Wait(why) => {
+            if let Some((reason, body)) = explanation(&why) {
+                explain(github, number, reason, &body).await;
+            } else if why == Why::NotThisRelease {
+                info!(
+                    pull = number,
+                    "a pull request whose commit is not this release's gate: ignored"
+                );
+            }
+            Ok(Verdict::Waiting)
+        }
     }
-    Ok(Verdict::Waiting)
 }
 
-/// A gate closed unmerged aborts only when a writer closed it; anyone
-/// else's close is answered and undone.
-async fn closed(github: &GitHub, number: u64) -> Result<Verdict> {
-    let closer = github.closed_by(number).await?;
-    if let Some(closer) = &closer
-        && github.can_write(closer).await?
-    {
-        return Ok(Verdict::Abort {
-            token: format!("{} closed unmerged", gate_token(number)),
-        });
-    }
-    let who = closer
-        .as_deref()
-        .map_or_else(|| "someone".to_string(), |c| format!("@{c}"));
-    github
-        .reply(
-            number,
-            &format!(
-                "{who} closed this promotion pull request, but only a writer's close aborts the release: gitcanary reopens it."
+/// What the gate says on its pull request about why it stays closed, and
+/// the reason's key (said once per reason); none when there is nothing a
+/// person can do about it there.
+fn explanation(why: &Why) -> Option<(&'static str, String)> {
+    match why {
+        Why::Undecided | Why::NotThisRelease => None,
+        Why::Head { head, pushed } => Some((
+            "head",
+            format!(
+                "The head of this pull request is {}, not the commit gitcanary pushed ({}): the gate stays closed. \
+                 Only the gate file may be merged through it; a writer can comment `/gitcanary promote` instead.",
+                crate::short_commit(head),
+                pushed
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .map_or("none recorded", crate::short_commit)
             ),
-        )
-        .await?;
-    github.reopen_pull(number).await?;
-    Ok(Verdict::Waiting)
+        )),
+        Why::Files(others) => Some((
+            "files",
+            format!(
+                "This pull request changes more than the gate file ({}): the gate stays closed.",
+                escape_inline(&others.join(", "))
+            ),
+        )),
+        Why::MergeIgnored { merged_by } => Some((
+            "merge-ignored",
+            format!(
+                "This merge does not pass the gate: only the commit gitcanary pushed, changing the gate file only, \
+                 merged by gitcanary or by a writer who wrote or committed none of the release (merged by @{}). \
+                 The release still waits; a writer who is not its author can comment `/gitcanary promote` on the change.",
+                escape_inline(merged_by.as_deref().unwrap_or("someone"))
+            ),
+        )),
+    }
 }
 
 /// Says on the pull request why the gate stays closed, once per reason.
@@ -550,104 +451,6 @@ mod tests {
             !is_gate_of_release(&pull(OWN, &release_marker("", 1)), OWN, "", 1),
             "no canary commit"
         );
-    }
-
-    #[test]
-    fn only_the_commit_gitcanary_made_for_the_release_and_step_names_it() {
-        let canary = "b".repeat(40);
-        let message =
-            format!("gate(ns/web): promote\n\nGitcanary-Rollout: ns/web\nGitcanary-Gate: steady-1 {canary}\n");
-        assert!(commit_names_release(&message, "steady", 1, &canary));
-        assert!(!commit_names_release(&message, "steady", 2, &canary), "another step");
-        assert!(
-            !commit_names_release(&message, "steady", 1, &"c".repeat(40)),
-            "another release"
-        );
-        let old = "gate(ns/web): promote\n\nGitcanary-Gate: steady-1\n";
-        assert!(
-            !commit_names_release(old, "steady", 1, &canary),
-            "a gate of before release identity"
-        );
-        assert!(!commit_names_release(&message, "steady", 1, ""));
-    }
-
-    #[test]
-    fn only_the_pushed_commit_by_full_sha_counts() {
-        let sha = "a".repeat(40);
-        assert!(is_pushed_head(&sha, Some(&sha)));
-        assert!(!is_pushed_head(&sha, Some(&sha[..7])), "a short sha is not the commit");
-        assert!(!is_pushed_head(&sha, None));
-        assert!(!is_pushed_head("", Some("")));
-    }
-
-    #[test]
-    fn a_rename_out_of_another_file_is_more_than_the_gate_file() {
-        let gate = ".gitcanary/gates/ns/web.yaml";
-        let file = |name: &str, old: Option<&str>| PullFile {
-            filename: name.into(),
-            previous_filename: old.map(str::to_string),
-        };
-        assert!(files_besides_gate(&[file(gate, None)], gate).is_empty());
-        assert_eq!(
-            files_besides_gate(&[file(gate, Some("web/deployment.yaml"))], gate),
-            vec!["web/deployment.yaml".to_string()],
-            "the old path of a rename counts"
-        );
-        assert_eq!(
-            files_besides_gate(&[file(gate, None), file("x", None)], gate),
-            vec!["x".to_string()]
-        );
-    }
-
-    #[test]
-    fn no_author_or_committer_of_the_release_decides_it() {
-        let authors = vec!["carol".to_string(), "Dave".to_string()];
-        let policy = GatePolicy::default();
-        assert!(may_decide("alice", false, OWN, &authors, &policy));
-        assert!(!may_decide("carol", false, OWN, &authors, &policy), "the author");
-        assert!(
-            !may_decide("dave", false, OWN, &authors, &policy),
-            "a committer, any case"
-        );
-        assert!(!may_decide(OWN, false, OWN, &authors, &policy), "gitcanary itself");
-        assert!(!may_decide("", false, OWN, &authors, &policy));
-        let lifted = GatePolicy {
-            allow_self_approval: true,
-            bots: vec![],
-        };
-        assert!(may_decide("carol", false, OWN, &authors, &lifted));
-    }
-
-    #[test]
-    fn a_bot_decides_only_when_listed_and_never_for_its_own_commits() {
-        let policy = GatePolicy {
-            allow_self_approval: true,
-            bots: vec!["release[bot]".into()],
-        };
-        assert!(!may_decide("other[bot]", true, OWN, &[], &policy), "not listed");
-        assert!(!may_decide("sneaky", true, OWN, &[], &policy), "type Bot, not listed");
-        assert!(may_decide("release[bot]", true, OWN, &[], &policy));
-        assert!(
-            !may_decide("release[bot]", true, OWN, &["release[bot]".into()], &policy),
-            "its own commits, self-approval or not"
-        );
-    }
-
-    #[test]
-    fn a_merge_counts_from_gitcanary_or_someone_who_may_decide() {
-        let authors = vec!["carol".to_string()];
-        let policy = GatePolicy::default();
-        assert!(merge_counts(Some(OWN), OWN, &authors, &policy));
-        assert!(merge_counts(Some("alice"), OWN, &authors, &policy));
-        assert!(
-            !merge_counts(Some("carol"), OWN, &authors, &policy),
-            "the author merged it"
-        );
-        assert!(
-            !merge_counts(Some("ci[bot]"), OWN, &authors, &policy),
-            "an unlisted bot"
-        );
-        assert!(!merge_counts(None, OWN, &authors, &policy), "nobody known");
     }
 
     #[test]

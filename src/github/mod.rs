@@ -17,6 +17,7 @@ use crate::telemetry::Metrics;
 use crate::{Error, Result};
 
 pub mod gate;
+pub mod judge;
 
 pub struct GitHub {
     client: Octocrab,

@@ -292,7 +292,8 @@ async fn handle_commands(
             // none of it may pass it.
             let own = github.login().await.unwrap_or_default();
             if signal == Signal::Promote
-                && (own.is_empty() || !gate::may_decide(&comment.user, false, own, authors, &github.gate_policy))
+                && (own.is_empty()
+                    || !crate::github::judge::may_decide(&comment.user, false, own, authors, &github.gate_policy))
             {
                 info!(user = %comment.user, "GitHub: promote from the release's own author (or an unlisted bot) ignored");
                 let reply = format!(
