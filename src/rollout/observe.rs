@@ -91,32 +91,16 @@ pub(crate) async fn observe_rollout(
             .and_then(|r| r.metadata.annotations.as_ref()?.get(key).cloned())
     };
 
-    let git_workload = &planned[target.workload].desired;
     let workload = planned[target.workload].manifest;
     let git_template = workload.object["spec"]["template"].clone();
     let status = previous.clone().unwrap_or_default();
-    let mut observed = Observed {
-        commit: commit.to_string(),
-        git_template_hash: canonical_hash(&git_template),
-        workload_exists: live.is_some(),
-        workload_stable_hash: live.as_ref().and_then(|l| {
-            l["metadata"]["annotations"][STABLE_HASH_ANNOTATION]
-                .as_str()
-                .map(str::to_string)
-        }),
-        git_matches_live: live
-            .as_ref()
-            .is_some_and(|l| is_stored_as(&git_template, &l["spec"]["template"])),
-        replicas: git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32,
-        promote_signal: annotation(PROMOTE_ANNOTATION),
-        abort_signal: annotation(ABORT_ANNOTATION),
-        rollout_uid: live_rollout
-            .as_ref()
-            .and_then(|r| r.metadata.uid.clone())
-            .unwrap_or_default(),
-        now: Timestamp::now(),
-        ..Observed::default()
-    };
+    let mut observed = first_look(
+        &planned[target.workload].desired,
+        &git_template,
+        live.as_ref(),
+        live_rollout.as_ref(),
+        commit,
+    );
 
     let default_namespace = &options.allowed.default_namespace;
     let (record_problem, recorded_template) =
@@ -129,31 +113,17 @@ pub(crate) async fn observe_rollout(
             Err(problem) => (Some(problem), None),
         };
 
-    let mut knative_settled = false;
-    let (revisions, stable_template) = match target.kind {
-        WorkloadKind::Deployment => {
-            let canary = canary_live.get(&("Deployment", spec.strategy.canary.canary_name(&workload_ref.name)));
-            observe_deployment(
-                cluster,
-                &mut observed,
-                &status,
-                live.as_ref(),
-                canary,
-                &git_template,
-                namespace,
-            )
-            .await?
-        }
-        WorkloadKind::StatefulSet => {
-            observe_statefulset(cluster, &mut observed, live.as_ref(), &git_template, namespace).await?
-        }
-        WorkloadKind::KnativeService => {
-            let seen =
-                observe_knative(cluster, &mut observed, &status, live.as_ref(), &workload.object, target).await?;
-            knative_settled = seen.settled;
-            (seen.revisions, None)
-        }
-    };
+    let (revisions, stable_template, knative_settled) = observe_workload(
+        cluster,
+        &mut observed,
+        &status,
+        live.as_ref(),
+        &canary_live,
+        &git_template,
+        target,
+        &workload.object,
+    )
+    .await?;
     // A rebuilt cluster lacks the workload: its stable is what Git promoted.
     let stable_template = recorded_template.filter(|_| live.is_none()).or(stable_template);
     observed.stable_revision = revisions.stable.clone();
@@ -175,6 +145,69 @@ pub(crate) async fn observe_rollout(
         canary_live,
         canary_kinds,
         record_problem,
+    })
+}
+
+/// What the Rollout and its workload say before the workload's own
+/// revisions are read: Git's template against the live one, the replicas
+/// Git asks for, and the signals on the Rollout.
+fn first_look(
+    git_workload: &Value,
+    git_template: &Value,
+    live: Option<&Value>,
+    live_rollout: Option<&Rollout>,
+    commit: &str,
+) -> Observed {
+    let annotation = |key: &str| live_rollout.and_then(|r| r.metadata.annotations.as_ref()?.get(key).cloned());
+    Observed {
+        commit: commit.to_string(),
+        git_template_hash: canonical_hash(git_template),
+        workload_exists: live.is_some(),
+        workload_stable_hash: live.and_then(|l| {
+            l["metadata"]["annotations"][STABLE_HASH_ANNOTATION]
+                .as_str()
+                .map(str::to_string)
+        }),
+        git_matches_live: live.is_some_and(|l| is_stored_as(git_template, &l["spec"]["template"])),
+        replicas: git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32,
+        promote_signal: annotation(PROMOTE_ANNOTATION),
+        abort_signal: annotation(ABORT_ANNOTATION),
+        rollout_uid: live_rollout.and_then(|r| r.metadata.uid.clone()).unwrap_or_default(),
+        now: Timestamp::now(),
+        ..Observed::default()
+    }
+}
+
+/// The workload's revisions (stable and canary), the template its stable
+/// pods run, and for a Knative Service whether Git's traffic may take over.
+#[allow(clippy::too_many_arguments)]
+async fn observe_workload(
+    cluster: &Cluster,
+    observed: &mut Observed,
+    status: &RolloutStatus,
+    live: Option<&Value>,
+    canary_live: &BTreeMap<(&'static str, String), Value>,
+    git_template: &Value,
+    target: &Target,
+    git_object: &Value,
+) -> Result<(Revisions, Option<Value>, bool)> {
+    let (namespace, spec) = (&target.namespace, &target.spec);
+    let workload_name = &spec.workload_ref.name;
+    Ok(match target.kind {
+        WorkloadKind::Deployment => {
+            let canary = canary_live.get(&("Deployment", spec.strategy.canary.canary_name(workload_name)));
+            let (revisions, stable) =
+                observe_deployment(cluster, observed, status, live, canary, git_template, namespace).await?;
+            (revisions, stable, false)
+        }
+        WorkloadKind::StatefulSet => {
+            let (revisions, stable) = observe_statefulset(cluster, observed, live, git_template, namespace).await?;
+            (revisions, stable, false)
+        }
+        WorkloadKind::KnativeService => {
+            let seen = observe_knative(cluster, observed, status, live, git_object, target).await?;
+            (seen.revisions, None, seen.settled)
+        }
     })
 }
 

@@ -137,36 +137,10 @@ fn spec_schema() -> &'static Value {
 /// Problems of every Rollout in the app; objects that name no namespace are
 /// in `default_namespace`.
 pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
-    let mut problems = Vec::new();
-    // Only gitcanary makes a Rollout's canary objects: a manifest that names
-    // a Rollout as its owner would pass for one, and be written over and
-    // deleted by that release (or take its canary traffic).
-    for manifest in &app.manifests {
-        let claims_a_rollout = manifest.object["metadata"]["ownerReferences"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|r| {
-                r["kind"] == "Rollout"
-                    && r["apiVersion"]
-                        .as_str()
-                        .is_some_and(|v| v.starts_with(super::api::GROUP))
-            });
-        if claims_a_rollout {
-            problems.push(manifest.problem(
-                "metadata.ownerReferences names a gitcanary Rollout: only gitcanary makes a Rollout's objects (its canaries); remove the reference".to_string(),
-            ));
-        }
-    }
+    let mut problems: Vec<Problem> = app.manifests.iter().filter_map(claims_a_rollout).collect();
     let mut governed: BTreeMap<(String, String, String), String> = BTreeMap::new();
     for manifest in app.manifests.iter().filter(|m| is_rollout(m)) {
-        for signal in [PROMOTE_ANNOTATION, ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION] {
-            if !manifest.object["metadata"]["annotations"][signal].is_null() {
-                problems.push(manifest.problem(format!(
-                    "annotation {signal} is gitcanary's own signal and cannot come from Git (a merge would act on a release nobody reviewed, and every sync would fire it again): use `gitcanary promote`/`abort`, a `/gitcanary` comment or the promotion pull request"
-                )));
-            }
-        }
+        problems.extend(signals_from_git(manifest));
         let against_schema = schema_problems(&manifest.object["spec"], spec_schema(), "spec");
         if !against_schema.is_empty() {
             problems.extend(
@@ -190,26 +164,8 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
                 .into_iter()
                 .map(|m| manifest.problem(m)),
         );
+        problems.extend(reference_problems(app, manifest, &spec, namespace, default_namespace));
         let target = &spec.workload_ref;
-        let workload_kind = (group_of(&target.api_version), target.kind.as_str());
-        match held(app, default_namespace, workload_kind, namespace, &target.name) {
-            Some(workload) => {
-                problems.extend(shape_problems(workload));
-                if super::knative::is_knative_service(&target.api_version, &target.kind)
-                    && let Some(problem) = super::knative::git_problem(&workload.object)
-                {
-                    problems.push(workload.problem(format!(
-                        "Knative Service {namespace}/{}, which Rollout {} governs: {problem}",
-                        target.name,
-                        manifest.name()
-                    )));
-                }
-            }
-            None => problems.push(manifest.problem(format!(
-                "workloadRef names {} {namespace}/{}, which is not in this app",
-                target.kind, target.name
-            ))),
-        }
         let key = (target.kind.clone(), namespace.to_string(), target.name.clone());
         if let Some(first) = governed.get(&key) {
             problems.push(manifest.problem(format!(
@@ -219,28 +175,93 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
         } else {
             governed.insert(key, manifest.location());
         }
-        for routing in &spec.strategy.canary.traffic_routings {
-            let mut routed = vec![(("", "Service"), routing.service.as_str())];
-            routed.extend(
-                routing
-                    .gateway
-                    .as_ref()
-                    .map(|g| (("gateway.networking.k8s.io", "HTTPRoute"), g.http_route_name.as_str())),
-            );
-            routed.extend(
-                routing
-                    .ingress
-                    .as_ref()
-                    .map(|i| (("networking.k8s.io", "Ingress"), i.name.as_str())),
-            );
-            for (kind, name) in routed {
-                match held(app, default_namespace, kind, namespace, name) {
-                    Some(object) => problems.extend(shape_problems(object)),
-                    None => problems.push(manifest.problem(format!(
-                        "trafficRoutings names {} {namespace}/{name}, which is not in this app",
-                        kind.1
-                    ))),
-                }
+    }
+    problems
+}
+
+/// Only gitcanary makes a Rollout's canary objects: a manifest that names a
+/// Rollout as its owner would pass for one, and be written over and deleted
+/// by that release (or take its canary traffic).
+fn claims_a_rollout(manifest: &Manifest) -> Option<Problem> {
+    let claims = manifest.object["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|r| {
+            r["kind"] == "Rollout"
+                && r["apiVersion"]
+                    .as_str()
+                    .is_some_and(|v| v.starts_with(super::api::GROUP))
+        });
+    claims.then(|| {
+        manifest.problem(
+            "metadata.ownerReferences names a gitcanary Rollout: only gitcanary makes a Rollout's objects (its canaries); remove the reference".to_string(),
+        )
+    })
+}
+
+/// gitcanary's signal annotations, which only it and its commands set.
+fn signals_from_git(rollout: &Manifest) -> Vec<Problem> {
+    [PROMOTE_ANNOTATION, ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION]
+        .into_iter()
+        .filter(|signal| !rollout.object["metadata"]["annotations"][*signal].is_null())
+        .map(|signal| rollout.problem(format!(
+            "annotation {signal} is gitcanary's own signal and cannot come from Git (a merge would act on a release nobody reviewed, and every sync would fire it again): use `gitcanary promote`/`abort`, a `/gitcanary` comment or the promotion pull request"
+        )))
+        .collect()
+}
+
+/// The workload and the routed objects a Rollout names: in its own app, and
+/// in the shape a release needs.
+fn reference_problems(
+    app: &App,
+    rollout: &Manifest,
+    spec: &RolloutSpec,
+    namespace: &str,
+    default_namespace: &str,
+) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let target = &spec.workload_ref;
+    let workload_kind = (group_of(&target.api_version), target.kind.as_str());
+    match held(app, default_namespace, workload_kind, namespace, &target.name) {
+        Some(workload) => {
+            problems.extend(shape_problems(workload));
+            if super::knative::is_knative_service(&target.api_version, &target.kind)
+                && let Some(problem) = super::knative::git_problem(&workload.object)
+            {
+                problems.push(workload.problem(format!(
+                    "Knative Service {namespace}/{}, which Rollout {} governs: {problem}",
+                    target.name,
+                    rollout.name()
+                )));
+            }
+        }
+        None => problems.push(rollout.problem(format!(
+            "workloadRef names {} {namespace}/{}, which is not in this app",
+            target.kind, target.name
+        ))),
+    }
+    for routing in &spec.strategy.canary.traffic_routings {
+        let mut routed = vec![(("", "Service"), routing.service.as_str())];
+        routed.extend(
+            routing
+                .gateway
+                .as_ref()
+                .map(|g| (("gateway.networking.k8s.io", "HTTPRoute"), g.http_route_name.as_str())),
+        );
+        routed.extend(
+            routing
+                .ingress
+                .as_ref()
+                .map(|i| (("networking.k8s.io", "Ingress"), i.name.as_str())),
+        );
+        for (kind, name) in routed {
+            match held(app, default_namespace, kind, namespace, name) {
+                Some(object) => problems.extend(shape_problems(object)),
+                None => problems.push(rollout.problem(format!(
+                    "trafficRoutings names {} {namespace}/{name}, which is not in this app",
+                    kind.1
+                ))),
             }
         }
     }
