@@ -20,7 +20,7 @@ use crate::manifest::{App, Manifest, ObjectKey, Problem};
 use crate::plan::desired::{applies_as_is, is_subset};
 use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
-use crate::rollout::engine::RolloutWork;
+use crate::rollout::model::RolloutWork;
 use crate::rollout::plan::Requeue;
 use crate::source::Revision;
 use crate::{Error, FIELD_MANAGER, Result, short_commit};
@@ -77,7 +77,7 @@ pub struct AppReport {
     /// Promotes and reverts of this app's rollouts still to be written to Git.
     pub writebacks: Vec<crate::writeback::Request>,
     /// The app's rollouts as this sync left them.
-    pub rollouts: Vec<rollout::engine::RolloutSummary>,
+    pub rollouts: Vec<rollout::model::RolloutSummary>,
     /// Nothing the app holds changed since the last sync, which found it in
     /// order: this is that sync's answer, with nothing observed or planned.
     pub recalled: bool,

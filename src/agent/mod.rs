@@ -392,7 +392,7 @@ fn watch_files(dir: &std::path::Path, triggers: mpsc::Sender<Trigger>) -> Option
 /// Whether a Rollout carries a promote or abort token its status has not
 /// acted on yet.
 fn pending_signal(rollout: &DynamicObject) -> bool {
-    use crate::rollout::engine::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
+    use crate::rollout::api::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
     let annotations = rollout.metadata.annotations.as_ref();
     let status = &rollout.data["status"];
     [

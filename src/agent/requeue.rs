@@ -90,7 +90,7 @@ pub(super) mod tests {
         }
         AppReport {
             requeue,
-            rollouts: vec![crate::rollout::engine::RolloutSummary {
+            rollouts: vec![crate::rollout::model::RolloutSummary {
                 namespace: "ns".into(),
                 name: name.into(),
                 spec: Default::default(),

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use super::judge::{self, Evidence, GATE_COMMIT_MARKER, Gate, Judgement, Why, judge};
 use super::{GitHub, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
-use crate::rollout::engine::RolloutSummary;
+use crate::rollout::model::RolloutSummary;
 use crate::writeback::{GateFile, gate_branch, gate_path};
 use crate::{Error, Result};
 

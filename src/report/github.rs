@@ -12,7 +12,7 @@ use crate::cluster::Cluster;
 use crate::github::{self, GitHub, gate};
 use crate::rollout::api::Phase;
 use crate::rollout::cli::{DecidedOn, Signal, record_last_comment, send_signal_token};
-use crate::rollout::engine::RolloutSummary;
+use crate::rollout::model::RolloutSummary;
 use crate::source::Source;
 use crate::sync::SyncReport;
 use crate::writeback::{Author, Writer};

@@ -624,6 +624,20 @@ pub fn crd_yaml() -> String {
     serde_saphyr::to_string(&crd).expect("the CRD serialises")
 }
 
+/// Annotations that carry a signal; each value is acted on once.
+pub const PROMOTE_ANNOTATION: &str = "gitcanary.io/promote";
+pub const ABORT_ANNOTATION: &str = "gitcanary.io/abort";
+
+/// The annotation a signal is given by.
+pub fn annotation_of(signal: crate::rollout::api::Signal) -> &'static str {
+    match signal {
+        crate::rollout::api::Signal::Promote => PROMOTE_ANNOTATION,
+        crate::rollout::api::Signal::Abort => ABORT_ANNOTATION,
+    }
+}
+/// The last pull-request comment whose `/gitcanary` command was handled.
+pub const LAST_COMMENT_ANNOTATION: &str = "gitcanary.io/github-last-comment";
+
 #[cfg(test)]
 mod tests {
     use super::*;

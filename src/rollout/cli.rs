@@ -5,7 +5,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::api::{IntOrPercent, Phase, Rollout, StepState};
-use super::engine::{LAST_COMMENT_ANNOTATION, annotation_of};
+use super::api::{LAST_COMMENT_ANNOTATION, annotation_of};
 use super::plan::parse_percent;
 use super::signal;
 use crate::cluster::Cluster;

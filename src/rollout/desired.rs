@@ -9,74 +9,16 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::api::{API_VERSION, CanaryStrategy, DEFAULT_CANARY_SUFFIX, GROUP, RolloutSpec};
-use super::engine::{CanaryWrite, RolloutWork};
 use super::knative;
-use super::observe::RolloutObserved;
+use super::model::RolloutObserved;
+use super::model::{CanaryWrite, RolloutWork};
+use super::model::{Target, find_in};
 use super::overlay::{self, WorkloadKind};
 use super::plan;
 use crate::manifest::{ObjectKey, Problem};
 use crate::plan::desired::{is_stored_as, rehash};
 use crate::plan::{Deletion, LiveMeta, Planned, Resolved};
 use crate::{MANAGED_BY_LABEL, SOURCE_ANNOTATION};
-
-/// A Rollout of the app and the workload it governs, found among the app's objects.
-pub(crate) struct Target {
-    /// Index of the Rollout among the app's objects.
-    pub index: usize,
-    pub spec: RolloutSpec,
-    pub namespace: String,
-    pub name: String,
-    pub kind: WorkloadKind,
-    /// Index of the governed workload among the app's objects.
-    pub workload: usize,
-}
-
-impl Target {
-    /// Validation refuses a Rollout whose objects the app does not hold; these
-    /// lookups fail only for what validation let through.
-    pub fn find(planned: &[Planned<'_>], index: usize) -> Result<Target, Problem> {
-        let manifest = planned[index].manifest;
-        let spec: RolloutSpec = serde_json::from_value(manifest.object["spec"].clone())
-            .map_err(|e| manifest.problem(format!("invalid Rollout spec: {e}")))?;
-        let namespace = planned[index].namespace().unwrap_or("default").to_string();
-        let workload_ref = &spec.workload_ref;
-        let kind = WorkloadKind::parse(&workload_ref.api_version, &workload_ref.kind).ok_or_else(|| {
-            manifest.problem(format!(
-                "workloadRef {} {} is not supported: {}",
-                workload_ref.api_version,
-                workload_ref.kind,
-                overlay::SUPPORTED_WORKLOADS
-            ))
-        })?;
-        let workload = find_in(
-            planned,
-            kind.group(),
-            &workload_ref.kind,
-            &namespace,
-            &workload_ref.name,
-        )
-        .ok_or_else(|| {
-            manifest.problem(format!(
-                "workloadRef names {} {namespace}/{}, which this app does not hold",
-                workload_ref.kind, workload_ref.name
-            ))
-        })?;
-        Ok(Target {
-            index,
-            name: manifest.name().to_string(),
-            spec,
-            namespace,
-            kind,
-            workload,
-        })
-    }
-}
-
-fn find_in(planned: &[Planned<'_>], group: &str, kind: &str, namespace: &str, name: &str) -> Option<usize> {
-    planned.iter().position(|p| {
-        p.manifest.group() == group && p.manifest.kind() == kind && p.name() == name && p.namespace() == Some(namespace)
-    })
-}
 
 /// A routing object of the app: a core Service, an HTTPRoute or an Ingress.
 fn find(planned: &[Planned<'_>], kind: &str, namespace: &str, name: &str) -> Option<usize> {
@@ -184,7 +126,7 @@ pub(crate) fn plan_rollout(
 
 /// What the governed workload's overlay takes from what was observed.
 struct LiveWorkload<'o> {
-    revisions: &'o overlay::Revisions,
+    revisions: &'o plan::Revisions,
     stable_template: Option<&'o Value>,
     knative_settled: bool,
 }
@@ -204,7 +146,7 @@ fn governed_workload(
         return overlay::stable_workload(kind, git_workload, observed.stable_template, &plan.intent, stable_hash);
     }
     // Just promoted, the stable Revision is the canary's.
-    let revisions = overlay::Revisions {
+    let revisions = plan::Revisions {
         stable: plan.status.stable_revision.clone(),
         canary: observed.revisions.canary.clone(),
     };
@@ -323,7 +265,7 @@ fn overlay_routes(
     target: &Target,
     services: &[usize],
     plan: &plan::Plan,
-    revisions: &overlay::Revisions,
+    revisions: &plan::Revisions,
     git_workload: &Value,
 ) -> Result<(Vec<Value>, Unwanted), Problem> {
     let (spec, namespace, kind, intent) = (&target.spec, target.namespace.as_str(), target.kind, &plan.intent);

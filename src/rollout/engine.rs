@@ -9,102 +9,16 @@ use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::api::{API_VERSION, KIND, Rollout, RolloutSpec, RolloutStatus, is_rollout};
-use super::desired::{Target, plan_rollout};
+use super::api::{API_VERSION, KIND, Rollout, RolloutStatus, annotation_of, is_rollout};
+use super::desired::plan_rollout;
+use super::model::{RolloutWork, Target};
 use super::observe::observe_rollout;
-use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL, Revisions, WorkloadKind};
-use super::plan::{Plan, Severity};
+use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
+use super::plan::Severity;
 use crate::cluster::Cluster;
-use crate::manifest::{ObjectKey, Problem};
-use crate::plan::{Deletion, Planned, Resolved, SyncOptions};
+use crate::manifest::Problem;
+use crate::plan::{Planned, SyncOptions};
 use crate::{Error, FIELD_MANAGER, Result};
-
-/// Annotations that carry a signal; each value is acted on once.
-pub const PROMOTE_ANNOTATION: &str = "gitcanary.io/promote";
-pub const ABORT_ANNOTATION: &str = "gitcanary.io/abort";
-
-/// The annotation a signal is given by.
-pub fn annotation_of(signal: crate::rollout::api::Signal) -> &'static str {
-    match signal {
-        crate::rollout::api::Signal::Promote => PROMOTE_ANNOTATION,
-        crate::rollout::api::Signal::Abort => ABORT_ANNOTATION,
-    }
-}
-/// The last pull-request comment whose `/gitcanary` command was handled.
-pub const LAST_COMMENT_ANNOTATION: &str = "gitcanary.io/github-last-comment";
-
-/// What remains to do for one rollout once its app has been applied.
-#[derive(Debug)]
-pub struct RolloutWork {
-    pub namespace: String,
-    pub name: String,
-    /// The app the Rollout belongs to.
-    pub app: String,
-    /// Images of the template in Git, for the status written on promote.
-    pub images: Vec<String>,
-    pub spec: RolloutSpec,
-    /// The last GitHub comment whose command was handled.
-    pub last_command_comment: u64,
-    pub kind: WorkloadKind,
-    pub workload: String,
-    pub plan: Plan,
-    /// `file:line` of the Rollout.
-    pub source: String,
-    /// Canary objects to write before the app's objects (routes may name them).
-    pub canary_writes: Vec<CanaryWrite>,
-    /// Canary objects of this instance to delete once the routes are back on stable.
-    pub canary_deletions: Vec<Deletion>,
-    pub(crate) previous: Option<RolloutStatus>,
-    pub(crate) revisions: Revisions,
-}
-
-/// A canary object that differs from what the cluster has.
-#[derive(Debug)]
-pub struct CanaryWrite {
-    pub key: ObjectKey,
-    pub resolved: Resolved,
-    pub object: Value,
-    /// The live object by that name, if any.
-    pub live: Option<Value>,
-    /// The live object is this instance's: conflicts are forced.
-    pub ours: bool,
-}
-
-impl RolloutWork {
-    pub fn requeue(&self) -> Option<crate::rollout::plan::Requeue> {
-        self.plan.requeue
-    }
-
-    /// What GitHub reporting needs to know of this rollout.
-    pub fn summary(&self) -> RolloutSummary {
-        RolloutSummary {
-            namespace: self.namespace.clone(),
-            name: self.name.clone(),
-            spec: self.spec.clone(),
-            status: self.plan.status.clone(),
-            changed: self.previous.as_ref() != Some(&self.plan.status),
-            last_command_comment: self.last_command_comment,
-        }
-    }
-}
-
-/// A canary object that routes requests (a canary Ingress): deleting it
-/// puts its share back on stable.
-pub fn is_route(deletion: &Deletion) -> bool {
-    deletion.key.kind == "Ingress"
-}
-
-/// A rollout after a sync, for reporting.
-#[derive(Debug, Clone)]
-pub struct RolloutSummary {
-    pub namespace: String,
-    pub name: String,
-    pub spec: RolloutSpec,
-    pub status: RolloutStatus,
-    /// The status changed in this sync.
-    pub changed: bool,
-    pub last_command_comment: u64,
-}
 
 /// Writes a Rollout's whole status with gitcanary's field manager.
 pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {

@@ -7,8 +7,7 @@
 
 use serde_json::{Value, json};
 
-use super::overlay::Revisions;
-use super::plan::{Intent, StableTemplate};
+use super::plan::{Intent, Revisions, StableTemplate, canary_percent};
 use crate::plan::desired::is_stored_as;
 
 pub const API_VERSION: &str = "serving.knative.dev/v1";
@@ -46,12 +45,6 @@ fn follows_latest(entry: &Value) -> bool {
     entry["latestRevision"]
         .as_bool()
         .unwrap_or(entry["revisionName"].is_null())
-}
-
-/// The canary's percent of all requests when it takes `traffic` percent of
-/// the release's `share`; rounded, so that Knative's whole percents add up.
-pub fn canary_percent(share: u32, traffic: u32) -> u32 {
-    (share * traffic.min(100) + 50) / 100
 }
 
 /// Why a Rollout cannot govern this Service as Git has it, if it cannot.

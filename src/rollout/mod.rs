@@ -7,6 +7,7 @@ pub mod cli;
 mod desired;
 pub mod engine;
 pub mod knative;
+pub mod model;
 mod observe;
 pub mod offline;
 pub mod overlay;

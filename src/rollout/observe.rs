@@ -14,42 +14,18 @@ use tracing::info;
 
 use super::analysis;
 use super::api::Phase;
+use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
-use super::desired::Target;
-use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::knative;
-use super::overlay::{CANARY_HASH_ANNOTATION, Revisions, STABLE_HASH_ANNOTATION, WorkloadKind};
-use super::plan::{Observed, Resumed, SelfRouted};
+use super::model::{RolloutObserved, Target};
+use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
+use super::plan::{Observed, Resumed, Revisions, SelfRouted};
 use super::record::{History, Outcome as RecordOutcome, record_path};
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_stored_as};
 use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
 use std::sync::Arc;
-
-/// Everything a Rollout's plan is made from that the cluster holds.
-pub(crate) struct RolloutObserved {
-    /// What the planner reads (the selector check is added by `desired`).
-    pub planner: Observed,
-    pub previous: Option<RolloutStatus>,
-    /// The live Rollout's uid, which its canary objects name.
-    pub rollout_uid: Option<String>,
-    /// The last GitHub comment whose command was handled.
-    pub last_command_comment: u64,
-    pub revisions: Revisions,
-    /// The template the stable pods run, when the workload exists.
-    pub stable_template: Option<Value>,
-    /// A Knative Service serves Git's template on its newest Revision, so
-    /// Git's own traffic may take over.
-    pub knative_settled: bool,
-    /// Canary objects that exist, by (kind, name).
-    pub canary_live: BTreeMap<(&'static str, String), Value>,
-    /// The canary kinds the API server serves.
-    pub canary_kinds: BTreeMap<&'static str, Resolved>,
-    /// The Rollout's status file in Git could not be read: nothing of the
-    /// app is applied, rather than release blind.
-    pub record_problem: Option<String>,
-}
 
 /// The kinds a release may make a canary of.
 const CANARY_KINDS: [(&str, &str); 3] = [

@@ -10,10 +10,11 @@ use jiff::{SignedDuration, Timestamp};
 use kube::api::{ApiResource, GroupVersionKind};
 
 use super::api::{RolloutStatus, is_rollout};
-use super::desired::{Target, plan_rollout};
-use super::observe::RolloutObserved;
-use super::overlay::Revisions;
+use super::desired::plan_rollout;
+use super::model::RolloutObserved;
+use super::model::Target;
 use super::plan::Observed;
+use super::plan::Revisions;
 use crate::manifest::{CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
 use crate::plan::desired::canonical_hash;
 use crate::plan::{AppInputs, LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions, plan_app};

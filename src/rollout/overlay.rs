@@ -59,13 +59,6 @@ impl WorkloadKind {
 /// What `workloadRef` may name, for messages.
 pub const SUPPORTED_WORKLOADS: &str = "use apps/v1 Deployment or StatefulSet, or serving.knative.dev/v1 Service";
 
-/// What the overlays need besides Git and the intent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Revisions {
-    pub stable: String,
-    pub canary: String,
-}
-
 fn labels_of(object: &Value, path: &[&str]) -> BTreeMap<String, String> {
     let mut node = object;
     for key in path {

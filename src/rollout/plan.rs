@@ -186,6 +186,20 @@ pub struct Plan {
     pub ignored_signals: Vec<(Signal, String)>,
 }
 
+/// The workload's stable and canary revisions (ReplicaSet hashes,
+/// ControllerRevisions or Knative Revisions), as observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Revisions {
+    pub stable: String,
+    pub canary: String,
+}
+
+/// The canary's percent of all requests when it takes `traffic` percent of
+/// the release's `share`; rounded, so that Knative's whole percents add up.
+pub fn canary_percent(share: u32, traffic: u32) -> u32 {
+    (share * traffic.min(100) + 50) / 100
+}
+
 /// The release's rollout ID: the spec's, or the short commit when it is
 /// absent or empty (`rolloutID: ""` must not leave a release nameless, which
 /// would switch off its gates and GitHub reporting).

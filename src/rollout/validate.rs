@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::api::{IntOrPercent, RolloutSpec, is_rollout};
-use super::engine::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::overlay::{SUPPORTED_WORKLOADS, WorkloadKind};
 use super::plan::parse_percent;
 use serde_json::Value;

@@ -218,7 +218,7 @@ async fn delete_canary_objects(
         let chosen = work
             .canary_deletions
             .iter()
-            .filter(|d| rollout::engine::is_route(d) == routes);
+            .filter(|d| rollout::model::is_route(d) == routes);
         for deletion in chosen {
             match writer.delete(deletion, Mode::Apply).await {
                 Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),

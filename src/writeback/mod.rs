@@ -11,7 +11,8 @@ use crate::cluster::Cluster;
 use serde::Serialize;
 
 use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction, WrittenBack};
-use crate::rollout::engine::{RolloutWork, apply_status};
+use crate::rollout::engine::apply_status;
+use crate::rollout::model::RolloutWork;
 use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRecord, record_path};
 use crate::source::{GitSource, redact_url};
 use crate::{Error, Result};

@@ -156,7 +156,7 @@ impl Planner<'_> {
         let traffic = step_traffic(self.spec, index);
         self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
         if let Some(routed) = self.observed.self_routed {
-            let asked = crate::rollout::knative::canary_percent(routed.share, traffic.unwrap_or(0));
+            let asked = canary_percent(routed.share, traffic.unwrap_or(0));
             if routed.canary_percent != Some(asked) {
                 let deadline = self.progress_deadline();
                 if here.in_state >= deadline {
