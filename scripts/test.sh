@@ -26,6 +26,9 @@ tests/testenv/knative.sh >/dev/null
 step "cargo fmt --check"
 cargo fmt --check
 
+step "the shape of src/: no import cycle, no file over 700 lines, no function over 100"
+scripts/shape.py
+
 step "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 

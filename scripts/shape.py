@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Checks the shape of src/: no import cycle among the files (modules) of
+any folder, no file over 700 lines before its tests, no function over 100
+lines. Prints each breach and exits 1 when there is one."""
+
+import os
+import re
+import sys
+
+MAX_FILE_LINES = 700
+MAX_FN_LINES = 100
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+
+
+def module_of(path):
+    parts = os.path.relpath(path, SRC)[:-3].split(os.sep)
+    return tuple(parts[:-1] if parts[-1] in ("mod", "lib", "main") else parts)
+
+
+def code_before_tests(text):
+    cut = text.find("#[cfg(test)]\nmod tests")
+    return text if cut < 0 else text[:cut]
+
+
+def sources():
+    for folder, _, names in os.walk(SRC):
+        for name in sorted(names):
+            if name.endswith(".rs") and name != "tests.rs":
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    yield path, code_before_tests(f.read())
+
+
+def resolve(current, segments, modules):
+    head, rest = segments[0], segments[1:]
+    if head == "crate":
+        base = []
+    elif head == "super":
+        base, rest = list(current), segments
+        while rest and rest[0] == "super":
+            base, rest = base[:-1], rest[1:]
+    elif head == "self":
+        base = list(current)
+    else:
+        return None
+    full = base + rest
+    for k in range(len(full), 0, -1):
+        if tuple(full[:k]) in modules:
+            return tuple(full[:k])
+    return None
+
+
+def imports(path, code, modules):
+    current = module_of(path)
+    code = re.sub(r"//[^\n]*", "", code)
+    found = set()
+    for m in re.finditer(r"\b((?:crate|super|self)(?:::\w+)+)", code):
+        found.add(resolve(current, m.group(1).split("::"), modules))
+    for m in re.finditer(r"use (crate|super|self)::\{([^;]*)\};", code, re.S):
+        for item in re.findall(r"(\w+)", m.group(2)):
+            found.add(resolve(current, [m.group(1), item], modules))
+    found.discard(None)
+    found.discard(current)
+    return found
+
+
+def cycles(edges):
+    """Strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def long_functions(code):
+    lines = code.split("\n")
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)(?:pub(?:\([^)]*\))? )?(?:async )?(?:const )?fn (\w+)", line)
+        if not m:
+            continue
+        for j in range(i + 1, len(lines)):
+            if lines[j] == m.group(1) + "}":
+                if j - i + 1 > MAX_FN_LINES:
+                    yield m.group(2), j - i + 1
+                break
+
+
+def main():
+    files = dict(sources())
+    modules = {module_of(p) for p in files}
+    breaches = []
+    # Between siblings: a file's imports of (anything inside) another file of
+    # its folder, counting the imports of its own submodules.
+    sibling_edges = {}
+    for path, code in files.items():
+        current = module_of(path)
+        for target in imports(path, code, modules):
+            for depth in range(len(current)):
+                folder = current[:depth]
+                if target[:depth] == folder and len(target) > depth and target[depth] != current[depth]:
+                    sibling_edges.setdefault(current[: depth + 1], set()).add(target[: depth + 1])
+    for component in cycles(sibling_edges):
+        breaches.append("import cycle: " + " <-> ".join("/".join(m) or "src" for m in component))
+    for path, code in sorted(files.items()):
+        shown = os.path.relpath(path, os.path.join(SRC, ".."))
+        count = code.count("\n")
+        if count > MAX_FILE_LINES:
+            breaches.append(f"{shown}: {count} lines before its tests (at most {MAX_FILE_LINES})")
+        for name, length in long_functions(code):
+            breaches.append(f"{shown}: fn {name} is {length} lines (at most {MAX_FN_LINES})")
+    for breach in breaches:
+        print(breach)
+    return 1 if breaches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
