@@ -54,8 +54,13 @@ pub(super) async fn apply_app(
         }
         report.applied.push(key);
     }
-    finish_rollouts(writer, app, &rollouts, &mut report, &mut failures).await;
+    // Routes are back on stable by now (the canary Ingresses went before the
+    // app's objects, Git's HTTPRoutes were among them): the other canary
+    // objects no longer wanted go, then what left Git; each rollout's status
+    // is written last, once, saying what this sync did.
+    delete_canary_objects(writer, app, &rollouts, false, &mut report, &mut failures).await;
     let inventory = prune(writer, app, &mut plan, &applied, previous, &mut report, &mut failures).await;
+    finish_rollouts(writer, app, &rollouts, &mut report, &mut failures).await;
     report.health = if applied.results.iter().all(plan::is_healthy) {
         "Healthy".to_string()
     } else {
@@ -182,9 +187,8 @@ async fn apply_objects(
     Ok(applied)
 }
 
-/// After the app's objects: the canary objects no longer wanted go (routes
-/// are back on stable by now: the canary Ingresses went before the app's
-/// objects, Git's HTTPRoutes were among them), then each rollout reports.
+/// After everything else is written: each rollout's batch labels, status
+/// and Events.
 async fn finish_rollouts(
     writer: &Writer<'_>,
     app: &App,
@@ -193,7 +197,6 @@ async fn finish_rollouts(
     failures: &mut Vec<Problem>,
 ) {
     let cluster = writer.cluster();
-    delete_canary_objects(writer, app, rollouts, false, report, failures).await;
     for work in rollouts {
         if let Err(error) = rollout::engine::finish(cluster, work).await {
             failures.push(rollout_problem(app, work, &error.to_string()));
