@@ -262,12 +262,13 @@ impl Metrics {
         if let Some(requests) = self.kube_requests.get() {
             let _ = writeln!(
                 out,
-                "# HELP gitcanary_kube_requests_total Requests sent to the API server.\n# TYPE gitcanary_kube_requests_total counter\ngitcanary_kube_requests_total{{kind=\"read\"}} {}\ngitcanary_kube_requests_total{{kind=\"write\"}} {}\ngitcanary_kube_requests_total{{kind=\"dry_run\"}} {}\n# HELP gitcanary_kube_reads_total Of the reads: lists and watches started.\n# TYPE gitcanary_kube_reads_total counter\ngitcanary_kube_reads_total{{kind=\"list\"}} {}\ngitcanary_kube_reads_total{{kind=\"watch\"}} {}",
+                "# HELP gitcanary_kube_requests_total Requests sent to the API server.\n# TYPE gitcanary_kube_requests_total counter\ngitcanary_kube_requests_total{{kind=\"read\"}} {}\ngitcanary_kube_requests_total{{kind=\"write\"}} {}\ngitcanary_kube_requests_total{{kind=\"dry_run\"}} {}\n# HELP gitcanary_kube_reads_total Of the reads: lists and watches started.\n# TYPE gitcanary_kube_reads_total counter\ngitcanary_kube_reads_total{{kind=\"list\"}} {}\ngitcanary_kube_reads_total{{kind=\"watch\"}} {}\n# HELP gitcanary_kube_lease_requests_total Of all requests: reads and renewals of the leader Lease.\n# TYPE gitcanary_kube_lease_requests_total counter\ngitcanary_kube_lease_requests_total {}",
                 requests.reads(),
                 requests.writes(),
                 requests.dry_runs(),
                 requests.lists(),
-                requests.watches()
+                requests.watches(),
+                requests.leases()
             );
         }
         let _ = writeln!(

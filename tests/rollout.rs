@@ -463,6 +463,61 @@ async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
     assert!(stderr.contains("Rollout") && stderr.contains("missing"), "{stderr}");
 }
 
+/// API requests the agent sent besides starting its watches and renewing
+/// its leader Lease, which go on whatever the syncs do.
+async fn requests_besides_watches(agent: &support::agent::AgentProcess) -> u64 {
+    let reads = agent.counter("gitcanary_kube_requests_total{kind=\"read\"}").await;
+    let writes = agent.counter("gitcanary_kube_requests_total{kind=\"write\"}").await;
+    let dry_runs = agent.counter("gitcanary_kube_requests_total{kind=\"dry_run\"}").await;
+    let watches = agent.counter("gitcanary_kube_reads_total{kind=\"watch\"}").await;
+    let leases = agent.counter("gitcanary_kube_lease_requests_total").await;
+    reads + writes + dry_runs - watches - leases
+}
+
+#[tokio::test]
+async fn a_release_paused_for_a_promote_costs_no_request_while_nothing_changes() {
+    let scenario = Scenario::new("ro-at-rest").await;
+    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
+    let (agent, cluster) = running_on_1_0(&scenario, &strategy).await;
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    const RECALLED: &str = "gitcanary_apps_recalled_total";
+    eventually("a resync answers for the paused app from memory", WAIT, || async {
+        let recalled = agent.counter(RECALLED).await;
+        agent.wait_for_syncs(1).await;
+        (agent.counter(RECALLED).await > recalled).then_some(())
+    })
+    .await;
+    let (requests, syncs) = (requests_besides_watches(&agent).await, agent.syncs().await);
+    agent.wait_for_syncs(3).await;
+    assert_eq!(
+        requests_besides_watches(&agent).await,
+        requests,
+        "{} resyncs of a paused release sent requests",
+        agent.syncs().await - syncs
+    );
+    assert_eq!(cluster.weights().await, vec![w("echo", 70), w("echo-canary", 30)]);
+
+    // At rest is not asleep: a promote, and a drift of the canary, are acted on.
+    Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns)
+        .patch(
+            "echo-canary",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("scale the canary by hand");
+    eventually("the canary's drift is put back", WAIT, || async {
+        let canary = cluster.deployment("echo-canary").await?;
+        (canary.spec?.replicas == Some(1)).then_some(())
+    })
+    .await;
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    healthy_with(&scenario, &cluster, "2.0").await;
+}
+
 #[tokio::test]
 async fn an_abort_never_waits_for_the_render_of_a_newer_commit() {
     let scenario = Scenario::new("ro-slow-render").await;

@@ -14,6 +14,9 @@ pub struct RequestCounts {
     /// Of the reads: lists (a selector or a page size) and watches.
     lists: Arc<AtomicU64>,
     watches: Arc<AtomicU64>,
+    /// Of all requests: the leader Lease's reads and renewals, which go on
+    /// whatever the syncs do.
+    leases: Arc<AtomicU64>,
     writes: Arc<AtomicU64>,
     dry_runs: Arc<AtomicU64>,
 }
@@ -28,6 +31,9 @@ impl RequestCounts {
     pub fn watches(&self) -> u64 {
         self.watches.load(Ordering::Relaxed)
     }
+    pub fn leases(&self) -> u64 {
+        self.leases.load(Ordering::Relaxed)
+    }
     /// Requests that may change something (dry runs excluded).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
@@ -38,6 +44,9 @@ impl RequestCounts {
 
     fn count<B>(&self, request: &Request<B>) {
         tracing::trace!(method = %request.method(), uri = %request.uri(), "request");
+        if request.uri().path().starts_with("/apis/coordination.k8s.io/") {
+            self.leases.fetch_add(1, Ordering::Relaxed);
+        }
         if *request.method() == Method::GET {
             let query = request.uri().query().unwrap_or_default();
             if query.contains("watch=true") {

@@ -169,3 +169,22 @@ pub struct RolloutSummary {
     pub changed: bool,
     pub last_command_comment: u64,
 }
+
+/// The canary objects a release of `spec` may make: (apiVersion, kind,
+/// name); `None` for a workload kind no release governs.
+pub fn canary_object_names(spec: &RolloutSpec) -> Option<Vec<(&'static str, &'static str, String)>> {
+    let workload = &spec.workload_ref;
+    let kind = WorkloadKind::parse(&workload.api_version, &workload.kind)?;
+    let canary = &spec.strategy.canary;
+    let mut names = Vec::new();
+    if kind == WorkloadKind::Deployment {
+        names.push(("apps/v1", "Deployment", canary.canary_name(&workload.name)));
+    }
+    for routing in &canary.traffic_routings {
+        names.push(("v1", "Service", canary.canary_name(&routing.service)));
+        if let Some(ingress) = &routing.ingress {
+            names.push(("networking.k8s.io/v1", "Ingress", canary.canary_name(&ingress.name)));
+        }
+    }
+    Some(names)
+}

@@ -56,7 +56,7 @@ pub(crate) async fn observe_rollout(
             namespace,
             &workload_ref.name,
         ),
-        observe_canary_objects(cluster, target.kind, spec, namespace, &workload_ref.name),
+        observe_canary_objects(cluster, spec, namespace),
     );
     let live_rollout = live_rollout.map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
     let (live, canary_live) = (live?, canary_live?);
@@ -363,25 +363,10 @@ async fn get_value(
 /// The canary objects a release of this rollout may make, as the cluster has them.
 async fn observe_canary_objects(
     cluster: &Cluster,
-    kind: WorkloadKind,
     spec: &RolloutSpec,
     namespace: &str,
-    workload: &str,
 ) -> Result<BTreeMap<(&'static str, String), Value>> {
-    let mut names: Vec<(&'static str, &'static str, String)> = Vec::new();
-    if kind == WorkloadKind::Deployment {
-        names.push(("apps/v1", "Deployment", spec.strategy.canary.canary_name(workload)));
-    }
-    for routing in &spec.strategy.canary.traffic_routings {
-        names.push(("v1", "Service", spec.strategy.canary.canary_name(&routing.service)));
-        if let Some(ingress) = &routing.ingress {
-            names.push((
-                "networking.k8s.io/v1",
-                "Ingress",
-                spec.strategy.canary.canary_name(&ingress.name),
-            ));
-        }
-    }
+    let names = super::model::canary_object_names(spec).unwrap_or_default();
     let reads = names.into_iter().map(|(api_version, kind, name)| async move {
         let object = get_value(cluster, api_version, kind, namespace, &name).await?;
         Ok::<_, Error>(object.map(|object| ((kind, name), object)))

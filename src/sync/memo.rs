@@ -4,10 +4,13 @@
 //! and plan would decide the same "nothing to do" again: the sync reuses
 //! that answer instead of parsing the live objects and planning them. Only
 //! the agent's watch caches can say "as they were" without a request, so
-//! without them nothing is remembered.
+//! without them nothing is remembered. A Rollout at rest (Healthy, or
+//! paused for a promote) is such an app too: its object, its workload and
+//! its canary objects are all in the caches, and nothing of it waits on a
+//! clock.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -59,7 +62,9 @@ impl SyncMemo {
             && report.drifted.is_empty()
             && report.requeue.is_none()
             && report.writebacks.is_empty()
-            && report.rollouts.is_empty();
+            // A Rollout whose status moved, or that waits on a clock (the
+            // requeue above), is planned again; one at rest is not.
+            && report.rollouts.iter().all(|r| !r.changed);
         let mut apps = self.apps.lock().unwrap_or_else(|e| e.into_inner());
         if quiet {
             apps.insert(
@@ -91,8 +96,9 @@ impl SyncMemo {
 
 /// The inputs of the app's reconcile, when every one of them can be known
 /// without a request, with the keys of the objects it holds: `None` for an
-/// app with problems or Rollouts (time and GitHub are inputs too), or with
-/// a kind the watch caches do not keep current.
+/// app with problems, or with a kind the watch caches do not keep current.
+/// A Rollout's inputs are its object (status and signals included) and
+/// its workload, both among the app's objects, and its canary objects.
 pub async fn inputs_of(
     cluster: &Cluster,
     app: &App,
@@ -102,30 +108,65 @@ pub async fn inputs_of(
     if !app.problems.is_empty() {
         return None;
     }
-    let is_rollout = |(api_version, kind): &(String, String)| {
-        api_version.rsplit_once('/').map(|(group, _)| group) == Some(rollout::api::GROUP) && kind == rollout::api::KIND
-    };
-    if app.kinds().iter().any(is_rollout) {
-        return None;
-    }
-    let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
     let mut hasher = Sha256::new();
     hasher.update(app.digest());
     hasher.update(commit.as_bytes());
     hasher.update(cluster.discovery_generation().to_le_bytes());
     let mut keys = Vec::with_capacity(app.manifests.len());
-    // The app's few kinds: looked up once each, not once per object.
-    let mut caches: Vec<(&str, &str, Option<String>, std::sync::Arc<KindCache>)> = Vec::new();
+    let mut versions = Versions {
+        cluster,
+        options,
+        selector: format!("{MANAGED_BY_LABEL}={}", options.instance),
+        caches: Vec::new(),
+    };
     for manifest in &app.manifests {
-        let (api_version, kind) = (manifest.api_version(), manifest.kind());
-        let resolved = cluster.resolve(api_version, kind).await?;
-        let namespace = resolved.namespaced.then(|| {
-            manifest
-                .namespace()
-                .unwrap_or(&options.allowed.default_namespace)
-                .to_string()
-        });
-        let scope = match options.scopes(resolved.namespaced)[..] {
+        let api_version = manifest.api_version();
+        let key = versions
+            .hash(&mut hasher, api_version, manifest.key(), manifest.namespace())
+            .await?;
+        keys.push((api_version.to_string(), key));
+        if rollout::api::is_rollout(manifest) {
+            let spec: rollout::api::RolloutSpec = serde_json::from_value(manifest.object["spec"].clone()).ok()?;
+            let namespace = manifest.namespace().unwrap_or(&options.allowed.default_namespace);
+            for (api_version, kind, name) in rollout::model::canary_object_names(&spec)? {
+                let key = ObjectKey {
+                    group: api_version.rsplit_once('/').map_or("", |(group, _)| group).to_string(),
+                    kind: kind.to_string(),
+                    namespace: Some(namespace.to_string()),
+                    name,
+                };
+                versions.hash(&mut hasher, api_version, key, Some(namespace)).await?;
+            }
+        }
+    }
+    Some((hasher.finalize().into(), keys))
+}
+
+/// resourceVersions from the watch caches, each of the app's few kinds
+/// looked up once, not once per object.
+struct Versions<'a> {
+    cluster: &'a Cluster,
+    options: &'a SyncOptions,
+    selector: String,
+    caches: Vec<(String, String, Option<String>, Arc<KindCache>)>,
+}
+
+impl Versions<'_> {
+    /// Hashes the object's key and resourceVersion ("absent" when it does
+    /// not exist); returns the key with its namespace, `None` when no cache
+    /// keeps the kind current there.
+    async fn hash(
+        &mut self,
+        hasher: &mut Sha256,
+        api_version: &str,
+        key: ObjectKey,
+        namespace: Option<&str>,
+    ) -> Option<ObjectKey> {
+        let resolved = self.cluster.resolve(api_version, &key.kind).await?;
+        let namespace = resolved
+            .namespaced
+            .then(|| namespace.unwrap_or(&self.options.allowed.default_namespace).to_string());
+        let scope = match self.options.scopes(resolved.namespaced)[..] {
             [None] => None,
             ref scopes => Some(
                 scopes
@@ -135,22 +176,24 @@ pub async fn inputs_of(
                     .to_string(),
             ),
         };
-        let known = caches
+        let known = self
+            .caches
             .iter()
-            .find(|(a, k, s, _)| *a == api_version && *k == kind && *s == scope)
+            .find(|(a, k, s, _)| a == api_version && *k == key.kind && *s == scope)
             .map(|(_, _, _, cache)| cache.clone());
         let cache = match known {
             Some(cache) => cache,
             None => {
-                let cache = cluster.watch_cache.kind(&resolved, scope.as_deref(), &selector)?;
-                caches.push((api_version, kind, scope, cache.clone()));
+                let cache = self
+                    .cluster
+                    .watch_cache
+                    .kind(&resolved, scope.as_deref(), &self.selector)?;
+                let entry = (api_version.to_string(), key.kind.clone(), scope, cache.clone());
+                self.caches.push(entry);
                 cache
             }
         };
-        let key = ObjectKey {
-            namespace,
-            ..manifest.key()
-        };
+        let key = ObjectKey { namespace, ..key };
         let version = cache.version(&key)?;
         for part in [&key.group, &key.kind, key.namespace.as_deref().unwrap_or(""), &key.name] {
             hasher.update(part.as_bytes());
@@ -158,9 +201,8 @@ pub async fn inputs_of(
         }
         hasher.update(version.as_deref().unwrap_or("absent").as_bytes());
         hasher.update([0]);
-        keys.push((api_version.to_string(), key));
+        Some(key)
     }
-    Some((hasher.finalize().into(), keys))
 }
 
 /// Whether the recorded inventory is exactly these objects: objects that
