@@ -147,6 +147,8 @@ struct Observed {
     live: LiveObjects,
     revision: RevisionKeys,
     history: Option<std::sync::Arc<dyn crate::rollout::record::History>>,
+    /// What the agent wrote to Git for pending write-backs.
+    written_back: rollout::model::WrittenBacks,
 }
 
 /// The checks a revision passes before any of it is applied (they need no
@@ -167,7 +169,12 @@ pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
     }
 }
 
-async fn observe_revision(cluster: &Cluster, revision: &Revision, options: &SyncOptions) -> Result<Observed> {
+async fn observe_revision(
+    cluster: &Cluster,
+    revision: &Revision,
+    options: &SyncOptions,
+    memo: &SyncMemo,
+) -> Result<Observed> {
     let history = revision.history.clone();
     let manifests = &revision.manifests;
     let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
@@ -190,6 +197,7 @@ async fn observe_revision(cluster: &Cluster, revision: &Revision, options: &Sync
         live,
         revision,
         history,
+        written_back: memo.written_back(),
     })
 }
 
@@ -250,7 +258,7 @@ pub async fn sync_validated(
                 return Ok(report.clone());
             }
             let observed = observed
-                .get_or_try_init(|| observe_revision(cluster, revision, options))
+                .get_or_try_init(|| observe_revision(cluster, revision, options, memo))
                 .await?;
             // The app's own commit: a push that leaves the app alone rewrites nothing of it.
             let app_commit = revision.commit_for(&app.name);
@@ -273,6 +281,7 @@ pub async fn sync_validated(
         while let Some(report) = rest.next().await {
             reports.push(report?);
         }
+        memo.settle_written(&reports);
         let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
         let kinds = kinds.into_iter().cloned().collect();
         Ok(SyncReport {
@@ -354,6 +363,7 @@ async fn observe_and_plan<'a>(
         &mut objects,
         commit,
         observed.history.as_ref(),
+        &observed.written_back,
         options,
         measure,
     )

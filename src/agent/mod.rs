@@ -52,6 +52,9 @@ pub enum Trigger {
     GitHubEvent,
     /// A write-back pushed a commit: the source has news.
     Pushed,
+    /// Write-backs were done without a new commit (Git already held them):
+    /// these apps record them in their Rollouts' statuses.
+    WrittenBack(BTreeSet<String>),
     /// The loader has read the source's head: sync it.
     Loaded,
 }
@@ -69,6 +72,7 @@ impl Trigger {
             Trigger::Decided => "github decision",
             Trigger::GitHubEvent => "github event",
             Trigger::Pushed => "pushed",
+            Trigger::WrittenBack(_) => "written back",
             Trigger::Loaded => "loaded",
         }
     }
@@ -241,24 +245,29 @@ impl Agent {
     /// After a sync: metrics, the Git write-back, GitHub and the drift watches.
     async fn report(
         &self,
-        mut report: SyncReport,
+        report: SyncReport,
         triggers: &mpsc::Sender<Trigger>,
         drift: &mut DriftWatch,
         github: Option<&GitHubTask>,
     ) {
         self.ready.store(true, Ordering::Relaxed);
         self.metrics.record_sync(&report);
-        let pushed = write_back(&self.cluster, &self.source, &self.writeback, &mut report).await;
+        let written = write_back(&self.source, &self.writeback, &report).await;
         self.metrics
             .writeback_commits
-            .fetch_add(pushed as u64, Ordering::Relaxed);
-        let pending = report.writebacks().count().saturating_sub(pushed);
+            .fetch_add(written.pushed as u64, Ordering::Relaxed);
+        let failed = report.writebacks().count().saturating_sub(written.done.len());
         self.metrics
             .writeback_failures
-            .fetch_add(pending as u64, Ordering::Relaxed);
-        if pushed > 0 {
-            // Load and sync the commit just pushed.
+            .fetch_add(failed as u64, Ordering::Relaxed);
+        for (namespace, name, done) in written.done {
+            self.memo.record_written(&namespace, &name, done);
+        }
+        if written.pushed > 0 {
+            // Load and sync the commit just pushed; its sync records the write-backs.
             let _ = triggers.try_send(Trigger::Pushed);
+        } else if !written.apps.is_empty() {
+            let _ = triggers.try_send(Trigger::WrittenBack(written.apps));
         }
         if let Some(github) = github {
             github.submit(report.clone());

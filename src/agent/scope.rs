@@ -102,6 +102,7 @@ pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>
     for trigger in triggers {
         match trigger {
             Trigger::Due(due) => apps.extend(due.iter().map(|(app, _)| app.clone())),
+            Trigger::WrittenBack(written) => apps.extend(written.iter().cloned()),
             // The app whose Git holds the object and the app of the Rollout
             // that owns it: each may need to act on it.
             Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {

@@ -16,7 +16,7 @@ use crate::identity::signing::{Signer, Verifier};
 use crate::lease::{Leadership, LeaseConfig};
 use crate::report::{WritebackConfig, write_back};
 use crate::server::{ServerState, metrics_router, router, serve};
-use crate::sync::sync_owned;
+use crate::sync::{SyncMemo, sync_validated, validate_revision};
 use crate::writeback::Author;
 
 fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
@@ -56,8 +56,24 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
     let cluster = connect(&args.source).await?;
     let revision = super::fetch(source.clone(), &cluster).await?;
-    let mut report = sync_owned(&cluster, revision, &options(&args.source)).await?;
-    write_back(&cluster, &source, &writeback, &mut report).await;
+    let (mut revision, options) = (revision, options(&args.source));
+    validate_revision(&mut revision, &options);
+    let memo = SyncMemo::default();
+    let mut report = sync_validated(&cluster, &revision, &options, &memo, None).await?;
+    let written = write_back(&source, &writeback, &report).await;
+    if !written.done.is_empty() {
+        // The statuses record what was written to Git: a sync of those apps.
+        for (namespace, name, done) in written.done {
+            memo.record_written(&namespace, &name, done);
+        }
+        let recorded = sync_validated(&cluster, &revision, &options, &memo, Some(&written.apps)).await?;
+        for app in recorded.apps {
+            report.apps.iter_mut().filter(|a| a.app == app.app).for_each(|a| {
+                a.problems.extend(app.problems.iter().cloned());
+                a.rollouts = app.rollouts.clone();
+            });
+        }
+    }
     let count = |f: fn(&crate::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();
     println!(
         "synced {} app(s) at {}: {} applied, {} unchanged, {} pruned; API requests: {} reads, {} writes, {} dry runs; renders: {}",

@@ -1,11 +1,12 @@
 //! Git write-back orchestration: each pending promote and revert of a sync
-//! is committed (by `writeback`), then marked done in its Rollout's status.
+//! is committed (by `writeback`), then handed to the next sync, which marks
+//! it done in its Rollout's status.
 
 use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use crate::cluster::Cluster;
+use crate::rollout::api::WrittenBack;
 use crate::source::Source;
 use crate::sync::SyncReport;
 use crate::writeback::{Author, Outcome, Writer};
@@ -18,17 +19,22 @@ pub struct WritebackConfig {
     pub status_branch: Option<String>,
 }
 
-/// Writes every pending promote and revert of the report to Git, then marks
-/// each done in its Rollout's status, and in the report (so the pull request
-/// hears of the commit). Returns how many commits were pushed. A failed
+/// What a write-back did: the commits pushed, and each Rollout's write-back
+/// done, for its next plan to record in its status.
+#[derive(Debug, Default)]
+pub struct WrittenToGit {
+    pub pushed: usize,
+    pub done: Vec<(String, String, WrittenBack)>,
+    /// The apps of the Rollouts in `done`.
+    pub apps: std::collections::BTreeSet<String>,
+}
+
+/// Writes every pending promote and revert of the report to Git. Each one
+/// done is handed to the next sync (`SyncMemo::record_written`), whose plan
+/// records it in the Rollout's status: the status has one writer. A failed
 /// write-back stays pending and is tried again after the next sync.
-pub async fn write_back(
-    cluster: &Cluster,
-    source: &Arc<Source>,
-    config: &WritebackConfig,
-    report: &mut SyncReport,
-) -> usize {
-    let mut pushed = 0;
+pub async fn write_back(source: &Arc<Source>, config: &WritebackConfig, report: &SyncReport) -> WrittenToGit {
+    let mut written = WrittenToGit::default();
     let requests: Vec<_> = report.writebacks().cloned().collect();
     for request in requests {
         if source.git().is_none() {
@@ -50,39 +56,33 @@ pub async fn write_back(
         let fields = (&request.namespace, &request.name, &request.pending.rollout_id);
         let (commit, note) = match outcome {
             Ok(Outcome::Committed { commit, attempts, note }) => {
-                pushed += 1;
+                written.pushed += 1;
                 info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, attempts, action = ?request.pending.action, "written to Git");
-                (Some(commit), note)
+                (commit, note)
             }
             Ok(Outcome::AlreadyInGit { commit }) => {
                 info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, %commit, "already in Git: not committed again");
-                (Some(commit), String::new())
+                (commit, String::new())
             }
             Ok(Outcome::NothingToChange) => {
                 info!(namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "Git already holds it: nothing to commit");
-                (None, String::new())
+                (String::new(), String::new())
             }
             Err(error) => {
                 warn!(namespace = %fields.0, rollout = %fields.1, %error, "write-back to Git failed; retried after the next sync");
                 continue;
             }
         };
-        match request.clear(cluster, commit.as_deref(), &note).await {
-            Ok(status) => {
-                let summary = report
-                    .apps
-                    .iter_mut()
-                    .flat_map(|a| a.rollouts.iter_mut())
-                    .find(|r| r.namespace == request.namespace && r.name == request.name);
-                if let Some(summary) = summary {
-                    summary.status = status;
-                    summary.changed = true;
-                }
-            }
-            Err(error) => {
-                warn!(%error, "written to Git, but the Rollout status could not be updated; the commit is found again next time")
-            }
-        }
+        let done = WrittenBack {
+            action: request.pending.action,
+            rollout_id: request.pending.rollout_id.clone(),
+            commit,
+            note,
+        };
+        written
+            .done
+            .push((request.namespace.clone(), request.name.clone(), done));
+        written.apps.insert(request.app.clone());
     }
-    pushed
+    written
 }

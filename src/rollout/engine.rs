@@ -11,7 +11,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::api::{API_VERSION, KIND, Rollout, RolloutStatus, annotation_of, is_rollout};
 use super::desired::plan_rollout;
-use super::model::{RolloutWork, Target};
+use super::model::{RolloutWork, Target, WrittenBacks};
 use super::observe::observe_rollout;
 use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
 use super::plan::Severity;
@@ -44,6 +44,7 @@ pub(crate) async fn prepare(
     planned: &mut [Planned<'_>],
     commit: &str,
     history: Option<&std::sync::Arc<dyn crate::rollout::record::History>>,
+    written: &WrittenBacks,
     options: &SyncOptions,
     measure: bool,
 ) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
@@ -61,9 +62,11 @@ pub(crate) async fn prepare(
             }
         };
         let span = info_span!("rollout", namespace = %target.namespace, rollout = %target.name);
-        let observed = observe_rollout(cluster, planned, &target, commit, history, options, measure)
+        let mut observed = observe_rollout(cluster, planned, &target, commit, history, options, measure)
             .instrument(span)
             .await?;
+        let key = (target.namespace.clone(), target.name.clone());
+        observed.planner.written_back = written.get(&key).cloned();
         if let Some(message) = &observed.record_problem {
             let rollout = planned[target.index].manifest;
             problems.push(rollout.problem(format!(

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::api::{RolloutSpec, RolloutStatus};
+use super::api::{RolloutSpec, RolloutStatus, WrittenBack};
 use super::overlay::{self, WorkloadKind};
 use super::plan::{Observed, Plan, Revisions};
 use crate::manifest::{ObjectKey, Problem};
@@ -188,3 +188,8 @@ pub fn canary_object_names(spec: &RolloutSpec) -> Option<Vec<(&'static str, &'st
     }
     Some(names)
 }
+
+/// What the agent wrote to Git for pending write-backs since their
+/// Rollouts' statuses were written, by (namespace, name): the next plan of
+/// each records it in the status (one writer of the status).
+pub type WrittenBacks = BTreeMap<(String, String), WrittenBack>;

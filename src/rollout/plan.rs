@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use super::analysis::{self, Measurement, Outcome};
 use super::api::{
     AnalysisRun, CanaryStatus, CanaryStep, IntOrPercent, OnFailure, PendingWriteback, Phase, RolloutSpec,
-    RolloutStatus, Signal, StepRecord, StepState, SupersededRelease, WritebackAction,
+    RolloutStatus, Signal, StepRecord, StepState, SupersededRelease, WritebackAction, WrittenBack,
 };
 use super::signal;
 
@@ -57,6 +57,9 @@ pub struct Observed {
     /// Set for a workload that routes its own traffic (a Knative Service):
     /// what its status reads back.
     pub self_routed: Option<SelfRouted>,
+    /// What the agent wrote to Git for this Rollout's pending write-back
+    /// since the status was written: recorded in the status by this plan.
+    pub written_back: Option<WrittenBack>,
     pub now: Timestamp,
 }
 
@@ -365,6 +368,18 @@ impl Planner<'_> {
         self.status.canary_status.get_or_insert_with(CanaryStatus::default)
     }
 
+    /// The pending write-back the agent wrote to Git is done: the status
+    /// names its commit. Only the same release's same action counts.
+    fn record_written_back(&mut self) {
+        let (Some(pending), Some(written)) = (&self.status.pending_writeback, &self.observed.written_back) else {
+            return;
+        };
+        if pending.action == written.action && pending.rollout_id == written.rollout_id {
+            self.status.pending_writeback = None;
+            self.status.written_back = Some(written.clone());
+        }
+    }
+
     fn enter(&mut self, index: u32, state: StepState) {
         let now = self.observed.now.to_string();
         if self.status.step_history.last().map(|r| r.step) != Some(index) {
@@ -385,6 +400,7 @@ impl Planner<'_> {
 
     fn run(&mut self) -> Intent {
         let observed = self.observed;
+        self.record_written_back();
         if self.status.stable_template_hash.is_empty()
             && let Some(resumed) = &observed.resumed
         {

@@ -14,7 +14,7 @@ pub async fn diff(
 ) -> Result<(Vec<ObjectDiff>, Vec<Problem>)> {
     let mut revision = revision.clone();
     validate_revision(&mut revision, options);
-    let observed = observe_revision(cluster, &revision, options).await?;
+    let observed = observe_revision(cluster, &revision, options, &SyncMemo::default()).await?;
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
     let mut diffs = Vec::new();
     let mut problems = Vec::new();

@@ -19,6 +19,8 @@ use crate::cluster::cache::KindCache;
 use crate::cluster::{AppStatus, Cluster};
 use crate::manifest::{App, ObjectKey};
 use crate::plan::SyncOptions;
+use crate::rollout::api::WrittenBack;
+use crate::rollout::model::WrittenBacks;
 use crate::{MANAGED_BY_LABEL, rollout};
 
 /// What the inputs of one app's reconcile hash to.
@@ -33,6 +35,8 @@ struct Remembered {
 #[derive(Default)]
 pub struct SyncMemo {
     apps: Mutex<HashMap<String, Remembered>>,
+    /// Write-backs done and not yet recorded in their Rollouts' statuses.
+    written_back: Mutex<WrittenBacks>,
 }
 
 impl SyncMemo {
@@ -77,6 +81,35 @@ impl SyncMemo {
             );
         } else {
             apps.remove(&report.app);
+        }
+    }
+
+    /// Hands a write-back done to Git to the next plan of its Rollout.
+    pub fn record_written(&self, namespace: &str, name: &str, written: WrittenBack) {
+        let mut all = self.written_back.lock().unwrap_or_else(|e| e.into_inner());
+        all.insert((namespace.to_string(), name.to_string()), written);
+    }
+
+    pub fn written_back(&self) -> WrittenBacks {
+        self.written_back.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Drops the write-backs a sync recorded, or that no longer match what
+    /// their Rollout waits to write (another release's, or none).
+    pub fn settle_written(&self, reports: &[AppReport]) {
+        let mut all = self.written_back.lock().unwrap_or_else(|e| e.into_inner());
+        for rollout in reports.iter().flat_map(|r| r.rollouts.iter()) {
+            let key = (rollout.namespace.clone(), rollout.name.clone());
+            let waits = |w: &WrittenBack| {
+                rollout
+                    .status
+                    .pending_writeback
+                    .as_ref()
+                    .is_some_and(|p| p.action == w.action && p.rollout_id == w.rollout_id)
+            };
+            if all.get(&key).is_some_and(|w| !waits(w)) {
+                all.remove(&key);
+            }
         }
     }
 

@@ -7,11 +7,9 @@ use std::time::Duration;
 
 use git2::{Commit, Oid, Repository, Signature};
 
-use crate::cluster::Cluster;
 use serde::Serialize;
 
-use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction, WrittenBack};
-use crate::rollout::engine::apply_status;
+use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction};
 use crate::rollout::model::RolloutWork;
 use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRecord, record_path};
 use crate::source::{GitSource, redact_url};
@@ -68,21 +66,6 @@ impl Request {
             status: work.plan.status.clone(),
             images: work.images.clone(),
         })
-    }
-
-    /// Marks the write-back done: the status without its pending entry, and
-    /// with the commit that holds it. Returns the status written.
-    pub async fn clear(&self, cluster: &Cluster, commit: Option<&str>, note: &str) -> Result<RolloutStatus> {
-        let mut status = self.status.clone();
-        status.pending_writeback = None;
-        status.written_back = Some(WrittenBack {
-            action: self.pending.action,
-            rollout_id: self.pending.rollout_id.clone(),
-            commit: commit.unwrap_or_default().to_string(),
-            note: note.to_string(),
-        });
-        apply_status(cluster, &self.namespace, &self.name, &status).await?;
-        Ok(status)
     }
 }
 

@@ -931,3 +931,40 @@ fn an_empty_or_absent_rollout_id_is_the_short_commit() {
     run.step(&observed("v2", 1));
     assert_eq!(run.status.rollout_id, "v2-comm");
 }
+
+#[test]
+fn a_write_back_is_recorded_by_the_plan_only_for_the_same_release_and_action() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    run.status.pending_writeback = Some(PendingWriteback {
+        action: WritebackAction::Promote,
+        rollout_id: "r2".into(),
+        stable_commit: "v1-commit-0123456789".into(),
+        canary_commit: "v2-commit-0123456789".into(),
+        at: at(0).to_string(),
+        ..PendingWriteback::default()
+    });
+    let written = |action, rollout_id: &str| WrittenBack {
+        action,
+        rollout_id: rollout_id.into(),
+        commit: "c0ffee".into(),
+        note: String::new(),
+    };
+    let mut seen = observed("v1", 10);
+    for other in [
+        written(WritebackAction::Promote, "r1"),
+        written(WritebackAction::Revert, "r2"),
+    ] {
+        seen.written_back = Some(other.clone());
+        let plan = run.step(&seen);
+        assert!(
+            plan.status.pending_writeback.is_some(),
+            "{other:?} is not this write-back"
+        );
+        assert_eq!(plan.status.written_back, None);
+    }
+    seen.written_back = Some(written(WritebackAction::Promote, "r2"));
+    let plan = run.step(&seen);
+    assert_eq!(plan.status.pending_writeback, None);
+    assert_eq!(plan.status.written_back, Some(written(WritebackAction::Promote, "r2")));
+}
