@@ -81,6 +81,7 @@ pub struct Metrics {
     pub syncs_failed: AtomicU64,
     pub objects_applied: AtomicU64,
     pub apps_recalled: AtomicU64,
+    pub apps_planned: AtomicU64,
     pub objects_unchanged: AtomicU64,
     pub objects_pruned: AtomicU64,
     pub objects_drifted: AtomicU64,
@@ -124,6 +125,8 @@ impl Metrics {
                 .fetch_add(app.drifted.len() as u64, Ordering::Relaxed);
             if app.recalled {
                 self.apps_recalled.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.apps_planned.fetch_add(1, Ordering::Relaxed);
             }
             for rollout in &app.rollouts {
                 let phase = format!("{:?}", rollout.status.phase);
@@ -170,7 +173,7 @@ impl Metrics {
     }
 
     /// The plain counters, in the order they are rendered: name, help, value.
-    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 11] {
+    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 12] {
         [
             (
                 "gitcanary_git_fetch_errors_total",
@@ -201,6 +204,11 @@ impl Metrics {
                 "gitcanary_apps_recalled_total",
                 "App syncs answered without observing or planning: nothing the app holds changed since a sync found it in order.",
                 &self.apps_recalled,
+            ),
+            (
+                "gitcanary_apps_planned_total",
+                "App syncs that observed the cluster and planned (the others were recalled).",
+                &self.apps_planned,
             ),
             (
                 "gitcanary_objects_pruned_total",

@@ -1,0 +1,182 @@
+//! Rollouts at rest: N Rollouts (100 by default) paused at an indefinite
+//! step, nothing changing, GitHub off. Prints what the agent spends per
+//! minute meanwhile (API requests besides its watches, CPU) while it resyncs
+//! every poll, then how long one drift of a canary takes to be put back and
+//! how many apps that re-plans.
+//!
+//!   cargo bench --bench at_rest
+//!   GITCANARY_BENCH_ROLLOUTS=20 cargo bench --bench at_rest
+//!
+//! Not a test: it asserts nothing and is not run by CI.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn app(index: usize, tag: &str) -> String {
+    let ns = format!("rest-{index:03}");
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: echo}}}}
+  template:
+    metadata: {{labels: {{app: echo}}}}
+    spec:
+      containers: [{{name: echo, image: registry.test/echo:{tag}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  selector: {{app: echo}}
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: gitcanary.io/v1alpha1
+kind: Rollout
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  workloadRef: {{kind: Deployment, name: echo}}
+  strategy:
+    canary:
+      steps:
+      - {{replicas: 1, pause: {{}}}}
+      trafficRoutings:
+      - service: echo
+"
+    )
+}
+
+fn main() {
+    let count: usize = std::env::var("GITCANARY_BENCH_ROLLOUTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    eprintln!("bench: starting the control plane");
+    let cluster = ControlPlane::start();
+    let work = cluster.dir.path().join("work");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let repo = Repo::create(&work, "at-rest");
+    let write_all = |tag: &str| {
+        for index in 0..count {
+            let dir = repo.work.join(format!("app-{index:03}"));
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("app.yaml"), app(index, tag)).expect("write");
+        }
+    };
+    write_all("1");
+    let first = repo.commit_and_push("1");
+    let agent = Agent::start(
+        &cluster,
+        &repo.url(),
+        "bench-rest",
+        &work.join("cache"),
+        &std::env::temp_dir().join("gitcanary-bench-at-rest.log"),
+    );
+    agent.push(&first);
+    let phases = || {
+        cluster.kubectl(&[
+            "get",
+            "rollouts",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.status.phase} {end}",
+        ])
+    };
+    let all_in = |phase: &str| {
+        let out = phases();
+        out.split_whitespace().filter(|p| *p == phase).count() == count
+    };
+    wait_until("every Rollout healthy", Duration::from_secs(600), || all_in("Healthy"));
+    write_all("2");
+    let second = repo.commit_and_push("2");
+    agent.push(&second);
+    wait_until("every Rollout paused", Duration::from_secs(600), || all_in("Paused"));
+    wait_quiet();
+
+    let metric = |name: &str| -> f64 {
+        agent
+            .get("/metrics")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let requests = || {
+        metric("gitcanary_kube_requests_total{kind=\"read\"}")
+            + metric("gitcanary_kube_requests_total{kind=\"write\"}")
+            + metric("gitcanary_kube_requests_total{kind=\"dry_run\"}")
+            - metric("gitcanary_kube_reads_total{kind=\"watch\"}")
+            - metric("gitcanary_kube_lease_requests_total")
+    };
+    let cpu = || cpu_seconds(agent.child.id());
+    let syncs = || metric("gitcanary_sync_duration_seconds_count");
+    // A resync every 5 s (webhook pushes of the same head), as a poll would.
+    let (requests_before, cpu_before, syncs_before) = (requests(), cpu(), syncs());
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        agent.push(&second);
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    let minutes = started.elapsed().as_secs_f64() / 60.0;
+    let (requests_at_rest, cpu_at_rest, resyncs) = (
+        (requests() - requests_before) / minutes,
+        (cpu() - cpu_before) / minutes,
+        syncs() - syncs_before,
+    );
+
+    // One drift: a canary scaled by hand is put back, re-planning its app only.
+    let recalled_before = metric("gitcanary_apps_recalled_total");
+    let planned_before = metric("gitcanary_apps_planned_total");
+    let drift_started = Instant::now();
+    cluster.kubectl(&["scale", "deployment", "echo-canary", "-n", "rest-007", "--replicas=3"]);
+    let healed = wait_until("the canary put back", Duration::from_secs(60), || {
+        cluster.kubectl(&[
+            "get",
+            "deployment",
+            "echo-canary",
+            "-n",
+            "rest-007",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ]) == "1"
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let planned = metric("gitcanary_apps_planned_total") - planned_before;
+    let recalled = metric("gitcanary_apps_recalled_total") - recalled_before;
+
+    println!("| {count} Rollouts paused at an indefinite step, GitHub off | measured |");
+    println!("| --- | --- |");
+    println!(
+        "| API requests per minute besides watches and the Lease ({resyncs} resyncs in {:.0} s) | {requests_at_rest:.1} |",
+        minutes * 60.0
+    );
+    println!("| agent CPU per minute | {:.1} ms |", cpu_at_rest * 1000.0);
+    println!(
+        "| a canary scaled by hand → put back | {} |",
+        millis(healed - drift_started)
+    );
+    println!("| … apps planned by that drift's sync (recalled meanwhile: {recalled}) | {planned} |");
+}
+
+/// User and system CPU time of a process, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime: fields 14 and 15 of stat, the 12th and 13th after ')'.
+    (ticks(11) + ticks(12)) / 100.0
+}
