@@ -116,7 +116,6 @@ pub(crate) fn plan_rollout(
         plan,
         canary_writes,
         canary_deletions,
-        previous: observed.previous,
         revisions: observed.revisions,
         spec: target.spec,
         namespace: target.namespace,

@@ -3,7 +3,6 @@
 //! canary objects to write or delete, all applied by the sync's one write
 //! path), then reported: pod batch labels, the Rollout's status and Events.
 
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -91,15 +90,7 @@ pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
 }
 
 async fn finish_rollout(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
-    let intent = &work.plan.intent;
-    // Pods of the last batch may become ready in the same moment as the promotion.
-    let step = work
-        .plan
-        .status
-        .canary_status
-        .as_ref()
-        .map_or(0, |c| c.current_step_index);
-    if (intent.canary_replicas.is_some() || work.plan.promoted) && step > 0 {
+    if let Some(step) = work.plan.batch_step {
         label_batch(cluster, work, step, &work.plan.status.rollout_id).await?;
     }
     write_status(cluster, work).await?;
@@ -231,19 +222,8 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
 }
 
 async fn write_status(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
-    let mut status = work.plan.status.clone();
-    if let (Some(previous), Some(canary)) = (&work.previous, status.canary_status.as_mut()) {
-        // Only a real change moves lastUpdateTime.
-        let mut same = work.plan.status.clone();
-        if let (Some(prev_canary), Some(same_canary)) = (&previous.canary_status, same.canary_status.as_mut()) {
-            same_canary.last_update_time = prev_canary.last_update_time.clone();
-        }
-        if same == *previous {
-            return Ok(());
-        }
-        if canary.last_update_time.is_empty() {
-            canary.last_update_time = Timestamp::now().to_string();
-        }
+    if !work.plan.changed {
+        return Ok(());
     }
-    apply_status(cluster, &work.namespace, &work.name, &status).await
+    apply_status(cluster, &work.namespace, &work.name, &work.plan.status).await
 }

@@ -257,7 +257,6 @@ mod tests {
             pin_stable_service: false,
             route_canary: canary.is_some(),
             rollout_id: "r1".into(),
-            step: 1,
         }
     }
 

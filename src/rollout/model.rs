@@ -118,7 +118,6 @@ pub struct RolloutWork {
     pub canary_writes: Vec<CanaryWrite>,
     /// Canary objects of this instance to delete once the routes are back on stable.
     pub canary_deletions: Vec<Deletion>,
-    pub(crate) previous: Option<RolloutStatus>,
     pub(crate) revisions: Revisions,
 }
 
@@ -146,7 +145,7 @@ impl RolloutWork {
             name: self.name.clone(),
             spec: self.spec.clone(),
             status: self.plan.status.clone(),
-            changed: self.previous.as_ref() != Some(&self.plan.status),
+            changed: self.plan.changed,
             last_command_comment: self.last_command_comment,
         }
     }

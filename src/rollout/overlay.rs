@@ -421,7 +421,6 @@ mod tests {
             pin_stable_service: true,
             route_canary: true,
             rollout_id: "abc".into(),
-            step: 1,
         }
     }
 

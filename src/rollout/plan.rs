@@ -110,8 +110,6 @@ pub struct Intent {
     /// canary pods run a known revision and the Rollout keeps a canary Service.
     pub route_canary: bool,
     pub rollout_id: String,
-    /// 1-based step whose pods are being created (batch label), 0 when none.
-    pub step: u32,
 }
 
 impl Intent {
@@ -123,7 +121,6 @@ impl Intent {
             pin_stable_service: false,
             route_canary: false,
             rollout_id: String::new(),
-            step: 0,
         }
     }
 }
@@ -175,6 +172,10 @@ impl Requeue {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub status: RolloutStatus,
+    /// The status differs from the one observed: it is written.
+    pub changed: bool,
+    /// The step whose canary pods are labelled with their batch, if any.
+    pub batch_step: Option<u32>,
     pub intent: Intent,
     /// Reconcile again after this long (a pause, a grace period, a deadline).
     pub requeue: Option<Requeue>,
@@ -321,13 +322,19 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
     } else {
         String::new()
     };
-    if status != *previous
-        && let Some(canary) = status.canary_status.as_mut()
-    {
+    // Decided once: whether the status moved (then lastUpdateTime moves and
+    // the status is written), and the step whose canary pods get the batch
+    // label (pods of the last batch may become ready as it is promoted).
+    let changed = status != *previous;
+    if changed && let Some(canary) = status.canary_status.as_mut() {
         canary.last_update_time = observed.now.to_string();
     }
+    let step = status.canary_status.as_ref().map_or(0, |c| c.current_step_index);
+    let batch_step = ((intent.canary_replicas.is_some() || planner.promoted) && step > 0).then_some(step);
     Plan {
         status,
+        changed,
+        batch_step,
         intent,
         requeue: planner.requeue,
         transitions: planner.transitions,

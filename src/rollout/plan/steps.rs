@@ -14,7 +14,6 @@ impl Planner<'_> {
         canary_replicas: i32,
         traffic: Option<u32>,
     ) -> Intent {
-        let step = self.status.canary_status.as_ref().map_or(0, |c| c.current_step_index);
         Intent {
             stable_template,
             canary_replicas: Some(canary_replicas),
@@ -22,7 +21,6 @@ impl Planner<'_> {
             pin_stable_service: traffic.is_some() && stable_template == StableTemplate::Live,
             route_canary: false,
             rollout_id: self.status.rollout_id.clone(),
-            step,
         }
     }
 

@@ -242,7 +242,7 @@ fn a_new_template_walks_every_step_and_promotes() {
     assert_eq!(run.state(), (Phase::Progressing, 2, StepState::StepUpgrade));
     assert_eq!(plan.intent.canary_replicas, Some(2));
     assert_eq!(plan.intent.traffic, Some(10));
-    assert_eq!(plan.intent.step, 2);
+    assert_eq!(plan.batch_step, Some(2));
 
     // Ready at 2, routed at 50%, then paused until promoted.
     seen.canary_ready = 2;
