@@ -353,7 +353,13 @@ fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
     if !intent.route_canary {
         intent.traffic = None;
     }
-    intent.pin_stable_service &= intent.route_canary && !observed.stable_revision.is_empty();
+    // Pods of a canary being removed (an abort's, a promote's) still match
+    // the stable Service's own selector: it stays on the stable pods until
+    // they are gone, or it would send them its share.
+    let canary_pods_remain =
+        intent.canary_replicas.is_none() && !observed.canary_revision.is_empty() && observed.self_routed.is_none();
+    intent.pin_stable_service = (intent.pin_stable_service && intent.route_canary || canary_pods_remain)
+        && !observed.stable_revision.is_empty();
 }
 
 impl Planner<'_> {

@@ -128,7 +128,7 @@ impl Run {
 #[test]
 fn an_unchanged_template_is_healthy_and_adopted_without_a_release() {
     let mut run = Run::new();
-    let mut seen = observed("v1", 0);
+    let mut seen = without_canary(observed("v1", 0));
     seen.workload_stable_hash = None; // a running Deployment gets a Rollout
     let plan = run.step(&seen);
     assert_eq!(run.status.phase, Phase::Healthy);
@@ -148,8 +148,24 @@ fn a_workload_created_with_its_rollout_starts_no_release() {
 }
 
 /// A rebuilt cluster: no workload, no status, and Git's status file says v2 was promoted.
+/// The intent while a removed canary's pods still run: nothing of the
+/// canary, and the stable Service kept on the stable pods.
+fn removing_canary(stable_template: StableTemplate) -> Intent {
+    Intent {
+        pin_stable_service: true,
+        ..Intent::steady(stable_template)
+    }
+}
+
+/// What is observed once no canary pod runs.
+fn without_canary(mut seen: Observed) -> Observed {
+    seen.canary_revision.clear();
+    seen
+}
+
 fn rebuilt(git: &str) -> Observed {
-    let mut seen = observed(git, 0);
+    let mut seen = without_canary(observed(git, 0));
+    seen.stable_revision.clear();
     seen.workload_exists = false;
     seen.workload_stable_hash = None;
     seen.git_matches_live = false;
@@ -296,7 +312,7 @@ fn a_new_template_walks_every_step_and_promotes() {
     let plan = run.step(&seen);
     assert!(plan.promoted);
     assert_eq!(run.status.phase, Phase::Healthy);
-    assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+    assert_eq!(plan.intent, removing_canary(StableTemplate::Git));
     assert_eq!(run.status.stable_template_hash, "v2");
     assert_eq!(run.status.stable_commit, "v2-commit-0123456789");
     assert!(run.status.canary_template_hash.is_empty());
@@ -477,9 +493,9 @@ fn canary_pods_not_ready_by_the_deadline_fail_the_release_and_it_is_not_retried(
         (WritebackAction::Revert, cause.as_str())
     );
     assert!(cause.contains("not ready within 600s: 0/1 ready at step 1"), "{cause}");
-    assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
+    assert_eq!(plan.intent, removing_canary(StableTemplate::Live));
     // Git still asks for v2: it stays failed and keeps stable.
-    let plan = run.step(&observed("v2", 700));
+    let plan = run.step(&without_canary(observed("v2", 700)));
     assert_eq!(run.status.phase, Phase::Failed);
     assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
     assert!(plan.failed.is_none() && plan.transitions.is_empty());
@@ -512,7 +528,7 @@ fn a_commit_back_to_stable_mid_release_is_a_fast_rollback() {
     run.step(&seen);
     let plan = run.step(&observed("v1", 5));
     assert_eq!(run.status.phase, Phase::Healthy);
-    assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+    assert_eq!(plan.intent, removing_canary(StableTemplate::Git));
     assert_eq!(run.status.superseded.len(), 1);
     assert_eq!(run.status.superseded[0].commit, "v2-commit-0123456789");
 }
@@ -967,4 +983,25 @@ fn a_write_back_is_recorded_by_the_plan_only_for_the_same_release_and_action() {
     let plan = run.step(&seen);
     assert_eq!(plan.status.pending_writeback, None);
     assert_eq!(plan.status.written_back, Some(written(WritebackAction::Promote, "r2")));
+}
+
+#[test]
+fn the_stable_service_keeps_to_the_stable_pods_until_the_aborted_canarys_pods_are_gone() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    seen.abort_signal = Some(run.token("test"));
+    seen.now = at(5);
+    let plan = run.step(&seen);
+    assert!(
+        plan.failed.is_some() || run.status.phase == Phase::Failed,
+        "{:?}",
+        run.status.phase
+    );
+    // The canary's pods match the stable Service's own selector too.
+    assert_eq!(plan.intent, removing_canary(StableTemplate::Live));
+    let plan = run.step(&without_canary(observed("v2", 6)));
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
 }
