@@ -23,6 +23,9 @@ export PATH="$renderers:$PATH"
 step "building Knative Serving (first run: about 5 minutes; cached in ~/.cache/gitcanary/knative)"
 tests/testenv/knative.sh >/dev/null
 
+step "building the test gateway, Traefik (first run: about 10 minutes; cached in ~/.cache/gitcanary/gateway)"
+tests/testenv/gateway.sh >/dev/null
+
 step "cargo fmt --check"
 cargo fmt --check
 
@@ -32,10 +35,10 @@ scripts/shape.py
 step "cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 
-step "starting the test control plane, with Knative Serving"
+step "starting the test control plane, with Knative Serving and the test gateway"
 state=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-test.XXXXXX")
 trap 'tests/testenv/down.sh "$state"' EXIT
-kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_KNATIVE=1 tests/testenv/up.sh "$state" | sed -n 's/^KUBECONFIG=//p')
+kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_KNATIVE=1 GITCANARY_TESTENV_GATEWAY=1 tests/testenv/up.sh "$state" | sed -n 's/^KUBECONFIG=//p')
 export GITCANARY_TEST_KUBECONFIG="$kubeconfig"
 
 step "cargo test"

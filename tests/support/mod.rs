@@ -8,6 +8,7 @@ pub mod github;
 pub mod library;
 pub mod prometheus;
 mod serve;
+pub mod traffic;
 pub use serve::serve_on_own_thread;
 
 use std::io::{Read, Write};
@@ -36,6 +37,7 @@ pub fn kubeconfig() -> &'static PathBuf {
         let output = Command::new("bash")
             .arg(&up)
             .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
+            .env("GITCANARY_TESTENV_GATEWAY", "1")
             .stderr(std::process::Stdio::inherit())
             .output()
             .expect("tests/testenv/up.sh runs");

@@ -7,8 +7,8 @@ state="${1:?usage: down.sh STATE_DIR (the directory up.sh printed the kubeconfig
 [ -d "$state/pids" ] || { echo "testenv: $state has no pids/: nothing to stop" >&2; exit 0; }
 
 # Reverse start order, so nothing writes to an API server that is gone
-# (Knative's, from knative-up.sh, first).
-for name in knative-ingress-player knative-autoscaler knative-forward knative-controller kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+# (the gateway's and Knative's, from gateway-up.sh and knative-up.sh, first).
+for name in gateway-metrics-forward gateway-forward gateway-traefik gateway-pod-player gateway-api-forward knative-ingress-player knative-autoscaler knative-forward knative-controller kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   f="$state/pids/$name.pid"
   [ -f "$f" ] || continue
   pid=$(cat "$f")
@@ -19,8 +19,9 @@ for name in knative-ingress-player knative-autoscaler knative-forward knative-co
   fi
   rm -f "$f"
 done
-if [ -f "$state/knative-netns" ]; then
-  ip netns del "$(cat "$state/knative-netns")" 2>/dev/null || true
-  rm -f "$state/knative-netns"
-fi
+for netns_file in "$state/gateway-netns" "$state/knative-netns"; do
+  [ -f "$netns_file" ] || continue
+  ip netns del "$(cat "$netns_file")" 2>/dev/null || true
+  rm -f "$netns_file"
+done
 [ -n "${GITCANARY_TESTENV_KEEP:-}" ] || rm -rf "$state"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Starts a local control plane on loopback: etcd, kube-apiserver (RBAC on),
 # kube-controller-manager, kube-scheduler and kwok with fake nodes, installs
-# the Gateway API standard CRDs, and prints one line: KUBECONFIG=<path>.
+# the Gateway API standard CRDs, and prints KUBECONFIG=<path>. With
+# GITCANARY_TESTENV_KNATIVE=1 it starts Knative Serving on it (knative-up.sh);
+# with GITCANARY_TESTENV_GATEWAY=1 a real gateway and pods that answer
+# (gateway-up.sh), and prints GATEWAY_URL= and GATEWAY_METRICS_URL= too.
 #
 #   tests/testenv/up.sh [STATE_DIR]
 #
@@ -181,5 +184,15 @@ if [ "${GITCANARY_TESTENV_KNATIVE:-}" = 1 ]; then
   "$here/knative-up.sh" "$state"
 fi
 
+# A real gateway (Traefik) and pods that answer, for the tests on real
+# traffic (tests/traffic.rs).
+if [ "${GITCANARY_TESTENV_GATEWAY:-}" = 1 ]; then
+  "$here/gateway-up.sh" "$state" >/dev/null
+fi
+
 say "control plane up (state in $state)"
 echo "KUBECONFIG=$kubeconfig"
+if [ -f "$state/gateway-url" ]; then
+  echo "GATEWAY_URL=$(cat "$state/gateway-url")"
+  echo "GATEWAY_METRICS_URL=$(cat "$state/gateway-metrics-url")"
+fi

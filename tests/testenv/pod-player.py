@@ -1,0 +1,168 @@
+# Plays the pods' containers on the test control plane, as kwok plays the
+# kubelet: every Ready pod answers HTTP on its pod IP, on each port its
+# containers declare and each numeric targetPort of a Service, with
+#   {"pod": "<name>", "image": "<first container's image>"}
+# A pod labelled gitcanary.test/http-status: "503" answers with that status;
+# gitcanary.test/latency-ms: "200" delays its answers. It runs in the pod
+# network namespace (gateway-up.sh), where every pod address is local: it
+# listens on all of them at once, and the address a connection came to
+# names the pod. A pod answers from when it runs (Ready or not) until it is
+# deleted, and for GRACE seconds more, as a real one finishes its requests
+# after its endpoints moved.
+#   python3 pod-player.py STATE_DIR API_HOST API_PORT
+import asyncio, json, socket, ssl, sys, threading, time
+import http.client
+
+state, api_host, api_port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+GRACE = 30.0  # terminationGracePeriodSeconds by default
+context = ssl.create_default_context(cafile=f"{state}/pki/ca.crt")
+context.load_cert_chain(f"{state}/pki/admin.crt", f"{state}/pki/admin.key")
+
+pods = {}  # ip -> {"pod", "image", "status", "latency", "gone_at"}
+listening = set()
+pod_ports = set()
+
+
+class Api(http.client.HTTPSConnection):
+    """The API server through the forwarder; its certificate names localhost."""
+
+    def connect(self):
+        raw = socket.create_connection((api_host, api_port), self.timeout)
+        self.sock = context.wrap_socket(raw, server_hostname="localhost")
+
+
+def listener(number):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", number))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def get(path):
+    connection = Api("localhost", api_port, context=context, timeout=10)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return json.loads(data) if response.status == 200 else {}
+
+
+def info(pod):
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    labels = pod["metadata"].get("labels") or {}
+    return {
+        "pod": pod["metadata"]["name"],
+        "image": containers[0].get("image", ""),
+        "status": int(labels.get("gitcanary.test/http-status", "200") or 200),
+        "latency": int(labels.get("gitcanary.test/latency-ms", "0") or 0) / 1000.0,
+        "gone_at": None,
+    }
+
+
+def serving(pod):
+    """A pod whose containers run answers, Ready or not, until it is deleted."""
+    status = pod.get("status", {})
+    return bool(status.get("podIP")) and status.get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+
+
+def seen(event, pod):
+    for container in pod.get("spec", {}).get("containers") or []:
+        for p in container.get("ports") or []:
+            if isinstance(p.get("containerPort"), int):
+                pod_ports.add(p["containerPort"])
+    ip = pod.get("status", {}).get("podIP")
+    if not ip:
+        return
+    known = pods.get(ip)
+    if event != "DELETED" and serving(pod):
+        pods[ip] = info(pod)
+    elif known is not None and known["pod"] == pod["metadata"]["name"] and known["gone_at"] is None:
+        known["gone_at"] = time.monotonic()
+
+
+def watch_pods():
+    """Lists, then watches, every pod: a pod answers as soon as it runs."""
+    while True:
+        try:
+            listing = get("/api/v1/pods")
+            for pod in listing.get("items", []):
+                seen("ADDED", pod)
+            version = listing["metadata"]["resourceVersion"]
+            connection = Api("localhost", api_port, context=context, timeout=330)
+            connection.request("GET", f"/api/v1/pods?watch=1&resourceVersion={version}&timeoutSeconds=300")
+            response = connection.getresponse()
+            while line := response.readline():
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                    seen(event["type"], event["object"])
+            connection.close()
+        except Exception as error:  # the API server restarts in some tests
+            print(f"pod-player: watch: {error}", file=sys.stderr)
+            time.sleep(1)
+
+
+def wanted_ports():
+    """Every containerPort of a pod and numeric targetPort of a Service."""
+    ports = set(pod_ports)
+    for service in get("/api/v1/services").get("items", []):
+        for p in service.get("spec", {}).get("ports") or []:
+            target = p.get("targetPort", p.get("port"))
+            if isinstance(target, int):
+                ports.add(target)
+    now = time.monotonic()
+    for ip, known in list(pods.items()):
+        if known["gone_at"] is not None and now - known["gone_at"] > GRACE:
+            pods.pop(ip, None)
+    return ports
+
+
+async def answer(reader, writer):
+    ip = writer.get_extra_info("sockname")[0]
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value.strip() or 0)
+            if length:
+                await reader.readexactly(length)
+            pod = pods.get(ip)
+            if pod is None:
+                break  # no pod there: the connection is dropped
+            if pod["latency"]:
+                await asyncio.sleep(pod["latency"])
+            body = json.dumps({"pod": pod["pod"], "image": pod["image"]}).encode()
+            writer.write(
+                b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (pod["status"], len(body))
+                + body
+            )
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()
+
+
+async def main():
+    threading.Thread(target=watch_pods, daemon=True).start()
+    while True:
+        try:
+            wanted = await asyncio.to_thread(wanted_ports)
+            for number in sorted(wanted - listening):
+                try:
+                    await asyncio.start_server(answer, sock=listener(number))
+                    listening.add(number)
+                except OSError as error:
+                    print(f"pod-player: cannot listen on {number}: {error}", file=sys.stderr)
+                    listening.add(number)
+        except Exception as error:  # the API server restarts in some tests
+            print(f"pod-player: {error}", file=sys.stderr)
+        await asyncio.sleep(2)
+
+
+asyncio.run(main())

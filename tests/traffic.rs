@@ -1,0 +1,198 @@
+//! Releases judged by what requests see: real requests through a real
+//! gateway (Traefik, serving the HTTPRoute gitcanary weights), answered by
+//! the pods of each version (tests/testenv/pod-player.py).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use gitcanary::rollout::api::{Phase, Rollout, RolloutStatus};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+use support::agent::Scenario;
+use support::eventually;
+use support::traffic::{Counts, Load, burst};
+
+const WAIT: Duration = Duration::from_secs(90);
+const STABLE: &str = "registry.test/echo:1.0";
+const CANARY: &str = "registry.test/echo:2.0";
+/// How long the test gateway may take to apply a route written to it:
+/// Traefik's own default throttle between configuration reloads (the test
+/// gateway's is 100 ms, the rest is its watch and a loaded machine).
+const ROUTER_RELOAD: Duration = Duration::from_secs(2);
+
+/// The echo app at `version`, routed by the test gateway for host
+/// `<namespace>.test`, released in one step of 20% that waits for a promote.
+fn write_app(scenario: &Scenario, version: &str) {
+    let ns = &scenario.ns;
+    let files = [
+        (
+            "echo/deployment.yaml",
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  replicas: 4\n  selector: {{matchLabels: {{app: echo}}}}\n  template:\n    metadata: {{labels: {{app: echo}}}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{version}\n        ports: [{{containerPort: 8080}}]\n"
+            ),
+        ),
+        (
+            "echo/service.yaml",
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  selector: {{app: echo}}\n  ports: [{{port: 80, targetPort: 8080}}]\n"
+            ),
+        ),
+        (
+            "echo/route.yaml",
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  parentRefs: [{{name: gateway, namespace: gitcanary-test}}]\n  hostnames: [{ns}.test]\n  rules:\n  - backendRefs: [{{name: echo, port: 80}}]\n"
+            ),
+        ),
+        (
+            "echo/rollout.yaml",
+            format!(
+                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{}}}}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n      progressDeadline: 60\n"
+            ),
+        ),
+    ];
+    for (path, text) in files {
+        scenario.repo.write(path, &text);
+    }
+}
+
+fn host(scenario: &Scenario) -> String {
+    format!("{}.test", scenario.ns)
+}
+
+async fn status(scenario: &Scenario) -> Option<RolloutStatus> {
+    Api::<Rollout>::namespaced(scenario.client.clone(), &scenario.ns)
+        .get_opt("echo")
+        .await
+        .ok()??
+        .status
+}
+
+async fn canary_exists(scenario: &Scenario) -> bool {
+    Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns)
+        .get_opt("echo-canary")
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+/// Version 1.0 released and answering every request through the gateway,
+/// then 2.0 pushed and paused at its 20% step.
+async fn paused_at_20_percent(scenario: &Scenario) -> support::agent::AgentProcess {
+    write_app(scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let agent = scenario.start_agent();
+    let host = host(scenario);
+    eventually("1.0 answers through the gateway", WAIT, || async {
+        let healthy = status(scenario).await?.phase == Phase::Healthy;
+        let counts = burst(&host, 40, Duration::from_secs(10));
+        (healthy && counts.by_image.get(STABLE) == Some(&40)).then_some(())
+    })
+    .await;
+    write_app(scenario, "2.0");
+    scenario.repo.commit_and_push("echo 2.0");
+    eventually("2.0 paused at its 20% step", WAIT, || async {
+        let status = status(scenario).await?;
+        let step = status.canary_status?.current_step_index;
+        (status.phase == Phase::Paused && step == 1).then_some(())
+    })
+    .await;
+    agent
+}
+
+fn summary(counts: &Counts) -> String {
+    format!(
+        "{:?}, statuses {:?}, {} without an answer",
+        counts.by_image, counts.by_status, counts.failed
+    )
+}
+
+#[tokio::test]
+async fn a_20_percent_step_sends_a_fifth_of_the_requests_to_the_canary_and_a_promote_fails_none() {
+    let scenario = Scenario::new("traffic-split").await;
+    let _agent = paused_at_20_percent(&scenario).await;
+    let host = host(&scenario);
+    let counts = burst(&host, 2_000, Duration::from_secs(60));
+    assert_eq!(counts.answered(), 2_000, "{}", summary(&counts));
+    assert_eq!(counts.failures(), 0, "{}", summary(&counts));
+    let share = counts.share(CANARY);
+    assert!(
+        (0.16..=0.24).contains(&share),
+        "canary share {share}: {}",
+        summary(&counts)
+    );
+    assert!(
+        counts.by_image.keys().all(|image| image == STABLE || image == CANARY),
+        "{}",
+        summary(&counts)
+    );
+
+    // The promote, the stable roll-out and the canary's removal, under load.
+    let load = Load::start(&host);
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("promoted, the canary removed and 2.0 answering", WAIT, || async {
+        let healthy = status(&scenario).await?.phase == Phase::Healthy;
+        let recent = load.answers();
+        let last: Vec<_> = recent.iter().rev().take(50).collect();
+        let all_new = last.len() == 50 && last.iter().all(|a| a.image == CANARY);
+        (healthy && !canary_exists(&scenario).await && all_new).then_some(())
+    })
+    .await;
+    let answers = load.stop();
+    let counts = Counts::of(&answers);
+    assert!(counts.answered() > 100, "{}", summary(&counts));
+    assert_eq!(
+        counts.failures(),
+        0,
+        "failed requests during the promote: {}",
+        summary(&counts)
+    );
+}
+
+#[tokio::test]
+async fn once_an_abort_is_reported_and_the_gateway_reloaded_no_request_reaches_the_canary() {
+    let scenario = Scenario::new("traffic-abort").await;
+    let _agent = paused_at_20_percent(&scenario).await;
+    let host = host(&scenario);
+    let load = Load::start(&host);
+    eventually("the canary answers under load", WAIT, || async {
+        load.answers().iter().any(|a| a.image == CANARY).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    let reported = eventually("the abort reported", WAIT, || async {
+        let status = status(&scenario).await?;
+        support::agent::failed_or_reverted(&status).then(Instant::now)
+    })
+    .await;
+    tokio::time::sleep_until((reported + ROUTER_RELOAD).into()).await;
+    let after = burst(&host, 500, Duration::from_secs(30));
+    let answers = load.stop();
+    // The gateway applies a route some time after it is written (Traefik
+    // reloads its configuration): answers from the canary may trail the
+    // report by that much, no more, and none come after it.
+    let last_canary = answers.iter().filter(|a| a.image == CANARY).map(|a| a.at).max();
+    let trailing = last_canary.map_or(Duration::ZERO, |t| t.saturating_duration_since(reported));
+    assert!(
+        trailing < ROUTER_RELOAD,
+        "a canary answer {trailing:?} after the abort was reported"
+    );
+    let during = Counts::of(&answers);
+    assert_eq!(
+        during.failures(),
+        0,
+        "failed requests during the abort: {}",
+        summary(&during)
+    );
+    assert_eq!(after.share(CANARY), 0.0, "{}", summary(&after));
+    assert_eq!(after.failures(), 0, "{}", summary(&after));
+    eprintln!(
+        "abort asked → last canary answer: {:?}; → reported: {:?}",
+        last_canary.map(|t| t.saturating_duration_since(asked)),
+        reported - asked
+    );
+}
