@@ -356,8 +356,11 @@ async fn a_canary_revision_that_never_becomes_ready_fails_at_the_deadline_and_is
         let to_stable: u64 = routes.iter().filter(|r| r.1 == stable).map(|r| r.2).sum();
         assert_eq!(to_stable, 100, "{routes:?}");
     }
-    let status = knative.status().await.expect("status");
-    let written = status.written_back.expect("the revert is recorded");
+    // The sync after the revert commit records it in the status.
+    let written = eventually("the revert is recorded in the status", WAIT, || async {
+        knative.status().await?.written_back
+    })
+    .await;
     assert_eq!(written.action, gitcanary::rollout::api::WritebackAction::Revert);
     assert_eq!(written.rollout_id, released[..7]);
     // Git asks for 1.0 again, and Knative serves it.
