@@ -30,30 +30,14 @@ free_port() {
 }
 
 # The pods' network namespace: a veth pair on a /30 of 10.202.0.0/16.
+# shellcheck source=netns.sh
+source "$here/netns.sh"
 netns="gitcanary-gw-$$"
-for _ in $(seq 1 20); do
-  subnet=$((RANDOM % 16384 * 4))
-  host_ip="10.202.$((subnet / 256)).$((subnet % 256 + 1))"
-  ip -4 addr show | grep -q "inet $host_ip/" || break
-done
-ns_ip="${host_ip%.*}.$((${host_ip##*.} + 1))"
-ip netns add "$netns"
-echo "$netns" >"$state/gateway-netns"
-ip link add "${netns: -10}h" type veth peer name "${netns: -10}n"
-ip link set "${netns: -10}n" netns "$netns"
-ip addr add "$host_ip/30" dev "${netns: -10}h"
-ip link set "${netns: -10}h" up
-ip netns exec "$netns" ip addr add "$ns_ip/30" dev "${netns: -10}n"
-ip netns exec "$netns" ip link set "${netns: -10}n" up
-ip netns exec "$netns" ip link set lo up
+make_netns "$netns" 10.202 "$state/gateway-netns"
 # Every pod address is this namespace's own.
 ip netns exec "$netns" ip route add local 10.0.0.0/16 dev lo
 
-api_port=$(sed -n 's#.*server: https://127.0.0.1:\([0-9]*\).*#\1#p' "$kubeconfig")
-python3 "$here/forward.py" "$host_ip" "$api_port" 127.0.0.1 "$api_port" >"$state/logs/gateway-api-forward.log" 2>&1 &
-echo $! >"$state/pids/gateway-api-forward.pid"
-sed "s#server: https://127.0.0.1:$api_port#server: https://$host_ip:$api_port\n    tls-server-name: localhost#" \
-  "$kubeconfig" >"$state/kubeconfig-gateway"
+forward_api "$state" gateway
 
 ip netns exec "$netns" python3 "$here/pod-player.py" "$state" "$host_ip" "$api_port" \
   >"$state/logs/gateway-pod-player.log" 2>&1 &
@@ -88,8 +72,8 @@ ip netns exec "$netns" env KUBECONFIG="$state/kubeconfig-gateway" "$traefik" \
 echo $! >"$state/pids/gateway-traefik.pid"
 
 port=$(free_port)
-python3 "$here/forward.py" 127.0.0.1 "$port" "$ns_ip" 18000 >"$state/logs/gateway-forward.log" 2>&1 &
-echo $! >"$state/pids/gateway-forward.pid"
+python3 "$here/forward.py" 127.0.0.1 "$port" "$ns_ip" 18000 >"$state/logs/gateway-url-forward.log" 2>&1 &
+echo $! >"$state/pids/gateway-url-forward.pid"
 metrics=$(free_port)
 python3 "$here/forward.py" 127.0.0.1 "$metrics" "$ns_ip" "$metrics_port" >"$state/logs/gateway-metrics-forward.log" 2>&1 &
 echo $! >"$state/pids/gateway-metrics-forward.pid"

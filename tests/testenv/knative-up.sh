@@ -45,30 +45,14 @@ env "${common[@]}" POD_NAME=controller METRICS_PROMETHEUS_PORT="$(free_port)" PR
 echo $! >"$state/pids/knative-controller.pid"
 
 # The autoscaler's network namespace: a veth pair on a /30 of 10.201.0.0/16.
+# shellcheck source=netns.sh
+source "$here/netns.sh"
 netns="gitcanary-kn-$$"
-for _ in $(seq 1 20); do
-  subnet=$((RANDOM % 16384 * 4))
-  host_ip="10.201.$((subnet / 256)).$((subnet % 256 + 1))"
-  ip -4 addr show | grep -q "inet $host_ip/" || break
-done
-ns_ip="${host_ip%.*}.$((${host_ip##*.} + 1))"
-ip netns add "$netns"
-echo "$netns" >"$state/knative-netns"
-ip link add "${netns: -10}h" type veth peer name "${netns: -10}n"
-ip link set "${netns: -10}n" netns "$netns"
-ip addr add "$host_ip/30" dev "${netns: -10}h"
-ip link set "${netns: -10}h" up
-ip netns exec "$netns" ip addr add "$ns_ip/30" dev "${netns: -10}n"
-ip netns exec "$netns" ip link set "${netns: -10}n" up
-ip netns exec "$netns" ip link set lo up
+make_netns "$netns" 10.201 "$state/knative-netns"
 
-api_port=$(sed -n 's#.*server: https://127.0.0.1:\([0-9]*\).*#\1#p' "$kubeconfig")
-python3 "$here/forward.py" "$host_ip" "$api_port" 127.0.0.1 "$api_port" >"$state/logs/knative-forward.log" 2>&1 &
-echo $! >"$state/pids/knative-forward.pid"
-sed "s#server: https://127.0.0.1:$api_port#server: https://$host_ip:$api_port\n    tls-server-name: localhost#" \
-  "$kubeconfig" >"$state/kubeconfig-knative-autoscaler"
+forward_api "$state" knative
 ip netns exec "$netns" env "${common[@]}" POD_NAME=autoscaler POD_IP="$ns_ip" \
-  "$cache/bin/autoscaler" --kubeconfig="$state/kubeconfig-knative-autoscaler" \
+  "$cache/bin/autoscaler" --kubeconfig="$state/kubeconfig-knative" \
   >"$state/logs/knative-autoscaler.log" 2>&1 &
 echo $! >"$state/pids/knative-autoscaler.pid"
 
