@@ -82,14 +82,14 @@ fn main() {
         &std::env::temp_dir().join("gitcanary-bench-at-rest.log"),
     );
     agent.push(&first);
+    // Until the agent has installed the Rollout CRD, kubectl finds no such kind.
     let phases = || {
-        cluster.kubectl(&[
-            "get",
-            "rollouts",
-            "-A",
-            "-o",
-            "jsonpath={range .items[*]}{.status.phase} {end}",
-        ])
+        std::process::Command::new(&cluster.kubectl)
+            .args(["--kubeconfig", &cluster.kubeconfig, "get", "rollouts", "-A"])
+            .args(["-o", "jsonpath={range .items[*]}{.status.phase} {end}"])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default()
     };
     let all_in = |phase: &str| {
         let out = phases();
@@ -102,14 +102,7 @@ fn main() {
     wait_until("every Rollout paused", Duration::from_secs(600), || all_in("Paused"));
     wait_quiet();
 
-    let metric = |name: &str| -> f64 {
-        agent
-            .get("/metrics")
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let metric = |name: &str| agent.metric(name);
     let requests = || {
         metric("gitcanary_kube_requests_total{kind=\"read\"}")
             + metric("gitcanary_kube_requests_total{kind=\"write\"}")
@@ -165,18 +158,4 @@ fn main() {
         millis(healed - drift_started)
     );
     println!("| … apps planned by that drift's sync (recalled meanwhile: {recalled}) | {planned} |");
-}
-
-/// User and system CPU time of a process, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at ')'.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime: fields 14 and 15 of stat, the 12th and 13th after ')'.
-    (ticks(11) + ticks(12)) / 100.0
 }

@@ -198,14 +198,7 @@ fn main() {
         );
         // The steady state: a resync when nothing changed, from the agent's
         // own figures (sync time, requests), once its watches have listed.
-        let metric = |name: &str| -> f64 {
-            agent
-                .get("/metrics")
-                .unwrap_or_default()
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-                .unwrap_or(0.0)
-        };
+        let metric = |name: &str| agent.metric(name);
         let head = run(&repo.work, "git", &["rev-parse", "HEAD"]).trim().to_string();
         agent.push(&head);
         wait_quiet();

@@ -215,6 +215,15 @@ impl Agent {
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// One value of the agent's metrics (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        self.get("/metrics")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     pub fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(600);
         while self.get("/readyz").is_none() {
@@ -345,4 +354,17 @@ pub fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// User and system CPU seconds a process has used.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
