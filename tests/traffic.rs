@@ -196,3 +196,80 @@ async fn once_an_abort_is_reported_and_the_gateway_reloaded_no_request_reaches_t
         reported - asked
     );
 }
+
+/// The `success-rate` template of examples/analysis/rollout.yaml, as JSON
+/// (which YAML reads as it is).
+fn success_rate_template() -> String {
+    let example: serde_json::Value =
+        serde_saphyr::from_str(include_str!("../examples/analysis/rollout.yaml")).expect("the example parses");
+    let template = example["spec"]["analysisTemplates"]
+        .as_array()
+        .and_then(|all| all.iter().find(|t| t["name"] == "success-rate"))
+        .expect("the example has a success-rate template");
+    serde_json::to_string(template).expect("JSON")
+}
+
+#[tokio::test]
+async fn a_canary_answering_503_fails_its_analysis_on_the_gateways_metrics_and_is_reverted() {
+    let scenario = Scenario::new("traffic-503").await;
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let prometheus = support::prometheus::Prometheus::scraping(&support::traffic::gateway_metrics_address()).await;
+    let _agent = support::agent::AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--prometheus-url", &prometheus.url],
+        &[],
+    );
+    let host = host(&scenario);
+    eventually("1.0 answers through the gateway", WAIT, || async {
+        let healthy = status(&scenario).await?.phase == Phase::Healthy;
+        (healthy && burst(&host, 20, Duration::from_secs(10)).by_image.get(STABLE) == Some(&20)).then_some(())
+    })
+    .await;
+    // 2.0's pods answer 503; the step measures the canary's success rate.
+    write_app(&scenario, "2.0");
+    let rollout = std::fs::read_to_string(scenario.repo.path().join("echo/rollout.yaml")).expect("the Rollout");
+    let analysed = rollout
+        .replace(
+            "  strategy:\n",
+            &format!("  analysisTemplates: [{}]\n  strategy:\n", success_rate_template()),
+        )
+        .replace(
+            "      - {traffic: 20%, replicas: 1, pause: {}}\n",
+            "      - {traffic: 20%, replicas: 1, analysis: {templateRef: success-rate}}\n      - {traffic: 100%}\n      patchPodTemplateMetadata: {labels: {gitcanary.test/http-status: \"503\"}}\n",
+        );
+    scenario.repo.write("echo/rollout.yaml", &analysed);
+    scenario.repo.commit_and_push("echo 2.0, whose pods fail");
+    let load = Load::start(&host);
+    let failed = eventually("the release failed on its analysis", WAIT, || async {
+        let status = status(&scenario).await?;
+        support::agent::failed_or_reverted(&status).then_some(status)
+    })
+    .await;
+    let message = failed.canary_status.expect("canary status").message;
+    assert!(message.contains("success-rate FAILED: 0 against"), "{message}");
+    eventually("every request back on 1.0", WAIT, || async {
+        let counts = burst(&host, 200, Duration::from_secs(20));
+        (counts.by_image.get(STABLE) == Some(&200)).then_some(())
+    })
+    .await;
+    let answers = load.stop();
+    let counts = Counts::of(&answers);
+    assert!(
+        counts.by_status.get(&503).is_some_and(|n| *n > 0),
+        "the canary's 503s were seen: {}",
+        summary(&counts)
+    );
+    let key = format!("{}/echo", scenario.ns);
+    let (_, revert) = eventually("the revert commit", WAIT, || async {
+        scenario
+            .history()
+            .into_iter()
+            .find(|(_, m)| m.starts_with(&format!("revert({key})")))
+    })
+    .await;
+    // Every answer of the canary was a 503: the measured rate is 0.
+    assert!(revert.contains("success-rate FAILED: 0 against"), "{revert}");
+}

@@ -1,5 +1,6 @@
-//! A real Prometheus (Debian's package) on a loopback port, scraping a small
-//! exporter whose error ratios the test sets, once a second.
+//! A real Prometheus (Debian's package) on a loopback port, scraping once a
+//! second a small exporter whose error ratios the test sets, or the test
+//! gateway's own metrics.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -56,13 +57,18 @@ impl Prometheus {
     /// Starts Prometheus scraping `exporter` every second, and waits until
     /// the first scrape is queryable.
     pub async fn start(exporter: &Exporter) -> Prometheus {
+        Prometheus::scraping(&exporter.addr.to_string()).await
+    }
+
+    /// Starts Prometheus scraping `target` (`host:port`, `/metrics`) every
+    /// second, and waits until the first scrape is queryable.
+    pub async fn scraping(target: &str) -> Prometheus {
         let dir = tempfile::tempdir().expect("a Prometheus dir");
         let config = dir.path().join("prometheus.yml");
         std::fs::write(
             &config,
             format!(
-                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n- job_name: app\n  static_configs:\n  - targets: ['{}']\n",
-                exporter.addr
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n- job_name: app\n  static_configs:\n  - targets: ['{target}']\n"
             ),
         )
         .expect("config written");
@@ -82,14 +88,10 @@ impl Prometheus {
             _dir: dir,
         };
         let up = format!("{}/api/v1/query?query=up", prometheus.url);
-        super::eventually(
-            "Prometheus has scraped the exporter",
-            Duration::from_secs(60),
-            || async {
-                let output = Command::new("curl").args(["-s", &up]).output().ok()?;
-                String::from_utf8_lossy(&output.stdout).contains("\"1\"").then_some(())
-            },
-        )
+        super::eventually("Prometheus has scraped its target", Duration::from_secs(60), || async {
+            let output = Command::new("curl").args(["-s", &up]).output().ok()?;
+            String::from_utf8_lossy(&output.stdout).contains("\"1\"").then_some(())
+        })
         .await;
         prometheus
     }

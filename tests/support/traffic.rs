@@ -13,10 +13,20 @@ use std::time::{Duration, Instant};
 
 /// Where the gateway of the test control plane listens (loopback only).
 pub fn gateway_address() -> String {
+    state_file("gateway-url")
+}
+
+/// Where the gateway serves its Prometheus metrics (Traefik's, with a
+/// `service` label per Kubernetes Service and port).
+pub fn gateway_metrics_address() -> String {
+    state_file("gateway-metrics-url")
+}
+
+fn state_file(name: &str) -> String {
     let state = super::kubeconfig()
         .parent()
         .expect("the kubeconfig is in the state directory");
-    let url = std::fs::read_to_string(state.join("gateway-url")).unwrap_or_else(|_| {
+    let url = std::fs::read_to_string(state.join(name)).unwrap_or_else(|_| {
         panic!(
             "the test control plane in {} runs no gateway: start it with GITCANARY_TESTENV_GATEWAY=1 (scripts/test.sh does)",
             state.display()
