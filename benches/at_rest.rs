@@ -33,13 +33,6 @@ spec:
     spec:
       containers: [{{name: echo, image: registry.test/echo:{tag}}}]
 ---
-apiVersion: v1
-kind: Service
-metadata: {{name: echo, namespace: {ns}}}
-spec:
-  selector: {{app: echo}}
-  ports: [{{port: 80, targetPort: 8080}}]
----
 apiVersion: gitcanary.io/v1alpha1
 kind: Rollout
 metadata: {{name: echo, namespace: {ns}}}
@@ -49,8 +42,6 @@ spec:
     canary:
       steps:
       - {{replicas: 1, pause: {{}}}}
-      trafficRoutings:
-      - service: echo
 "
     )
 }
