@@ -169,7 +169,11 @@ impl<'c> Writer<'c> {
                 uid: Some(deletion.uid.clone()),
                 resource_version: deletion.resource_version.clone(),
             }),
-            ..DeleteParams::background()
+            ..if deletion.foreground {
+                DeleteParams::foreground()
+            } else {
+                DeleteParams::background()
+            }
         };
         let api = self.api(&resolved, deletion.key.namespace.as_deref());
         match within_write_timeout(api.delete(&deletion.key.name, &params)).await {

@@ -410,6 +410,9 @@ pub struct Deletion {
     pub key: ObjectKey,
     pub uid: String,
     pub resource_version: Option<String>,
+    /// The object stays (being deleted) until the garbage collector has
+    /// removed what it owns: a canary workload is seen until its pods are gone.
+    pub foreground: bool,
 }
 
 impl Deletion {
@@ -420,6 +423,7 @@ impl Deletion {
             key,
             uid: live.uid.clone(),
             resource_version: Some(live.resource_version.clone()).filter(|v| !v.is_empty()),
+            foreground: false,
         }
     }
 

@@ -256,6 +256,7 @@ fn prune_deletes_only_this_instances_object_as_it_was_read() {
             key: entry("ConfigMap", "ours").key(),
             uid: "uid-9".to_string(),
             resource_version: Some("42".to_string()),
+            foreground: false,
         }]
     );
     assert!(
@@ -417,6 +418,7 @@ fn one_commit_that_changes_keeps_and_removes_is_planned_whole() {
                 key: entry("ConfigMap", "removed").key(),
                 uid: "uid-9".to_string(),
                 resource_version: Some("42".to_string()),
+                foreground: false,
             }],
             Vec::new(),
         )

@@ -407,6 +407,7 @@ impl CanaryObjects<'_> {
                 // The uid only: the canary's controller updates its status meanwhile.
                 Some(Deletion {
                     resource_version: None,
+                    foreground: kind == "Deployment",
                     ..Deletion::of(api_version, self.key(api_version, kind, &name), &meta)
                 })
             })

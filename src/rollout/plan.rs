@@ -353,11 +353,14 @@ fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
     if !intent.route_canary {
         intent.traffic = None;
     }
-    // Pods of a canary being removed (an abort's, a promote's) still match
-    // the stable Service's own selector: it stays on the stable pods until
-    // they are gone, or it would send them its share.
+    // Pods of a canary Deployment being removed (an abort's, a promote's)
+    // still match the stable Service's own selector: it stays on the stable
+    // pods until they are gone (the canary Deployment is deleted in the
+    // foreground, so it is observed until then), or it would send them its
+    // share. A StatefulSet's canary pods are its own, rolled back in place.
+    let canary_deployment = spec.workload_ref.kind == "Deployment";
     let canary_pods_remain =
-        intent.canary_replicas.is_none() && !observed.canary_revision.is_empty() && observed.self_routed.is_none();
+        canary_deployment && intent.canary_replicas.is_none() && !observed.canary_revision.is_empty();
     intent.pin_stable_service = (intent.pin_stable_service && intent.route_canary || canary_pods_remain)
         && !observed.stable_revision.is_empty();
 }

@@ -1005,3 +1005,14 @@ fn the_stable_service_keeps_to_the_stable_pods_until_the_aborted_canarys_pods_ar
     let plan = run.step(&without_canary(observed("v2", 6)));
     assert_eq!(plan.intent, Intent::steady(StableTemplate::Live));
 }
+
+#[test]
+fn a_statefulsets_stable_service_is_not_pinned_at_rest() {
+    let mut spec = spec();
+    spec.workload_ref.kind = "StatefulSet".into();
+    let mut run = Run::with(spec);
+    // A StatefulSet at rest reads its update revision as the canary's.
+    let plan = run.step(&observed("v1", 0));
+    assert_eq!(run.status.phase, Phase::Healthy);
+    assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+}
