@@ -256,8 +256,18 @@ async fn evidence(github: &GitHub, pull: &PullRequest, gate: &Gate<'_>) -> Resul
         evidence.closed_by = github.closed_by(number).await?;
     }
     for user in judge::asks_permission(&evidence, gate) {
-        if github.can_write(&user).await? {
-            evidence.writers.insert(user);
+        match github.can_write(&user).await {
+            Ok(true) => {
+                evidence.writers.insert(user);
+            }
+            Ok(false) => {}
+            // One approver GitHub cannot answer for (a deleted account) is
+            // not a writer; the others still count. A merger's or closer's
+            // is needed to act at all.
+            Err(error) if pull.open => {
+                warn!(%error, %user, "GitHub: write access unknown; the approval does not count")
+            }
+            Err(error) => return Err(error),
         }
     }
     Ok(evidence)
