@@ -310,8 +310,12 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
         clean.then_some(())
     })
     .await;
-    let selector = cluster.service_selector("echo").await.expect("stable service");
-    assert_eq!(selector, BTreeMap::from([("app".to_string(), "echo".to_string())]));
+    // The stable Service is Git's again once the canary's pods are gone.
+    eventually("the stable Service as Git has it", WAIT, || async {
+        let selector = cluster.service_selector("echo").await?;
+        (selector == BTreeMap::from([("app".to_string(), "echo".to_string())])).then_some(())
+    })
+    .await;
     let status = cluster.rollout().await.expect("rollout").status.expect("status");
     assert_eq!(status.stable_commit, commit);
 
@@ -466,12 +470,16 @@ async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
 /// API requests the agent sent besides starting its watches and renewing
 /// its leader Lease, which go on whatever the syncs do.
 async fn requests_besides_watches(agent: &support::agent::AgentProcess) -> u64 {
-    let reads = agent.counter("gitcanary_kube_requests_total{kind=\"read\"}").await;
-    let writes = agent.counter("gitcanary_kube_requests_total{kind=\"write\"}").await;
-    let dry_runs = agent.counter("gitcanary_kube_requests_total{kind=\"dry_run\"}").await;
-    let watches = agent.counter("gitcanary_kube_reads_total{kind=\"watch\"}").await;
-    let leases = agent.counter("gitcanary_kube_lease_requests_total").await;
-    reads + writes + dry_runs - watches - leases
+    let counts = agent
+        .counters(&[
+            "gitcanary_kube_requests_total{kind=\"read\"}",
+            "gitcanary_kube_requests_total{kind=\"write\"}",
+            "gitcanary_kube_requests_total{kind=\"dry_run\"}",
+            "gitcanary_kube_reads_total{kind=\"watch\"}",
+            "gitcanary_kube_lease_requests_total",
+        ])
+        .await;
+    counts[0] + counts[1] + counts[2] - counts[3] - counts[4]
 }
 
 #[tokio::test]

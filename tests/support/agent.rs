@@ -148,6 +148,20 @@ impl AgentProcess {
             .unwrap_or(0)
     }
 
+    /// Several counters read from one scrape, so that they agree.
+    pub async fn counters(&self, names: &[&str]) -> Vec<u64> {
+        let addr = self.address().await;
+        let text = super::http(&addr, "GET", "/metrics", &[], b"").map_or(String::new(), |(_, text)| text);
+        names
+            .iter()
+            .map(|name| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
     pub async fn syncs(&self) -> u64 {
         let addr = self.address().await;
         let Some((_, text)) = super::http(&addr, "GET", "/metrics", &[], b"") else {

@@ -7,7 +7,8 @@ make_netns() {
   for _ in $(seq 1 20); do
     subnet=$((RANDOM % 16384 * 4))
     host_ip="$prefix.$((subnet / 256)).$((subnet % 256 + 1))"
-    ip -4 addr show | grep -q "inet $host_ip/" || break
+    # Not a pipe: under pipefail, grep -q leaving early fails `ip`.
+    grep -q "inet $host_ip/" <<<"$(ip -4 addr show)" || break
   done
   ns_ip="${host_ip%.*}.$((${host_ip##*.} + 1))"
   ip netns add "$netns"

@@ -49,14 +49,21 @@ def get(path):
     return json.loads(data) if response.status == 200 else {}
 
 
+def number(labels, name, default):
+    try:
+        return int(labels.get(name, default))
+    except ValueError:
+        return default
+
+
 def info(pod):
     containers = pod.get("spec", {}).get("containers") or [{}]
     labels = pod["metadata"].get("labels") or {}
     return {
         "pod": pod["metadata"]["name"],
         "image": containers[0].get("image", ""),
-        "status": int(labels.get("gitcanary.test/http-status", "200") or 200),
-        "latency": int(labels.get("gitcanary.test/latency-ms", "0") or 0) / 1000.0,
+        "status": number(labels, "gitcanary.test/http-status", 200),
+        "latency": number(labels, "gitcanary.test/latency-ms", 0) / 1000.0,
         "gone_at": None,
     }
 
