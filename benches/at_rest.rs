@@ -53,6 +53,7 @@ fn main() {
         .unwrap_or(100);
     eprintln!("bench: starting the control plane");
     let cluster = ControlPlane::start();
+    cluster.install_rollout_crd();
     let work = cluster.dir.path().join("work");
     std::fs::create_dir_all(&work).expect("work dir");
     let repo = Repo::create(&work, "at-rest");
@@ -73,14 +74,14 @@ fn main() {
         &std::env::temp_dir().join("gitcanary-bench-at-rest.log"),
     );
     agent.push(&first);
-    // Until the agent has installed the Rollout CRD, kubectl finds no such kind.
     let phases = || {
-        std::process::Command::new(&cluster.kubectl)
-            .args(["--kubeconfig", &cluster.kubeconfig, "get", "rollouts", "-A"])
-            .args(["-o", "jsonpath={range .items[*]}{.status.phase} {end}"])
-            .output()
-            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-            .unwrap_or_default()
+        cluster.kubectl(&[
+            "get",
+            "rollouts",
+            "-A",
+            "-o",
+            "jsonpath={range .items[*]}{.status.phase} {end}",
+        ])
     };
     let all_in = |phase: &str| {
         let out = phases();

@@ -89,9 +89,7 @@ fn main() {
         .and_then(|s| s.split('"').next())
         .unwrap_or("?")
         .to_string();
-    let crd = cluster.dir.path().join("crd.yaml");
-    std::fs::write(&crd, run(cluster.dir.path(), GITCANARY, &["crd"])).expect("crd");
-    cluster.kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()]);
+    cluster.install_rollout_crd();
     let work = cluster.dir.path().join("bench");
     std::fs::create_dir_all(&work).expect("mkdir");
 

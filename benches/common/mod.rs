@@ -62,6 +62,14 @@ impl ControlPlane {
         }
     }
 
+    /// Installs the Rollout CRD, as an operator does before the agent runs.
+    pub fn install_rollout_crd(&self) {
+        let crd = self.dir.path().join("crd.yaml");
+        std::fs::write(&crd, run(self.dir.path(), GITCANARY, &["crd"])).expect("crd");
+        self.kubectl(&["apply", "--server-side", "-f", &crd.display().to_string()]);
+        self.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"]);
+    }
+
     pub fn kubectl(&self, args: &[&str]) -> String {
         let mut all = vec!["--kubeconfig", &self.kubeconfig];
         all.extend_from_slice(args);
