@@ -550,6 +550,14 @@ pub struct WrittenBack {
     pub note: String,
 }
 
+impl WrittenBack {
+    /// Whether this is what `pending` waited to write: the same release's
+    /// same action.
+    pub fn is_done_of(&self, pending: &PendingWriteback) -> bool {
+        pending.action == self.action && pending.rollout_id == self.rollout_id
+    }
+}
+
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StepRecord {

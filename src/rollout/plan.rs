@@ -390,7 +390,7 @@ impl Planner<'_> {
         let (Some(pending), Some(written)) = (&self.status.pending_writeback, &self.observed.written_back) else {
             return;
         };
-        if pending.action == written.action && pending.rollout_id == written.rollout_id {
+        if written.is_done_of(pending) {
             self.status.pending_writeback = None;
             self.status.written_back = Some(written.clone());
         }

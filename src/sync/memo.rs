@@ -105,7 +105,7 @@ impl SyncMemo {
                     .status
                     .pending_writeback
                     .as_ref()
-                    .is_some_and(|p| p.action == w.action && p.rollout_id == w.rollout_id)
+                    .is_some_and(|p| w.is_done_of(p))
             };
             if all.get(&key).is_some_and(|w| !waits(w)) {
                 all.remove(&key);
