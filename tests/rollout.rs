@@ -436,14 +436,21 @@ async fn the_seed_selector_conflict_is_refused_with_the_fix_and_then_runs() {
     );
 }
 
+/// 1.0 running under a started agent, then 2.0 pushed and paused for a
+/// promote at its one step of 30%.
+async fn paused_at_30_percent(scenario: &Scenario) -> (support::agent::AgentProcess, Cluster) {
+    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
+    let (agent, cluster) = running_on_1_0(scenario, &strategy).await;
+    App::new(&scenario.ns, "2.0", &strategy).write(scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    (agent, cluster)
+}
+
 #[tokio::test]
 async fn abort_from_the_cli_returns_traffic_and_removes_the_canary() {
     let scenario = Scenario::new("ro-abort").await;
-    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
-    let (_agent, cluster) = running_on_1_0(&scenario, &strategy).await;
-    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 2.0");
-    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let (_agent, cluster) = paused_at_30_percent(&scenario).await;
     assert_eq!(cluster.weights().await, vec![w("echo", 70), w("echo-canary", 30)]);
     // Mid-release the cluster is what Git plus the rollout asks for: diff sees no change.
     let (code, stdout, stderr) = scenario.diff();
@@ -485,11 +492,7 @@ async fn requests_besides_watches(agent: &support::agent::AgentProcess) -> u64 {
 #[tokio::test]
 async fn a_release_paused_for_a_promote_costs_no_request_while_nothing_changes() {
     let scenario = Scenario::new("ro-at-rest").await;
-    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
-    let (agent, cluster) = running_on_1_0(&scenario, &strategy).await;
-    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
-    scenario.repo.commit_and_push("echo 2.0");
-    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let (agent, cluster) = paused_at_30_percent(&scenario).await;
     const RECALLED: &str = "gitcanary_apps_recalled_total";
     eventually("a resync answers for the paused app from memory", WAIT, || async {
         let recalled = agent.counter(RECALLED).await;
