@@ -333,6 +333,8 @@ enum Reconciled {
 struct Prepared<'a> {
     plan: AppPlan<'a>,
     rollouts: Vec<RolloutWork>,
+    /// Workloads whose replica count is an autoscaler's, not Git's.
+    autoscaled: Vec<plan::autoscaled::LeftToAutoscaler>,
 }
 
 /// Observe and plan: everything decided, nothing written.
@@ -357,6 +359,7 @@ async fn observe_and_plan<'a>(
         return Ok(Err(problems));
     }
     let mut objects = resolved.objects;
+    let autoscaled = plan::autoscaled::leave_replicas_to_autoscalers(&mut objects, &observed.live);
     // Rollouts overlay the objects they govern before anything is compared.
     let (rollouts, problems) = rollout::engine::prepare(
         cluster,
@@ -401,7 +404,11 @@ async fn observe_and_plan<'a>(
         default_namespace: &options.allowed.default_namespace,
         prune: options.prune,
     });
-    Ok(Ok(Prepared { plan, rollouts }))
+    Ok(Ok(Prepared {
+        plan,
+        rollouts,
+        autoscaled,
+    }))
 }
 
 async fn reconcile_app(

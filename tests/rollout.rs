@@ -954,3 +954,65 @@ async fn git_back_on_the_promoted_version_after_a_failure_is_healthy_again() {
     assert_eq!(status.stable_commit, promoted);
     assert!(cluster.deployment("echo-canary").await.is_none());
 }
+
+#[tokio::test]
+async fn an_autoscaled_deployment_keeps_the_autoscalers_count_through_a_release() {
+    let scenario = Scenario::new("ro-hpa").await;
+    let strategy = format!("      steps:\n      - {{traffic: 20%, replicas: 50%, pause: {{}}}}\n{GATEWAY}");
+    let hpa = format!(
+        "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: echo\n  namespace: {}\nspec:\n  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  minReplicas: 4\n  maxReplicas: 6\n",
+        scenario.ns
+    );
+    let app = App {
+        replicas: 2,
+        ..App::new(&scenario.ns, "1.0", &strategy)
+    };
+    app.write(&scenario);
+    scenario.repo.write("echo/hpa.yaml", &hpa);
+    scenario.repo.commit_and_push("echo 1.0, scaled by an autoscaler");
+    let agent = scenario.start_agent();
+    let cluster = Cluster::of(&scenario);
+    // Git says 2; the autoscaler's minimum is 4, and the agent leaves it so.
+    healthy_with(&scenario, &cluster, "1.0").await;
+    agent.wait_for_syncs(2).await;
+    let replicas = |d: Option<Deployment>| d.and_then(|d| d.spec?.replicas);
+    assert_eq!(replicas(cluster.deployment("echo").await), Some(4));
+    let annotations = cluster.deployment("echo").await.and_then(|d| d.metadata.annotations);
+    assert_eq!(
+        annotations
+            .unwrap_or_default()
+            .get("gitcanary.io/replicas-from")
+            .map(String::as_str),
+        Some("HorizontalPodAutoscaler/echo")
+    );
+    let (code, stdout, stderr) = scenario.diff();
+    assert_eq!(code, 0, "nothing to change: {stdout}{stderr}");
+    assert!(
+        stderr.contains("spec.replicas is left to HorizontalPodAutoscaler/echo (Git says 2, applied 4)"),
+        "{stderr}"
+    );
+
+    // The step's 50% is half the autoscaler's 4 pods, not half of Git's 2.
+    App {
+        replicas: 2,
+        ..App::new(&scenario.ns, "2.0", &strategy)
+    }
+    .write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    assert_eq!(replicas(cluster.deployment("echo-canary").await), Some(2));
+
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    healthy_with(&scenario, &cluster, "2.0").await;
+    eventually("the canary removed", WAIT, || async {
+        cluster.deployment("echo-canary").await.is_none().then_some(())
+    })
+    .await;
+    agent.wait_for_syncs(1).await;
+    assert_eq!(
+        replicas(cluster.deployment("echo").await),
+        Some(4),
+        "the autoscaler's count kept"
+    );
+}

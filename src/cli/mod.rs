@@ -367,13 +367,16 @@ pub async fn diff(args: SourceArgs) -> Result<ExitCode, Error> {
     let source = std::sync::Arc::new(open_source(&args)?);
     let cluster = connect(&args).await?;
     let revision = fetch(source, &cluster).await?;
-    let (diffs, problems) = crate::sync::diff(&cluster, &revision, &options(&args)).await?;
+    let (diffs, problems, notes) = crate::sync::diff(&cluster, &revision, &options(&args)).await?;
     let color = match args.color.as_str() {
         "always" => true,
         "never" => false,
         _ => std::io::IsTerminal::is_terminal(&std::io::stdout()),
     };
     print!("{}", render_diff(&diffs, color));
+    for note in &notes {
+        eprintln!("note: {note}");
+    }
     for problem in &problems {
         eprintln!("{problem}");
     }

@@ -4,6 +4,7 @@
 //! is unchanged, what to prune, and which objects a brand-new app creates.
 //! No I/O here; `sync` observes, calls [`plan_app`], applies and reports.
 
+pub mod autoscaled;
 pub mod desired;
 mod health;
 pub mod quantity;

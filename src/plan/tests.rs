@@ -522,3 +522,97 @@ fn tenancy_fails_closed_for_an_app_no_tenant_names() {
     assert_eq!(options.tenant_problem("web"), None);
     assert_eq!(options.tenant_of("web"), Some(&account("restricted")));
 }
+
+fn object(app: &str, name: &str, object: Value) -> Manifest {
+    Manifest {
+        app: app.to_string(),
+        file: format!("{app}/{name}.yaml"),
+        line: 1,
+        object,
+    }
+}
+
+fn web_and_autoscaler(replicas: Option<i64>) -> (Manifest, Manifest) {
+    let mut deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "demo"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {}}});
+    if let Some(replicas) = replicas {
+        deployment["spec"]["replicas"] = json!(replicas);
+    }
+    let autoscaler = json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "web-scaler", "namespace": "demo"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "minReplicas": 4, "maxReplicas": 6}});
+    (
+        object("web", "web", deployment),
+        object("web", "web-scaler", autoscaler),
+    )
+}
+
+#[test]
+fn a_workload_an_autoscaler_scales_keeps_the_live_replica_count() {
+    let (deployment, autoscaler) = web_and_autoscaler(Some(2));
+    let mut objects = vec![planned(&deployment), planned(&autoscaler)];
+    let mut scaled = live_copy(&objects[0].desired);
+    scaled["spec"]["replicas"] = json!(5);
+    let live: LiveObjects = [(objects[0].key.clone(), scaled.to_string().into_boxed_str())]
+        .into_iter()
+        .collect();
+
+    let left = autoscaled::leave_replicas_to_autoscalers(&mut objects, &live);
+
+    assert_eq!(
+        objects[0].desired["spec"]["replicas"], 5,
+        "the autoscaler's count, not Git's 2"
+    );
+    assert_eq!(
+        autoscaled::replicas_from(&objects[0].desired),
+        Some("HorizontalPodAutoscaler/web-scaler")
+    );
+    assert_eq!(
+        left[0].to_string(),
+        "Deployment.apps demo/web: spec.replicas is left to HorizontalPodAutoscaler/web-scaler (Git says 2, applied 5)"
+    );
+    // Applied so, then moved by the autoscaler: the next sync writes nothing.
+    let mut moved = live_copy(&objects[0].desired);
+    moved["spec"]["replicas"] = json!(6);
+    let mut objects = vec![planned(&deployment), planned(&autoscaler)];
+    let key = objects[0].key.clone();
+    let live: LiveObjects = [(key, moved.to_string().into_boxed_str())].into_iter().collect();
+    autoscaled::leave_replicas_to_autoscalers(&mut objects, &live);
+    let mut case = Case::new(objects);
+    case.live = live;
+    let (plan, _) = case.plan();
+    assert!(plan.writes.iter().all(|&(i, _)| i != 0), "{:?}", plan.writes);
+    assert!(plan.unchanged.iter().any(|&(i, _)| i == 0));
+}
+
+#[test]
+fn a_new_workload_an_autoscaler_scales_starts_at_gits_count_or_the_default() {
+    for (git, applied) in [(Some(3), Some(3)), (None, None)] {
+        let (deployment, autoscaler) = web_and_autoscaler(git);
+        let mut objects = vec![planned(&deployment), planned(&autoscaler)];
+        autoscaled::leave_replicas_to_autoscalers(&mut objects, &LiveObjects::default());
+        assert_eq!(objects[0].desired["spec"]["replicas"].as_i64(), applied);
+    }
+}
+
+#[test]
+fn an_autoscaler_of_another_workload_or_namespace_leaves_replicas_to_git() {
+    let (deployment, mut autoscaler) = web_and_autoscaler(Some(2));
+    autoscaler.object["spec"]["scaleTargetRef"]["name"] = json!("api");
+    let (_, mut elsewhere) = web_and_autoscaler(Some(2));
+    elsewhere.object["metadata"]["namespace"] = json!("other");
+    let (_, mut other_group) = web_and_autoscaler(Some(2));
+    other_group.object["spec"]["scaleTargetRef"]["apiVersion"] = json!("apps.kruise.io/v1alpha1");
+    for hpa in [autoscaler, elsewhere, other_group] {
+        let mut objects = vec![planned(&deployment), planned(&hpa)];
+        let mut scaled = live_copy(&objects[0].desired);
+        scaled["spec"]["replicas"] = json!(5);
+        let live: LiveObjects = [(objects[0].key.clone(), scaled.to_string().into_boxed_str())]
+            .into_iter()
+            .collect();
+        assert!(autoscaled::leave_replicas_to_autoscalers(&mut objects, &live).is_empty());
+        assert_eq!(objects[0].desired["spec"]["replicas"], 2);
+    }
+}

@@ -14,7 +14,7 @@ pub(super) async fn apply_app(
     previous: &[InventoryEntry],
     options: &SyncOptions,
 ) -> Result<Reconciled> {
-    let Prepared { mut plan, rollouts } = prepared;
+    let Prepared { mut plan, rollouts, .. } = prepared;
     let adoption = Adoption {
         started: jiff::Timestamp::now(),
         previous,

@@ -6,23 +6,26 @@ use super::*;
 
 /// What the next sync would change, without changing anything: the same
 /// observe and plan as `sync`, applied as a dry run. Lists exactly the
-/// objects the next sync would write or delete.
+/// objects the next sync would write or delete, and the notes a reader
+/// needs to read them (fields left to an autoscaler).
 pub async fn diff(
     cluster: &Cluster,
     revision: &Revision,
     options: &SyncOptions,
-) -> Result<(Vec<ObjectDiff>, Vec<Problem>)> {
+) -> Result<(Vec<ObjectDiff>, Vec<Problem>, Vec<String>)> {
     let mut revision = revision.clone();
     validate_revision(&mut revision, options);
     let observed = observe_revision(cluster, &revision, options, &SyncMemo::default()).await?;
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
     let mut diffs = Vec::new();
     let mut problems = Vec::new();
+    let mut notes = Vec::new();
     for app in revision.manifests.apps.values() {
         let previous = statuses.get(&app.name).map(AsRef::as_ref);
         let commit = revision.commit_for(&app.name);
         match observe_and_plan(cluster, app, commit, &observed, previous, options, false).await? {
             Ok(prepared) => {
+                notes.extend(prepared.autoscaled.iter().map(ToString::to_string));
                 let (app_diffs, app_problems) = dry_run_diff(
                     &cluster.writer(options.tenant_of(&app.name)),
                     &prepared,
@@ -38,7 +41,7 @@ pub async fn diff(
         }
     }
     diffs.sort_by(|a, b| a.key.cmp(&b.key));
-    Ok((diffs, problems))
+    Ok((diffs, problems, notes))
 }
 
 /// The apply stage of `diff`: each write dry-run through the one apply path,
