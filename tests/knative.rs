@@ -10,6 +10,7 @@ use std::time::Duration;
 use gitcanary::rollout::api::{Phase, Rollout, RolloutStatus};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::discovery::ApiResource;
+use serde_json::json;
 use support::agent::Scenario;
 use support::eventually;
 
@@ -44,7 +45,7 @@ impl<'a> Function<'a> {
         scenario.repo.write(
             "fn/service.yaml",
             &format!(
-                "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: fn\n  namespace: {ns}\nspec:\n  template:\n    metadata:\n      labels: {labels}\n      annotations: {{autoscaling.knative.dev/class: kpa.autoscaling.knative.dev}}\n    spec:\n      containerConcurrency: 0\n      timeoutSeconds: 300\n      containers:\n      - image: registry.test/fn:{}\n{}",
+                "apiVersion: serving.knative.dev/v1\nkind: Service\nmetadata:\n  name: fn\n  namespace: {ns}\nspec:\n  template:\n    metadata:\n      labels: {labels}\n    spec:\n      containers:\n      - image: registry.test/fn:{}\n{}",
                 self.image, self.traffic
             ),
         );
@@ -196,7 +197,8 @@ impl Knative {
         .await
     }
 
-    /// Healthy on `image`, with Git's own traffic: all on the latest Revision.
+    /// Healthy on `image`, with Git's own traffic: all on the latest Revision,
+    /// as Knative's webhook defaults a Service that names none.
     async fn healthy_on(&self, image: &str) -> String {
         eventually("healthy, with Git's traffic on the latest Revision", WAIT, || async {
             let status = self.status().await?;
@@ -205,7 +207,8 @@ impl Knative {
                 return None;
             };
             let serves = self.revision_image(revision).await? == format!("registry.test/fn:{image}");
-            let git_traffic = self.service().await?.data["spec"]["traffic"].is_null();
+            let git_traffic =
+                self.service().await?.data["spec"]["traffic"] == json!([{"latestRevision": true, "percent": 100}]);
             (status.phase == Phase::Healthy && tag.is_empty() && serves && git_traffic).then(|| revision.clone())
         })
         .await

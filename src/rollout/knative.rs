@@ -80,7 +80,7 @@ pub fn git_problem(git_service: &Value) -> Option<String> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Seen {
     pub revisions: Revisions,
-    /// The canary Revision is Ready.
+    /// The canary Revision is Ready and has pods to take its share.
     pub canary_ready: bool,
     /// The percent `status.traffic` gives the canary Revision by name, once
     /// the Service's controller has seen its latest spec.
@@ -105,6 +105,12 @@ fn is_ready(object: &Value) -> bool {
     object["status"]["conditions"]
         .as_array()
         .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// Ready with a pod running: a Revision scaled to zero stays Ready, yet its
+/// share would wait on a cold start, so a step on it is not in force.
+fn is_serving(revision: &Value) -> bool {
+    is_ready(revision) && revision["status"]["actualReplicas"].as_i64().unwrap_or(0) > 0
 }
 
 /// Reads the live Service and its Revisions. `recorded_stable` is the
@@ -147,7 +153,7 @@ pub fn see(
         .filter(|r| caught_up && latest_created != stable && made_from(r, git_template))
         .map(|_| latest_created.to_string())
         .unwrap_or_default();
-    let canary_ready = revision(&canary).is_some_and(is_ready);
+    let canary_ready = revision(&canary).is_some_and(is_serving);
     let canary_percent = (caught_up && !canary.is_empty()).then(|| {
         status["traffic"]
             .as_array()
@@ -254,6 +260,7 @@ mod tests {
             stable_template,
             canary_replicas: canary,
             traffic,
+            matches: Vec::new(),
             pin_stable_service: false,
             route_canary: canary.is_some(),
             rollout_id: "r1".into(),
@@ -391,7 +398,8 @@ mod tests {
         json!({
             "metadata": {"name": name, "labels": {"app": "fn", SERVICE_LABEL: "fn"}},
             "spec": {"containers": [{"image": image}]},
-            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "Unknown" }}]},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "Unknown" }}],
+                "actualReplicas": 1},
         })
     }
 
@@ -421,6 +429,10 @@ mod tests {
         );
         assert!(seen.canary_ready);
         assert_eq!(seen.canary_percent, Some(20));
+        // Scaled to zero, the canary is still Ready but serves nothing yet.
+        let mut cold = revisions.clone();
+        cold[1]["status"]["actualReplicas"] = json!(0);
+        assert!(!see(Some(&service), &cold, &git_template, "fn-00001", true).canary_ready);
         // Before the controller has seen the latest spec, nothing is read back.
         let mut behind = service.clone();
         behind["metadata"]["generation"] = json!(4);

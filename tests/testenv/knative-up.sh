@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts Knative Serving (controller and autoscaler, built by knative.sh)
+# Starts Knative Serving (controller, autoscaler and webhook, built by knative.sh)
 # against the control plane that up.sh started in STATE_DIR. down.sh stops
 # them with the rest.   tests/testenv/knative-up.sh STATE_DIR
 #
@@ -7,12 +7,13 @@
 # - the networking layer: no ingress implementation runs, so every KIngress
 #   is marked ready for its generation (ingress-player.py), as kwok marks
 #   pods running; the Route then fills status.traffic;
-# - the webhook does not run (the API server cannot reach a webhook Service
-#   without kube-proxy), so manifests spell out what its defaulting adds
-#   (the autoscaling class annotation, containerConcurrency, timeoutSeconds).
+# The webhook (defaulting and validation) runs in a network namespace of its
+# own; its Service has no selector and an EndpointSlice naming that
+# namespace's address, which the API server dials itself
+# (--enable-aggregator-routing, as there is no kube-proxy).
 # The controller's health probes and the autoscaler's stats server both bind
-# :8080, so the autoscaler runs in a network namespace of its own (needs
-# root and iproute2) and reaches the API server through a forwarder.
+# :8080, so the autoscaler runs in a network namespace of its own too (needs
+# root and iproute2); each reaches the API server through a forwarder.
 #
 # up.sh runs this when GITCANARY_TESTENV_KNATIVE=1 (scripts/test.sh sets it).
 set -euo pipefail
@@ -37,16 +38,45 @@ kubectl apply --server-side -f "$cache/config/" >/dev/null
 kubectl -n knative-serving patch configmap config-deployment --type merge \
   -p '{"data":{"queue-sidecar-image":"registry.test/queue-proxy:test","registries-skipping-tag-resolving":"registry.test"}}' >/dev/null
 
+# shellcheck source=netns.sh
+source "$here/netns.sh"
+
+# The webhook first: with it registered, nothing Knative is written without it.
+webhook_netns="gitcanary-knw-$$"
+make_netns "$webhook_netns" 10.202 "$state/knative-webhook-netns"
+forward_api "$state" knative-webhook
+kubectl apply --server-side -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: webhook, namespace: knative-serving}
+spec:
+  ports: [{name: https-webhook, port: 443, targetPort: 8443}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: webhook-testenv
+  namespace: knative-serving
+  labels: {kubernetes.io/service-name: webhook, endpointslice.kubernetes.io/managed-by: gitcanary-testenv}
+addressType: IPv4
+endpoints: [{addresses: ["$ns_ip"], conditions: {ready: true}}]
+ports: [{name: https-webhook, port: 8443, protocol: TCP}]
+EOF
+kubectl apply --server-side -f "$cache/webhooks/" >/dev/null
+
 common=(SYSTEM_NAMESPACE=knative-serving METRICS_DOMAIN=knative.dev/internal/serving
   CONFIG_LOGGING_NAME=config-logging CONFIG_OBSERVABILITY_NAME=config-observability)
+
+ip netns exec "$webhook_netns" env "${common[@]}" POD_NAME=webhook WEBHOOK_NAME=webhook \
+  "$cache/bin/webhook" --kubeconfig="$state/kubeconfig-knative-webhook" \
+  >"$state/logs/knative-webhook.log" 2>&1 &
+echo $! >"$state/pids/knative-webhook.pid"
 
 env "${common[@]}" POD_NAME=controller METRICS_PROMETHEUS_PORT="$(free_port)" PROFILING_PORT="$(free_port)" \
   "$cache/bin/controller" --kubeconfig="$kubeconfig" >"$state/logs/knative-controller.log" 2>&1 &
 echo $! >"$state/pids/knative-controller.pid"
 
 # The autoscaler's network namespace: a veth pair on a /30 of 10.201.0.0/16.
-# shellcheck source=netns.sh
-source "$here/netns.sh"
 netns="gitcanary-kn-$$"
 make_netns "$netns" 10.201 "$state/knative-netns"
 
@@ -58,4 +88,23 @@ echo $! >"$state/pids/knative-autoscaler.pid"
 
 python3 "$here/ingress-player.py" "$state" >"$state/logs/knative-ingress-player.log" 2>&1 &
 echo $! >"$state/pids/knative-ingress-player.pid"
-say "controller, autoscaler (namespace $netns) and the ingress player started"
+# Ready once the webhook has made its certificate and answers the API
+# server: a Service as users write it is defaulted in a dry run.
+probe() {
+  kubectl apply --dry-run=server -o jsonpath='{.spec.template.spec.timeoutSeconds}' -f - 2>/dev/null <<EOF
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: webhook-probe, namespace: default}
+spec:
+  template:
+    spec:
+      containers: [{image: registry.test/probe:1}]
+EOF
+}
+for _ in $(seq 1 120); do
+  [ -n "$(probe)" ] && break
+  kill -0 "$(cat "$state/pids/knative-webhook.pid")" 2>/dev/null || { say "the webhook exited: $(tail -5 "$state/logs/knative-webhook.log")"; exit 1; }
+  sleep 0.5
+done
+[ -n "$(probe)" ] || { say "the webhook did not answer in 60 s: $(tail -5 "$state/logs/knative-webhook.log")"; exit 1; }
+say "webhook (namespace $webhook_netns), controller, autoscaler (namespace $netns) and the ingress player started"

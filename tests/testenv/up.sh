@@ -104,7 +104,8 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --authorization-mode=RBAC --allow-privileged=true \
-  --service-cluster-ip-range=10.96.0.0/16
+  --service-cluster-ip-range=10.96.0.0/16 \
+  --enable-aggregator-routing=true
 
 for _ in $(seq 1 120); do
   if curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
