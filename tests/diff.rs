@@ -87,9 +87,10 @@ impl Fixture {
     }
 
     async fn diff(&self) -> (Vec<ObjectDiff>, Vec<Problem>) {
-        diff(&self.cluster, &self.revision().await, &self.options(true))
+        let (diffs, problems, _) = diff(&self.cluster, &self.revision().await, &self.options(true))
             .await
-            .expect("diff runs")
+            .expect("diff runs");
+        (diffs, problems)
     }
 
     /// `diff --prune`, then `sync --once --prune`: both must name the same objects.

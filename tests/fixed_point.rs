@@ -84,7 +84,7 @@ async fn real_world_manifests_sync_once_then_never_again_and_an_edit_is_healed_w
         .expect("sync runs");
     assert!(second.is_clean(), "{:?}", second.problems().collect::<Vec<_>>());
     assert_eq!(writes(&second), vec![], "a resync of what is in place writes nothing");
-    let (diffs, problems) = diff(&f.cluster, &f.revision().await, &options)
+    let (diffs, problems, _) = diff(&f.cluster, &f.revision().await, &options)
         .await
         .expect("diff runs");
     assert!(problems.is_empty(), "{problems:?}");

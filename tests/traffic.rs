@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use support::agent::Scenario;
 use support::eventually;
-use support::traffic::{Counts, Load, burst};
+use support::traffic::{Counts, Load, burst, burst_with};
 
 const WAIT: Duration = Duration::from_secs(90);
 const STABLE: &str = "registry.test/echo:1.0";
@@ -21,9 +21,17 @@ const CANARY: &str = "registry.test/echo:2.0";
 /// loaded machine).
 const ROUTER_RELOAD: Duration = Duration::from_secs(5);
 
+/// The step of [`write_app`]: 20% of the requests, then a wait for a promote.
+const TWENTY_PERCENT: &str = "{traffic: 20%, replicas: 1, pause: {}}";
+
 /// The echo app at `version`, routed by the test gateway for host
 /// `<namespace>.test`, released in one step of 20% that waits for a promote.
 fn write_app(scenario: &Scenario, version: &str) {
+    write_app_with(scenario, version, TWENTY_PERCENT);
+}
+
+/// The echo app at `version`, released in the one `step` given.
+fn write_app_with(scenario: &Scenario, version: &str, step: &str) {
     let ns = &scenario.ns;
     let files = [
         (
@@ -47,7 +55,7 @@ fn write_app(scenario: &Scenario, version: &str) {
         (
             "echo/rollout.yaml",
             format!(
-                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{}}}}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n      progressDeadline: 60\n"
+                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {step}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n      progressDeadline: 60\n"
             ),
         ),
     ];
@@ -80,7 +88,12 @@ async fn canary_exists(scenario: &Scenario) -> bool {
 /// Version 1.0 released and answering every request through the gateway,
 /// then 2.0 pushed and paused at its 20% step.
 async fn paused_at_20_percent(scenario: &Scenario) -> support::agent::AgentProcess {
-    write_app(scenario, "1.0");
+    paused_at(scenario, TWENTY_PERCENT).await
+}
+
+/// As [`paused_at_20_percent`], with the one `step` given.
+async fn paused_at(scenario: &Scenario, step: &str) -> support::agent::AgentProcess {
+    write_app_with(scenario, "1.0", step);
     scenario.repo.commit_and_push("echo 1.0");
     let agent = scenario.start_agent();
     let host = host(scenario);
@@ -90,9 +103,9 @@ async fn paused_at_20_percent(scenario: &Scenario) -> support::agent::AgentProce
         (healthy && counts.by_image.get(STABLE) == Some(&40)).then_some(())
     })
     .await;
-    write_app(scenario, "2.0");
+    write_app_with(scenario, "2.0", step);
     scenario.repo.commit_and_push("echo 2.0");
-    eventually("2.0 paused at its 20% step", WAIT, || async {
+    eventually("2.0 paused at its step", WAIT, || async {
         let status = status(scenario).await?;
         let step = status.canary_status?.current_step_index;
         (status.phase == Phase::Paused && step == 1).then_some(())
@@ -275,4 +288,26 @@ async fn a_canary_answering_503_fails_its_analysis_on_the_gateways_metrics_and_i
     .await;
     // Every answer of the canary was a 503: the measured rate is 0.
     assert!(revert.contains("success-rate FAILED: 0 against"), "{revert}");
+}
+
+#[tokio::test]
+async fn an_ab_step_sends_every_request_with_the_header_to_the_canary_and_no_other() {
+    let scenario = Scenario::new("traffic-ab").await;
+    let step = "{matches: [{headers: [{name: x-canary, value: \"yes\"}]}], replicas: 1, pause: {}}";
+    let _agent = paused_at(&scenario, step).await;
+    let host = host(&scenario);
+    let matched = eventually("the header routed to the canary", WAIT, || async {
+        let counts = burst_with(&host, &[("x-canary", "yes")], 1_000, Duration::from_secs(60));
+        (counts.share(CANARY) == 1.0).then_some(counts)
+    })
+    .await;
+    assert_eq!(matched.answered(), 1_000, "{}", summary(&matched));
+    assert_eq!(matched.failures(), 0, "{}", summary(&matched));
+    for headers in [&[][..], &[("x-canary", "no")][..]] {
+        let other = burst_with(&host, headers, 1_000, Duration::from_secs(60));
+        assert_eq!(other.answered(), 1_000, "{headers:?}: {}", summary(&other));
+        assert_eq!(other.share(STABLE), 1.0, "{headers:?}: {}", summary(&other));
+    }
+    let status = status(&scenario).await.expect("status");
+    assert_eq!(status.canary_status.expect("canary").traffic, "0% + matching requests");
 }

@@ -183,6 +183,41 @@ pub struct CanaryStep {
     pub pause: Option<Pause>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<StepAnalysis>,
+    /// Requests sent to the canary whatever `traffic` says (A/B testing, as
+    /// Kruise Rollout's `matches`): matches are OR'd, the fields of one
+    /// match AND'd. Without `traffic`, no other request goes to the canary.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<RequestMatch>,
+}
+
+/// One match of a step, in the shape of a Gateway API HTTPRoute match.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<NamedMatch>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub query_params: Vec<NamedMatch>,
+}
+
+/// A header or query parameter: `type` is `Exact` (the default) or `RegularExpression`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct NamedMatch {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+    pub value: String,
+}
+
+/// A path: `type` is `PathPrefix` (the default), `Exact` or `RegularExpression`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct PathMatch {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]

@@ -305,7 +305,13 @@ fn overlay_routes(
             let route = find(planned, "HTTPRoute", namespace, &gateway.http_route_name)
                 .ok_or_else(|| not_held(target, planned, "HTTPRoute", &gateway.http_route_name))?;
             if let Some(traffic) = intent.traffic {
-                let weighted = overlay::weighted_route(spec, &planned[route].desired, &routing.service, traffic);
+                let weighted = overlay::weighted_route(
+                    spec,
+                    &planned[route].desired,
+                    &routing.service,
+                    traffic,
+                    &intent.matches,
+                );
                 set_desired(&mut planned[route], weighted);
             }
         }
@@ -318,6 +324,7 @@ fn overlay_routes(
                     &planned[index].desired,
                     &routing.service,
                     traffic,
+                    &intent.matches,
                 )),
                 None => unwanted.push((
                     "networking.k8s.io/v1",

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::api::RolloutSpec;
+use super::api::{RequestMatch, RolloutSpec};
 use super::plan::{Intent, StableTemplate};
 
 pub const ROLLOUT_ID_LABEL: &str = "gitcanary.io/rollout-id";
@@ -274,38 +274,95 @@ pub fn pinned_stable_service(stable: &Value, kind: WorkloadKind, stable_revision
 }
 
 /// The HTTPRoute with every rule that sends to the stable Service split
-/// between it and the canary Service; other rules untouched.
-pub fn weighted_route(spec: &RolloutSpec, route: &Value, service: &str, traffic: u32) -> Value {
+/// between it and the canary Service, each such rule preceded (for a step
+/// with `matches`) by a rule sending the matching requests to the canary
+/// alone; other rules untouched.
+pub fn weighted_route(
+    spec: &RolloutSpec,
+    route: &Value,
+    service: &str,
+    traffic: u32,
+    matches: &[RequestMatch],
+) -> Value {
     let mut route = route.clone();
     let canary = spec.strategy.canary.canary_name(service);
     let traffic = traffic.min(100);
-    if let Some(rules) = route["spec"]["rules"].as_array_mut() {
-        for rule in rules {
-            let Some(refs) = rule.get_mut("backendRefs").and_then(Value::as_array_mut) else {
-                continue;
-            };
-            let Some(stable) = refs.iter().position(|r| {
-                r.is_object()
-                    && r["name"].as_str() == Some(service)
-                    && r["kind"].as_str().is_none_or(|k| k == "Service")
-            }) else {
-                continue;
-            };
-            refs.retain(|r| r["name"].as_str() != Some(canary.as_str()));
-            let stable = stable.min(refs.len() - 1);
-            refs[stable]["weight"] = json!(100 - traffic);
-            let mut canary_ref = refs[stable].clone();
-            canary_ref["name"] = json!(canary);
-            canary_ref["weight"] = json!(traffic);
-            refs.insert(stable + 1, canary_ref);
+    let Some(rules) = route["spec"]["rules"].as_array_mut() else {
+        return route;
+    };
+    let mut split = Vec::with_capacity(rules.len());
+    for mut rule in std::mem::take(rules) {
+        let Some(refs) = rule.get_mut("backendRefs").and_then(Value::as_array_mut) else {
+            split.push(rule);
+            continue;
+        };
+        let Some(stable) = refs.iter().position(|r| {
+            r.is_object() && r["name"].as_str() == Some(service) && r["kind"].as_str().is_none_or(|k| k == "Service")
+        }) else {
+            split.push(rule);
+            continue;
+        };
+        refs.retain(|r| r["name"].as_str() != Some(canary.as_str()));
+        let stable = stable.min(refs.len() - 1);
+        refs[stable]["weight"] = json!(100 - traffic);
+        let mut canary_ref = refs[stable].clone();
+        canary_ref["name"] = json!(canary);
+        canary_ref["weight"] = json!(traffic);
+        refs.insert(stable + 1, canary_ref.clone());
+        if !matches.is_empty() {
+            let mut matched = rule.clone();
+            canary_ref.as_object_mut().expect("a mapping").remove("weight");
+            matched["backendRefs"] = json!([canary_ref]);
+            matched["matches"] = json!(narrowed(&rule["matches"], matches));
+            if let Some(name) = rule["name"].as_str() {
+                matched["name"] = json!(format!("{name}{}", spec.strategy.canary.canary_name("")));
+            }
+            split.push(matched);
+        }
+        split.push(rule);
+    }
+    *rules = split;
+    route
+}
+
+/// The matches of a rule (Git's) narrowed by a step's: each of Git's with
+/// each of the step's, their headers and query parameters joined and the
+/// step's path, if it names one, in place of Git's.
+fn narrowed(git: &Value, step: &[RequestMatch]) -> Vec<Value> {
+    let git: Vec<Value> = match git.as_array() {
+        Some(list) if !list.is_empty() => list.clone(),
+        _ => vec![json!({})],
+    };
+    let mut out = Vec::new();
+    for base in &git {
+        for m in step {
+            let mut joined = if base.is_object() { base.clone() } else { json!({}) };
+            let step_json = serde_json::to_value(m).unwrap_or_default();
+            if let Some(path) = step_json.get("path") {
+                joined["path"] = path.clone();
+            }
+            for key in ["headers", "queryParams"] {
+                let mut list = joined[key].as_array().cloned().unwrap_or_default();
+                list.extend(step_json[key].as_array().cloned().unwrap_or_default());
+                if !list.is_empty() {
+                    joined[key] = json!(list);
+                }
+            }
+            out.push(joined);
         }
     }
-    route
+    out
 }
 
 /// The nginx canary Ingress: the stable Ingress's rules pointed at the
 /// canary Service, with nginx's canary annotations.
-pub fn canary_ingress(spec: &RolloutSpec, ingress: &Value, service: &str, traffic: u32) -> Value {
+pub fn canary_ingress(
+    spec: &RolloutSpec,
+    ingress: &Value,
+    service: &str,
+    traffic: u32,
+    matches: &[RequestMatch],
+) -> Value {
     let canary_service = spec.strategy.canary.canary_name(service);
     let mut rules = ingress["spec"]["rules"].clone();
     if let Some(rules) = rules.as_array_mut() {
@@ -325,16 +382,26 @@ pub fn canary_ingress(spec: &RolloutSpec, ingress: &Value, service: &str, traffi
     if let Some(class) = ingress["spec"]["ingressClassName"].as_str() {
         ingress_spec["ingressClassName"] = json!(class);
     }
+    let mut annotations = json!({
+        "nginx.ingress.kubernetes.io/canary": "true",
+        "nginx.ingress.kubernetes.io/canary-weight": traffic.min(100).to_string(),
+    });
+    // Validation lets through one match of one header only.
+    if let Some(header) = matches.first().and_then(|m| m.headers.first()) {
+        annotations["nginx.ingress.kubernetes.io/canary-by-header"] = json!(header.name);
+        let value_key = match header.kind.as_deref() {
+            Some("RegularExpression") => "nginx.ingress.kubernetes.io/canary-by-header-pattern",
+            _ => "nginx.ingress.kubernetes.io/canary-by-header-value",
+        };
+        annotations[value_key] = json!(header.value);
+    }
     json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
         "metadata": {
             "name": spec.strategy.canary.canary_name(ingress["metadata"]["name"].as_str().unwrap_or_default()),
             "namespace": ingress["metadata"]["namespace"].clone(),
-            "annotations": {
-                "nginx.ingress.kubernetes.io/canary": "true",
-                "nginx.ingress.kubernetes.io/canary-weight": traffic.min(100).to_string(),
-            },
+            "annotations": annotations,
         },
         "spec": ingress_spec,
     })
@@ -418,6 +485,7 @@ mod tests {
             stable_template: StableTemplate::Live,
             canary_replicas: Some(1),
             traffic: Some(10),
+            matches: Vec::new(),
             pin_stable_service: true,
             route_canary: true,
             rollout_id: "abc".into(),
@@ -458,14 +526,106 @@ mod tests {
             {"backendRefs": [{"name": "echo", "port": 80}]},
             {"backendRefs": [{"name": "other", "port": 80}]}
         ]}});
-        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 30);
+        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 30, &[]);
         assert_eq!(
             weighted["spec"]["rules"][0]["backendRefs"],
             json!([{"name": "echo", "port": 80, "weight": 70}, {"name": "echo-canary", "port": 80, "weight": 30}])
         );
         assert_eq!(weighted["spec"]["rules"][1], route["spec"]["rules"][1]);
         // Applying twice gives the same route.
-        assert_eq!(weighted_route(&RolloutSpec::default(), &weighted, "echo", 30), weighted);
+        assert_eq!(
+            weighted_route(&RolloutSpec::default(), &weighted, "echo", 30, &[]),
+            weighted
+        );
+    }
+
+    fn header(kind: Option<&str>, name: &str, value: &str) -> RequestMatch {
+        RequestMatch {
+            headers: vec![super::super::api::NamedMatch {
+                kind: kind.map(str::to_string),
+                name: name.into(),
+                value: value.into(),
+            }],
+            ..RequestMatch::default()
+        }
+    }
+
+    #[test]
+    fn a_step_with_matches_sends_matching_requests_to_the_canary_before_the_split() {
+        let route = json!({"spec": {"rules": [
+            {"name": "api", "matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "tenant", "value": "a"}]}],
+             "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"add": [{"name": "x", "value": "1"}]}}],
+             "backendRefs": [{"name": "echo", "port": 80}]},
+            {"backendRefs": [{"name": "other", "port": 80}]}
+        ]}});
+        let matches = [
+            header(None, "x-canary", "yes"),
+            header(Some("RegularExpression"), "user", "^qa-"),
+        ];
+        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", 0, &matches);
+        let rules = routed["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 3, "{routed:#}");
+        // First the matched requests, to the canary alone, within Git's own match and with its filters.
+        assert_eq!(rules[0]["name"], "api-canary");
+        assert_eq!(rules[0]["backendRefs"], json!([{"name": "echo-canary", "port": 80}]));
+        assert_eq!(rules[0]["filters"], route["spec"]["rules"][0]["filters"]);
+        assert_eq!(
+            rules[0]["matches"],
+            json!([
+                {"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "tenant", "value": "a"}, {"name": "x-canary", "value": "yes"}]},
+                {"path": {"type": "PathPrefix", "value": "/api"}, "headers": [{"name": "tenant", "value": "a"}, {"type": "RegularExpression", "name": "user", "value": "^qa-"}]}
+            ])
+        );
+        // Then Git's rule, none of the rest to the canary (no traffic given).
+        assert_eq!(
+            rules[1]["backendRefs"],
+            json!([{"name": "echo", "port": 80, "weight": 100}, {"name": "echo-canary", "port": 80, "weight": 0}])
+        );
+        assert_eq!(rules[1]["matches"], route["spec"]["rules"][0]["matches"]);
+        assert_eq!(rules[2], route["spec"]["rules"][1]);
+    }
+
+    #[test]
+    fn a_rule_without_matches_takes_the_steps_as_they_are() {
+        let route = json!({"spec": {"rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]}});
+        let routed = weighted_route(
+            &RolloutSpec::default(),
+            &route,
+            "echo",
+            10,
+            &[header(None, "x-canary", "yes")],
+        );
+        assert_eq!(
+            routed["spec"]["rules"][0]["matches"],
+            json!([{"headers": [{"name": "x-canary", "value": "yes"}]}])
+        );
+        assert_eq!(routed["spec"]["rules"][1]["backendRefs"][1]["weight"], 10);
+    }
+
+    #[test]
+    fn an_nginx_canary_takes_its_one_header() {
+        let ingress = json!({"metadata": {"name": "echo"}, "spec": {"rules": []}});
+        let exact = canary_ingress(
+            &RolloutSpec::default(),
+            &ingress,
+            "echo",
+            0,
+            &[header(None, "x-canary", "yes")],
+        );
+        let annotations = &exact["metadata"]["annotations"];
+        assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-by-header"], "x-canary");
+        assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-by-header-value"], "yes");
+        let pattern = canary_ingress(
+            &RolloutSpec::default(),
+            &ingress,
+            "echo",
+            0,
+            &[header(Some("RegularExpression"), "u", "^qa")],
+        );
+        assert_eq!(
+            pattern["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary-by-header-pattern"],
+            "^qa"
+        );
     }
 
     #[test]
@@ -473,7 +633,7 @@ mod tests {
         let ingress = json!({"metadata": {"name": "echo", "namespace": "demo"}, "spec": {"ingressClassName": "nginx", "rules": [
             {"host": "echo.example", "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "echo", "port": {"number": 80}}}}]}}
         ]}});
-        let canary = canary_ingress(&RolloutSpec::default(), &ingress, "echo", 20);
+        let canary = canary_ingress(&RolloutSpec::default(), &ingress, "echo", 20, &[]);
         assert_eq!(canary["metadata"]["name"], "echo-canary");
         assert_eq!(
             canary["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary-weight"],
@@ -498,12 +658,12 @@ mod tests {
         let spec = spec_with(None, &[]);
         assert_eq!(canary_deployment(&spec, &odd, 1, "abc", "h")["spec"]["replicas"], 1);
         let route = json!({"spec": {"rules": ["all to echo", {"backendRefs": ["echo", {"name": "echo"}]}]}});
-        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 10);
+        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 10, &[]);
         assert_eq!(weighted["spec"]["rules"][0], "all to echo");
         assert_eq!(weighted["spec"]["rules"][1]["backendRefs"][1]["weight"], 90);
         let ingress = json!({"metadata": {"name": "echo"}, "spec": {"rules": ["x", {"http": "y"}]}});
         assert_eq!(
-            canary_ingress(&RolloutSpec::default(), &ingress, "echo", 10)["spec"]["rules"][0],
+            canary_ingress(&RolloutSpec::default(), &ingress, "echo", 10, &[])["spec"]["rules"][0],
             "x"
         );
     }

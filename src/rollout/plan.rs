@@ -104,6 +104,8 @@ pub struct Intent {
     pub canary_replicas: Option<i32>,
     /// Percent of requests to the canary; `None` restores the routes Git holds.
     pub traffic: Option<u32>,
+    /// Requests sent to the canary whatever the percent (with `traffic` only).
+    pub matches: Vec<super::api::RequestMatch>,
     /// Pin the stable Service to the stable revision (while traffic is split).
     pub pin_stable_service: bool,
     /// The canary Service selects the canary pods and routes may name it:
@@ -118,6 +120,7 @@ impl Intent {
             stable_template,
             canary_replicas: None,
             traffic: None,
+            matches: Vec::new(),
             pin_stable_service: false,
             route_canary: false,
             rollout_id: String::new(),
@@ -247,13 +250,41 @@ pub fn step_replicas(step: &super::api::CanaryStep, replicas: i32) -> i32 {
     }
 }
 
-fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<u32> {
-    let step = spec.strategy.canary.steps.get(index.checked_sub(1)? as usize)?;
-    step.traffic.as_deref().and_then(|t| parse_percent(t).ok())
+/// What a step asks of the routes: a share of every request, and the
+/// requests that reach the canary whatever the share (A/B).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepRoute {
+    pub percent: u32,
+    pub matches: Vec<super::api::RequestMatch>,
 }
 
-/// Traffic in force at a step: the last step at or before it that sets one.
-fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<u32> {
+impl StepRoute {
+    /// As `status.canaryStatus.traffic` shows it.
+    pub fn describe(route: Option<&StepRoute>) -> String {
+        match route {
+            Some(route) if !route.matches.is_empty() => format!("{}% + matching requests", route.percent),
+            Some(route) => format!("{}%", route.percent),
+            None => "0%".to_string(),
+        }
+    }
+}
+
+/// The route a step sets: its `traffic`, and its `matches` (with which a
+/// step without `traffic` sends no other request to the canary, as in Kruise).
+fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
+    let step = spec.strategy.canary.steps.get(index.checked_sub(1)? as usize)?;
+    let percent = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
+    if percent.is_none() && step.matches.is_empty() {
+        return None;
+    }
+    Some(StepRoute {
+        percent: percent.unwrap_or(0),
+        matches: step.matches.clone(),
+    })
+}
+
+/// The route in force at a step: the last step at or before it that sets one.
+fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
     (1..=index).rev().find_map(|i| step_traffic(spec, i))
 }
 
@@ -352,6 +383,7 @@ fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
     intent.route_canary = intent.canary_replicas.is_some() && !observed.canary_revision.is_empty() && keeps_service;
     if !intent.route_canary {
         intent.traffic = None;
+        intent.matches.clear();
     }
     // Pods of a canary Deployment being removed (an abort's, a promote's)
     // still match the stable Service's own selector: it stays on the stable

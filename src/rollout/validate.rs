@@ -349,6 +349,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
         ));
     }
     problems.extend(naming_problems(spec));
+    problems.extend(match_problems(canary, knative));
     for routing in &canary.traffic_routings {
         if routing.gateway.is_none() && routing.ingress.is_none() {
             problems.push(format!(
@@ -362,6 +363,67 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
             problems.push(format!(
                 "ingress classType {:?} is not supported: only nginx",
                 ingress.class_type
+            ));
+        }
+    }
+    problems
+}
+
+/// What the steps' `matches` may say: Gateway API matches for an HTTPRoute;
+/// for an nginx Ingress, the one header its canary annotations can name.
+fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    let nginx = canary.traffic_routings.iter().any(|r| r.ingress.is_some());
+    for (i, step) in canary.steps.iter().enumerate().filter(|(_, s)| !s.matches.is_empty()) {
+        let n = i + 1;
+        if knative {
+            problems.push(format!(
+                "step {n}: matches cannot be set for a Knative Service: its routes split by percent only"
+            ));
+        } else if canary.traffic_routings.is_empty() {
+            problems.push(format!(
+                "step {n}: matches need a trafficRouting (a Service with an HTTPRoute or Ingress) to send matching requests to the canary"
+            ));
+        }
+        for m in &step.matches {
+            let named = m
+                .headers
+                .iter()
+                .map(|h| ("header", h))
+                .chain(m.query_params.iter().map(|q| ("query parameter", q)));
+            for (what, named) in named {
+                if named.name.is_empty() {
+                    problems.push(format!("step {n}: a {what} match needs a name"));
+                }
+                if let Some(kind) = named
+                    .kind
+                    .as_deref()
+                    .filter(|k| !matches!(*k, "Exact" | "RegularExpression"))
+                {
+                    problems.push(format!(
+                        "step {n}: {what} {:?}: type {kind:?} is not Exact or RegularExpression",
+                        named.name
+                    ));
+                }
+            }
+            if let Some(kind) = m.path.as_ref().and_then(|p| p.kind.as_deref())
+                && !matches!(kind, "Exact" | "PathPrefix" | "RegularExpression")
+            {
+                problems.push(format!(
+                    "step {n}: path type {kind:?} is not Exact, PathPrefix or RegularExpression"
+                ));
+            }
+            if m.path.is_none() && m.headers.is_empty() && m.query_params.is_empty() {
+                problems.push(format!("step {n}: a match needs a path, headers or queryParams"));
+            }
+        }
+        let one_header = step.matches.len() == 1
+            && step.matches[0].headers.len() == 1
+            && step.matches[0].query_params.is_empty()
+            && step.matches[0].path.is_none();
+        if nginx && !one_header {
+            problems.push(format!(
+                "step {n}: an nginx Ingress sends matching requests to its canary by one header only (canary-by-header); give one match of one header, or route with an HTTPRoute"
             ));
         }
     }
@@ -717,6 +779,34 @@ mod tests {
         ] {
             assert!(found.iter().any(|p| p.starts_with(wanted)), "{wanted} in {found:?}");
         }
+    }
+
+    #[test]
+    fn matches_take_gateway_api_match_types_and_nginx_one_header() {
+        let good = rollout(
+            "      - matches: [{headers: [{name: x-canary, value: \"yes\"}]}, {path: {type: Exact, value: /beta}, queryParams: [{type: RegularExpression, name: q, value: \"^a\"}]}]\n        pause: {}\n      - {traffic: 100%}\n",
+        );
+        assert_eq!(
+            problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &good)]),
+            Vec::<String>::new()
+        );
+        let bad = rollout("      - matches: [{headers: [{type: Prefix, name: \"\", value: a}]}, {}]\n");
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &bad)]);
+        for expected in [
+            "step 1: header \"\": type \"Prefix\" is not Exact or RegularExpression",
+            "step 1: a header match needs a name",
+            "step 1: a match needs a path, headers or queryParams",
+        ] {
+            assert!(found.iter().any(|p| p.contains(expected)), "{expected}: {found:?}");
+        }
+        let nginx = good.replace("gateway: {httpRouteName: echo}", "ingress: {name: echo}");
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &nginx)]);
+        assert!(
+            found.iter().any(
+                |p| p.contains("step 1: an nginx Ingress sends matching requests to its canary by one header only")
+            ),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -92,18 +92,28 @@ impl Counts {
     }
 }
 
-/// A keep-alive connection to the gateway, sending requests for `host`.
+/// A keep-alive connection to the gateway, sending requests for `host`
+/// with `headers`.
 struct Client {
     address: String,
     host: String,
+    headers: String,
     connection: Option<BufReader<TcpStream>>,
 }
 
 impl Client {
     fn new(address: &str, host: &str) -> Client {
+        Client::with_headers(address, host, &[])
+    }
+
+    fn with_headers(address: &str, host: &str, headers: &[(&str, &str)]) -> Client {
         Client {
             address: address.to_string(),
             host: host.to_string(),
+            headers: headers
+                .iter()
+                .map(|(name, value)| format!("{name}: {value}\r\n"))
+                .collect(),
             connection: None,
         }
     }
@@ -135,7 +145,7 @@ impl Client {
             self.connection = Some(BufReader::new(stream));
         }
         let reader = self.connection.as_mut().expect("connected");
-        let request = format!("GET / HTTP/1.1\r\nHost: {}\r\n\r\n", self.host);
+        let request = format!("GET / HTTP/1.1\r\nHost: {}\r\n{}\r\n", self.host, self.headers);
         reader.get_mut().write_all(request.as_bytes())?;
         let broken = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP answer");
         let mut line = String::new();
@@ -174,15 +184,22 @@ impl Client {
 /// Sends `count` requests for `host` through the gateway, a few at a time,
 /// and counts the answers; stops early after `limit`.
 pub fn burst(host: &str, count: usize, limit: Duration) -> Counts {
+    burst_with(host, &[], count, limit)
+}
+
+/// As [`burst`], every request with `headers`.
+pub fn burst_with(host: &str, headers: &[(&str, &str)], count: usize, limit: Duration) -> Counts {
     const PARALLEL: usize = 4;
+    let headers: Vec<(String, String)> = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     let address = gateway_address();
     let deadline = Instant::now() + limit;
     let threads: Vec<JoinHandle<Vec<Answer>>> = (0..PARALLEL)
         .map(|i| {
-            let (address, host) = (address.clone(), host.to_string());
+            let (address, host, headers) = (address.clone(), host.to_string(), headers.clone());
             let share = count / PARALLEL + usize::from(i < count % PARALLEL);
             std::thread::spawn(move || {
-                let mut client = Client::new(&address, &host);
+                let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+                let mut client = Client::with_headers(&address, &host, &headers);
                 let mut answers = Vec::with_capacity(share);
                 while answers.len() < share && Instant::now() < deadline {
                     answers.push(client.get());

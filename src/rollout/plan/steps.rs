@@ -12,12 +12,14 @@ impl Planner<'_> {
         &self,
         stable_template: StableTemplate,
         canary_replicas: i32,
-        traffic: Option<u32>,
+        route: Option<StepRoute>,
     ) -> Intent {
+        let traffic = route.as_ref().map(|r| r.percent);
         Intent {
             stable_template,
             canary_replicas: Some(canary_replicas),
             traffic,
+            matches: route.map(|r| r.matches).unwrap_or_default(),
             pin_stable_service: traffic.is_some() && stable_template == StableTemplate::Live,
             route_canary: false,
             rollout_id: self.status.rollout_id.clone(),
@@ -98,7 +100,7 @@ impl Planner<'_> {
     pub(super) fn upgrade(&mut self, here: &Here) -> Flow {
         let (index, wanted) = (here.index, here.wanted);
         let traffic = traffic_at(self.spec, index - 1);
-        self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
+        self.canary().traffic = StepRoute::describe(traffic.as_ref());
         if self.observed.canary_ready >= wanted {
             let routes = !self.spec.strategy.canary.traffic_routings.is_empty() || self.observed.self_routed.is_some();
             let routed = step_traffic(self.spec, index).is_some() && routes;
@@ -152,9 +154,10 @@ impl Planner<'_> {
     pub(super) fn route_traffic(&mut self, here: &Here) -> Flow {
         let index = here.index;
         let traffic = step_traffic(self.spec, index);
-        self.canary().traffic = format!("{}%", traffic.unwrap_or(0));
+        let percent = traffic.as_ref().map_or(0, |r| r.percent);
+        self.canary().traffic = StepRoute::describe(traffic.as_ref());
         if let Some(routed) = self.observed.self_routed {
-            let asked = canary_percent(routed.share, traffic.unwrap_or(0));
+            let asked = canary_percent(routed.share, percent);
             if routed.canary_percent != Some(asked) {
                 let deadline = self.progress_deadline();
                 if here.in_state >= deadline {
@@ -182,17 +185,14 @@ impl Planner<'_> {
             _ => self.grace(),
         };
         if here.in_state >= grace {
-            self.note(Transition::TrafficInForce {
-                step: index,
-                percent: traffic.unwrap_or(0),
-            });
+            self.note(Transition::TrafficInForce { step: index, percent });
             self.enter(index, StepState::StepPaused);
             return Flow::Next;
         }
         self.status.phase = Phase::Progressing;
         self.canary().message = format!(
-            "step {index}: routing {}% of traffic to the canary",
-            traffic.unwrap_or(0)
+            "step {index}: routing {} of traffic to the canary",
+            StepRoute::describe(traffic.as_ref())
         );
         self.requeue_in(grace - here.in_state, RequeueReason::Grace);
         Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic))

@@ -9,6 +9,7 @@ fn step() -> CanaryStep {
         replicas: None,
         pause: None,
         analysis: None,
+        matches: Vec::new(),
     }
 }
 
@@ -1015,4 +1016,42 @@ fn a_statefulsets_stable_service_is_not_pinned_at_rest() {
     let plan = run.step(&observed("v1", 0));
     assert_eq!(run.status.phase, Phase::Healthy);
     assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
+}
+
+#[test]
+fn an_ab_step_sends_matching_requests_only_and_a_later_step_routes_its_own() {
+    let header = crate::rollout::api::RequestMatch {
+        headers: vec![crate::rollout::api::NamedMatch {
+            kind: None,
+            name: "x-canary".into(),
+            value: "yes".into(),
+        }],
+        ..Default::default()
+    };
+    let mut spec = spec();
+    let mut ab = step().replicas(1).pause_for(60);
+    ab.matches = vec![header.clone()];
+    spec.strategy.canary.steps = vec![ab, step().traffic("30%").pause_until_promoted(), step().traffic("100%")];
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 10));
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    assert_eq!(plan.intent.traffic, Some(0), "no share besides the matching requests");
+    assert_eq!(plan.intent.matches, vec![header.clone()]);
+    assert_eq!(
+        run.status.canary_status.as_ref().unwrap().traffic,
+        "0% + matching requests"
+    );
+    // Step 2 gives a share of its own, and no matches.
+    seen.now = at(90);
+    run.step(&seen);
+    seen.canary_ready = 2;
+    seen.now = at(200);
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 2, StepState::StepTrafficRouting));
+    assert_eq!(plan.intent.traffic, Some(30));
+    assert!(plan.intent.matches.is_empty());
 }
