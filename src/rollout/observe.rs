@@ -13,13 +13,13 @@ use serde_json::{Value, json};
 use tracing::info;
 
 use super::analysis;
-use super::api::Phase;
 use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+use super::api::{Phase, StepState};
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::knative;
 use super::model::{RolloutObserved, Target};
 use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
-use super::plan::{Observed, Resumed, Revisions, SelfRouted};
+use super::plan::{Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen};
 use super::record::{History, Outcome as RecordOutcome, record_path};
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_stored_as};
@@ -106,6 +106,13 @@ pub(crate) async fn observe_rollout(
     observed.canary_revision = revisions.canary.clone();
     if measure {
         observed.measurements = measure_due(spec, &status, &revisions, namespace, observed.now, options).await;
+    }
+    if status
+        .canary_status
+        .as_ref()
+        .is_some_and(|c| c.current_step_state == StepState::StepTrafficRouting)
+    {
+        observed.routes = observe_routes(cluster, spec, namespace).await;
     }
     let canary_kinds = served_canary_kinds(cluster).await;
     Ok(RolloutObserved {
@@ -335,6 +342,29 @@ async fn measure_due(
         measurements.push(measurement);
     }
     measurements
+}
+
+/// The release's HTTPRoutes as they are live, read while a step waits for
+/// its route to be in force. One that cannot be read is left out: the
+/// grace period alone then decides, as for a route no gateway reports on.
+async fn observe_routes(cluster: &Cluster, spec: &RolloutSpec, namespace: &str) -> Vec<RouteSeen> {
+    let mut routes = Vec::new();
+    for routing in &spec.strategy.canary.traffic_routings {
+        let Some(gateway) = &routing.gateway else { continue };
+        let live = get_value(
+            cluster,
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            namespace,
+            &gateway.http_route_name,
+        )
+        .await;
+        if let Ok(Some(route)) = live {
+            let canary = spec.strategy.canary.canary_name(&routing.service);
+            routes.push(route_seen(&route, &routing.service, &canary));
+        }
+    }
+    routes
 }
 
 async fn get_value(

@@ -57,6 +57,8 @@ pub struct Observed {
     /// Set for a workload that routes its own traffic (a Knative Service):
     /// what its status reads back.
     pub self_routed: Option<SelfRouted>,
+    /// The release's HTTPRoutes, read while a step's traffic is being routed.
+    pub routes: Vec<RouteSeen>,
     /// What the agent wrote to Git for this Rollout's pending write-back
     /// since the status was written: recorded in the status by this plan.
     pub written_back: Option<WrittenBack>,
@@ -683,8 +685,11 @@ impl Planner<'_> {
 }
 
 mod measure;
+mod routes;
 mod steps;
 mod transition;
+
+pub use routes::{RouteSeen, seen as route_seen};
 
 pub use transition::{Severity, Transition};
 

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How often a step whose route the gateway has not yet taken is looked at again.
+const ROUTE_RECHECK: Duration = Duration::from_secs(1);
+
 impl Planner<'_> {
     pub(super) fn steps(&self) -> u32 {
         self.spec.strategy.canary.steps.len() as u32
@@ -184,10 +187,26 @@ impl Planner<'_> {
             Some(_) if self.spec.strategy.canary.grace_period_seconds.is_none() => Duration::ZERO,
             _ => self.grace(),
         };
-        if here.in_state >= grace {
+        let lag = routes::lag(&self.observed.routes, percent);
+        if here.in_state >= grace && lag.is_none() {
             self.note(Transition::TrafficInForce { step: index, percent });
             self.enter(index, StepState::StepPaused);
             return Flow::Next;
+        }
+        if let Some(lag) = lag.filter(|_| here.in_state >= grace) {
+            let deadline = self.progress_deadline();
+            if here.in_state >= deadline {
+                let cause = format!(
+                    "step {index}'s route not in force within {}s: {lag}",
+                    deadline.as_secs()
+                );
+                return Flow::Hold(self.fail(cause));
+            }
+            self.status.phase = Phase::Progressing;
+            self.canary().message = format!("step {index}: waiting for the gateway: {lag}");
+            // The gateway's status write wakes a sync too; this bounds the wait.
+            self.requeue_in(ROUTE_RECHECK.min(deadline - here.in_state), RequeueReason::Grace);
+            return Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic));
         }
         self.status.phase = Phase::Progressing;
         self.canary().message = format!(
