@@ -1055,3 +1055,55 @@ fn an_ab_step_sends_matching_requests_only_and_a_later_step_routes_its_own() {
     assert_eq!(plan.intent.traffic, Some(30));
     assert!(plan.intent.matches.is_empty());
 }
+
+#[test]
+fn a_step_waits_past_its_grace_for_the_gateway_to_take_its_route() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 10));
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    // Grace over, but the gateway has accepted only the route's previous generation.
+    seen.now = at(24);
+    seen.routes = vec![RouteSeen {
+        name: "echo".into(),
+        canary_weight: Some(10),
+        generation: 2,
+        accepted_generation: Some(1),
+        refused: None,
+    }];
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    let message = &run.status.canary_status.as_ref().unwrap().message;
+    assert!(message.contains("waiting for the gateway"), "{message}");
+    assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(1)));
+    // Accepted: the step's pause begins.
+    seen.routes[0].accepted_generation = Some(2);
+    seen.now = at(25);
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+    // Never accepted within the deadline: the release fails with the gateway's words.
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 10));
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    seen.routes = vec![RouteSeen {
+        name: "echo".into(),
+        canary_weight: Some(10),
+        generation: 2,
+        accepted_generation: Some(2),
+        refused: Some("UnsupportedValue: weights".into()),
+    }];
+    seen.now = at(20 + 601);
+    run.step(&seen);
+    let status = run.status.canary_status.as_ref().unwrap();
+    assert!(
+        status.message.contains("the gateway does not accept HTTPRoute echo: UnsupportedValue: weights"),
+        "{}",
+        status.message
+    );
+}
