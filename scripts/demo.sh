@@ -4,6 +4,8 @@
 # requests on a GitHub API fake (GitHub cannot run here), a canary whose gate
 # is a promotion pull request approved by a writer, a failed release reverted
 # in Git, drift healed, a broken manifest refused with its file and line.
+# Real requests go through a real gateway (Traefik) all along, and each
+# step shows how many of them each version answered.
 # Leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,7 @@ scripts/setup.sh
 cache=$(tests/testenv/build.sh | tail -1)
 renderers=$(scripts/renderers.sh | tail -n 1)
 export PATH="$renderers:$PATH"
+tests/testenv/gateway.sh >/dev/null # Traefik, the gateway requests go through (first run: about 10 minutes)
 kubectl_bin="$cache/bin/kubectl"
 cargo build --locked --quiet --bin gitcanary --example github_fake
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
@@ -34,16 +37,39 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bold "Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes)"
-kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ tests/testenv/up.sh "$work/cluster" 2>/dev/null | sed -n 's/^KUBECONFIG=//p')
+bold "Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes) and a gateway (Traefik)"
+GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_GATEWAY=1 tests/testenv/up.sh "$work/cluster" 2>/dev/null >"$work/up.out"
+kubeconfig=$(sed -n 's/^KUBECONFIG=//p' "$work/up.out")
+gateway_url=$(sed -n 's/^GATEWAY_URL=//p' "$work/up.out")
 export KUBECONFIG="$kubeconfig"
 k() { "$kubectl_bin" "$@"; }
+requests() { # N requests for echo.example through the gateway, counted by the image that answered
+  python3 - "$gateway_url" "$1" <<'PY'
+import collections, http.client, json, sys, urllib.parse
+url, count = urllib.parse.urlsplit(sys.argv[1]), int(sys.argv[2])
+answers = collections.Counter()
+connection = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+for _ in range(count):
+    try:
+        connection.request("GET", "/", headers={"Host": "echo.example"})
+        response = connection.getresponse()
+        body = response.read()
+        who = json.loads(body)["image"].rsplit(":", 1)[-1] if response.status == 200 else f"HTTP {response.status}"
+    except Exception:
+        connection.close()
+        who = "no answer"
+    answers[who] += 1
+print(", ".join(f"{n} by {who}" for who, n in sorted(answers.items())))
+PY
+}
 k get nodes
 
 bold "Creating a Git repository from examples/quickstart"
 git init -q --bare --initial-branch=main "$work/apps.git"
 git clone -q "$work/apps.git" "$work/clone" 2>/dev/null
 cp -r examples/quickstart/. "$work/clone/"
+# The route attaches to the local gateway rather than the quickstart's `public`.
+sed -i 's/- name: public/- {name: gateway, namespace: gitcanary-test}/' "$work/clone/echoserver/httproute.yaml"
 git -C "$work/clone" add -A
 git -C "$work/clone" -c user.name=Alice -c user.email=alice@example.test commit -qm "echoserver 1.0.0"
 git -C "$work/clone" push -q origin HEAD:main
@@ -77,6 +103,8 @@ for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null &&
 say "first sync done:"
 k -n demo get deployment,service,httproute
 k -n demo rollout status deployment/echoserver --timeout=60s | sed 's/^/   /'
+for _ in $(seq 1 50); do [ "$(requests 10)" = "10 by 1.0.0" ] && break; sleep 0.2; done
+say "200 requests for echo.example through the gateway at $gateway_url: $(requests 200)"
 
 webhook() { # the signed push GitHub would send
   local body sig
@@ -93,13 +121,14 @@ weights() {
 rollout_line() {
   k -n demo get rollout echoserver -o jsonpath='{.status.phase} step {.status.canaryStatus.currentStepIndex} {.status.canaryStatus.currentStepState} traffic {.status.canaryStatus.traffic}'
 }
-# Prints each new state of the rollout with the route weights read from the cluster.
+# Prints each new state of the rollout with the route weights read from the
+# cluster and who answered 200 real requests sent through the gateway.
 follow_until() { # phases to stop at, e.g. Paused or "Failed|Healthy"
   local last="" line phase
   for _ in $(seq 1 300); do
     phase=$(k -n demo get rollout echoserver -o jsonpath='{.status.phase}')
     line="$(rollout_line) | route: $(weights)| canary pods ready: $(k -n demo get deployment echoserver-canary -o jsonpath='{.status.readyReplicas}' 2>/dev/null || echo -)"
-    [ "$line" != "$last" ] && say "$line" && last="$line"
+    [ "$line" != "$last" ] && say "$line" && say "    200 requests through the gateway: $(requests 200)" && last="$line"
     [[ "$phase" =~ ^($1)$ ]] && return 0
     sleep 0.3
   done
@@ -170,6 +199,7 @@ say "gitcanary recorded the promotion in Git ($(git -C "$work/clone" log -1 --fo
 sed 's/^/     /' "$work/clone/.gitcanary/status/demo/echoserver.yaml" | head -12
 for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
 say "stable now runs: $(image); route: $(weights); canary Deployment: $(k -n demo get deployment echoserver-canary -o name 2>/dev/null || echo removed)"
+say "200 requests through the gateway: $(requests 200)"
 say "commit status on the change: $(api alice-token GET "/commits/$merged/statuses" | json 'd[0]["context"] + " " + d[0]["state"] + ": " + d[0]["description"]')"
 say "the comment gitcanary keeps on pull request #$carrier (edited in place at every step):"
 release_comment "$carrier"
@@ -184,7 +214,7 @@ follow_until Progressing
 follow_until "Failed|Healthy"
 say "$(k -n demo get rollout echoserver -o jsonpath='{.status.canaryStatus.message}')"
 for _ in $(seq 1 50); do k -n demo get deployment echoserver-canary >/dev/null 2>&1 || break; sleep 0.2; done
-say "stable still runs: $(image); route: $(weights)"
+say "stable still runs: $(image); route: $(weights); 200 requests through the gateway: $(requests 200)"
 say "gitcanary now reverts the change in Git, so the repository never asks for the failed version:"
 follow_until Healthy
 git -C "$work/clone" pull -q --rebase origin main
