@@ -6,11 +6,8 @@
 
 use serde_json::{Value, json};
 
+pub use super::desired::{REPLICAS_FROM_ANNOTATION, replicas_from};
 use super::{LiveObjects, Planned, desired};
-
-/// On a workload whose replicas an autoscaler owns: `Kind/name` of that
-/// autoscaler, for `kubectl get` and for the rollout planner.
-pub const REPLICAS_FROM_ANNOTATION: &str = "gitcanary.io/replicas-from";
 
 /// A workload whose replicas were left to an autoscaler.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +53,11 @@ fn is_autoscaler(item: &Planned<'_>) -> bool {
     item.key.group == "autoscaling" && item.key.kind == "HorizontalPodAutoscaler"
 }
 
+/// The kinds whose `spec.replicas` gitcanary leaves to an autoscaler.
+fn is_scalable(group: &str, kind: &str) -> bool {
+    group == "apps" && matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet")
+}
+
 /// Gives each workload an autoscaler among `objects` targets the live
 /// replica count (Git's when it does not exist yet) and the annotation
 /// naming the autoscaler. Returns what it left, for `diff` and the log.
@@ -67,26 +69,31 @@ pub fn leave_replicas_to_autoscalers(objects: &mut [Planned<'_>], live: &LiveObj
         .collect();
     let mut left = Vec::new();
     for (namespace, autoscaler, (group, kind, name)) in targets {
+        if !is_scalable(&group, &kind) {
+            continue;
+        }
         let Some(workload) = objects.iter_mut().find(|item| {
             item.key.namespace == namespace && item.key.group == group && item.key.kind == kind && item.key.name == name
         }) else {
             continue;
         };
-        let from = format!("HorizontalPodAutoscaler/{autoscaler}");
-        let git = workload.desired["spec"]["replicas"].as_i64();
-        workload.desired["metadata"]["annotations"][REPLICAS_FROM_ANNOTATION] = json!(from);
-        // The hash records Git's content, so the autoscaler's moves are not a change of Git's.
-        desired::rehash(&mut workload.desired);
         let current = live.get(&workload.key).and_then(|l| l["spec"]["replicas"].as_i64());
+        // A spec that is not a mapping is left for the API server to refuse.
+        let Some(spec) = workload.desired["spec"].as_object_mut() else {
+            continue;
+        };
+        let git = spec.get("replicas").and_then(Value::as_i64);
         let applied = current.or(git);
         match applied {
-            Some(count) => workload.desired["spec"]["replicas"] = json!(count),
-            None => {
-                if let Some(spec) = workload.desired["spec"].as_object_mut() {
-                    spec.remove("replicas");
-                }
-            }
+            Some(count) => spec.insert("replicas".to_string(), json!(count)),
+            None => spec.remove("replicas"),
+        };
+        let from = format!("HorizontalPodAutoscaler/{autoscaler}");
+        if let Some(annotations) = workload.desired["metadata"]["annotations"].as_object_mut() {
+            annotations.insert(REPLICAS_FROM_ANNOTATION.to_string(), json!(from));
         }
+        // The hash leaves the autoscaler's count out (see `desired::rehash`).
+        desired::rehash(&mut workload.desired);
         left.push(LeftToAutoscaler {
             workload: workload.key.to_string(),
             autoscaler: from,
@@ -95,9 +102,4 @@ pub fn leave_replicas_to_autoscalers(objects: &mut [Planned<'_>], live: &LiveObj
         });
     }
     left
-}
-
-/// The autoscaler a desired workload's replicas were left to, if any.
-pub fn replicas_from(desired: &Value) -> Option<&str> {
-    desired["metadata"]["annotations"][REPLICAS_FROM_ANNOTATION].as_str()
 }

@@ -80,12 +80,31 @@ fn base64(bytes: &[u8]) -> String {
     out
 }
 
-/// Records the hash of an object changed after [`prepare`] (by a rollout overlay).
+/// On a workload whose replicas an autoscaler owns: `Kind/name` of that
+/// autoscaler, for `kubectl get` and for the rollout planner.
+pub const REPLICAS_FROM_ANNOTATION: &str = "gitcanary.io/replicas-from";
+
+/// The autoscaler a desired workload's replicas were left to, if any.
+pub fn replicas_from(desired: &Value) -> Option<&str> {
+    desired["metadata"]["annotations"][REPLICAS_FROM_ANNOTATION].as_str()
+}
+
+/// Records the hash of an object changed after [`prepare`] (by a rollout
+/// overlay, or to leave its replicas to an autoscaler). A count an
+/// autoscaler owns is left out, so its moves are not a change of Git's.
 pub fn rehash(object: &mut Value) {
     if let Some(annotations) = object["metadata"]["annotations"].as_object_mut() {
         annotations.remove(APPLIED_HASH_ANNOTATION);
     }
-    let hash = canonical_hash(object);
+    let hash = if replicas_from(object).is_some() {
+        let mut content = object.clone();
+        if let Some(spec) = content["spec"].as_object_mut() {
+            spec.remove("replicas");
+        }
+        canonical_hash(&content)
+    } else {
+        canonical_hash(object)
+    };
     if let Some(metadata) = object["metadata"].as_object_mut() {
         ensure_map(metadata, "annotations").insert(APPLIED_HASH_ANNOTATION.to_string(), Value::String(hash));
     }

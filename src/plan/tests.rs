@@ -616,3 +616,39 @@ fn an_autoscaler_of_another_workload_or_namespace_leaves_replicas_to_git() {
         assert_eq!(objects[0].desired["spec"]["replicas"], 2);
     }
 }
+
+#[test]
+fn the_applied_hash_leaves_the_autoscalers_count_out() {
+    let (deployment, autoscaler) = web_and_autoscaler(Some(2));
+    let hash_at = |count: i64| {
+        let mut objects = vec![planned(&deployment), planned(&autoscaler)];
+        let mut scaled = live_copy(&objects[0].desired);
+        scaled["spec"]["replicas"] = json!(count);
+        let live: LiveObjects = [(objects[0].key.clone(), scaled.to_string().into_boxed_str())]
+            .into_iter()
+            .collect();
+        autoscaled::leave_replicas_to_autoscalers(&mut objects, &live);
+        // As a rollout overlay does after it.
+        desired::rehash(&mut objects[0].desired);
+        objects[0].desired["metadata"]["annotations"][APPLIED_HASH_ANNOTATION].clone()
+    };
+    assert_eq!(hash_at(5), hash_at(6));
+}
+
+#[test]
+fn an_autoscaler_of_a_workload_git_holds_in_the_wrong_shape_never_panics() {
+    let (_, autoscaler) = web_and_autoscaler(None);
+    let odd = object(
+        "web",
+        "web",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "demo"}, "spec": "x"}),
+    );
+    let mut objects = vec![planned(&odd), planned(&autoscaler)];
+    let mut live_one = live_copy(&objects[0].desired);
+    live_one["spec"] = json!({"replicas": 3});
+    let live: LiveObjects = [(objects[0].key.clone(), live_one.to_string().into_boxed_str())]
+        .into_iter()
+        .collect();
+    assert!(autoscaled::leave_replicas_to_autoscalers(&mut objects, &live).is_empty());
+    assert_eq!(objects[0].desired["spec"], "x");
+}
