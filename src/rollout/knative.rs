@@ -80,8 +80,11 @@ pub fn git_problem(git_service: &Value) -> Option<String> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Seen {
     pub revisions: Revisions,
-    /// The canary Revision is Ready and has pods to take its share.
+    /// The canary Revision is Ready.
     pub canary_ready: bool,
+    /// Knative reports the Ready canary Revision scaled to zero: no pod
+    /// would answer its share until a cold start.
+    pub canary_scaled_to_zero: bool,
     /// The percent `status.traffic` gives the canary Revision by name, once
     /// the Service's controller has seen its latest spec.
     pub canary_percent: Option<u32>,
@@ -107,10 +110,10 @@ fn is_ready(object: &Value) -> bool {
         .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
 }
 
-/// Ready with a pod running: a Revision scaled to zero stays Ready, yet its
-/// share would wait on a cold start, so a step on it is not in force.
-fn is_serving(revision: &Value) -> bool {
-    is_ready(revision) && revision["status"]["actualReplicas"].as_i64().unwrap_or(0) > 0
+/// Ready, yet scaled to zero as Knative reports it (`actualReplicas: 0`; a
+/// Knative that reports no count is not taken to have none).
+fn is_scaled_to_zero(revision: &Value) -> bool {
+    is_ready(revision) && revision["status"]["actualReplicas"].as_i64() == Some(0)
 }
 
 /// Reads the live Service and its Revisions. `recorded_stable` is the
@@ -153,7 +156,8 @@ pub fn see(
         .filter(|r| caught_up && latest_created != stable && made_from(r, git_template))
         .map(|_| latest_created.to_string())
         .unwrap_or_default();
-    let canary_ready = revision(&canary).is_some_and(is_serving);
+    let canary_ready = revision(&canary).is_some_and(is_ready);
+    let canary_scaled_to_zero = revision(&canary).is_some_and(is_scaled_to_zero);
     let canary_percent = (caught_up && !canary.is_empty()).then(|| {
         status["traffic"]
             .as_array()
@@ -166,6 +170,7 @@ pub fn see(
     Seen {
         revisions: Revisions { stable, canary },
         canary_ready,
+        canary_scaled_to_zero,
         canary_percent,
         settled,
     }
@@ -429,10 +434,19 @@ mod tests {
         );
         assert!(seen.canary_ready);
         assert_eq!(seen.canary_percent, Some(20));
+        assert!(!seen.canary_scaled_to_zero);
         // Scaled to zero, the canary is still Ready but serves nothing yet.
         let mut cold = revisions.clone();
         cold[1]["status"]["actualReplicas"] = json!(0);
-        assert!(!see(Some(&service), &cold, &git_template, "fn-00001", true).canary_ready);
+        let cold = see(Some(&service), &cold, &git_template, "fn-00001", true);
+        assert!(cold.canary_ready && cold.canary_scaled_to_zero);
+        // A Knative that reports no count is not taken to have none.
+        let mut unreported = revisions.clone();
+        unreported[1]["status"]
+            .as_object_mut()
+            .unwrap()
+            .remove("actualReplicas");
+        assert!(!see(Some(&service), &unreported, &git_template, "fn-00001", true).canary_scaled_to_zero);
         // Before the controller has seen the latest spec, nothing is read back.
         let mut behind = service.clone();
         behind["metadata"]["generation"] = json!(4);

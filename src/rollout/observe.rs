@@ -112,7 +112,7 @@ pub(crate) async fn observe_rollout(
         .as_ref()
         .is_some_and(|c| c.current_step_state == StepState::StepTrafficRouting)
     {
-        observed.routes = observe_routes(cluster, spec, namespace).await;
+        observed.routes = Some(observe_routes(cluster, spec, namespace).await);
     }
     let canary_kinds = served_canary_kinds(cluster).await;
     Ok(RolloutObserved {
@@ -239,6 +239,7 @@ async fn observe_knative(
     observed.self_routed = Some(SelfRouted {
         share,
         canary_percent: seen.canary_percent,
+        canary_scaled_to_zero: seen.canary_scaled_to_zero,
     });
     if seen.revisions.stable.is_empty() {
         observed.start_problem = Some(format!(

@@ -112,6 +112,8 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
                 stable_revision: "stable".to_string(),
                 canary_revision: "canary".to_string(),
                 now,
+                // Offline, every route is as written.
+                routes: Some(Vec::new()),
                 ..Observed::default()
             },
             previous: status.clone(),

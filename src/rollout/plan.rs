@@ -57,8 +57,9 @@ pub struct Observed {
     /// Set for a workload that routes its own traffic (a Knative Service):
     /// what its status reads back.
     pub self_routed: Option<SelfRouted>,
-    /// The release's HTTPRoutes, read while a step's traffic is being routed.
-    pub routes: Vec<RouteSeen>,
+    /// The release's HTTPRoutes, read while a step's traffic is being
+    /// routed; `None` when this pass did not read them.
+    pub routes: Option<Vec<RouteSeen>>,
     /// What the agent wrote to Git for this Rollout's pending write-back
     /// since the status was written: recorded in the status by this plan.
     pub written_back: Option<WrittenBack>,
@@ -74,6 +75,9 @@ pub struct SelfRouted {
     /// Percent the workload's status gives the canary Revision by name, once
     /// it has seen its latest spec.
     pub canary_percent: Option<u32>,
+    /// The canary Revision is Ready with no pod (scaled to zero): its share
+    /// is not in force until one runs.
+    pub canary_scaled_to_zero: bool,
 }
 
 /// What a Rollout with no status takes from its status file in Git.

@@ -1,7 +1,9 @@
 //! Whether a step's routes are in force: the HTTPRoute carries the step's
-//! weight and its gateway has accepted that generation of it. A route no
-//! gateway reports on (no `status.parents`) is taken on the grace period
-//! alone, as before any gateway could be asked. Pure.
+//! weight and each gateway serving it (an `Accepted` parent the route
+//! names) has seen that generation. A route no gateway reports on is taken
+//! on the grace period alone, as before any gateway could be asked; a
+//! gateway that refuses the route serves none of it, old or new, and is
+//! not waited for. Pure.
 
 use serde_json::Value;
 
@@ -10,70 +12,79 @@ use serde_json::Value;
 pub struct RouteSeen {
     pub name: String,
     /// The weight of the canary backend in the rules that send to the
-    /// stable Service (the lowest, when rules differ); `None` when none has one.
+    /// stable Service (the lowest, when rules differ); `None` when none has
+    /// one, or no rule sends to the stable Service (then the release does
+    /// not touch the route).
     pub canary_weight: Option<u32>,
+    /// Some rule sends to the stable Service.
+    pub splits: bool,
     pub generation: i64,
-    /// The oldest generation a gateway reports Accepted; `None` when no
-    /// gateway reports on the route.
+    /// The oldest generation a gateway serving the route reports; `None`
+    /// when none reports one.
     pub accepted_generation: Option<i64>,
-    /// A gateway's refusal, as it words it.
-    pub refused: Option<String>,
 }
 
 /// Reads a live HTTPRoute for the release of `service`, whose canary Service is `canary`.
 pub fn seen(route: &Value, service: &str, canary: &str) -> RouteSeen {
     let rules = route["spec"]["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let canary_weight = rules
+    let stable_rules: Vec<&Vec<Value>> = rules
         .iter()
         .filter_map(|rule| rule["backendRefs"].as_array())
         .filter(|refs| refs.iter().any(|r| r["name"].as_str() == Some(service)))
+        .collect();
+    let canary_weight = stable_rules
+        .iter()
         .filter_map(|refs| {
             let canary_ref = refs.iter().find(|r| r["name"].as_str() == Some(canary))?;
             // Gateway API's default weight is 1.
-            Some(canary_ref["weight"].as_u64().unwrap_or(1) as u32)
+            Some(canary_ref["weight"].as_u64().unwrap_or(1).min(u64::from(u32::MAX)) as u32)
         })
         .min();
-    let parents = route["status"]["parents"]
+    let namespace = route["metadata"]["namespace"].as_str().unwrap_or_default();
+    let parent_key = |p: &Value| {
+        (
+            p["name"].as_str().unwrap_or_default().to_string(),
+            p["namespace"].as_str().unwrap_or(namespace).to_string(),
+        )
+    };
+    let named: Vec<_> = route["spec"]["parentRefs"]
         .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let accepted: Vec<&Value> = parents
-        .iter()
+        .into_iter()
+        .flatten()
+        .map(parent_key)
+        .collect();
+    let accepted_generation = route["status"]["parents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| named.contains(&parent_key(&p["parentRef"])))
         .filter_map(|p| p["conditions"].as_array())
         .flatten()
-        .filter(|c| c["type"] == "Accepted")
-        .collect();
-    let refused = accepted.iter().find(|c| c["status"] != "True").map(|c| {
-        format!(
-            "{}: {}",
-            c["reason"].as_str().unwrap_or("not accepted"),
-            c["message"].as_str().unwrap_or_default()
-        )
-    });
+        .filter(|c| c["type"] == "Accepted" && c["status"] == "True")
+        .filter_map(|c| c["observedGeneration"].as_i64())
+        .min();
     RouteSeen {
         name: route["metadata"]["name"].as_str().unwrap_or_default().to_string(),
         canary_weight,
+        splits: !stable_rules.is_empty(),
         generation: route["metadata"]["generation"].as_i64().unwrap_or(0),
-        accepted_generation: accepted
-            .iter()
-            .map(|c| c["observedGeneration"].as_i64().unwrap_or(0))
-            .min(),
-        refused,
+        accepted_generation,
     }
 }
 
-/// Why the step's share of `percent` is not yet in force on `routes`, if it is not.
-pub fn lag(routes: &[RouteSeen], percent: u32) -> Option<String> {
+/// Why the step's share of `percent` is not yet in force on `routes`, if
+/// it is not. `None` for `routes`: they were not read in this pass.
+pub fn lag(routes: Option<&[RouteSeen]>, percent: u32) -> Option<String> {
+    let Some(routes) = routes else {
+        return Some("reading the routes back".to_string());
+    };
     routes.iter().find_map(|route| {
         let name = &route.name;
-        if route.canary_weight != Some(percent) {
+        if route.splits && route.canary_weight != Some(percent) {
             let live = route
                 .canary_weight
                 .map_or("no canary backend".to_string(), |w| format!("weight {w}"));
             return Some(format!("HTTPRoute {name} holds {live}, not {percent}"));
-        }
-        if let Some(refused) = &route.refused {
-            return Some(format!("the gateway does not accept HTTPRoute {name}: {refused}"));
         }
         match route.accepted_generation {
             Some(accepted) if accepted < route.generation => Some(format!(
@@ -96,61 +107,83 @@ mod tests {
             canary["weight"] = json!(weight);
         }
         json!({
-            "metadata": {"name": "echo", "generation": generation},
-            "spec": {"rules": [
-                {"backendRefs": [{"name": "echo", "port": 80, "weight": 80}, canary]},
-                {"backendRefs": [{"name": "other", "port": 80}]}
-            ]},
+            "metadata": {"name": "echo", "namespace": "demo", "generation": generation},
+            "spec": {
+                "parentRefs": [{"name": "gateway", "namespace": "edge"}],
+                "rules": [
+                    {"backendRefs": [{"name": "echo", "port": 80, "weight": 80}, canary]},
+                    {"backendRefs": [{"name": "other", "port": 80}]}
+                ]
+            },
             "status": {"parents": parents}
         })
     }
 
-    fn accepted(status: &str, generation: i64) -> Value {
-        json!([{"parentRef": {"name": "gateway"}, "conditions": [
-            {"type": "Accepted", "status": status, "observedGeneration": generation, "reason": if status == "True" { "Accepted" } else { "UnsupportedValue" }, "message": "weights"},
-            {"type": "ResolvedRefs", "status": "True", "observedGeneration": generation}
-        ]}])
+    fn parent(name: &str, status: &str, generation: Option<i64>) -> Value {
+        let mut accepted = json!({"type": "Accepted", "status": status});
+        if let Some(generation) = generation {
+            accepted["observedGeneration"] = json!(generation);
+        }
+        json!({"parentRef": {"name": name, "namespace": "edge"}, "conditions": [accepted]})
+    }
+
+    fn lag_of(route: &Value, percent: u32) -> Option<String> {
+        lag(Some(&[seen(route, "echo", "echo-canary")]), percent)
     }
 
     #[test]
     fn a_step_is_in_force_once_the_gateway_accepted_the_generation_carrying_its_weight() {
-        let caught_up = seen(&route(Some(20), 4, accepted("True", 4)), "echo", "echo-canary");
-        assert_eq!(lag(&[caught_up], 20), None);
-        let behind = seen(&route(Some(20), 4, accepted("True", 3)), "echo", "echo-canary");
         assert_eq!(
-            lag(&[behind], 20).as_deref(),
+            lag_of(&route(Some(20), 4, json!([parent("gateway", "True", Some(4))])), 20),
+            None
+        );
+        assert_eq!(
+            lag_of(&route(Some(20), 4, json!([parent("gateway", "True", Some(3))])), 20).as_deref(),
             Some("the gateway has accepted generation 3 of HTTPRoute echo, not yet 4")
         );
     }
 
     #[test]
-    fn a_route_without_the_weight_or_refused_is_not_in_force() {
-        let old = seen(&route(Some(10), 4, accepted("True", 4)), "echo", "echo-canary");
+    fn a_route_without_the_weight_is_not_in_force() {
+        let accepted = json!([parent("gateway", "True", Some(4))]);
         assert_eq!(
-            lag(&[old], 20).as_deref(),
+            lag_of(&route(Some(10), 4, accepted.clone()), 20).as_deref(),
             Some("HTTPRoute echo holds weight 10, not 20")
         );
-        let none = seen(&route(None, 4, accepted("True", 4)), "echo", "other-canary");
+        let none = lag(Some(&[seen(&route(None, 4, accepted), "echo", "other-canary")]), 20);
+        assert_eq!(none.as_deref(), Some("HTTPRoute echo holds no canary backend, not 20"));
+    }
+
+    #[test]
+    fn only_gateways_the_route_names_and_that_serve_it_are_waited_for() {
+        let parents = json!([
+            parent("gateway", "True", Some(4)),
+            // A gateway the route no longer names, and one that refuses it: neither serves it.
+            parent("old", "True", Some(1)),
+            parent("gateway", "False", Some(2)),
+        ]);
+        assert_eq!(lag_of(&route(Some(20), 4, parents), 20), None);
+        // A generation not reported is not taken as behind.
         assert_eq!(
-            lag(&[none], 20).as_deref(),
-            Some("HTTPRoute echo holds no canary backend, not 20")
-        );
-        let refused = seen(&route(Some(20), 4, accepted("False", 4)), "echo", "echo-canary");
-        assert_eq!(
-            lag(&[refused], 20).as_deref(),
-            Some("the gateway does not accept HTTPRoute echo: UnsupportedValue: weights")
+            lag_of(&route(Some(20), 4, json!([parent("gateway", "True", None)])), 20),
+            None
         );
     }
 
     #[test]
-    fn a_route_no_gateway_reports_on_is_taken_as_written() {
+    fn a_route_no_gateway_reports_on_or_that_does_not_send_to_stable_is_taken_as_written() {
         let unreported = seen(&route(Some(20), 4, json!([])), "echo", "echo-canary");
         assert_eq!(unreported.accepted_generation, None);
-        assert_eq!(lag(&[unreported], 20), None);
+        assert_eq!(lag(Some(&[unreported]), 20), None);
+        let elsewhere = seen(&route(None, 4, json!([])), "api", "api-canary");
+        assert!(!elsewhere.splits);
+        assert_eq!(lag(Some(&[elsewhere]), 20), None);
         // The default weight of a backend is 1.
         assert_eq!(
             seen(&route(None, 1, json!([])), "echo", "echo-canary").canary_weight,
             Some(1)
         );
+        // Not read in this pass: wait for the next.
+        assert!(lag(None, 20).is_some());
     }
 }

@@ -161,22 +161,29 @@ impl Planner<'_> {
         self.canary().traffic = StepRoute::describe(traffic.as_ref());
         if let Some(routed) = self.observed.self_routed {
             let asked = canary_percent(routed.share, percent);
-            if routed.canary_percent != Some(asked) {
+            if routed.canary_percent != Some(asked) || routed.canary_scaled_to_zero {
                 let deadline = self.progress_deadline();
                 if here.in_state >= deadline {
+                    let reads = match routed.canary_percent {
+                        Some(p) if p == asked => "it, with the Revision scaled to zero".to_string(),
+                        Some(p) => format!("{p}%"),
+                        None => "nothing yet".to_string(),
+                    };
                     let cause = format!(
-                        "the Knative Service did not route {asked}% to the canary Revision {} within {}s at step {index} (its status reads {})",
+                        "the Knative Service did not route {asked}% to the canary Revision {} within {}s at step {index} (its status reads {reads})",
                         self.observed.canary_revision,
                         deadline.as_secs(),
-                        routed
-                            .canary_percent
-                            .map_or("nothing yet".to_string(), |p| format!("{p}%"))
                     );
                     return Flow::Hold(self.fail(cause));
                 }
                 self.status.phase = Phase::Progressing;
+                let waiting = if routed.canary_percent == Some(asked) {
+                    "waiting for a pod of it (Knative scaled it to zero)"
+                } else {
+                    "waiting for the Service's status to read it back"
+                };
                 self.canary().message = format!(
-                    "step {index}: routing {asked}% of requests to the canary Revision {}; waiting for the Service's status to read it back",
+                    "step {index}: routing {asked}% of requests to the canary Revision {}; {waiting}",
                     self.observed.canary_revision
                 );
                 self.requeue_in(deadline - here.in_state, RequeueReason::Deadline);
@@ -187,7 +194,18 @@ impl Planner<'_> {
             Some(_) if self.spec.strategy.canary.grace_period_seconds.is_none() => Duration::ZERO,
             _ => self.grace(),
         };
-        let lag = routes::lag(&self.observed.routes, percent);
+        let gateways = self
+            .spec
+            .strategy
+            .canary
+            .traffic_routings
+            .iter()
+            .any(|r| r.gateway.is_some());
+        let lag = if gateways {
+            routes::lag(self.observed.routes.as_deref(), percent)
+        } else {
+            None
+        };
         if here.in_state >= grace && lag.is_none() {
             self.note(Transition::TrafficInForce { step: index, percent });
             self.enter(index, StepState::StepPaused);

@@ -90,6 +90,7 @@ fn observed(git: &str, now: i64) -> Observed {
         stable_revision: "stable-pods".into(),
         canary_revision: "canary-pods".into(),
         now: at(now),
+        routes: Some(Vec::new()),
         ..Observed::default()
     }
 }
@@ -859,6 +860,7 @@ fn function_observed(git: &str, now: i64, ready: bool, read_back: Option<u32>) -
         self_routed: Some(SelfRouted {
             share: 100,
             canary_percent: read_back,
+            canary_scaled_to_zero: false,
         }),
         ..observed(git, now)
     }
@@ -1058,7 +1060,14 @@ fn an_ab_step_sends_matching_requests_only_and_a_later_step_routes_its_own() {
 
 #[test]
 fn a_step_waits_past_its_grace_for_the_gateway_to_take_its_route() {
-    let mut run = Run::new();
+    let through_gateway = || {
+        let mut spec = spec();
+        spec.strategy.canary.traffic_routings[0].gateway = Some(crate::rollout::api::GatewayRouting {
+            http_route_name: "echo".into(),
+        });
+        Run::with(spec)
+    };
+    let mut run = through_gateway();
     run.step(&observed("v1", 0));
     run.step(&observed("v2", 10));
     let mut seen = observed("v2", 20);
@@ -1067,43 +1076,69 @@ fn a_step_waits_past_its_grace_for_the_gateway_to_take_its_route() {
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     // Grace over, but the gateway has accepted only the route's previous generation.
     seen.now = at(24);
-    seen.routes = vec![RouteSeen {
+    let behind = RouteSeen {
         name: "echo".into(),
         canary_weight: Some(10),
+        splits: true,
         generation: 2,
         accepted_generation: Some(1),
-        refused: None,
-    }];
+    };
+    seen.routes = Some(vec![behind.clone()]);
     let plan = run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     let message = &run.status.canary_status.as_ref().unwrap().message;
     assert!(message.contains("waiting for the gateway"), "{message}");
     assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(1)));
+    // Routes not read in a pass: wait for one that reads them.
+    seen.routes = None;
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     // Accepted: the step's pause begins.
-    seen.routes[0].accepted_generation = Some(2);
+    seen.routes = Some(vec![RouteSeen {
+        accepted_generation: Some(2),
+        ..behind.clone()
+    }]);
     seen.now = at(25);
     run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
-    // Never accepted within the deadline: the release fails with the gateway's words.
-    let mut run = Run::new();
+    // Never taken within the deadline: the release fails, saying what it waited for.
+    let mut run = through_gateway();
     run.step(&observed("v1", 0));
     run.step(&observed("v2", 10));
     let mut seen = observed("v2", 20);
     seen.canary_ready = 1;
     run.step(&seen);
-    seen.routes = vec![RouteSeen {
-        name: "echo".into(),
-        canary_weight: Some(10),
-        generation: 2,
-        accepted_generation: Some(2),
-        refused: Some("UnsupportedValue: weights".into()),
-    }];
+    seen.routes = Some(vec![behind]);
     seen.now = at(20 + 601);
     run.step(&seen);
     let status = run.status.canary_status.as_ref().unwrap();
     assert!(
-        status.message.contains("the gateway does not accept HTTPRoute echo: UnsupportedValue: weights"),
+        status
+            .message
+            .contains("the gateway has accepted generation 1 of HTTPRoute echo, not yet 2"),
         "{}",
         status.message
     );
+}
+
+#[test]
+fn a_knative_step_read_back_on_a_revision_scaled_to_zero_waits_for_a_pod() {
+    let mut run = Run::with(function_spec());
+    run.step(&function_observed("v1", 0, true, None));
+    run.step(&function_observed("v2", 1, false, None));
+    run.step(&function_observed("v2", 2, true, Some(0)));
+    let mut seen = function_observed("v2", 2, true, Some(20));
+    if let Some(routed) = seen.self_routed.as_mut() {
+        routed.canary_scaled_to_zero = true;
+    }
+    run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    let message = &run.status.canary_status.as_ref().unwrap().message;
+    assert!(
+        message.contains("waiting for a pod of it (Knative scaled it to zero)"),
+        "{message}"
+    );
+    // A pod runs: the step is in force.
+    run.step(&function_observed("v2", 3, true, Some(20)));
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
 }
