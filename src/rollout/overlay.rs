@@ -303,17 +303,26 @@ pub fn weighted_route(
             continue;
         };
         refs.retain(|r| r["name"].as_str() != Some(canary.as_str()));
-        let stable = stable.min(refs.len() - 1);
+        // Validation keeps the canary's name from being the stable's; never a panic.
+        let Some(last) = refs.len().checked_sub(1) else {
+            split.push(rule);
+            continue;
+        };
+        let stable = stable.min(last);
         refs[stable]["weight"] = json!(100 - traffic);
         let mut canary_ref = refs[stable].clone();
         canary_ref["name"] = json!(canary);
         canary_ref["weight"] = json!(traffic);
         refs.insert(stable + 1, canary_ref.clone());
-        if !matches.is_empty() {
+        let narrowed = narrowed(&rule["matches"], matches);
+        // No match left (or none asked): no rule, since an empty list would match every request.
+        if !narrowed.is_empty() {
             let mut matched = rule.clone();
-            canary_ref.as_object_mut().expect("a mapping").remove("weight");
+            if let Some(canary_ref) = canary_ref.as_object_mut() {
+                canary_ref.remove("weight");
+            }
             matched["backendRefs"] = json!([canary_ref]);
-            matched["matches"] = json!(narrowed(&rule["matches"], matches));
+            matched["matches"] = json!(narrowed);
             if let Some(name) = rule["name"].as_str() {
                 matched["name"] = json!(format!("{name}{}", spec.strategy.canary.canary_name("")));
             }
@@ -326,8 +335,10 @@ pub fn weighted_route(
 }
 
 /// The matches of a rule (Git's) narrowed by a step's: each of Git's with
-/// each of the step's, their headers and query parameters joined and the
-/// step's path, if it names one, in place of Git's.
+/// each of the step's, their headers and query parameters joined, and the
+/// step's path where Git's has none or the step's lies within it. A pair
+/// that no request could match (the step's path outside Git's, one header
+/// asked two ways) is dropped.
 fn narrowed(git: &Value, step: &[RequestMatch]) -> Vec<Value> {
     let git: Vec<Value> = match git.as_array() {
         Some(list) if !list.is_empty() => list.clone(),
@@ -339,19 +350,59 @@ fn narrowed(git: &Value, step: &[RequestMatch]) -> Vec<Value> {
             let mut joined = if base.is_object() { base.clone() } else { json!({}) };
             let step_json = serde_json::to_value(m).unwrap_or_default();
             if let Some(path) = step_json.get("path") {
+                if !joined["path"].is_null() && !path_within(path, &joined["path"]) {
+                    continue;
+                }
                 joined["path"] = path.clone();
             }
+            let mut possible = true;
             for key in ["headers", "queryParams"] {
                 let mut list = joined[key].as_array().cloned().unwrap_or_default();
-                list.extend(step_json[key].as_array().cloned().unwrap_or_default());
+                for named in step_json[key].as_array().into_iter().flatten() {
+                    match list.iter().find(|n| same_name(n, named, key == "headers")) {
+                        Some(existing) if same_test(existing, named) => {}
+                        Some(_) => possible = false,
+                        None => list.push(named.clone()),
+                    }
+                }
                 if !list.is_empty() {
                     joined[key] = json!(list);
                 }
             }
-            out.push(joined);
+            if possible {
+                out.push(joined);
+            }
         }
     }
     out
+}
+
+/// Header names compare without case, query parameter names with it.
+fn same_name(a: &Value, b: &Value, ignore_case: bool) -> bool {
+    match (a["name"].as_str(), b["name"].as_str()) {
+        (Some(a), Some(b)) if ignore_case => a.eq_ignore_ascii_case(b),
+        (a, b) => a == b,
+    }
+}
+
+fn same_test(a: &Value, b: &Value) -> bool {
+    a["value"] == b["value"] && a["type"].as_str().unwrap_or("Exact") == b["type"].as_str().unwrap_or("Exact")
+}
+
+/// Whether every request the step's path matches, Git's path matches too.
+fn path_within(step: &Value, git: &Value) -> bool {
+    let kind = |p: &Value| p["type"].as_str().unwrap_or("PathPrefix").to_string();
+    let value = |p: &Value| p["value"].as_str().unwrap_or("/").to_string();
+    let (step_value, git_value) = (value(step), value(git));
+    match (kind(step).as_str(), kind(git).as_str()) {
+        (_, "PathPrefix") if git_value.trim_end_matches('/').is_empty() => kind(step) != "RegularExpression",
+        ("PathPrefix" | "Exact", "PathPrefix") => {
+            let prefix = git_value.trim_end_matches('/');
+            step_value == prefix || step_value.starts_with(&format!("{prefix}/"))
+        }
+        ("Exact", "Exact") => step_value == git_value,
+        _ => false,
+    }
 }
 
 /// The nginx canary Ingress: the stable Ingress's rules pointed at the
@@ -583,6 +634,57 @@ mod tests {
         );
         assert_eq!(rules[1]["matches"], route["spec"]["rules"][0]["matches"]);
         assert_eq!(rules[2], route["spec"]["rules"][1]);
+    }
+
+    #[test]
+    fn a_steps_path_only_narrows_gits_and_impossible_pairs_are_dropped() {
+        let route = json!({"spec": {"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/api"}}], "backendRefs": [{"name": "echo", "port": 80}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/admin"}}, {"headers": [{"name": "X-Canary", "value": "no"}]}],
+             "backendRefs": [{"name": "echo", "port": 80}]}
+        ]}});
+        let inside = RequestMatch {
+            path: Some(super::super::api::PathMatch {
+                kind: None,
+                value: Some("/api/v2".into()),
+            }),
+            ..RequestMatch::default()
+        };
+        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", 0, &[inside]);
+        let rules = routed["spec"]["rules"].as_array().unwrap();
+        // /api/v2 lies within /api: narrowed there; not within /admin, and Git's header-only
+        // match of the second rule takes it.
+        assert_eq!(rules[0]["matches"], json!([{"path": {"value": "/api/v2"}}]));
+        assert_eq!(
+            rules[2]["matches"],
+            json!([{"path": {"value": "/api/v2"}, "headers": [{"name": "X-Canary", "value": "no"}]}])
+        );
+        // A header Git's match asks another value of: no request could match it, so that pair goes.
+        let routed = weighted_route(
+            &RolloutSpec::default(),
+            &route,
+            "echo",
+            0,
+            &[header(None, "x-canary", "yes")],
+        );
+        let rules = routed["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 4);
+        assert_eq!(
+            rules[2]["matches"],
+            json!([{"path": {"type": "PathPrefix", "value": "/admin"}, "headers": [{"name": "x-canary", "value": "yes"}]}])
+        );
+        // Nothing left to match: no canary rule at all (an empty list would match everything).
+        let only_no = json!({"spec": {"rules": [
+            {"matches": [{"headers": [{"name": "x-canary", "value": "no"}]}], "backendRefs": [{"name": "echo", "port": 80}]}
+        ]}});
+        let routed = weighted_route(
+            &RolloutSpec::default(),
+            &only_no,
+            "echo",
+            0,
+            &[header(None, "x-canary", "yes")],
+        );
+        assert_eq!(routed["spec"]["rules"].as_array().unwrap().len(), 1);
     }
 
     #[test]

@@ -413,9 +413,31 @@ fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<Str
                     "step {n}: path type {kind:?} is not Exact, PathPrefix or RegularExpression"
                 ));
             }
+            if let Some(path) = &m.path
+                && !path.value.as_deref().is_some_and(|v| v.starts_with('/'))
+            {
+                problems.push(format!(
+                    "step {n}: a path match needs a value starting with \"/\" (without one it would match every request)"
+                ));
+            }
             if m.path.is_none() && m.headers.is_empty() && m.query_params.is_empty() {
                 problems.push(format!("step {n}: a match needs a path, headers or queryParams"));
             }
+        }
+        if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+            problems.push(format!(
+                "step {n}: matches need a canary Service to send matching requests to, and canaryService.disabled is true"
+            ));
+        }
+        let earlier_share = canary.steps[..i]
+            .iter()
+            .filter_map(|s| s.traffic.as_deref().and_then(|t| parse_percent(t).ok()))
+            .max()
+            .filter(|p| *p > 0);
+        if let (None, Some(before)) = (&step.traffic, earlier_share) {
+            problems.push(format!(
+                "step {n}: matches without traffic send no other request to the canary, which would drop the {before}% of an earlier step: give this step traffic too"
+            ));
         }
         let one_header = step.matches.len() == 1
             && step.matches[0].headers.len() == 1
