@@ -821,6 +821,27 @@ mod tests {
         ] {
             assert!(found.iter().any(|p| p.contains(expected)), "{expected}: {found:?}");
         }
+        let after_share = rollout(
+            "      - {traffic: 20%, pause: {}}\n      - matches: [{headers: [{name: x, value: \"1\"}], path: {type: Exact}}]\n",
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &after_share)]);
+        for expected in [
+            "step 2: matches without traffic send no other request to the canary, which would drop the 20% of an earlier step",
+            "step 2: a path match needs a value starting with \"/\"",
+        ] {
+            assert!(found.iter().any(|p| p.contains(expected)), "{expected}: {found:?}");
+        }
+        let disabled = good.replace(
+            "      steps:\n",
+            "      canaryService: {disabled: true}\n      steps:\n",
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &disabled)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("step 1: matches need a canary Service")),
+            "{found:?}"
+        );
         let nginx = good.replace("gateway: {httpRouteName: echo}", "ingress: {name: echo}");
         let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &nginx)]);
         assert!(
