@@ -97,7 +97,11 @@ pub(crate) fn plan_rollout(
         owner: &owner,
     };
     let canary_writes = changes.writes(wanted).map_err(|problem| manifest.problem(problem))?;
-    let canary_deletions = changes.deletions(unwanted);
+    let canary_deletions = if plan.intent.hold_canary {
+        Vec::new()
+    } else {
+        changes.deletions(unwanted)
+    };
     let images = git_workload["spec"]["template"]["spec"]["containers"]
         .as_array()
         .map(|c| {

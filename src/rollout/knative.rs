@@ -266,6 +266,7 @@ mod tests {
             canary_replicas: canary,
             traffic,
             matches: Vec::new(),
+            hold_canary: false,
             pin_stable_service: false,
             route_canary: canary.is_some(),
             rollout_id: "r1".into(),

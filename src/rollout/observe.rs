@@ -107,11 +107,7 @@ pub(crate) async fn observe_rollout(
     if measure {
         observed.measurements = measure_due(spec, &status, &revisions, namespace, observed.now, options).await;
     }
-    if status
-        .canary_status
-        .as_ref()
-        .is_some_and(|c| c.current_step_state == StepState::StepTrafficRouting)
-    {
+    if routes_needed(spec, &status, &canary_live) {
         observed.routes = Some(observe_routes(cluster, spec, namespace).await);
     }
     let canary_kinds = served_canary_kinds(cluster).await;
@@ -343,6 +339,24 @@ async fn measure_due(
         measurements.push(measurement);
     }
     measurements
+}
+
+/// Whether the release's routes are read: while a step's route must be in
+/// force, and while a canary Service is live (a release ending deletes it
+/// only once no route sends to it).
+fn routes_needed(
+    spec: &RolloutSpec,
+    status: &RolloutStatus,
+    canary_live: &BTreeMap<(&'static str, String), Value>,
+) -> bool {
+    let routing = status
+        .canary_status
+        .as_ref()
+        .is_some_and(|c| c.current_step_state == StepState::StepTrafficRouting);
+    routing
+        || spec.strategy.canary.traffic_routings.iter().any(|r| {
+            r.gateway.is_some() && canary_live.contains_key(&("Service", spec.strategy.canary.canary_name(&r.service)))
+        })
 }
 
 /// The release's HTTPRoutes as they are live, read while a step waits for

@@ -537,6 +537,7 @@ mod tests {
             canary_replicas: Some(1),
             traffic: Some(10),
             matches: Vec::new(),
+            hold_canary: false,
             pin_stable_service: true,
             route_canary: true,
             rollout_id: "abc".into(),

@@ -112,6 +112,9 @@ pub struct Intent {
     pub traffic: Option<u32>,
     /// Requests sent to the canary whatever the percent (with `traffic` only).
     pub matches: Vec<super::api::RequestMatch>,
+    /// The canary's objects stay this pass (none is deleted): a route may
+    /// still send it requests.
+    pub hold_canary: bool,
     /// Pin the stable Service to the stable revision (while traffic is split).
     pub pin_stable_service: bool,
     /// The canary Service selects the canary pods and routes may name it:
@@ -127,6 +130,7 @@ impl Intent {
             canary_replicas: None,
             traffic: None,
             matches: Vec::new(),
+            hold_canary: false,
             pin_stable_service: false,
             route_canary: false,
             rollout_id: String::new(),
@@ -256,25 +260,6 @@ pub fn step_replicas(step: &super::api::CanaryStep, replicas: i32) -> i32 {
     }
 }
 
-/// What a step asks of the routes: a share of every request, and the
-/// requests that reach the canary whatever the share (A/B).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StepRoute {
-    pub percent: u32,
-    pub matches: Vec<super::api::RequestMatch>,
-}
-
-impl StepRoute {
-    /// As `status.canaryStatus.traffic` shows it.
-    pub fn describe(route: Option<&StepRoute>) -> String {
-        match route {
-            Some(route) if !route.matches.is_empty() => format!("{}% + matching requests", route.percent),
-            Some(route) => format!("{}%", route.percent),
-            None => "0%".to_string(),
-        }
-    }
-}
-
 /// The route a step sets: its `traffic`, and its `matches` (with which a
 /// step without `traffic` sends no other request to the canary, as in Kruise).
 fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
@@ -344,8 +329,14 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
     let mut intent = planner.run();
     planner.discard_unused_signals();
     planner.requeue_for_analysis();
-    let mut status = planner.status;
     route(spec, observed, &mut intent);
+    // The canary's objects go once no route sends to it and the gateway took that route.
+    intent.hold_canary =
+        intent.canary_replicas.is_none() && observed.routes.as_deref().and_then(routes::still_to_canary).is_some();
+    if intent.hold_canary {
+        planner.requeue_in(CANARY_HOLD_RECHECK, RequeueReason::Grace);
+    }
+    let mut status = planner.status;
     // A self-routed workload's stable Revision is what observe found (it keeps
     // the pinned one during a release), except just promoted: the canary's.
     let observed_stable = observed.self_routed.is_some() && !planner.promoted;
@@ -693,7 +684,10 @@ mod routes;
 mod steps;
 mod transition;
 
-pub use routes::{RouteSeen, seen as route_seen};
+pub use routes::{RouteSeen, StepRoute, seen as route_seen};
+
+/// How soon a release whose canary a gateway may still route to looks again.
+const CANARY_HOLD_RECHECK: Duration = Duration::from_secs(1);
 
 pub use transition::{Severity, Transition};
 

@@ -7,6 +7,27 @@
 
 use serde_json::Value;
 
+use crate::rollout::api::RequestMatch;
+
+/// What a step asks of the routes: a share of every request, and the
+/// requests that reach the canary whatever the share (A/B).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepRoute {
+    pub percent: u32,
+    pub matches: Vec<RequestMatch>,
+}
+
+impl StepRoute {
+    /// As `status.canaryStatus.traffic` shows it.
+    pub fn describe(route: Option<&StepRoute>) -> String {
+        match route {
+            Some(route) if !route.matches.is_empty() => format!("{}% + matching requests", route.percent),
+            Some(route) => format!("{}%", route.percent),
+            None => "0%".to_string(),
+        }
+    }
+}
+
 /// What observe read of one HTTPRoute of the release.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteSeen {
@@ -18,6 +39,8 @@ pub struct RouteSeen {
     pub canary_weight: Option<u32>,
     /// Some rule sends to the stable Service.
     pub splits: bool,
+    /// Some rule sends requests to the canary Service (a weight other than 0).
+    pub to_canary: bool,
     pub generation: i64,
     /// The oldest generation a gateway serving the route reports; `None`
     /// when none reports one.
@@ -40,6 +63,11 @@ pub fn seen(route: &Value, service: &str, canary: &str) -> RouteSeen {
             Some(canary_ref["weight"].as_u64().unwrap_or(1).min(u64::from(u32::MAX)) as u32)
         })
         .min();
+    let to_canary = rules
+        .iter()
+        .filter_map(|rule| rule["backendRefs"].as_array())
+        .flatten()
+        .any(|r| r["name"].as_str() == Some(canary) && r["weight"].as_u64() != Some(0));
     let namespace = route["metadata"]["namespace"].as_str().unwrap_or_default();
     let parent_key = |p: &Value| {
         (
@@ -67,6 +95,7 @@ pub fn seen(route: &Value, service: &str, canary: &str) -> RouteSeen {
         name: route["metadata"]["name"].as_str().unwrap_or_default().to_string(),
         canary_weight,
         splits: !stable_rules.is_empty(),
+        to_canary,
         generation: route["metadata"]["generation"].as_i64().unwrap_or(0),
         accepted_generation,
     }
@@ -89,6 +118,26 @@ pub fn lag(routes: Option<&[RouteSeen]>, percent: u32) -> Option<String> {
         match route.accepted_generation {
             Some(accepted) if accepted < route.generation => Some(format!(
                 "the gateway has accepted generation {accepted} of HTTPRoute {name}, not yet {}",
+                route.generation
+            )),
+            _ => None,
+        }
+    })
+}
+
+/// Why the canary's objects must stay a while longer as a release ends: a
+/// route still sends requests to the canary, or a gateway has not yet taken
+/// the route that stopped doing so. Deleting the canary Service or its pods
+/// first would fail the requests the gateway still sends there.
+pub fn still_to_canary(routes: &[RouteSeen]) -> Option<String> {
+    routes.iter().find_map(|route| {
+        let name = &route.name;
+        if route.to_canary {
+            return Some(format!("HTTPRoute {name} still sends requests to the canary"));
+        }
+        match route.accepted_generation {
+            Some(accepted) if accepted < route.generation => Some(format!(
+                "the gateway has not yet taken generation {} of HTTPRoute {name}, which sends nothing to the canary",
                 route.generation
             )),
             _ => None,
@@ -185,5 +234,25 @@ mod tests {
         );
         // Not read in this pass: wait for the next.
         assert!(lag(None, 20).is_some());
+    }
+
+    #[test]
+    fn a_canary_goes_only_once_no_gateway_sends_to_it() {
+        let accepted = |generation| json!([parent("gateway", "True", Some(generation))]);
+        let split = seen(&route(Some(20), 4, accepted(4)), "echo", "echo-canary");
+        assert!(still_to_canary(&[split]).is_some());
+        // Git's route again, not yet taken by the gateway.
+        let mut restored = route(None, 5, accepted(4));
+        restored["spec"]["rules"][0]["backendRefs"] = json!([{"name": "echo", "port": 80}]);
+        let written = seen(&restored, "echo", "echo-canary");
+        assert!(!written.to_canary);
+        assert!(still_to_canary(&[written]).is_some());
+        restored["status"]["parents"] = accepted(5);
+        assert_eq!(still_to_canary(&[seen(&restored, "echo", "echo-canary")]), None);
+        // A canary backend at weight 0 sends nothing.
+        assert_eq!(
+            still_to_canary(&[seen(&route(Some(0), 4, accepted(4)), "echo", "echo-canary")]),
+            None
+        );
     }
 }

@@ -23,6 +23,7 @@ impl Planner<'_> {
             canary_replicas: Some(canary_replicas),
             traffic,
             matches: route.map(|r| r.matches).unwrap_or_default(),
+            hold_canary: false,
             pin_stable_service: traffic.is_some() && stable_template == StableTemplate::Live,
             route_canary: false,
             rollout_id: self.status.rollout_id.clone(),

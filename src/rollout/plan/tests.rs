@@ -1020,6 +1020,15 @@ fn a_statefulsets_stable_service_is_not_pinned_at_rest() {
     assert_eq!(plan.intent, Intent::steady(StableTemplate::Git));
 }
 
+/// v1 stable, v2 pushed, and the step-1 canary pod of v2 ready at 20 s: what observe sees then.
+fn canary_ready_at_20(run: &mut Run) -> Observed {
+    run.step(&observed("v1", 0));
+    run.step(&observed("v2", 10));
+    let mut seen = observed("v2", 20);
+    seen.canary_ready = 1;
+    seen
+}
+
 #[test]
 fn an_ab_step_sends_matching_requests_only_and_a_later_step_routes_its_own() {
     let header = crate::rollout::api::RequestMatch {
@@ -1035,10 +1044,7 @@ fn an_ab_step_sends_matching_requests_only_and_a_later_step_routes_its_own() {
     ab.matches = vec![header.clone()];
     spec.strategy.canary.steps = vec![ab, step().traffic("30%").pause_until_promoted(), step().traffic("100%")];
     let mut run = Run::with(spec);
-    run.step(&observed("v1", 0));
-    run.step(&observed("v2", 10));
-    let mut seen = observed("v2", 20);
-    seen.canary_ready = 1;
+    let mut seen = canary_ready_at_20(&mut run);
     let plan = run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     assert_eq!(plan.intent.traffic, Some(0), "no share besides the matching requests");
@@ -1068,10 +1074,7 @@ fn a_step_waits_past_its_grace_for_the_gateway_to_take_its_route() {
         Run::with(spec)
     };
     let mut run = through_gateway();
-    run.step(&observed("v1", 0));
-    run.step(&observed("v2", 10));
-    let mut seen = observed("v2", 20);
-    seen.canary_ready = 1;
+    let mut seen = canary_ready_at_20(&mut run);
     run.step(&seen);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     // Grace over, but the gateway has accepted only the route's previous generation.
@@ -1080,6 +1083,7 @@ fn a_step_waits_past_its_grace_for_the_gateway_to_take_its_route() {
         name: "echo".into(),
         canary_weight: Some(10),
         splits: true,
+        to_canary: true,
         generation: 2,
         accepted_generation: Some(1),
     };
@@ -1103,14 +1107,23 @@ fn a_step_waits_past_its_grace_for_the_gateway_to_take_its_route() {
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
     // Never taken within the deadline: the release fails, saying what it waited for.
     let mut run = through_gateway();
-    run.step(&observed("v1", 0));
-    run.step(&observed("v2", 10));
-    let mut seen = observed("v2", 20);
-    seen.canary_ready = 1;
+    let mut seen = canary_ready_at_20(&mut run);
     run.step(&seen);
-    seen.routes = Some(vec![behind]);
+    seen.routes = Some(vec![behind.clone()]);
     seen.now = at(20 + 601);
-    run.step(&seen);
+    let plan = run.step(&seen);
+    // The route still sends to the canary: its objects stay, looked at again in a second.
+    assert_eq!(plan.intent.canary_replicas, None);
+    assert!(plan.intent.hold_canary);
+    assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(1)));
+    seen.routes = Some(vec![RouteSeen {
+        to_canary: false,
+        canary_weight: None,
+        accepted_generation: Some(2),
+        ..behind
+    }]);
+    seen.now = at(20 + 602);
+    assert!(!run.step(&seen).intent.hold_canary);
     let status = run.status.canary_status.as_ref().unwrap();
     assert!(
         status
