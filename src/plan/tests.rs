@@ -549,15 +549,20 @@ fn web_and_autoscaler(replicas: Option<i64>) -> (Manifest, Manifest) {
     )
 }
 
+/// The live copy of `item` with `count` replicas, as the only live object.
+fn live_with_replicas(item: &Planned<'_>, count: i64) -> LiveObjects {
+    let mut scaled = live_copy(&item.desired);
+    scaled["spec"]["replicas"] = json!(count);
+    [(item.key.clone(), scaled.to_string().into_boxed_str())]
+        .into_iter()
+        .collect()
+}
+
 #[test]
 fn a_workload_an_autoscaler_scales_keeps_the_live_replica_count() {
     let (deployment, autoscaler) = web_and_autoscaler(Some(2));
     let mut objects = vec![planned(&deployment), planned(&autoscaler)];
-    let mut scaled = live_copy(&objects[0].desired);
-    scaled["spec"]["replicas"] = json!(5);
-    let live: LiveObjects = [(objects[0].key.clone(), scaled.to_string().into_boxed_str())]
-        .into_iter()
-        .collect();
+    let live = live_with_replicas(&objects[0], 5);
 
     let left = autoscaled::leave_replicas_to_autoscalers(&mut objects, &live);
 
@@ -607,11 +612,7 @@ fn an_autoscaler_of_another_workload_or_namespace_leaves_replicas_to_git() {
     other_group.object["spec"]["scaleTargetRef"]["apiVersion"] = json!("apps.kruise.io/v1alpha1");
     for hpa in [autoscaler, elsewhere, other_group] {
         let mut objects = vec![planned(&deployment), planned(&hpa)];
-        let mut scaled = live_copy(&objects[0].desired);
-        scaled["spec"]["replicas"] = json!(5);
-        let live: LiveObjects = [(objects[0].key.clone(), scaled.to_string().into_boxed_str())]
-            .into_iter()
-            .collect();
+        let live = live_with_replicas(&objects[0], 5);
         assert!(autoscaled::leave_replicas_to_autoscalers(&mut objects, &live).is_empty());
         assert_eq!(objects[0].desired["spec"]["replicas"], 2);
     }
@@ -622,11 +623,7 @@ fn the_applied_hash_leaves_the_autoscalers_count_out() {
     let (deployment, autoscaler) = web_and_autoscaler(Some(2));
     let hash_at = |count: i64| {
         let mut objects = vec![planned(&deployment), planned(&autoscaler)];
-        let mut scaled = live_copy(&objects[0].desired);
-        scaled["spec"]["replicas"] = json!(count);
-        let live: LiveObjects = [(objects[0].key.clone(), scaled.to_string().into_boxed_str())]
-            .into_iter()
-            .collect();
+        let live = live_with_replicas(&objects[0], count);
         autoscaled::leave_replicas_to_autoscalers(&mut objects, &live);
         // As a rollout overlay does after it.
         desired::rehash(&mut objects[0].desired);
