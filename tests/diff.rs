@@ -234,15 +234,22 @@ async fn diff_lists_the_canary_objects_of_a_release_mid_step() {
         "{routed:?}"
     );
 
-    // An abort while the release waits: the canary objects go, and diff said so first.
+    // An abort while the release waits: the route goes back first; once no
+    // route sends to the canary, its objects go. Diff said so before each.
     gitcanary::rollout::cli::send_signal(&f.cluster, &f.ns, "echo", gitcanary::rollout::cli::Signal::Abort)
         .await
         .expect("abort requested");
     let (aborted, _) = f.diff_then_sync().await;
-    assert_eq!(
-        aborted.deleted,
-        set(&[("Deployment", "echo-canary"), ("Service", "echo-canary")]),
+    assert!(
+        aborted.written.contains(&("HTTPRoute".to_string(), "echo".to_string())),
         "{aborted:?}"
+    );
+    assert!(aborted.deleted.is_empty(), "{aborted:?}");
+    let (removed, _) = f.diff_then_sync().await;
+    assert_eq!(
+        removed.deleted,
+        set(&[("Deployment", "echo-canary"), ("Service", "echo-canary")]),
+        "{removed:?}"
     );
 }
 
