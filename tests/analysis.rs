@@ -141,13 +141,11 @@ async fn a_rising_error_ratio_fails_the_release_and_reverts_it_in_git_with_the_v
     .await;
     let message = failed.canary_status.expect("canary").message;
     assert!(message.contains("analysis errors failed"), "{message}");
-    let revert = eventually("the revert commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {released}")))
-    })
-    .await;
+    let revert = scenario
+        .wait_for_commit("the revert commit", |m| {
+            m.contains(&format!("Gitcanary-Reverts: {released}"))
+        })
+        .await;
     assert!(
         revert.1.contains("error-ratio FAILED: 0.4 against `< 0.05`"),
         "{}",

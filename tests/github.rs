@@ -446,13 +446,11 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
 
     fake.close_as(gate.number, "alice");
     wait_for_failure(&scenario).await;
-    let revert = eventually("the revert commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {commit}")))
-    })
-    .await;
+    let revert = scenario
+        .wait_for_commit("the revert commit", |m| {
+            m.contains(&format!("Gitcanary-Reverts: {commit}"))
+        })
+        .await;
     assert!(revert.1.starts_with("revert("), "{}", revert.1);
     let deployment = scenario.git(&["show", "main:echo/deployment.yaml"]);
     assert!(
@@ -780,13 +778,11 @@ async fn an_earlier_gate_of_the_same_name_decides_nothing(name: &str, merge: boo
     } else {
         fake.close_as(old.number, "alice");
         wait_for_failure(&scenario).await;
-        eventually("the revert is in Git", WAIT, || async {
-            scenario
-                .history()
-                .into_iter()
-                .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {second}")))
-        })
-        .await;
+        scenario
+            .wait_for_commit("the revert is in Git", |m| {
+                m.contains(&format!("Gitcanary-Reverts: {second}"))
+            })
+            .await;
     }
 
     let repo = scenario.repo.path();

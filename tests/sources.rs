@@ -306,13 +306,11 @@ async fn a_new_tag_through_kustomize_is_a_canary_release_and_its_revert_restores
     );
     assert!(canary.metadata.owner_references.is_some_and(|o| o[0].kind == "Rollout"));
 
-    let (revert, message) = eventually("the revert commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.contains(&format!("Gitcanary-Reverts: {broken}")))
-    })
-    .await;
+    let (revert, message) = scenario
+        .wait_for_commit("the revert commit", |m| {
+            m.contains(&format!("Gitcanary-Reverts: {broken}"))
+        })
+        .await;
     assert!(
         message.contains("shop/overlays/production/kustomization.yaml"),
         "{message}"

@@ -279,13 +279,9 @@ async fn a_canary_answering_503_fails_its_analysis_on_the_gateways_metrics_and_i
         summary(&counts)
     );
     let key = format!("{}/echo", scenario.ns);
-    let (_, revert) = eventually("the revert commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.starts_with(&format!("revert({key})")))
-    })
-    .await;
+    let (_, revert) = scenario
+        .wait_for_commit("the revert commit", |m| m.starts_with(&format!("revert({key})")))
+        .await;
     // Every answer of the canary was a 503: the measured rate is 0.
     assert!(revert.contains("success-rate FAILED: 0 against"), "{revert}");
 }

@@ -74,13 +74,9 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
     healthy_on(&scenario, "2.0").await;
 
     let key = format!("{}/echo", scenario.ns);
-    let (commit, message) = eventually("the promote commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.starts_with(&format!("promote({key})")))
-    })
-    .await;
+    let (commit, message) = scenario
+        .wait_for_commit("the promote commit", |m| m.starts_with(&format!("promote({key})")))
+        .await;
     assert!(message.contains(&format!("Gitcanary-Rollout: {key}")), "{message}");
     assert!(
         message.contains(&format!("Gitcanary-Promotes: {released}")),
@@ -178,13 +174,9 @@ async fn a_failed_release_is_reverted_in_git_even_when_pushes_race_the_agent() {
     assert_eq!(theirs.len(), 20);
 
     let key = format!("{}/echo", scenario.ns);
-    let (revert, message) = eventually("the revert commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.starts_with(&format!("revert({key})")))
-    })
-    .await;
+    let (revert, message) = scenario
+        .wait_for_commit("the revert commit", |m| m.starts_with(&format!("revert({key})")))
+        .await;
     assert!(
         message.starts_with(&format!("revert({key}): canary pods not ready within 3s")),
         "{message}"
@@ -238,13 +230,9 @@ async fn an_agent_restarted_before_it_recorded_its_commit_does_not_commit_again(
     app(&scenario, "2.0-broken", true);
     scenario.repo.commit_and_push("echo 2.0 (broken)");
     let key = format!("{}/echo", scenario.ns);
-    eventually("the revert commit", WAIT, || async {
-        scenario
-            .history()
-            .into_iter()
-            .find(|(_, m)| m.starts_with(&format!("revert({key})")))
-    })
-    .await;
+    scenario
+        .wait_for_commit("the revert commit", |m| m.starts_with(&format!("revert({key})")))
+        .await;
     eventually("write-back marked done", WAIT, || async {
         status(&scenario).await?.pending_writeback.is_none().then_some(())
     })

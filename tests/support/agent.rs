@@ -260,6 +260,15 @@ impl Scenario {
             .collect()
     }
 
+    /// The newest commit on main whose message `matches`, once there is one
+    /// (waits up to 90 s): its sha and message.
+    pub async fn wait_for_commit(&self, what: &str, matches: impl Fn(&str) -> bool) -> (String, String) {
+        super::eventually(what, std::time::Duration::from_secs(90), || async {
+            self.history().into_iter().find(|(_, m)| matches(m))
+        })
+        .await
+    }
+
     pub fn start_agent(&self) -> AgentProcess {
         AgentProcess::start(&self.repo, &self.ns, self.cache.path())
     }
