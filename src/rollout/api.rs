@@ -160,6 +160,14 @@ pub struct CanaryStrategy {
 pub const DEFAULT_CANARY_SUFFIX: &str = "-canary";
 
 impl CanaryStrategy {
+    /// The routings through an HTTPRoute, with the Service each splits:
+    /// `(service, httpRouteName)`.
+    pub fn gateway_routes(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.traffic_routings
+            .iter()
+            .filter_map(|r| Some((r.service.as_str(), r.gateway.as_ref()?.http_route_name.as_str())))
+    }
+
     /// The name of the canary of the object called `name`.
     pub fn canary_name(&self, name: &str) -> String {
         format!(

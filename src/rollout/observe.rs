@@ -353,10 +353,11 @@ fn routes_needed(
         .canary_status
         .as_ref()
         .is_some_and(|c| c.current_step_state == StepState::StepTrafficRouting);
+    let canary = &spec.strategy.canary;
     routing
-        || spec.strategy.canary.traffic_routings.iter().any(|r| {
-            r.gateway.is_some() && canary_live.contains_key(&("Service", spec.strategy.canary.canary_name(&r.service)))
-        })
+        || canary
+            .gateway_routes()
+            .any(|(service, _)| canary_live.contains_key(&("Service", canary.canary_name(service))))
 }
 
 /// The release's HTTPRoutes as they are live, read while a step waits for
@@ -364,19 +365,17 @@ fn routes_needed(
 /// grace period alone then decides, as for a route no gateway reports on.
 async fn observe_routes(cluster: &Cluster, spec: &RolloutSpec, namespace: &str) -> Vec<RouteSeen> {
     let mut routes = Vec::new();
-    for routing in &spec.strategy.canary.traffic_routings {
-        let Some(gateway) = &routing.gateway else { continue };
+    for (service, route_name) in spec.strategy.canary.gateway_routes() {
         let live = get_value(
             cluster,
             "gateway.networking.k8s.io/v1",
             "HTTPRoute",
             namespace,
-            &gateway.http_route_name,
+            route_name,
         )
         .await;
         if let Ok(Some(route)) = live {
-            let canary = spec.strategy.canary.canary_name(&routing.service);
-            routes.push(route_seen(&route, &routing.service, &canary));
+            routes.push(route_seen(&route, service, &spec.strategy.canary.canary_name(service)));
         }
     }
     routes

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value, json};
 
 use super::api::{RequestMatch, RolloutSpec};
-use super::plan::{Intent, StableTemplate};
+use super::plan::{Intent, StableTemplate, is_service_ref};
 
 pub const ROLLOUT_ID_LABEL: &str = "gitcanary.io/rollout-id";
 /// On canary pods and in the canary Deployment's selector, which (being
@@ -296,9 +296,7 @@ pub fn weighted_route(
             split.push(rule);
             continue;
         };
-        let Some(stable) = refs.iter().position(|r| {
-            r.is_object() && r["name"].as_str() == Some(service) && r["kind"].as_str().is_none_or(|k| k == "Service")
-        }) else {
+        let Some(stable) = refs.iter().position(|r| is_service_ref(r, service)) else {
             split.push(rule);
             continue;
         };

@@ -334,7 +334,7 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
     intent.hold_canary =
         intent.canary_replicas.is_none() && observed.routes.as_deref().and_then(routes::still_to_canary).is_some();
     if intent.hold_canary {
-        planner.requeue_in(CANARY_HOLD_RECHECK, RequeueReason::Grace);
+        planner.requeue_in(routes::RECHECK, RequeueReason::Grace);
     }
     let mut status = planner.status;
     // A self-routed workload's stable Revision is what observe found (it keeps
@@ -684,10 +684,7 @@ mod routes;
 mod steps;
 mod transition;
 
-pub use routes::{RouteSeen, StepRoute, seen as route_seen};
-
-/// How soon a release whose canary a gateway may still route to looks again.
-const CANARY_HOLD_RECHECK: Duration = Duration::from_secs(1);
+pub use routes::{RouteSeen, StepRoute, is_service_ref, seen as route_seen};
 
 pub use transition::{Severity, Transition};
 

@@ -5,9 +5,24 @@
 //! gateway that refuses the route serves none of it, old or new, and is
 //! not waited for. Pure.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::rollout::api::RequestMatch;
+
+/// How soon a release waiting on a gateway (to take a step's route, or to
+/// stop sending to a canary that is going) looks again; the gateway's
+/// status write wakes a sync too.
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// Whether a rule's backendRef names the Service `name` (a Service is the
+/// default kind): the one test the overlay and the read-back share.
+pub fn is_service_ref(backend: &Value, name: &str) -> bool {
+    backend.is_object()
+        && backend["name"].as_str() == Some(name)
+        && backend["kind"].as_str().is_none_or(|k| k == "Service")
+}
 
 /// What a step asks of the routes: a share of every request, and the
 /// requests that reach the canary whatever the share (A/B).
@@ -47,18 +62,26 @@ pub struct RouteSeen {
     pub accepted_generation: Option<i64>,
 }
 
+impl RouteSeen {
+    /// The generation a gateway serving the route has taken, when it is
+    /// behind the route's own.
+    fn behind(&self) -> Option<i64> {
+        self.accepted_generation.filter(|accepted| *accepted < self.generation)
+    }
+}
+
 /// Reads a live HTTPRoute for the release of `service`, whose canary Service is `canary`.
 pub fn seen(route: &Value, service: &str, canary: &str) -> RouteSeen {
     let rules = route["spec"]["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
     let stable_rules: Vec<&Vec<Value>> = rules
         .iter()
         .filter_map(|rule| rule["backendRefs"].as_array())
-        .filter(|refs| refs.iter().any(|r| r["name"].as_str() == Some(service)))
+        .filter(|refs| refs.iter().any(|r| is_service_ref(r, service)))
         .collect();
     let canary_weight = stable_rules
         .iter()
         .filter_map(|refs| {
-            let canary_ref = refs.iter().find(|r| r["name"].as_str() == Some(canary))?;
+            let canary_ref = refs.iter().find(|r| is_service_ref(r, canary))?;
             // Gateway API's default weight is 1.
             Some(canary_ref["weight"].as_u64().unwrap_or(1).min(u64::from(u32::MAX)) as u32)
         })
@@ -67,7 +90,7 @@ pub fn seen(route: &Value, service: &str, canary: &str) -> RouteSeen {
         .iter()
         .filter_map(|rule| rule["backendRefs"].as_array())
         .flatten()
-        .any(|r| r["name"].as_str() == Some(canary) && r["weight"].as_u64() != Some(0));
+        .any(|r| is_service_ref(r, canary) && r["weight"].as_u64() != Some(0));
     let namespace = route["metadata"]["namespace"].as_str().unwrap_or_default();
     let parent_key = |p: &Value| {
         (
@@ -115,13 +138,12 @@ pub fn lag(routes: Option<&[RouteSeen]>, percent: u32) -> Option<String> {
                 .map_or("no canary backend".to_string(), |w| format!("weight {w}"));
             return Some(format!("HTTPRoute {name} holds {live}, not {percent}"));
         }
-        match route.accepted_generation {
-            Some(accepted) if accepted < route.generation => Some(format!(
+        route.behind().map(|accepted| {
+            format!(
                 "the gateway has accepted generation {accepted} of HTTPRoute {name}, not yet {}",
                 route.generation
-            )),
-            _ => None,
-        }
+            )
+        })
     })
 }
 
@@ -135,13 +157,12 @@ pub fn still_to_canary(routes: &[RouteSeen]) -> Option<String> {
         if route.to_canary {
             return Some(format!("HTTPRoute {name} still sends requests to the canary"));
         }
-        match route.accepted_generation {
-            Some(accepted) if accepted < route.generation => Some(format!(
+        route.behind().map(|_| {
+            format!(
                 "the gateway has not yet taken generation {} of HTTPRoute {name}, which sends nothing to the canary",
                 route.generation
-            )),
-            _ => None,
-        }
+            )
+        })
     })
 }
 

@@ -3,9 +3,6 @@
 
 use super::*;
 
-/// How often a step whose route the gateway has not yet taken is looked at again.
-const ROUTE_RECHECK: Duration = Duration::from_secs(1);
-
 impl Planner<'_> {
     pub(super) fn steps(&self) -> u32 {
         self.spec.strategy.canary.steps.len() as u32
@@ -195,18 +192,10 @@ impl Planner<'_> {
             Some(_) if self.spec.strategy.canary.grace_period_seconds.is_none() => Duration::ZERO,
             _ => self.grace(),
         };
-        let gateways = self
-            .spec
-            .strategy
-            .canary
-            .traffic_routings
-            .iter()
-            .any(|r| r.gateway.is_some());
-        let lag = if gateways {
-            routes::lag(self.observed.routes.as_deref(), percent)
-        } else {
-            None
-        };
+        let through_gateway = self.spec.strategy.canary.gateway_routes().next().is_some();
+        let lag = through_gateway
+            .then(|| routes::lag(self.observed.routes.as_deref(), percent))
+            .flatten();
         if here.in_state >= grace && lag.is_none() {
             self.note(Transition::TrafficInForce { step: index, percent });
             self.enter(index, StepState::StepPaused);
@@ -224,7 +213,7 @@ impl Planner<'_> {
             self.status.phase = Phase::Progressing;
             self.canary().message = format!("step {index}: waiting for the gateway: {lag}");
             // The gateway's status write wakes a sync too; this bounds the wait.
-            self.requeue_in(ROUTE_RECHECK.min(deadline - here.in_state), RequeueReason::Grace);
+            self.requeue_in(routes::RECHECK.min(deadline - here.in_state), RequeueReason::Grace);
             return Flow::Hold(self.release_intent(StableTemplate::Live, here.wanted, traffic));
         }
         self.status.phase = Phase::Progressing;
