@@ -145,16 +145,20 @@ fn main() {
         rollout("{.status.phase}") == "Healthy" && answered_by(1)
     });
 
-    let mut to_weight_zero = Vec::new();
-    let mut to_last_answer = Vec::new();
-    let (mut failed_in_aborts, mut sent_in_aborts) = (0, 0);
-    for sample in 0..ABORTS {
-        let tag = sample + 2;
+    // On a quiet machine, `tag` released and paused at its 20% step.
+    let paused_at_20 = |tag: usize| {
         wait_quiet();
         agent.push(&release(tag));
         wait_until("paused at 20%", Duration::from_secs(300), || {
             rollout("{.status.phase}") == "Paused" && canary_weight() == 20
         });
+    };
+    let mut to_weight_zero = Vec::new();
+    let mut to_last_answer = Vec::new();
+    let (mut failed_in_aborts, mut sent_in_aborts) = (0, 0);
+    for sample in 0..ABORTS {
+        let tag = sample + 2;
+        paused_at_20(tag);
         let load = Load::start(HOST);
         wait_until("the canary answers", Duration::from_secs(60), || {
             load.answers().iter().any(|a| a.image == image(tag))
@@ -199,11 +203,7 @@ fn main() {
     // A release promoted under load: the step, the promote, the stable
     // roll-out and the canary's removal.
     let tag = ABORTS + 2;
-    wait_quiet();
-    agent.push(&release(tag));
-    wait_until("paused at 20%", Duration::from_secs(300), || {
-        rollout("{.status.phase}") == "Paused" && canary_weight() == 20
-    });
+    paused_at_20(tag);
     let load = Load::start(HOST);
     run(
         &work,
