@@ -13,6 +13,8 @@ have python3 || need+=(python3)
 have flock || need+=(util-linux)
 # Knative's autoscaler runs in a network namespace of its own (tests/testenv/knative-up.sh).
 have ip || need+=(iproute2)
+# kube-proxy in the test gateway's network namespace (tests/testenv/gateway-up.sh).
+have iptables-restore || need+=(iptables)
 have pkg-config || need+=(pkg-config)
 # Signed status commits (ssh-keygen -Y sign/verify) and their tests.
 have ssh-keygen || need+=(openssh-client)

@@ -1,7 +1,8 @@
 //! Function canaries on Knative Serving: the agent releases a Knative
 //! Service through its Revisions against the real Knative controller and
 //! autoscaler (tests/testenv/knative-up.sh), and each test reads what a user
-//! would: the Service's `status.traffic`, its Revisions, the Rollout, Git.
+//! would: the Service's `status.traffic`, its Revisions, the Rollout, Git,
+//! and the answers to real requests through Knative's own routing.
 
 mod support;
 
@@ -13,11 +14,12 @@ use kube::discovery::ApiResource;
 use serde_json::json;
 use support::agent::Scenario;
 use support::eventually;
+use support::traffic::burst;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-/// The function as Git holds it. Knative's webhook does not run on the test
-/// control plane, so the template spells out what its defaulting would add.
+/// The function as Git holds it: as users write it, for Knative's webhook
+/// to default.
 struct Function<'a> {
     image: &'a str,
     never_ready: bool,
@@ -82,31 +84,20 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 }
 
 impl Knative {
-    /// Knative on the test control plane: started here on one this test
-    /// binary started itself; on one it was given (scripts/test.sh starts
-    /// it with Knative), a clear failure when it is not served.
+    /// Knative on the test control plane (up.sh starts it with
+    /// GITCANARY_TESTENV_KNATIVE=1, as scripts/test.sh and a test binary
+    /// starting its own plane set); a clear failure when it is not served.
     async fn of(scenario: &Scenario) -> Knative {
-        static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
         let knative = Knative {
             client: scenario.client.clone(),
             ns: scenario.ns.clone(),
         };
         let api: Api<DynamicObject> = Api::all_with(knative.client.clone(), &resource("Service", "services"));
-        let served = || async { api.list(&ListParams::default().limit(1)).await };
-        STARTED
-            .get_or_init(|| async {
-                let Err(error) = served().await else { return };
-                if std::env::var_os("GITCANARY_TEST_KUBECONFIG").is_some() {
-                    panic!(
-                        "Knative Serving is not served by the test control plane ({error}): scripts/test.sh starts it; by hand, run tests/testenv/knative-up.sh on the control plane's state directory"
-                    );
-                }
-                let state = support::kubeconfig().parent().expect("the state directory");
-                let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testenv/knative-up.sh");
-                support::run(state, "bash", &[&script.display().to_string(), &state.display().to_string()]);
-                eventually("Knative Serving is served", WAIT, || async { served().await.ok() }).await;
-            })
-            .await;
+        if let Err(error) = api.list(&ListParams::default().limit(1)).await {
+            panic!(
+                "Knative Serving is not served by the test control plane ({error}): start it with GITCANARY_TESTENV_KNATIVE=1 tests/testenv/up.sh (scripts/test.sh does)"
+            );
+        }
         knative
     }
 
@@ -323,6 +314,52 @@ async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_pr
     })
     .await;
     assert!(record.contains("registry.test/fn:2.0"), "{record}");
+}
+
+/// The canary Revision's share of real requests at each step, through
+/// Knative's own routing: Traefik as its ingress (from the KIngress Knative
+/// writes for the split gitcanary set), kube-proxy to each Revision's
+/// Service, the Revisions' pods answering.
+#[tokio::test]
+async fn each_step_of_a_function_release_sends_its_share_of_real_requests_to_the_canary_revision() {
+    let scenario = Scenario::new("kn-requests").await;
+    let strategy = "      steps:\n      - {traffic: 20%, pause: {}}\n      - {traffic: 50%, pause: {}}\n      progressDeadline: 60\n      canaryMinScale: 1\n";
+    let (_agent, knative, _) = serving_1_0(&scenario, &Function::new("1.0", strategy)).await;
+    let (stable, canary) = ("registry.test/fn:1.0", "registry.test/fn:2.0");
+    let url = knative.service().await.expect("the Service").data["status"]["url"]
+        .as_str()
+        .expect("the Service's URL")
+        .to_string();
+    let host = url.trim_start_matches("http://").to_string();
+    eventually("1.0 answers every request through Knative's routing", WAIT, || async {
+        (burst(&host, 40, Duration::from_secs(10)).by_image.get(stable) == Some(&40)).then_some(())
+    })
+    .await;
+
+    Function::new("2.0", strategy).write(&scenario);
+    scenario.repo.commit_and_push("fn 2.0");
+    for (step, share) in [(1, 0.2), (2, 0.5)] {
+        knative.wait_for(&format!("paused at step {step}"), Phase::Paused, step).await;
+        let counts = burst(&host, 2_000, Duration::from_secs(60));
+        let seen = format!("{:?}, statuses {:?}", counts.by_image, counts.by_status);
+        assert_eq!((counts.answered(), counts.failures()), (2_000, 0), "step {step}: {seen}");
+        assert!(
+            (share - 0.04..=share + 0.04).contains(&counts.share(canary)),
+            "step {step}: {seen}"
+        );
+        assert!(counts.by_image.keys().all(|i| i == stable || i == canary), "{seen}");
+        let (code, _, stderr) = scenario.run_cli(&["promote", "fn", "-n", &scenario.ns]);
+        assert_eq!(code, 0, "{stderr}");
+    }
+    knative.healthy_on("2.0").await;
+    let counts = burst(&host, 500, Duration::from_secs(30));
+    assert_eq!(
+        counts.by_image.get(canary),
+        Some(&500),
+        "after the promote: {:?}, statuses {:?}",
+        counts.by_image,
+        counts.by_status
+    );
 }
 
 #[tokio::test]

@@ -38,6 +38,7 @@ pub fn kubeconfig() -> &'static PathBuf {
             .arg(&up)
             .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
             .env("GITCANARY_TESTENV_GATEWAY", "1")
+            .env("GITCANARY_TESTENV_KNATIVE", "1")
             .stderr(std::process::Stdio::inherit())
             .output()
             .expect("tests/testenv/up.sh runs");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler, kwok) from pinned Go modules with the machine's Go, and
+# kube-scheduler, kube-proxy, kwok) from pinned Go modules with the machine's Go, and
 # collects the Gateway API standard CRDs. Everything lands in
 # ~/.cache/gitcanary/testenv/<versions>/ (CRDs beside it, by Gateway API
 # version) and is rebuilt only when versions.env changes. Prints the cache
@@ -16,8 +16,10 @@ cache="$root/k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 crds="$root/gateway-api-${GATEWAY_API_VERSION}"
 bin="$cache/bin"
 say() { echo "testenv: $*" >&2; }
+# A cache from before kube-proxy was built is completed, not reused.
+complete() { [ -f "$cache/.complete" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kube-proxy" ] && [ -d "$cache/kwok" ] && [ -d "$crds" ]; }
 
-if [ -f "$cache/.complete" ] && [ -x "$bin/kubectl" ] && [ -d "$cache/kwok" ] && [ -d "$crds" ]; then
+if complete; then
   echo "$cache"
   exit 0
 fi
@@ -26,7 +28,7 @@ fi
 mkdir -p "$cache"
 exec 9>"$cache.lock"
 flock 9
-if [ -f "$cache/.complete" ] && [ -x "$bin/kubectl" ] && [ -d "$cache/kwok" ] && [ -d "$crds" ]; then
+if complete; then
   echo "$cache"
   exit 0
 fi
@@ -41,7 +43,7 @@ staging_version="v0${KUBE_VERSION#v1}"
 build_kubernetes() {
   local dir="$cache/src/kubernetes"
   mkdir -p "$dir"
-  say "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl $KUBE_VERSION (several minutes the first time)"
+  say "building kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl $KUBE_VERSION (several minutes the first time)"
   (
     cd "$dir"
     go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
@@ -70,10 +72,11 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 EOF
     go mod tidy >/dev/null
-    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kube-proxy; do
       [ -x "$bin/$cmd" ] && continue
       say "  go build $cmd"
       go build -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$KUBE_VERSION" | cut -d. -f2)" \
@@ -135,7 +138,7 @@ gateway_crds() {
 }
 
 [ -x "$bin/etcd" ] || build_etcd
-[ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/kubectl" ] || build_kubernetes
+[ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kube-proxy" ] || build_kubernetes
 [ -x "$bin/kwok" ] || build_kwok
 [ -d "$cache/kwok" ] || kwok_node_stages
 [ -d "$crds" ] || gateway_crds

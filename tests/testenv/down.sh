@@ -8,7 +8,7 @@ state="${1:?usage: down.sh STATE_DIR (the directory up.sh printed the kubeconfig
 
 # Reverse start order, so nothing writes to an API server that is gone
 # (the gateway's and Knative's, from gateway-up.sh and knative-up.sh, first).
-for name in gateway-metrics-forward gateway-url-forward gateway-traefik gateway-pod-player gateway-forward knative-ingress-player knative-autoscaler knative-forward knative-controller knative-webhook knative-webhook-forward kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+for name in gateway-metrics-forward gateway-url-forward gateway-traefik gateway-pod-player gateway-kube-proxy gateway-forward knative-autoscaler knative-forward knative-controller knative-webhook knative-webhook-forward kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   f="$state/pids/$name.pid"
   [ -f "$f" ] || continue
   pid=$(cat "$f")

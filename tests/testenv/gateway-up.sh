@@ -9,10 +9,13 @@
 # (pod-player.py) answers for each Ready pod on its address, and Traefik,
 # the real gateway (built by gateway.sh), implements GatewayClass
 # `gitcanary-test` and serves Gateway `gateway` in namespace
-# `gitcanary-test` on port 18000 there. Both reach the API server through a
-# forwarder on the namespace's link; the URL printed forwards loopback to
-# the gateway. Only the pods' answers are played: routing, EndpointSlices
-# and Services are Traefik's and Kubernetes' own.
+# `gitcanary-test` on port 18000 there. kube-proxy (built by build.sh) runs
+# there too, so a Service's ClusterIP reaches its endpoints as in a cluster:
+# Traefik's Knative provider, Knative Serving's ingress when knative-up.sh
+# ran first, dials Revisions' Services by ClusterIP. Each reaches the API
+# server through a forwarder on the namespace's link; the URL printed
+# forwards loopback to the gateway. Only the pods' answers are played:
+# routing, EndpointSlices and Services are Traefik's and Kubernetes' own.
 #
 # up.sh runs this when GITCANARY_TESTENV_GATEWAY=1.
 set -euo pipefail
@@ -22,7 +25,9 @@ state=$(cd "${1:?usage: gateway-up.sh STATE_DIR}" && pwd)
 say() { echo "gateway: $*" >&2; }
 [ "$(id -u)" = 0 ] || { say "needs root (the pods get a network namespace of their own)"; exit 1; }
 command -v ip >/dev/null || { say "needs iproute2 (ip): run scripts/setup.sh"; exit 1; }
+command -v iptables-restore >/dev/null || { say "needs iptables (for kube-proxy): run scripts/setup.sh"; exit 1; }
 traefik=$("$here/gateway.sh" | tail -1)
+controlplane=$("$here/build.sh" | tail -1)
 kubeconfig="$state/kubeconfig"
 kubectl() { "$state/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 free_port() {
@@ -34,10 +39,35 @@ free_port() {
 source "$here/netns.sh"
 netns="gitcanary-gw-$$"
 make_netns "$netns" 10.202 "$state/gateway-netns"
-# Every pod address is this namespace's own.
+# Every pod address is this namespace's own; a ClusterIP (up.sh's service
+# range) is routed there too, for kube-proxy's rules to rewrite.
 ip netns exec "$netns" ip route add local 10.0.0.0/16 dev lo
+ip netns exec "$netns" ip route add local 10.96.0.0/16 dev lo
 
 forward_api "$state" gateway
+
+# Knative's autoscaler scrapes each Revision pod's queue-proxy by pod IP: its
+# namespace reaches the pod network through a link of its own to this one.
+if [ -f "$state/knative-netns" ]; then
+  autoscaler_netns=$(cat "$state/knative-netns")
+  ip link add "${netns: -10}k" type veth peer name "${netns: -10}a"
+  ip link set "${netns: -10}k" netns "$netns"
+  ip link set "${netns: -10}a" netns "$autoscaler_netns"
+  ip netns exec "$netns" ip addr add 10.203.0.1/30 dev "${netns: -10}k"
+  ip netns exec "$netns" ip link set "${netns: -10}k" up
+  ip netns exec "$autoscaler_netns" ip addr add 10.203.0.2/30 dev "${netns: -10}a"
+  ip netns exec "$autoscaler_netns" ip link set "${netns: -10}a" up
+  ip netns exec "$autoscaler_netns" ip route add 10.0.0.0/16 via 10.203.0.1
+fi
+
+# It proxies for the gateway alone, as if on one of kwok's nodes (it waits
+# 30 s for a Node of its name to exist), and leaves the host's conntrack
+# limit as it is.
+ip netns exec "$netns" "$controlplane/bin/kube-proxy" --kubeconfig="$state/kubeconfig-gateway" \
+  --proxy-mode=iptables --hostname-override=kwok-node-0 --bind-address="$ns_ip" \
+  --conntrack-max-per-core=0 --iptables-min-sync-period=0 --metrics-bind-address="" \
+  >"$state/logs/gateway-kube-proxy.log" 2>&1 &
+echo $! >"$state/pids/gateway-kube-proxy.pid"
 
 ip netns exec "$netns" python3 "$here/pod-player.py" "$state" "$host_ip" "$api_port" \
   >"$state/logs/gateway-pod-player.log" 2>&1 &
@@ -62,8 +92,17 @@ spec:
     allowedRoutes: {namespaces: {from: All}}
 YAML
 
+# Knative's ingress, when knative-up.sh set its class to Traefik's.
+knative=()
+if [ -f "$state/pids/knative-controller.pid" ]; then
+  # With no domain configured, Knative's routes are cluster-local.
+  knative=(--experimental.knative=true --providers.knative=true
+    --providers.knative.publicEntrypoints=web --providers.knative.privateEntrypoints=web
+    --providers.knative.publicService.name=gitcanary-test-ingress --providers.knative.publicService.namespace=knative-serving
+    --providers.knative.privateService.name=gitcanary-test-ingress --providers.knative.privateService.namespace=knative-serving)
+fi
 metrics_port=19100
-ip netns exec "$netns" env KUBECONFIG="$state/kubeconfig-gateway" "$traefik" \
+ip netns exec "$netns" env KUBECONFIG="$state/kubeconfig-gateway" "$traefik" "${knative[@]}" \
   --entryPoints.web.address=:18000 --entryPoints.metrics.address=:$metrics_port \
   --providers.kubernetesGateway=true --providers.kubernetesGateway.throttleDuration=0s --providers.providersThrottleDuration=100ms \
   --metrics.prometheus=true --metrics.prometheus.entryPoint=metrics \
@@ -85,5 +124,5 @@ if ! kubectl wait --for=condition=Programmed --timeout=120s -n gitcanary-test ga
   tail -20 "$state/logs/gateway-traefik.log" >&2
   exit 1
 fi
-say "Traefik, the pod player and the pod network (namespace $netns) started"
+say "Traefik, kube-proxy, the pod player and the pod network (namespace $netns) started"
 echo "GATEWAY_URL=http://127.0.0.1:$port"

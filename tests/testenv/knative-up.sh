@@ -3,14 +3,17 @@
 # against the control plane that up.sh started in STATE_DIR. down.sh stops
 # them with the rest.   tests/testenv/knative-up.sh STATE_DIR
 #
-# On kwok's pods, two parts are played here rather than by Knative:
-# - the networking layer: no ingress implementation runs, so every KIngress
-#   is marked ready for its generation (ingress-player.py), as kwok marks
-#   pods running; the Route then fills status.traffic;
+# Its ingress is Traefik (traefik.ingress.networking.knative.dev), which
+# gateway-up.sh starts after this with Knative's provider on: up.sh runs
+# both. target-burst-capacity 0 keeps the activator (not run here) out of
+# the data path, so a Revision's Service has its pods as endpoints; the
+# autoscaler scrapes the pods' queue-proxy (played by the pod player,
+# through a link gateway-up.sh makes), and never scales a Revision to zero
+# (which needs the activator).
 # The webhook (defaulting and validation) runs in a network namespace of its
 # own; its Service has no selector and an EndpointSlice naming that
 # namespace's address, which the API server dials itself
-# (--enable-aggregator-routing, as there is no kube-proxy).
+# (--enable-aggregator-routing: kube-proxy runs in the gateway's namespace only).
 # The controller's health probes and the autoscaler's stats server both bind
 # :8080, so the autoscaler runs in a network namespace of its own too (needs
 # root and iproute2); each reaches the API server through a forwarder.
@@ -37,6 +40,21 @@ kubectl apply --server-side -f "$cache/config/" >/dev/null
 # No registry to resolve tags against; the queue-proxy image is never pulled.
 kubectl -n knative-serving patch configmap config-deployment --type merge \
   -p '{"data":{"queue-sidecar-image":"registry.test/queue-proxy:test","registries-skipping-tag-resolving":"registry.test"}}' >/dev/null
+kubectl -n knative-serving patch configmap config-network --type merge \
+  -p '{"data":{"ingress-class":"traefik.ingress.networking.knative.dev"}}' >/dev/null
+kubectl -n knative-serving patch configmap config-autoscaler --type merge \
+  -p '{"data":{"target-burst-capacity":"0","enable-scale-to-zero":"false"}}' >/dev/null
+
+# The activator is not run; its Service, selecting no pod, is what the
+# ServerlessService reconciler reads its (empty) endpoints from.
+kubectl apply --server-side -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: activator-service, namespace: knative-serving, labels: {app: activator}}
+spec:
+  selector: {app: activator}
+  ports: [{name: http, port: 80, targetPort: 8012}, {name: http2, port: 81, targetPort: 8013}]
+EOF
 
 # shellcheck source=netns.sh
 source "$here/netns.sh"
@@ -86,8 +104,6 @@ ip netns exec "$netns" env "${common[@]}" POD_NAME=autoscaler POD_IP="$ns_ip" \
   >"$state/logs/knative-autoscaler.log" 2>&1 &
 echo $! >"$state/pids/knative-autoscaler.pid"
 
-python3 "$here/ingress-player.py" "$state" >"$state/logs/knative-ingress-player.log" 2>&1 &
-echo $! >"$state/pids/knative-ingress-player.pid"
 # Ready once the webhook has made its certificate and answers the API
 # server: a Service as users write it is defaulted in a dry run.
 probe() {
@@ -107,4 +123,4 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 [ -n "$(probe)" ] || { say "the webhook did not answer in 60 s: $(tail -5 "$state/logs/knative-webhook.log")"; exit 1; }
-say "webhook (namespace $webhook_netns), controller, autoscaler (namespace $netns) and the ingress player started"
+say "webhook (namespace $webhook_netns), controller and autoscaler (namespace $netns) started"

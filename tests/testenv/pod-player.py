@@ -8,9 +8,11 @@
 # listens on all of them at once, and the address a connection came to
 # names the pod. A pod answers from when it runs (Ready or not) until it is
 # deleted, and for GRACE seconds more, as a real one finishes its requests
-# after its endpoints moved.
+# after its endpoints moved. A Knative pod's queue-proxy container also
+# answers the autoscaler's scrape (port 9090, protobuf) with its requests in
+# flight and since the last scrape, as the real queue-proxy reports them.
 #   python3 pod-player.py STATE_DIR API_HOST API_PORT
-import asyncio, json, socket, ssl, sys, threading, time
+import asyncio, json, socket, ssl, struct, sys, threading, time
 import http.client
 
 state, api_host, api_port = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -18,7 +20,7 @@ GRACE = 30.0  # terminationGracePeriodSeconds by default
 context = ssl.create_default_context(cafile=f"{state}/pki/ca.crt")
 context.load_cert_chain(f"{state}/pki/admin.crt", f"{state}/pki/admin.key")
 
-pods = {}  # ip -> {"pod", "image", "status", "latency", "gone_at"}
+pods = {}  # ip -> {"pod", "image", "status", "latency", "gone_at", "queue", "started", "in_flight", "served"}
 listening = set()
 pod_ports = set()
 
@@ -65,7 +67,37 @@ def info(pod):
         "status": number(labels, "gitcanary.test/http-status", 200),
         "latency": number(labels, "gitcanary.test/latency-ms", 0) / 1000.0,
         "gone_at": None,
+        "queue": any(c.get("name") == "queue-proxy" for c in containers),
+        "started": time.time(),
+        "in_flight": 0,
+        "served": 0,
     }
+
+
+QUEUE_METRICS_PORT = 9090  # knative.dev/networking's AutoscalingQueueMetricsPort
+PROTOBUF = b"application/protobuf"
+
+
+def varint(n):
+    out = b""
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def queue_stat(pod):
+    """Knative's metrics.Stat: pod_name, average (proxied) concurrency,
+    (proxied) request count, process uptime, timestamp."""
+    name = pod["pod"].encode()
+    concurrency, served = float(pod["in_flight"]), float(pod["served"])
+    pod["served"] = 0
+    doubles = (concurrency, 0.0, served, 0.0, time.time() - pod["started"])
+    body = b"\x0a" + varint(len(name)) + name
+    for field, value in enumerate(doubles, start=2):
+        body += bytes([field << 3 | 1]) + struct.pack("<d", value)
+    return body + b"\x38" + varint(int(time.time()))
 
 
 def serving(pod):
@@ -84,7 +116,12 @@ def seen(event, pod):
         return
     known = pods.get(ip)
     if event != "DELETED" and serving(pod):
-        pods[ip] = info(pod)
+        fresh = info(pod)
+        if known is not None and known["pod"] == fresh["pod"]:
+            # The same pod again: its requests in flight go on counting.
+            known.update({k: v for k, v in fresh.items() if k not in ("started", "in_flight", "served")})
+        else:
+            pods[ip] = fresh
     elif known is not None and known["pod"] == pod["metadata"]["name"] and known["gone_at"] is None:
         known["gone_at"] = time.monotonic()
 
@@ -126,7 +163,7 @@ def wanted_ports():
 
 
 async def answer(reader, writer):
-    ip = writer.get_extra_info("sockname")[0]
+    ip, port = writer.get_extra_info("sockname")[:2]
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -140,15 +177,25 @@ async def answer(reader, writer):
             pod = pods.get(ip)
             if pod is None:
                 break  # no pod there: the connection is dropped
-            if pod["latency"]:
-                await asyncio.sleep(pod["latency"])
-            body = json.dumps({"pod": pod["pod"], "image": pod["image"]}).encode()
-            writer.write(
-                b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                % (pod["status"], len(body))
-                + body
-            )
-            await writer.drain()
+            if pod["queue"] and port == QUEUE_METRICS_PORT and PROTOBUF in head.lower():
+                body = queue_stat(pod)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (PROTOBUF, len(body)) + body)
+                await writer.drain()
+                continue
+            pod["in_flight"] += 1
+            try:
+                if pod["latency"]:
+                    await asyncio.sleep(pod["latency"])
+                body = json.dumps({"pod": pod["pod"], "image": pod["image"]}).encode()
+                writer.write(
+                    b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                    % (pod["status"], len(body))
+                    + body
+                )
+                await writer.drain()
+            finally:
+                pod["in_flight"] -= 1
+                pod["served"] += 1
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
         pass
     finally:

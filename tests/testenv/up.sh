@@ -3,7 +3,7 @@
 # kube-controller-manager, kube-scheduler and kwok with fake nodes, installs
 # the Gateway API standard CRDs, and prints KUBECONFIG=<path>. With
 # GITCANARY_TESTENV_KNATIVE=1 it starts Knative Serving on it (knative-up.sh);
-# with GITCANARY_TESTENV_GATEWAY=1 a real gateway and pods that answer
+# with GITCANARY_TESTENV_GATEWAY=1 (or Knative, whose ingress it is) a real gateway and pods that answer
 # (gateway-up.sh), and prints GATEWAY_URL= and GATEWAY_METRICS_URL= too.
 #
 #   tests/testenv/up.sh [STATE_DIR]
@@ -186,8 +186,8 @@ if [ "${GITCANARY_TESTENV_KNATIVE:-}" = 1 ]; then
 fi
 
 # A real gateway (Traefik) and pods that answer, for the tests on real
-# traffic (tests/traffic.rs).
-if [ "${GITCANARY_TESTENV_GATEWAY:-}" = 1 ]; then
+# traffic (tests/traffic.rs); Knative's ingress too, so Knative needs it.
+if [ "${GITCANARY_TESTENV_GATEWAY:-}" = 1 ] || [ "${GITCANARY_TESTENV_KNATIVE:-}" = 1 ]; then
   "$here/gateway-up.sh" "$state" >/dev/null
 fi
 
