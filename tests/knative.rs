@@ -339,10 +339,16 @@ async fn each_step_of_a_function_release_sends_its_share_of_real_requests_to_the
     Function::new("2.0", strategy).write(&scenario);
     scenario.repo.commit_and_push("fn 2.0");
     for (step, share) in [(1, 0.2), (2, 0.5)] {
-        knative.wait_for(&format!("paused at step {step}"), Phase::Paused, step).await;
+        knative
+            .wait_for(&format!("paused at step {step}"), Phase::Paused, step)
+            .await;
         let counts = burst(&host, 2_000, Duration::from_secs(60));
         let seen = format!("{:?}, statuses {:?}", counts.by_image, counts.by_status);
-        assert_eq!((counts.answered(), counts.failures()), (2_000, 0), "step {step}: {seen}");
+        assert_eq!(
+            (counts.answered(), counts.failures()),
+            (2_000, 0),
+            "step {step}: {seen}"
+        );
         assert!(
             (share - 0.04..=share + 0.04).contains(&counts.share(canary)),
             "step {step}: {seen}"

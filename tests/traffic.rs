@@ -32,7 +32,14 @@ fn write_app(scenario: &Scenario, version: &str) {
 
 /// The echo app at `version`, released in the one `step` given.
 fn write_app_with(scenario: &Scenario, version: &str, step: &str) {
+    write_release(scenario, version, "canary", &[step]);
+}
+
+/// The echo app at `version`, released by `style` (`canary` or
+/// `blueGreen`) in `steps`.
+fn write_release(scenario: &Scenario, version: &str, style: &str, steps: &[&str]) {
     let ns = &scenario.ns;
+    let steps: String = steps.iter().map(|step| format!("      - {step}\n")).collect();
     let files = [
         (
             "echo/deployment.yaml",
@@ -55,7 +62,7 @@ fn write_app_with(scenario: &Scenario, version: &str, step: &str) {
         (
             "echo/rollout.yaml",
             format!(
-                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    canary:\n      steps:\n      - {step}\n      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n      progressDeadline: 60\n"
+                "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {{name: echo, namespace: {ns}}}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n  strategy:\n    {style}:\n      steps:\n{steps}      trafficRoutings:\n      - service: echo\n        gateway: {{httpRouteName: echo}}\n      gracePeriodSeconds: 1\n      progressDeadline: 60\n"
             ),
         ),
     ];
@@ -306,4 +313,112 @@ async fn an_ab_step_sends_every_request_with_the_header_to_the_canary_and_no_oth
     }
     let status = status(&scenario).await.expect("status");
     assert_eq!(status.canary_status.expect("canary").traffic, "0% + matching requests");
+}
+
+/// Kruise's blue-green: 2.0 at full size beside 1.0, previewed by header,
+/// then every request switched to it.
+const PREVIEW: &str =
+    "{replicas: 100%, traffic: 0%, matches: [{headers: [{name: x-preview, value: \"yes\"}]}], pause: {}}";
+const SWITCH: &str = "{replicas: 100%, traffic: 100%, pause: {}}";
+
+/// 1.0 serving, 2.0 pushed as a blue-green release: previewed (asserted
+/// here: at full size, the header's requests on 2.0 and no other), then
+/// switched under load; returns the load, still running, once every
+/// request is on 2.0.
+async fn switched_to_green(scenario: &Scenario) -> (support::agent::AgentProcess, Load) {
+    write_release(scenario, "1.0", "blueGreen", &[PREVIEW, SWITCH]);
+    scenario.repo.commit_and_push("echo 1.0");
+    let agent = scenario.start_agent();
+    let host = host(scenario);
+    eventually("1.0 answers through the gateway", WAIT, || async {
+        let healthy = status(scenario).await?.phase == Phase::Healthy;
+        (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(STABLE) == Some(&40)).then_some(())
+    })
+    .await;
+    write_release(scenario, "2.0", "blueGreen", &[PREVIEW, SWITCH]);
+    scenario.repo.commit_and_push("echo 2.0");
+    eventually("2.0 previewed at step 1", WAIT, || async {
+        let status = status(scenario).await?;
+        (status.phase == Phase::Paused && status.canary_status?.current_step_index == 1).then_some(())
+    })
+    .await;
+    let deployments = Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns);
+    for name in ["echo", "echo-canary"] {
+        let ready = deployments
+            .get(name)
+            .await
+            .expect(name)
+            .status
+            .and_then(|s| s.ready_replicas);
+        assert_eq!(ready, Some(4), "{name} at full size during the preview");
+    }
+    let previewed = burst_with(&host, &[("x-preview", "yes")], 500, Duration::from_secs(60));
+    assert_eq!(previewed.by_image.get(CANARY), Some(&500), "{}", summary(&previewed));
+    let live = burst(&host, 500, Duration::from_secs(60));
+    assert_eq!(live.by_image.get(STABLE), Some(&500), "{}", summary(&live));
+
+    let load = Load::start(&host);
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("switched: paused at step 2, every request on 2.0", WAIT, || async {
+        let status = status(scenario).await?;
+        let at_switch = status.phase == Phase::Paused && status.canary_status?.current_step_index == 2;
+        let answers = load.answers();
+        let last: Vec<_> = answers.iter().rev().take(50).collect();
+        (at_switch && last.len() == 50 && last.iter().all(|a| a.image == CANARY)).then_some(())
+    })
+    .await;
+    (agent, load)
+}
+
+#[tokio::test]
+async fn a_blue_green_release_is_previewed_then_switched_and_promoted_with_no_failed_request() {
+    let scenario = Scenario::new("traffic-bg").await;
+    let (_agent, load) = switched_to_green(&scenario).await;
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("promoted, the green copy removed and 2.0 answering", WAIT, || async {
+        let healthy = status(&scenario).await?.phase == Phase::Healthy;
+        let answers = load.answers();
+        let last: Vec<_> = answers.iter().rev().take(50).collect();
+        let all_new = last.len() == 50 && last.iter().all(|a| a.image == CANARY);
+        (healthy && !canary_exists(&scenario).await && all_new).then_some(())
+    })
+    .await;
+    let counts = Counts::of(&load.stop());
+    assert!(counts.answered() > 100, "{}", summary(&counts));
+    assert_eq!(
+        counts.failures(),
+        0,
+        "failed requests across the switch and the promote: {}",
+        summary(&counts)
+    );
+}
+
+#[tokio::test]
+async fn an_abort_after_the_blue_green_switch_puts_every_request_back_on_the_old_version() {
+    let scenario = Scenario::new("traffic-bg-abort").await;
+    let (_agent, load) = switched_to_green(&scenario).await;
+    let (code, _, stderr) = scenario.run_cli(&["abort", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("the abort reported", WAIT, || async {
+        support::agent::failed_or_reverted(&status(&scenario).await?).then_some(())
+    })
+    .await;
+    let host = host(&scenario);
+    // The old version never went away: once the gateway reloaded, every
+    // request is on it.
+    eventually("every request back on 1.0", ROUTER_RELOAD, || async {
+        (burst(&host, 100, Duration::from_secs(10)).share(STABLE) == 1.0).then_some(())
+    })
+    .await;
+    let after = burst(&host, 500, Duration::from_secs(30));
+    assert_eq!(after.by_image.get(STABLE), Some(&500), "{}", summary(&after));
+    let counts = Counts::of(&load.stop());
+    assert_eq!(
+        counts.failures(),
+        0,
+        "failed requests across the switch and the abort: {}",
+        summary(&counts)
+    );
 }

@@ -4,7 +4,7 @@ use jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::api::{IntOrPercent, Phase, Rollout, StepState};
+use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, Style, describe_matches};
 use super::api::{LAST_COMMENT_ANNOTATION, annotation_of};
 use super::plan::parse_percent;
 use super::signal;
@@ -152,8 +152,12 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
         out.push_str(&format!("{namespace}/{name}: {:?}\n", status.phase));
         let releasing = matches!(status.phase, Phase::Progressing | Phase::Paused | Phase::Promoting);
         if releasing {
+            let style = match rollout.spec.strategy.style {
+                Style::Canary => "",
+                Style::BlueGreen => " (blue-green)",
+            };
             out.push_str(&format!(
-                "  release {}: step {}/{} {:?}, traffic {}, canary pods ready {}\n",
+                "  release {}{style}: step {}/{} {:?}, traffic {}, canary pods ready {}\n",
                 status.rollout_id,
                 canary.current_step_index,
                 steps.len(),
@@ -167,27 +171,7 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
             ));
             for (i, step) in steps.iter().enumerate() {
                 let index = i as u32 + 1;
-                let marker = if index == canary.current_step_index { ">" } else { " " };
-                let traffic = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
-                let pause = match &step.pause {
-                    None => String::new(),
-                    Some(p) => match &p.duration {
-                        Some(d) => format!(
-                            ", pause {}",
-                            d.to_std().map(|d| format!("{}s", d.as_secs())).unwrap_or_default()
-                        ),
-                        None => ", pause until promoted".to_string(),
-                    },
-                };
-                out.push_str(&format!(
-                    "  {marker} step {index}: traffic {}, replicas {}{pause}\n",
-                    traffic.map_or("-".to_string(), |t| format!("{t}%")),
-                    match &step.replicas {
-                        Some(IntOrPercent::Int(n)) => n.to_string(),
-                        Some(IntOrPercent::Percent(p)) => p.clone(),
-                        None => "as traffic".to_string(),
-                    }
-                ));
+                out.push_str(&step_line(index, step, index == canary.current_step_index));
             }
         }
         if !status.stable_commit.is_empty() {
@@ -230,4 +214,52 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
         }
     }
     out
+}
+
+/// One step of `gitcanary status`, marked `>` when it is the current one.
+fn step_line(index: u32, step: &CanaryStep, current: bool) -> String {
+    let marker = if current { ">" } else { " " };
+    let traffic = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
+    let pause = match &step.pause {
+        None => String::new(),
+        Some(p) => match &p.duration {
+            Some(d) => format!(
+                ", pause {}",
+                d.to_std().map(|d| format!("{}s", d.as_secs())).unwrap_or_default()
+            ),
+            None => ", pause until promoted".to_string(),
+        },
+    };
+    let matches = if step.matches.is_empty() {
+        String::new()
+    } else {
+        format!(", and requests with {}", describe_matches(&step.matches))
+    };
+    format!(
+        "  {marker} step {index}: traffic {}{matches}, replicas {}{pause}\n",
+        traffic.map_or("-".to_string(), |t| format!("{t}%")),
+        match &step.replicas {
+            Some(IntOrPercent::Int(n)) => n.to_string(),
+            Some(IntOrPercent::Percent(p)) => p.clone(),
+            None => "as traffic".to_string(),
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_line_says_which_requests_its_matches_send() {
+        let step: CanaryStep = serde_json::from_value(json!({
+            "traffic": "0%", "replicas": "100%", "pause": {},
+            "matches": [{"headers": [{"name": "x-preview", "value": "yes"}]}],
+        }))
+        .unwrap();
+        assert_eq!(
+            step_line(1, &step, true),
+            "  > step 1: traffic 0%, and requests with header x-preview = yes, replicas 100%, pause until promoted\n"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
-use super::api::{IntOrPercent, RolloutSpec, is_rollout};
+use super::api::{IntOrPercent, RolloutSpec, Style, is_rollout};
 use super::overlay::{SUPPORTED_WORKLOADS, WorkloadKind};
 use super::plan::parse_percent;
 use serde_json::Value;
@@ -288,7 +288,13 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
         );
     }
     if canary.steps.is_empty() {
-        problems.push("strategy.canary.steps is empty: give at least one step".to_string());
+        problems.push(format!(
+            "strategy.{}.steps is empty: give at least one step",
+            spec.strategy.style.field()
+        ));
+    }
+    if spec.strategy.style == Style::BlueGreen {
+        problems.extend(blue_green_problems(spec, kind));
     }
     let mut previous: Option<(usize, u32)> = None;
     for (i, step) in canary.steps.iter().enumerate() {
@@ -337,17 +343,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
             problems.push(format!("step {n}: pause {e}"));
         }
     }
-    if let Some(Err(e)) = canary.progress_deadline.as_ref().map(|d| d.to_std()) {
-        problems.push(format!("progressDeadline: {e}"));
-    }
-    if let Some(grace) = canary.grace_period_seconds
-        && std::time::Duration::from_secs(u64::from(grace)) > super::api::MAX_DURATION
-    {
-        problems.push(format!(
-            "gracePeriodSeconds: {grace} is longer than the maximum of 30 days ({}s)",
-            super::api::MAX_DURATION.as_secs()
-        ));
-    }
+    problems.extend(timing_problems(canary));
     problems.extend(naming_problems(spec));
     problems.extend(match_problems(canary, knative));
     for routing in &canary.traffic_routings {
@@ -448,6 +444,51 @@ fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<Str
                 "step {n}: an nginx Ingress sends matching requests to its canary by one header only (canary-by-header); give one match of one header, or route with an HTTPRoute"
             ));
         }
+    }
+    problems
+}
+
+/// The release's own clocks: its deadline and the grace after a route change.
+fn timing_problems(canary: &super::api::CanaryStrategy) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(Err(e)) = canary.progress_deadline.as_ref().map(|d| d.to_std()) {
+        problems.push(format!("progressDeadline: {e}"));
+    }
+    if let Some(grace) = canary.grace_period_seconds
+        && std::time::Duration::from_secs(u64::from(grace)) > super::api::MAX_DURATION
+    {
+        problems.push(format!(
+            "gracePeriodSeconds: {grace} is longer than the maximum of 30 days ({}s)",
+            super::api::MAX_DURATION.as_secs()
+        ));
+    }
+    problems
+}
+
+/// What a blue-green release needs: a second workload at full size beside
+/// the old one, which only a Deployment gets, and a switch made by routes
+/// through the canary Service, never by pods joining the stable Service.
+fn blue_green_problems(spec: &RolloutSpec, kind: Option<WorkloadKind>) -> Vec<String> {
+    let canary = &spec.strategy.canary;
+    let mut problems = Vec::new();
+    match kind {
+        Some(WorkloadKind::StatefulSet) => problems.push(
+            "blueGreen needs a Deployment: a StatefulSet's pods are replaced in place, by partition, with no second set beside the old one (use canary)".to_string(),
+        ),
+        Some(WorkloadKind::KnativeService) => problems.push(
+            "blueGreen needs a Deployment: a Knative Service switches between Revisions by its own traffic (use canary, whose traffic steps do that)".to_string(),
+        ),
+        _ => {}
+    }
+    if kind != Some(WorkloadKind::KnativeService) && canary.traffic_routings.is_empty() {
+        problems.push(
+            "blueGreen needs a trafficRouting (a Service with an HTTPRoute or Ingress): the switch is made by routes, and without one the new version's pods would take requests through the stable Service as they start".to_string(),
+        );
+    }
+    if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+        problems.push(
+            "blueGreen needs the canary Service (the preview and the switch go through it): drop canaryService.disabled".to_string(),
+        );
     }
     problems
 }
@@ -653,6 +694,52 @@ mod tests {
         let found = problems(&[("fn/s.yaml", &pinned), ("fn/r.yaml", &rollout)]);
         assert!(
             found.iter().any(|p| p.starts_with("fn/s.yaml:1: Knative Service demo/fn, which Rollout fn governs: spec.traffic sends no share to the latest Revision")),
+            "{found:?}"
+        );
+    }
+
+    /// Kruise's v1beta1 blue-green shape: the new version at half then full
+    /// size with no traffic (a preview), then switched in two steps.
+    const BLUE_GREEN: &str = "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: echo, namespace: demo}\nspec:\n  workloadRef: {apiVersion: apps/v1, kind: Deployment, name: echo}\n  strategy:\n    blueGreen:\n      steps:\n      - {replicas: 50%, traffic: 0%, pause: {}}\n      - {replicas: 100%, traffic: 0%}\n      - {replicas: 100%, traffic: 50%}\n      - {replicas: 100%, traffic: 100%}\n      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n";
+
+    #[test]
+    fn a_blue_green_release_of_a_deployment_through_a_route_passes_and_what_it_cannot_switch_is_refused() {
+        assert_eq!(
+            problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", BLUE_GREEN)]),
+            Vec::<String>::new()
+        );
+        let statefulset = WORKLOAD.replacen("kind: Deployment", "kind: StatefulSet", 1);
+        let on_statefulset = BLUE_GREEN.replace("kind: Deployment", "kind: StatefulSet");
+        let unrouted = BLUE_GREEN.replace(
+            "      trafficRoutings:\n      - service: echo\n        gateway: {httpRouteName: echo}\n",
+            "",
+        );
+        let no_service = BLUE_GREEN.replace("      steps:", "      canaryService: {disabled: true}\n      steps:");
+        for (workload, rollout, wanted) in [
+            (
+                statefulset.as_str(),
+                on_statefulset.as_str(),
+                "blueGreen needs a Deployment: a StatefulSet's pods are replaced in place",
+            ),
+            (WORKLOAD, unrouted.as_str(), "blueGreen needs a trafficRouting"),
+            (WORKLOAD, no_service.as_str(), "blueGreen needs the canary Service"),
+        ] {
+            let found = problems(&[("echo/app.yaml", workload), ("echo/rollout.yaml", rollout)]);
+            assert!(
+                found
+                    .iter()
+                    .any(|p| p.starts_with(&format!("echo/rollout.yaml:1: {wanted}"))),
+                "{wanted} in {found:?}"
+            );
+        }
+        // One style at a time, and one at least.
+        let both = BLUE_GREEN.replace(
+            "    blueGreen:\n",
+            "    canary: {steps: [{traffic: 10%}]}\n    blueGreen:\n",
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &both)]);
+        assert!(
+            found.iter().any(|p| p.contains("set canary or blueGreen, not both")),
             "{found:?}"
         );
     }

@@ -71,6 +71,7 @@ fn spec() -> RolloutSpec {
                 }],
                 ..CanaryStrategy::default()
             },
+            ..Strategy::default()
         },
     }
 }
