@@ -105,9 +105,14 @@ pub fn made_from(revision: &Value, template: &Value) -> bool {
 }
 
 fn is_ready(object: &Value) -> bool {
+    holds(object, "Ready")
+}
+
+/// The object's condition `kind` is True.
+fn holds(object: &Value, kind: &str) -> bool {
     object["status"]["conditions"]
         .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == "True"))
 }
 
 /// Ready, yet scaled to zero as Knative reports it (`actualReplicas: 0`; a
@@ -158,7 +163,10 @@ pub fn see(
         .unwrap_or_default();
     let canary_ready = revision(&canary).is_some_and(is_ready);
     let canary_scaled_to_zero = revision(&canary).is_some_and(is_scaled_to_zero);
-    let canary_percent = (caught_up && !canary.is_empty()).then(|| {
+    // `status.traffic` is the split asked for as soon as the Route computes
+    // it; RoutesReady says its ingress took it (the KIngress is Ready).
+    let routed = caught_up && holds(live, "RoutesReady");
+    let canary_percent = (routed && !canary.is_empty()).then(|| {
         status["traffic"]
             .as_array()
             .into_iter()
@@ -412,7 +420,8 @@ mod tests {
     fn live(created: &str, ready: &str, traffic: Value) -> Value {
         json!({
             "metadata": {"generation": 3},
-            "status": {"observedGeneration": 3, "latestCreatedRevisionName": created, "latestReadyRevisionName": ready, "traffic": traffic},
+            "status": {"observedGeneration": 3, "latestCreatedRevisionName": created, "latestReadyRevisionName": ready, "traffic": traffic,
+                "conditions": [{"type": "RoutesReady", "status": "True"}]},
         })
     }
 
@@ -448,6 +457,13 @@ mod tests {
             .unwrap()
             .remove("actualReplicas");
         assert!(!see(Some(&service), &unreported, &git_template, "fn-00001", true).canary_scaled_to_zero);
+        // The split asked for, before its ingress has taken it, is not read back.
+        let mut unrouted = service.clone();
+        unrouted["status"]["conditions"][0]["status"] = json!("Unknown");
+        assert_eq!(
+            see(Some(&unrouted), &revisions, &git_template, "fn-00001", true).canary_percent,
+            None
+        );
         // Before the controller has seen the latest spec, nothing is read back.
         let mut behind = service.clone();
         behind["metadata"]["generation"] = json!(4);

@@ -38,7 +38,7 @@ pub fn kubeconfig() -> &'static PathBuf {
             .arg(&up)
             .env("GITCANARY_TESTENV_PARENT", std::process::id().to_string())
             .env("GITCANARY_TESTENV_GATEWAY", "1")
-            .env("GITCANARY_TESTENV_KNATIVE", "1")
+            .env("GITCANARY_TESTENV_KNATIVE", if knative_tests() { "1" } else { "0" })
             .stderr(std::process::Stdio::inherit())
             .output()
             .expect("tests/testenv/up.sh runs");
@@ -50,6 +50,15 @@ pub fn kubeconfig() -> &'static PathBuf {
             .expect("up.sh prints KUBECONFIG=<path>");
         PathBuf::from(line)
     })
+}
+
+/// Whether this test binary is tests/knative.rs, the one that needs Knative
+/// Serving on a plane it starts itself (the others start none, for speed).
+fn knative_tests() -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.file_name().map(|n| n.to_string_lossy().starts_with("knative-")))
+        .unwrap_or(false)
 }
 
 pub async fn client() -> Client {

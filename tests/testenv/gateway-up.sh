@@ -119,6 +119,17 @@ echo $! >"$state/pids/gateway-metrics-forward.pid"
 echo "http://127.0.0.1:$port" >"$state/gateway-url"
 echo "http://127.0.0.1:$metrics" >"$state/gateway-metrics-url"
 
+# kube-proxy has written its rules (a Service's ClusterIP reaches its pods).
+for _ in $(seq 1 120); do
+  ip netns exec "$netns" iptables -t nat -S KUBE-SERVICES >/dev/null 2>&1 && break
+  kill -0 "$(cat "$state/pids/gateway-kube-proxy.pid")" 2>/dev/null || break
+  sleep 0.5
+done
+if ! ip netns exec "$netns" iptables -t nat -S KUBE-SERVICES >/dev/null 2>&1; then
+  say "kube-proxy wrote no rules in 60 s; its log:"
+  tail -20 "$state/logs/gateway-kube-proxy.log" >&2
+  exit 1
+fi
 if ! kubectl wait --for=condition=Programmed --timeout=120s -n gitcanary-test gateway/gateway >/dev/null; then
   say "the Gateway was not Programmed in 120 s; Traefik's log:"
   tail -20 "$state/logs/gateway-traefik.log" >&2

@@ -26,6 +26,8 @@ state=$(cd "${1:?usage: knative-up.sh STATE_DIR}" && pwd)
 say() { echo "knative: $*" >&2; }
 [ "$(id -u)" = 0 ] || { say "needs root (the autoscaler gets a network namespace of its own)"; exit 1; }
 command -v ip >/dev/null || { say "needs iproute2 (ip): run scripts/setup.sh"; exit 1; }
+# Its ingress, the gateway, must start after it, with Knative's provider on.
+[ ! -f "$state/gateway-netns" ] || { say "the gateway already runs on $state: start Knative with GITCANARY_TESTENV_KNATIVE=1 tests/testenv/up.sh, which starts the gateway after it"; exit 1; }
 cache=$("$here/knative.sh" | tail -1)
 kubeconfig="$state/kubeconfig"
 kubectl() { "$state/kubectl" --kubeconfig "$kubeconfig" "$@"; }
