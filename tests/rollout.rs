@@ -748,6 +748,76 @@ async fn nginx_ingress_gets_a_weighted_canary_ingress_during_the_release() {
     .await;
 }
 
+/// Kruise Rollout's v1beta1 e2e bases in their shape (written for this
+/// fixture: its names, shorter pauses), with only the apiVersion changed.
+const KRUISE_BLUE_GREEN: &str = "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: NS\nspec:\n  workloadRef:\n    apiVersion: apps/v1\n    kind: Deployment\n    name: echo\n  strategy:\n    blueGreen:\n      steps:\n      - replicas: 50%\n        traffic: 0%\n        pause: {}\n      - replicas: 100%\n        traffic: 0%\n      - replicas: 100%\n        traffic: 50%\n      - replicas: 100%\n        traffic: 100%\n      trafficRoutings:\n      - service: echo\n        ingress:\n          classType: nginx\n          name: echo\n";
+const KRUISE_CANARY: &str = "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: NS\nspec:\n  workloadRef:\n    apiVersion: apps/v1\n    kind: Deployment\n    name: echo\n  strategy:\n    canary:\n      enableExtraWorkloadForCanary: true\n      steps:\n      - traffic: 20%\n        replicas: 20%\n        pause: {}\n      - traffic: 40%\n        replicas: 40%\n        pause: {duration: 1}\n      - traffic: 100%\n        replicas: 100%\n        pause: {duration: 0}\n      trafficRoutings:\n      - service: echo\n        ingress:\n          classType: nginx\n          name: echo\n";
+
+/// `rollout` (a Kruise file) governing the echo app behind an nginx
+/// Ingress: 1.0 released, 2.0 pushed and paused at step 1, where the
+/// canary Deployment runs `pods` and the canary Ingress weighs `weight`;
+/// then promoted through its other steps (`steps` in all) to 2.0.
+async fn kruise_file_runs(scenario: &Scenario, rollout: &str, steps: u32, (pods, weight): (i32, &str)) {
+    let mut app = App::new(&scenario.ns, "1.0", "");
+    app.route = false;
+    app.ingress = true;
+    let rollout = rollout.replace("NS", &scenario.ns);
+    app.write(scenario);
+    scenario.repo.write("echo/rollout.yaml", &rollout);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    let cluster = Cluster::of(scenario);
+    healthy_with(scenario, &cluster, "1.0").await;
+    app.image = "2.0";
+    app.write(scenario);
+    scenario.repo.write("echo/rollout.yaml", &rollout);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    let canary = cluster.deployment("echo-canary").await.expect("the canary Deployment");
+    assert_eq!(canary.spec.and_then(|s| s.replicas), Some(pods));
+    let stable = cluster.deployment("echo").await.expect("the stable Deployment");
+    assert_eq!(
+        stable.spec.and_then(|s| s.replicas),
+        Some(4),
+        "the stable Deployment untouched"
+    );
+    let ingresses: Api<Ingress> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let annotations = ingresses
+        .get("echo-canary")
+        .await
+        .expect("the canary Ingress")
+        .metadata
+        .annotations
+        .expect("annotations");
+    assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-weight"], weight);
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    healthy_with(scenario, &cluster, "2.0").await;
+    let history: Vec<u32> = cluster
+        .rollout()
+        .await
+        .and_then(|r| r.status)
+        .expect("status")
+        .step_history
+        .iter()
+        .map(|r| r.step)
+        .collect();
+    assert_eq!(history, (1..=steps).collect::<Vec<_>>(), "every step ran");
+}
+
+#[tokio::test]
+async fn kruises_blue_green_base_runs_with_only_its_api_version_changed() {
+    let scenario = Scenario::new("ro-kruise-bg").await;
+    // Half the new version's pods beside all of the old, nothing routed to them.
+    kruise_file_runs(&scenario, KRUISE_BLUE_GREEN, 4, (2, "0")).await;
+}
+
+#[tokio::test]
+async fn kruises_canary_base_runs_with_only_its_api_version_changed() {
+    let scenario = Scenario::new("ro-kruise-canary").await;
+    kruise_file_runs(&scenario, KRUISE_CANARY, 3, (1, "20")).await;
+}
+
 /// The resourceVersion of the deletion of `name`, once a watch sees it:
 /// one API server's resourceVersions order its writes across kinds.
 /// Returns once the watch has listed, so no deletion after the call is missed.

@@ -106,8 +106,12 @@ pub fn render_comment(
     gate_pull: Option<u64>,
 ) -> String {
     let canary = status.canary_status.clone().unwrap_or_default();
+    let style = match spec.strategy.style {
+        crate::rollout::api::Style::Canary => "",
+        crate::rollout::api::Style::BlueGreen => " (blue-green)",
+    };
     let mut out = format!(
-        "### gitcanary: release `{}` of `{namespace}/{name}`\n\n**{:?}**",
+        "### gitcanary: release `{}` of `{namespace}/{name}`{style}\n\n**{:?}**",
         status.rollout_id, status.phase
     );
     if !canary.message.is_empty() {
@@ -205,9 +209,14 @@ fn steps_table(
             Some(crate::rollout::api::IntOrPercent::Percent(p)) => p.clone(),
             None => "-".to_string(),
         };
+        let mut traffic = traffic.map_or("-".to_string(), |t| format!("{t}%"));
+        if !step.matches.is_empty() {
+            let matches = crate::rollout::api::describe_matches(&step.matches);
+            let matches = crate::rollout::api::bounded_line(&matches, 200);
+            traffic.push_str(&format!(" + requests with {}", escape_inline(&matches)));
+        }
         out.push_str(&format!(
-            "| {n} | {} | {replicas} | {state} | {} | {} |\n",
-            traffic.map_or("-".to_string(), |t| format!("{t}%")),
+            "| {n} | {traffic} | {replicas} | {state} | {} | {} |\n",
             record.map_or("", |r| r.started_at.as_str()),
             record.map_or("", |r| r.finished_at.as_str()),
         ));

@@ -310,7 +310,12 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
     let references = canary
         .analysis
         .iter()
-        .map(|a| ("strategy.canary.analysis".to_string(), &a.template_ref))
+        .map(|a| {
+            (
+                format!("strategy.{}.analysis", spec.strategy.style.field()),
+                &a.template_ref,
+            )
+        })
         .chain(canary.steps.iter().enumerate().filter_map(|(i, s)| {
             s.analysis
                 .as_ref()

@@ -4,7 +4,7 @@ use jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, Style, describe_matches};
+use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, Style, bounded_line, describe_matches};
 use super::api::{LAST_COMMENT_ANNOTATION, annotation_of};
 use super::plan::parse_percent;
 use super::signal;
@@ -233,7 +233,11 @@ fn step_line(index: u32, step: &CanaryStep, current: bool) -> String {
     let matches = if step.matches.is_empty() {
         String::new()
     } else {
-        format!(", and requests with {}", describe_matches(&step.matches))
+        // Git's text, on the operator's terminal: one line, no control characters.
+        format!(
+            ", and requests with {}",
+            bounded_line(&describe_matches(&step.matches), 200)
+        )
     };
     format!(
         "  {marker} step {index}: traffic {}{matches}, replicas {}{pause}\n",

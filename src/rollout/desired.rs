@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::api::{API_VERSION, CanaryStrategy, DEFAULT_CANARY_SUFFIX, GROUP, RolloutSpec};
+use super::api::{API_VERSION, DEFAULT_CANARY_SUFFIX, GROUP, RolloutSpec, Strategy};
 use super::knative;
 use super::model::RolloutObserved;
 use super::model::{CanaryWrite, RolloutWork};
@@ -73,7 +73,7 @@ pub(crate) fn plan_rollout(
         rollout_uid: observed.rollout_uid.as_deref(),
     };
     if seen.start_problem.is_none() {
-        seen.start_problem = taken_canary_name(namespace, &observed.canary_live, &owner, &spec.strategy.canary);
+        seen.start_problem = taken_canary_name(namespace, &observed.canary_live, &owner, &spec.strategy);
     }
     let plan = plan::plan(spec, &status, &seen);
     let revisions = &observed.revisions;
@@ -220,8 +220,9 @@ fn taken_canary_name(
     namespace: &str,
     canary_live: &BTreeMap<(&'static str, String), Value>,
     owner: &CanaryOwner<'_>,
-    canary: &CanaryStrategy,
+    strategy: &Strategy,
 ) -> Option<String> {
+    let canary = &strategy.canary;
     canary_live.iter().find_map(|((kind, name), object)| {
         if owner.owns(object) {
             return None;
@@ -236,8 +237,9 @@ fn taken_canary_name(
         };
         let suffix = canary.canary_suffix.as_deref().unwrap_or(DEFAULT_CANARY_SUFFIX);
         Some(format!(
-            "{kind} {namespace}/{name} already exists and {holder}; the canary of Rollout {namespace}/{} needs that name: rename or delete that {kind}, or set spec.strategy.canary.canarySuffix to something other than {suffix:?}",
-            owner.rollout
+            "{kind} {namespace}/{name} already exists and {holder}; the canary of Rollout {namespace}/{} needs that name: rename or delete that {kind}, or set spec.strategy.{}.canarySuffix to something other than {suffix:?}",
+            owner.rollout,
+            strategy.style.field()
         ))
     })
 }
@@ -513,7 +515,7 @@ mod tests {
                 .is_empty(),
             "never deleted"
         );
-        let problem = taken_canary_name("shop", &live, &owner, &CanaryStrategy::default()).expect("refused");
+        let problem = taken_canary_name("shop", &live, &owner, &Strategy::default()).expect("refused");
         assert!(
             problem.contains("it is an object of Git (other/deployment.yaml:1)")
                 && problem.contains("the canary of Rollout shop/web needs that name"),

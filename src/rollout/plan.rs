@@ -390,7 +390,9 @@ fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
     let canary_deployment = spec.workload_ref.kind == "Deployment";
     let canary_pods_remain =
         canary_deployment && intent.canary_replicas.is_none() && !observed.canary_revision.is_empty();
-    intent.pin_stable_service = (intent.pin_stable_service && intent.route_canary || canary_pods_remain)
+    let blue_green = spec.strategy.style == super::api::Style::BlueGreen;
+    intent.pin_stable_service = (intent.pin_stable_service && (intent.route_canary || blue_green)
+        || canary_pods_remain)
         && !observed.stable_revision.is_empty();
 }
 

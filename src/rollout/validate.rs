@@ -296,6 +296,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
     if spec.strategy.style == Style::BlueGreen {
         problems.extend(blue_green_problems(spec, kind));
     }
+    problems.extend(kruise_problems(canary, kind));
     let mut previous: Option<(usize, u32)> = None;
     for (i, step) in canary.steps.iter().enumerate() {
         let n = i + 1;
@@ -321,7 +322,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
             }
             if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
                 problems.push(format!(
-                    "step {n}: traffic needs a canary Service, and canaryService.disabled is true: without one, traffic follows replicas through the stable Service (drop traffic, or the disabled)"
+                    "step {n}: traffic needs a canary Service, and canaryService.disabled (or disableGenerateCanaryService) is true: without one, traffic follows replicas through the stable Service (drop traffic, or the disabled)"
                 ));
             }
         }
@@ -372,6 +373,18 @@ fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<Str
     let nginx = canary.traffic_routings.iter().any(|r| r.ingress.is_some());
     for (i, step) in canary.steps.iter().enumerate().filter(|(_, s)| !s.matches.is_empty()) {
         let n = i + 1;
+        let named = step
+            .matches
+            .iter()
+            .flat_map(|m| m.headers.iter().chain(m.query_params.iter()));
+        let texts = named
+            .flat_map(|m| [&m.name, &m.value])
+            .chain(step.matches.iter().filter_map(|m| m.path.as_ref()?.value.as_ref()));
+        if texts.clone().any(|t| t.chars().any(char::is_control)) {
+            problems.push(format!(
+                "step {n}: a match holds a control character (a line break, an escape): requests cannot carry one"
+            ));
+        }
         if knative {
             problems.push(format!(
                 "step {n}: matches cannot be set for a Knative Service: its routes split by percent only"
@@ -465,6 +478,37 @@ fn timing_problems(canary: &super::api::CanaryStrategy) -> Vec<String> {
     problems
 }
 
+/// Kruise's fields, where gitcanary means the same or says why not.
+fn kruise_problems(canary: &super::api::CanaryStrategy, kind: Option<WorkloadKind>) -> Vec<String> {
+    let mut problems = Vec::new();
+    match (canary.enable_extra_workload_for_canary, kind) {
+        (Some(false), Some(WorkloadKind::Deployment)) => problems.push(
+            "enableExtraWorkloadForCanary: false (Kruise's in-place partition of a Deployment) is not supported: gitcanary runs a Deployment's canary as a second Deployment beside it, the stable one untouched until promote; set it to true or drop it".to_string(),
+        ),
+        (Some(true), Some(WorkloadKind::StatefulSet)) => problems.push(
+            "enableExtraWorkloadForCanary is for a Deployment: a StatefulSet's canary is its own pods updated by partition; drop it".to_string(),
+        ),
+        (Some(_), Some(WorkloadKind::KnativeService)) => problems.push(
+            "enableExtraWorkloadForCanary is for a Deployment: a Knative Service's canary is a Revision; drop it".to_string(),
+        ),
+        _ => {}
+    }
+    match &canary.failure_threshold {
+        Some(_) if kind == Some(WorkloadKind::KnativeService) => problems.push(
+            "failureThreshold is for pods a step waits for: a Knative step waits for its Revision to be Ready; drop it"
+                .to_string(),
+        ),
+        Some(IntOrPercent::Int(n)) if *n < 0 => problems.push(format!("failureThreshold {n} is negative")),
+        Some(IntOrPercent::Percent(p)) => match parse_percent(p) {
+            Ok(v) if v > 100 => problems.push(format!("failureThreshold {p} is more than 100%")),
+            Ok(_) => {}
+            Err(e) => problems.push(format!("failureThreshold {e}")),
+        },
+        _ => {}
+    }
+    problems
+}
+
 /// What a blue-green release needs: a second workload at full size beside
 /// the old one, which only a Deployment gets, and a switch made by routes
 /// through the canary Service, never by pods joining the stable Service.
@@ -485,9 +529,27 @@ fn blue_green_problems(spec: &RolloutSpec, kind: Option<WorkloadKind>) -> Vec<St
             "blueGreen needs a trafficRouting (a Service with an HTTPRoute or Ingress): the switch is made by routes, and without one the new version's pods would take requests through the stable Service as they start".to_string(),
         );
     }
+    for (i, step) in canary.steps.iter().enumerate() {
+        if step.traffic.is_none() {
+            problems.push(format!(
+                "step {}: blueGreen steps say how much traffic the new version takes (traffic: 0% for a preview)",
+                i + 1
+            ));
+        }
+    }
+    let last = canary
+        .steps
+        .last()
+        .and_then(|s| s.traffic.as_deref())
+        .and_then(|t| parse_percent(t).ok());
+    if last.is_some_and(|t| t < 100) {
+        problems.push(
+            "blueGreen switches every request before promote: give the last step traffic: 100% (the old version is replaced on promote)".to_string(),
+        );
+    }
     if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
         problems.push(
-            "blueGreen needs the canary Service (the preview and the switch go through it): drop canaryService.disabled".to_string(),
+            "blueGreen needs the canary Service (the preview and the switch go through it): drop canaryService.disabled or disableGenerateCanaryService".to_string(),
         );
     }
     problems
@@ -715,6 +777,12 @@ mod tests {
             "",
         );
         let no_service = BLUE_GREEN.replace("      steps:", "      canaryService: {disabled: true}\n      steps:");
+        let unsaid = BLUE_GREEN.replace("{replicas: 100%, traffic: 0%}", "{replicas: 100%}");
+        let half = BLUE_GREEN.replace("      - {replicas: 100%, traffic: 100%}\n", "");
+        let escape = BLUE_GREEN.replace(
+            "traffic: 0%, pause",
+            "traffic: 0%, matches: [{headers: [{name: x, value: \"a\\nb\"}]}], pause",
+        );
         for (workload, rollout, wanted) in [
             (
                 statefulset.as_str(),
@@ -723,6 +791,17 @@ mod tests {
             ),
             (WORKLOAD, unrouted.as_str(), "blueGreen needs a trafficRouting"),
             (WORKLOAD, no_service.as_str(), "blueGreen needs the canary Service"),
+            (
+                WORKLOAD,
+                unsaid.as_str(),
+                "step 2: blueGreen steps say how much traffic the new version takes",
+            ),
+            (
+                WORKLOAD,
+                half.as_str(),
+                "blueGreen switches every request before promote",
+            ),
+            (WORKLOAD, escape.as_str(), "step 1: a match holds a control character"),
         ] {
             let found = problems(&[("echo/app.yaml", workload), ("echo/rollout.yaml", rollout)]);
             assert!(
@@ -742,6 +821,46 @@ mod tests {
             found.iter().any(|p| p.contains("set canary or blueGreen, not both")),
             "{found:?}"
         );
+        let neither = BLUE_GREEN.replace("    blueGreen:\n", "    nothing:\n");
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &neither)]);
+        assert!(found.iter().any(|p| p.starts_with("echo/rollout.yaml:")), "{found:?}");
+    }
+
+    /// Kruise's v1beta1 canary shape, only its apiVersion changed.
+    const KRUISE_CANARY: &str = "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: echo, namespace: demo}\nspec:\n  workloadRef: {apiVersion: apps/v1, kind: Deployment, name: echo}\n  strategy:\n    canary:\n      enableExtraWorkloadForCanary: true\n      failureThreshold: 20%\n      steps:\n      - {traffic: 20%, replicas: 20%, pause: {}}\n      - {traffic: 100%, replicas: 100%, pause: {duration: 0}}\n      trafficRoutings:\n      - service: echo\n        ingress: {classType: nginx, name: echo}\n";
+    const WITH_INGRESS: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: echo, namespace: demo}\nspec: {}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: demo}\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: echo, namespace: demo}\n";
+
+    #[test]
+    fn kruise_fields_are_taken_where_they_mean_the_same_and_refused_with_why_where_not() {
+        assert_eq!(
+            problems(&[("echo/app.yaml", WITH_INGRESS), ("echo/rollout.yaml", KRUISE_CANARY)]),
+            Vec::<String>::new()
+        );
+        let in_place = KRUISE_CANARY.replace(
+            "enableExtraWorkloadForCanary: true",
+            "enableExtraWorkloadForCanary: false",
+        );
+        let too_many = KRUISE_CANARY.replace("failureThreshold: 20%", "failureThreshold: 120%");
+        let no_service = KRUISE_CANARY.replace("failureThreshold: 20%", "disableGenerateCanaryService: true");
+        for (rollout, wanted) in [
+            (
+                in_place,
+                "enableExtraWorkloadForCanary: false (Kruise's in-place partition of a Deployment) is not supported",
+            ),
+            (too_many, "failureThreshold 120% is more than 100%"),
+            (
+                no_service,
+                "step 1: traffic needs a canary Service, and canaryService.disabled (or disableGenerateCanaryService) is true",
+            ),
+        ] {
+            let found = problems(&[("echo/app.yaml", WITH_INGRESS), ("echo/rollout.yaml", &rollout)]);
+            assert!(
+                found
+                    .iter()
+                    .any(|p| p.starts_with(&format!("echo/rollout.yaml:1: {wanted}"))),
+                "{wanted} in {found:?}"
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,10 @@ impl Style {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(rename = "Strategy")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.canary) != has(self.blueGreen)",
+    "message": "set canary or blueGreen, one of them"
+}]))]
 pub struct StrategyFields {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<CanaryStrategy>,
@@ -54,8 +58,8 @@ impl TryFrom<StrategyFields> for Strategy {
     type Error = &'static str;
 
     fn try_from(fields: StrategyFields) -> Result<Strategy, &'static str> {
-        match (fields.canary, fields.blue_green) {
-            (Some(canary), None) => Ok(Strategy {
+        let mut strategy = match (fields.canary, fields.blue_green) {
+            (Some(canary), None) => Ok::<_, &'static str>(Strategy {
                 canary,
                 style: Style::Canary,
             }),
@@ -65,7 +69,16 @@ impl TryFrom<StrategyFields> for Strategy {
             }),
             (Some(_), Some(_)) => Err("spec.strategy: set canary or blueGreen, not both"),
             (None, None) => Err("spec.strategy: set canary or blueGreen"),
+        }?;
+        // Kruise's name for no canary Service: one setting, read in one place.
+        if strategy.canary.disable_generate_canary_service == Some(true) {
+            strategy
+                .canary
+                .canary_service
+                .get_or_insert_with(CanaryService::default)
+                .disabled = true;
         }
+        Ok(strategy)
     }
 }
 
@@ -128,6 +141,19 @@ pub struct CanaryStrategy {
     /// their canaries (default `-canary`); change it when a name is taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary_suffix: Option<String>,
+    /// Kruise's: `true` is what gitcanary does with a Deployment (a second
+    /// workload for the canary); `false` (Kruise's in-place partition of a
+    /// Deployment) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_extra_workload_for_canary: Option<bool>,
+    /// Kruise's: canary pods that may stay unready while a step counts as
+    /// ready (a count, or a share of the step's canary pods, rounded up);
+    /// at least one must be ready. Default 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<IntOrPercent>,
+    /// Kruise's: `true` is `canaryService: {disabled: true}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_generate_canary_service: Option<bool>,
 }
 
 pub const DEFAULT_CANARY_SUFFIX: &str = "-canary";

@@ -15,13 +15,16 @@ impl Planner<'_> {
         route: Option<StepRoute>,
     ) -> Intent {
         let traffic = route.as_ref().map(|r| r.percent);
+        // Blue-green's new version, as big as the old one, never takes a
+        // request through the stable Service: pinned before its first pod.
+        let blue_green = self.spec.strategy.style == crate::rollout::api::Style::BlueGreen;
         Intent {
             stable_template,
             canary_replicas: Some(canary_replicas),
             traffic,
             matches: route.map(|r| r.matches).unwrap_or_default(),
             hold_canary: false,
-            pin_stable_service: traffic.is_some() && stable_template == StableTemplate::Live,
+            pin_stable_service: (traffic.is_some() || blue_green) && stable_template == StableTemplate::Live,
             route_canary: false,
             rollout_id: self.status.rollout_id.clone(),
         }
@@ -102,7 +105,8 @@ impl Planner<'_> {
         let (index, wanted) = (here.index, here.wanted);
         let traffic = traffic_at(self.spec, index - 1);
         self.canary().traffic = StepRoute::describe(traffic.as_ref());
-        if self.observed.canary_ready >= wanted {
+        let threshold = self.spec.strategy.canary.failure_threshold.as_ref();
+        if batch_ready(self.observed.canary_ready, wanted, threshold) {
             let routes = !self.spec.strategy.canary.traffic_routings.is_empty() || self.observed.self_routed.is_some();
             let routed = step_traffic(self.spec, index).is_some() && routes;
             let next = if routed {
@@ -143,7 +147,13 @@ impl Planner<'_> {
                 or_not_made(&self.observed.canary_revision)
             )
         } else {
-            format!("step {index}: waiting for {wanted} canary pod(s) to be ready")
+            match tolerated_unready(wanted, threshold) {
+                0 => format!("step {index}: waiting for {wanted} canary pod(s) to be ready"),
+                spared => format!(
+                    "step {index}: waiting for {} of {wanted} canary pod(s) to be ready (failureThreshold {spared})",
+                    (wanted - spared).max(1)
+                ),
+            }
         };
         self.requeue_in(deadline - here.in_state, RequeueReason::Deadline);
         Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic))
@@ -360,5 +370,43 @@ impl Planner<'_> {
         canary.message = "promoted".into();
         canary.state_started_at = observed.now.to_string();
         Intent::steady(StableTemplate::Git)
+    }
+}
+
+/// Kruise's `failureThreshold`: how many of a step's `wanted` canary pods
+/// may stay unready (a count, or a share of them rounded up).
+pub(crate) fn tolerated_unready(wanted: i32, threshold: Option<&IntOrPercent>) -> i32 {
+    let tolerated = match threshold {
+        None => 0,
+        Some(IntOrPercent::Int(n)) => *n,
+        Some(IntOrPercent::Percent(p)) => {
+            let percent = i64::from(parse_percent(p).unwrap_or(0).min(100));
+            ((i64::from(wanted.max(0)) * percent + 99) / 100) as i32
+        }
+    };
+    tolerated.clamp(0, wanted.max(0))
+}
+
+/// A step's canary pods are ready: all of them, but for those the failure
+/// threshold spares, and always at least one.
+pub(crate) fn batch_ready(ready: i32, wanted: i32, threshold: Option<&IntOrPercent>) -> bool {
+    wanted <= 0 || (ready >= 1 && ready + tolerated_unready(wanted, threshold) >= wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_threshold_spares_that_many_unready_canary_pods_but_never_all() {
+        let fifth = IntOrPercent::Percent("20%".into());
+        assert!(!batch_ready(4, 5, None));
+        assert!(batch_ready(4, 5, Some(&fifth)));
+        assert!(!batch_ready(3, 5, Some(&fifth)));
+        // A share is rounded up, as Kruise does: 20% of 6 spares 2.
+        assert!(batch_ready(4, 6, Some(&fifth)));
+        assert!(batch_ready(1, 3, Some(&IntOrPercent::Int(5))));
+        assert!(!batch_ready(0, 1, Some(&IntOrPercent::Int(5))), "at least one ready");
+        assert!(batch_ready(0, 0, None));
     }
 }

@@ -1,6 +1,8 @@
 use super::*;
 use crate::rollout::analysis;
-use crate::rollout::api::{CanaryStep, CanaryStrategy, Pause, Strategy, TrafficRouting, WorkloadRef, WritebackAction};
+use crate::rollout::api::{
+    CanaryStep, CanaryStrategy, Pause, Strategy, Style, TrafficRouting, WorkloadRef, WritebackAction,
+};
 
 /// A step with nothing set: `step().traffic("10%").replicas(1).pause_for(60)`.
 fn step() -> CanaryStep {
@@ -1155,4 +1157,23 @@ fn a_knative_step_read_back_on_a_revision_scaled_to_zero_waits_for_a_pod() {
     // A pod runs: the step is in force.
     run.step(&function_observed("v2", 3, true, Some(20)));
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+}
+
+#[test]
+fn a_blue_green_release_pins_the_stable_service_before_its_first_pod_a_canary_when_it_routes() {
+    let first_upgrade = |spec: RolloutSpec| {
+        let mut run = Run::with(spec);
+        run.step(&observed("v1", 0));
+        let mut seen = observed("v2", 10);
+        seen.canary_revision = String::new(); // no canary pod yet
+        let plan = run.step(&seen);
+        assert_eq!(run.state().2, StepState::StepUpgrade);
+        (plan.intent.traffic, plan.intent.pin_stable_service)
+    };
+    let mut blue_green = spec();
+    blue_green.strategy.style = Style::BlueGreen;
+    // Nothing routed to the new version, and the stable Service on the old pods alone.
+    assert_eq!(first_upgrade(blue_green), (None, true));
+    // A canary's first pods share the stable Service until its route is set.
+    assert_eq!(first_upgrade(spec()), (None, false));
 }
