@@ -82,6 +82,16 @@ enum Command {
     },
     /// Print the Rollout CustomResourceDefinition.
     Crd,
+    /// Rewrite Kruise Rollouts (rollouts.kruise.io v1alpha1, v1beta1) as
+    /// gitcanary's: printed, or written back with --write; what could not be
+    /// carried over is said on stderr as file:line: note.
+    Convert {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Write each converted file back in place.
+        #[arg(long)]
+        write: bool,
+    },
 }
 
 /// Two malloc arenas instead of glibc's eight per core: the agent's memory
@@ -155,6 +165,7 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
             print!("{}", gitcanary::rollout::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Convert { files, write } => cli::convert(&files, write),
         Command::Promote {
             name,
             namespace,

@@ -335,6 +335,8 @@ async fn switched_to_green(scenario: &Scenario) -> (support::agent::AgentProcess
         (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(STABLE) == Some(&40)).then_some(())
     })
     .await;
+    // Live requests from before 2.0 is pushed: none reaches it until the switch.
+    let load = Load::start(&host);
     write_release(scenario, "2.0", "blueGreen", &[PREVIEW, SWITCH]);
     scenario.repo.commit_and_push("echo 2.0");
     eventually("2.0 previewed at step 1", WAIT, || async {
@@ -356,8 +358,13 @@ async fn switched_to_green(scenario: &Scenario) -> (support::agent::AgentProcess
     assert_eq!(previewed.by_image.get(CANARY), Some(&500), "{}", summary(&previewed));
     let live = burst(&host, 500, Duration::from_secs(60));
     assert_eq!(live.by_image.get(STABLE), Some(&500), "{}", summary(&live));
+    let before_switch = Counts::of(&load.answers());
+    assert!(
+        before_switch.answered() > 0 && before_switch.share(STABLE) == 1.0,
+        "live requests while 2.0 came up and was previewed: {}",
+        summary(&before_switch)
+    );
 
-    let load = Load::start(&host);
     let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
     eventually("switched: paused at step 2, every request on 2.0", WAIT, || async {
@@ -421,4 +428,58 @@ async fn an_abort_after_the_blue_green_switch_puts_every_request_back_on_the_old
         "failed requests across the switch and the abort: {}",
         summary(&counts)
     );
+}
+
+#[tokio::test]
+async fn gitcanary_convert_turns_kruises_v1alpha1_gateway_example_into_a_release_that_runs() {
+    let scenario = Scenario::new("traffic-convert").await;
+    // Kruise's v1alpha1 gateway example, in its shape, for this fixture.
+    let kruise = format!(
+        "apiVersion: rollouts.kruise.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {}\nspec:\n  objectRef:\n    workloadRef:\n      apiVersion: apps/v1\n      kind: Deployment\n      name: echo\n  strategy:\n    canary:\n      steps:\n      - weight: 20\n        pause: {{}}\n      - weight: 40\n        pause: {{duration: 1}}\n      - weight: 100\n      trafficRoutings:\n      - service: echo\n        gateway:\n          httpRouteName: echo\n",
+        scenario.ns
+    );
+    let rollout = scenario.repo.path().join("echo/rollout.yaml");
+    let converted = |version: &str| {
+        write_app(&scenario, version);
+        scenario.repo.write("echo/rollout.yaml", &kruise);
+        let output = support::agent::gitcanary()
+            .args(["convert", "--write"])
+            .arg(&rollout)
+            .output()
+            .expect("convert runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success() && stderr.contains("converted"), "{stderr}");
+    };
+    converted("1.0");
+    scenario
+        .repo
+        .commit_and_push("echo 1.0, its Rollout converted from Kruise's");
+    let _agent = scenario.start_agent();
+    let host = host(&scenario);
+    eventually("1.0 answers through the gateway", WAIT, || async {
+        let healthy = status(&scenario).await?.phase == Phase::Healthy;
+        (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(STABLE) == Some(&40)).then_some(())
+    })
+    .await;
+    converted("2.0");
+    scenario.repo.commit_and_push("echo 2.0");
+    eventually("2.0 paused at its first step", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Paused && status.canary_status?.current_step_index == 1).then_some(())
+    })
+    .await;
+    let counts = burst(&host, 2_000, Duration::from_secs(60));
+    let share = counts.share(CANARY);
+    assert!(
+        (0.16..=0.24).contains(&share),
+        "Kruise's weight 20: {}",
+        summary(&counts)
+    );
+    let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &scenario.ns]);
+    assert_eq!(code, 0, "{stderr}");
+    eventually("promoted through weight 40 and 100, 2.0 answering", WAIT, || async {
+        let healthy = status(&scenario).await?.phase == Phase::Healthy;
+        (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(CANARY) == Some(&40)).then_some(())
+    })
+    .await;
 }

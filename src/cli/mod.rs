@@ -389,3 +389,39 @@ pub async fn diff(args: SourceArgs) -> Result<ExitCode, Error> {
         ExitCode::from(1)
     })
 }
+
+/// `gitcanary convert FILE…`: Kruise Rollouts as gitcanary's, printed (or
+/// written back with `write`), with what was left behind on stderr.
+/// Exit 1 when a file cannot be read or parsed, or holds no Kruise Rollout.
+pub fn convert(files: &[PathBuf], write: bool) -> Result<ExitCode, Error> {
+    let mut failed = false;
+    for file in files {
+        let path = file.display().to_string();
+        let converted = std::fs::read_to_string(file)
+            .map_err(|e| format!("{path}: {e}"))
+            .and_then(|text| crate::rollout::convert::convert_file(&path, &text));
+        let converted = match converted {
+            Ok(converted) => converted,
+            Err(error) => {
+                eprintln!("{error}");
+                failed = true;
+                continue;
+            }
+        };
+        for note in &converted.notes {
+            eprintln!("{note}");
+        }
+        match converted.text {
+            None => {
+                eprintln!("{path}: no Kruise Rollout (rollouts.kruise.io) to convert");
+                failed = true;
+            }
+            Some(text) if write => {
+                std::fs::write(file, text).map_err(|e| Error::Usage(format!("{path}: {e}")))?;
+                eprintln!("{path}: converted");
+            }
+            Some(text) => print!("{text}"),
+        }
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}

@@ -217,9 +217,9 @@ fn first_line(message: &str) -> &str {
 pub(crate) struct Document<'a> {
     pub(crate) text: &'a str,
     /// File line of the document's first line.
-    first_line: usize,
+    pub(crate) first_line: usize,
     /// File line of its first line that is neither blank nor a comment.
-    content_line: usize,
+    pub(crate) content_line: usize,
 }
 
 /// Splits a multi-document YAML file at `---` lines, keeping line numbers.

@@ -4,6 +4,7 @@
 pub mod analysis;
 pub mod api;
 pub mod cli;
+pub mod convert;
 mod desired;
 pub mod engine;
 pub mod knative;

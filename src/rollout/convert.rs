@@ -1,0 +1,238 @@
+//! `gitcanary convert`: Kruise Rollout files (`rollouts.kruise.io/v1alpha1`
+//! and `v1beta1`) rewritten as gitcanary's, so a team moves a repository in
+//! one commit. Pure: text in, text and notes out.
+
+use serde_json::{Map, Value, json};
+
+use super::api::API_VERSION;
+
+const KRUISE_GROUP: &str = "rollouts.kruise.io/";
+
+/// A file converted: its new text (None when it holds no Kruise Rollout, so
+/// it is left as it is), and what could not be carried over, each as
+/// `file:line: note`.
+#[derive(Debug, Default, PartialEq)]
+pub struct Converted {
+    pub text: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// Converts every Kruise Rollout document of `text` (the file `path`); other
+/// documents are kept as they are, comments included. A document that
+/// does not parse is an error naming its line.
+pub fn convert_file(path: &str, text: &str) -> Result<Converted, String> {
+    let mut converted = Converted::default();
+    let mut out = Vec::new();
+    let mut changed = false;
+    for document in crate::manifest::load::split_documents(text) {
+        let object: Value = serde_saphyr::from_str(document.text).map_err(|e| {
+            let line = e.location().map_or(0, |l| l.line() as usize) + document.first_line - 1;
+            format!(
+                "{path}:{line}: not YAML: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            )
+        })?;
+        let is_kruise = object["kind"] == "Rollout"
+            && object["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with(KRUISE_GROUP));
+        if !is_kruise {
+            out.push(document.text.trim_end_matches('\n').to_string());
+            continue;
+        }
+        let mut notes = Vec::new();
+        let rollout = convert_rollout(&object, &mut notes);
+        let line = document.content_line;
+        converted
+            .notes
+            .extend(notes.into_iter().map(|n| format!("{path}:{line}: {n}")));
+        let yaml = serde_saphyr::to_string(&rollout).map_err(|e| format!("{path}:{line}: {e}"))?;
+        out.push(yaml.trim_end_matches('\n').to_string());
+        changed = true;
+    }
+    if changed {
+        let documents: Vec<&str> = out
+            .iter()
+            .map(String::as_str)
+            .filter(|d| !d.trim().is_empty())
+            .collect();
+        converted.text = Some(documents.join("\n---\n") + "\n");
+    }
+    Ok(converted)
+}
+
+/// One Kruise Rollout as gitcanary's; `notes` gets what was left behind.
+pub fn convert_rollout(kruise: &Value, notes: &mut Vec<String>) -> Value {
+    let spec = &kruise["spec"];
+    let mut metadata = Map::new();
+    for key in ["name", "namespace", "labels", "annotations"] {
+        if let Some(value) = kruise["metadata"].get(key) {
+            metadata.insert(key.to_string(), value.clone());
+        }
+    }
+    if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
+        let style = annotations.remove("rollouts.kruise.io/rolling-style");
+        if let Some(style) = style.as_ref().and_then(Value::as_str)
+            && style != "canary"
+        {
+            notes.push(format!(
+                "annotation rollouts.kruise.io/rolling-style: {style} dropped: gitcanary runs a Deployment's canary as a second Deployment"
+            ));
+        }
+        if annotations.is_empty() {
+            metadata.remove("annotations");
+        }
+    }
+    let mut new_spec = Map::new();
+    let workload = spec
+        .pointer("/objectRef/workloadRef")
+        .or_else(|| spec.get("workloadRef"));
+    match workload {
+        Some(workload) => {
+            new_spec.insert("workloadRef".into(), workload.clone());
+        }
+        None => notes.push("no workloadRef (spec.workloadRef or spec.objectRef.workloadRef): add one".into()),
+    }
+    if let Some(id) = spec
+        .get("rolloutID")
+        .filter(|v| v.as_str().is_some_and(|s| !s.is_empty()))
+    {
+        new_spec.insert("rolloutID".into(), id.clone());
+    }
+    if spec["disabled"] == json!(true) {
+        notes.push("spec.disabled: true dropped: gitcanary has no disabled Rollout (leave the Rollout out of Git to stop governing the workload)".into());
+    }
+    let strategy = &spec["strategy"];
+    if strategy["paused"] == json!(true) {
+        notes.push("spec.strategy.paused dropped: pause a step with `pause: {}` instead".into());
+    }
+    if strategy.get("trafficRoutingRef").is_some() {
+        notes.push("spec.strategy.trafficRoutingRef dropped: name the routes in trafficRoutings".into());
+    }
+    let mut new_strategy = Map::new();
+    for style in ["canary", "blueGreen"] {
+        if let Some(Value::Object(fields)) = strategy.get(style) {
+            new_strategy.insert(style.into(), Value::Object(convert_strategy(fields, style, notes)));
+        }
+    }
+    new_spec.insert("strategy".into(), Value::Object(new_strategy));
+    json!({"apiVersion": API_VERSION, "kind": "Rollout", "metadata": metadata, "spec": new_spec})
+}
+
+/// `canary` or `blueGreen`: steps' `weight` becomes `traffic`, the routings'
+/// grace period the strategy's; what gitcanary lacks is dropped with a note.
+fn convert_strategy(fields: &Map<String, Value>, style: &str, notes: &mut Vec<String>) -> Map<String, Value> {
+    let mut out = Map::new();
+    for (key, value) in fields {
+        match key.as_str() {
+            "steps" => {
+                let steps = value.as_array().into_iter().flatten().enumerate();
+                let steps: Vec<Value> = steps.map(|(i, step)| convert_step(step, i + 1, notes)).collect();
+                out.insert("steps".into(), Value::Array(steps));
+            }
+            "trafficRoutings" => {
+                let mut grace: Option<u64> = None;
+                let mut routings = Vec::new();
+                for routing in value.as_array().into_iter().flatten() {
+                    let mut routing = routing.as_object().cloned().unwrap_or_default();
+                    if let Some(seconds) = routing.remove("gracePeriodSeconds").and_then(|s| s.as_u64()) {
+                        grace = Some(grace.map_or(seconds, |g| g.max(seconds)));
+                    }
+                    if routing.remove("customNetworkRefs").is_some() {
+                        notes.push(format!(
+                            "{style}.trafficRoutings: customNetworkRefs dropped: gitcanary routes through an HTTPRoute or an nginx Ingress"
+                        ));
+                    }
+                    routings.push(Value::Object(routing));
+                }
+                out.insert("trafficRoutings".into(), Value::Array(routings));
+                if let Some(grace) = grace {
+                    out.insert("gracePeriodSeconds".into(), json!(grace));
+                }
+            }
+            "enableExtraWorkloadForCanary" if *value == json!(false) => notes.push(format!(
+                "{style}.enableExtraWorkloadForCanary: false dropped: gitcanary runs a Deployment's canary as a second Deployment (true)"
+            )),
+            "enableExtraWorkloadForCanary" | "failureThreshold" | "disableGenerateCanaryService" | "patchPodTemplateMetadata" => {
+                out.insert(key.clone(), value.clone());
+            }
+            other => notes.push(format!("{style}.{other} dropped: gitcanary has no such field")),
+        }
+    }
+    out
+}
+
+/// A step: `weight: 20` (v1alpha1) is `traffic: 20%`; `replicas`, `pause`
+/// and `matches` are the same.
+fn convert_step(step: &Value, n: usize, notes: &mut Vec<String>) -> Value {
+    let mut out = Map::new();
+    for (key, value) in step.as_object().into_iter().flatten() {
+        match key.as_str() {
+            "weight" => {
+                let traffic = match value {
+                    Value::Number(n) => format!("{n}%"),
+                    other => other.as_str().unwrap_or_default().to_string(),
+                };
+                out.insert("traffic".into(), json!(traffic));
+            }
+            "traffic" | "replicas" | "pause" | "matches" => {
+                out.insert(key.clone(), value.clone());
+            }
+            other => notes.push(format!("step {n}: {other} dropped: gitcanary has no such step field")),
+        }
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kruise's v1alpha1 gateway example, in its shape.
+    const V1ALPHA1: &str = "# the release of echoserver\napiVersion: v1\nkind: Service\nmetadata: {name: echoserver}\n---\napiVersion: rollouts.kruise.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: rollouts-demo\n  annotations: {rollouts.kruise.io/rolling-style: partition}\nspec:\n  objectRef:\n    workloadRef:\n      apiVersion: apps/v1\n      kind: Deployment\n      name: echoserver\n  rolloutID: r1\n  strategy:\n    canary:\n      steps:\n      - weight: 20\n        pause: {}\n      - weight: 100\n        requestHeaderModifier: {set: [{name: x, value: y}]}\n      trafficRoutings:\n      - service: echoserver\n        gracePeriodSeconds: 5\n        gateway:\n          httpRouteName: echoserver\n";
+
+    #[test]
+    fn a_v1alpha1_rollout_becomes_gitcanarys_and_what_is_left_behind_is_said() {
+        let converted = convert_file("app/rollout.yaml", V1ALPHA1).unwrap();
+        let text = converted.text.expect("converted");
+        let mut documents = text.split("\n---\n");
+        assert_eq!(
+            documents.next().unwrap(),
+            "# the release of echoserver\napiVersion: v1\nkind: Service\nmetadata: {name: echoserver}",
+            "other documents kept as they are"
+        );
+        let rollout: Value = serde_saphyr::from_str(documents.next().unwrap()).unwrap();
+        assert_eq!(
+            rollout,
+            json!({
+                "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout",
+                "metadata": {"name": "rollouts-demo"},
+                "spec": {
+                    "workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "echoserver"},
+                    "rolloutID": "r1",
+                    "strategy": {"canary": {
+                        "steps": [{"traffic": "20%", "pause": {}}, {"traffic": "100%"}],
+                        "trafficRoutings": [{"service": "echoserver", "gateway": {"httpRouteName": "echoserver"}}],
+                        "gracePeriodSeconds": 5,
+                    }},
+                },
+            })
+        );
+        assert_eq!(
+            converted.notes,
+            [
+                "app/rollout.yaml:6: annotation rollouts.kruise.io/rolling-style: partition dropped: gitcanary runs a Deployment's canary as a second Deployment",
+                "app/rollout.yaml:6: step 2: requestHeaderModifier dropped: gitcanary has no such step field",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_file_without_a_kruise_rollout_is_left_alone_and_bad_yaml_names_its_line() {
+        let plain = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n";
+        assert_eq!(convert_file("a.yaml", plain).unwrap(), Converted::default());
+        let broken = format!("{plain}---\nkind: [\n");
+        let error = convert_file("a.yaml", &broken).unwrap_err();
+        assert!(error.starts_with("a.yaml:5: not YAML"), "{error}");
+    }
+}
