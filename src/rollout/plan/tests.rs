@@ -1,7 +1,7 @@
 use super::*;
 use crate::rollout::analysis;
 use crate::rollout::api::{
-    CanaryStep, CanaryStrategy, Pause, Strategy, Style, TrafficRouting, WorkloadRef, WritebackAction,
+    CanaryStep, CanaryStrategy, IntOrPercent, Pause, Strategy, Style, TrafficRouting, WorkloadRef, WritebackAction,
 };
 
 /// A step with nothing set: `step().traffic("10%").replicas(1).pause_for(60)`.
@@ -1176,4 +1176,28 @@ fn a_blue_green_release_pins_the_stable_service_before_its_first_pod_a_canary_wh
     assert_eq!(first_upgrade(blue_green), (None, true));
     // A canary's first pods share the stable Service until its route is set.
     assert_eq!(first_upgrade(spec()), (None, false));
+}
+
+#[test]
+fn a_failure_threshold_lets_a_step_go_on_with_that_many_canary_pods_unready() {
+    let at_step_one_with_three_of_four_ready = |threshold: Option<IntOrPercent>| {
+        let mut spec = spec();
+        spec.strategy.canary.steps[0] = step().traffic("10%").replicas_percent("100%").pause_for(60);
+        spec.strategy.canary.failure_threshold = threshold;
+        let mut run = Run::with(spec);
+        run.step(&observed("v1", 0));
+        run.step(&observed("v2", 10));
+        let mut seen = observed("v2", 20);
+        seen.canary_ready = 3;
+        let plan = run.step(&seen);
+        (run.state().2, plan.intent.canary_replicas)
+    };
+    assert_eq!(
+        at_step_one_with_three_of_four_ready(None),
+        (StepState::StepUpgrade, Some(4))
+    );
+    assert_eq!(
+        at_step_one_with_three_of_four_ready(Some(IntOrPercent::Percent("25%".into()))),
+        (StepState::StepTrafficRouting, Some(4))
+    );
 }
