@@ -29,7 +29,16 @@ fn start_agent(scenario: &Scenario, fake: &GitHubFake) -> AgentProcess {
         &scenario.repo,
         &scenario.ns,
         scenario.cache.path(),
-        &["--github-url", &fake.url, "--github-repo", "acme/apps"],
+        &[
+            "--github-url",
+            &fake.url,
+            "--github-repo",
+            "acme/apps",
+            "--github-poll",
+            "1",
+            "--github-poll-max",
+            "3",
+        ],
         &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
     )
 }
@@ -511,7 +520,16 @@ async fn a_github_that_never_answers_delays_the_comment_never_the_release() {
         &scenario.repo,
         &scenario.ns,
         scenario.cache.path(),
-        &["--github-url", &url, "--github-repo", "acme/apps"],
+        &[
+            "--github-url",
+            &url,
+            "--github-repo",
+            "acme/apps",
+            "--github-poll",
+            "1",
+            "--github-poll-max",
+            "3",
+        ],
         &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
     );
     wait_for_phase(&scenario, Phase::Healthy).await;
@@ -870,4 +888,42 @@ async fn a_gate_branch_someone_else_pushed_first_is_not_reused() {
             .then_some(())
     })
     .await;
+}
+
+/// A gate left open, no webhook delivered: the agent looks at it 15 s after
+/// the release paused, then 30 s later, and so on up to every 2 minutes
+/// (agent defaults), where it looked every 3 s before (about 16 looks and
+/// 470 requests in a window like this one).
+#[tokio::test]
+async fn a_gate_left_open_is_looked_at_less_and_less_often() {
+    let scenario = Scenario::new("gh-budget").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--github-url", &fake.url, "--github-repo", "acme/apps"],
+        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+    );
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let gate = promotion_pull(&fake, 1).await;
+    // Each look reads the gate's reviews once.
+    let reviews = format!("/pulls/{}/reviews", gate.number);
+    let (looks_before, requests_before) = (fake.count("GET", &reviews), fake.total());
+    // A fixed window, read as a metric: the looks of its first 50 s after
+    // the pause (at about 15 s and 45 s).
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    let looks = fake.count("GET", &reviews) - looks_before;
+    let requests = fake.total() - requests_before;
+    assert!(
+        (1..=3).contains(&looks),
+        "{looks} looks at the gate in 50 s ({requests} requests)"
+    );
+    assert!(requests <= 40, "{requests} GitHub requests in 50 s ({looks} looks)");
 }

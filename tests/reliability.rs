@@ -351,7 +351,16 @@ async fn an_agent_killed_at_every_state_of_a_release_ends_the_same_with_one_comm
             &scenario.repo,
             &scenario.ns,
             scenario.cache.path(),
-            &["--github-url", &fake.url, "--github-repo", "acme/apps"],
+            &[
+                "--github-url",
+                &fake.url,
+                "--github-repo",
+                "acme/apps",
+                "--github-poll",
+                "1",
+                "--github-poll-max",
+                "3",
+            ],
             &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
         )
     };

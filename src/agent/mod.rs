@@ -87,6 +87,18 @@ impl Trigger {
         )
     }
 
+    /// Whether the sync it starts looks at GitHub for gates' approvals and
+    /// commands (any sync reports the releases that moved).
+    fn looks_at_github(&self) -> bool {
+        match self {
+            Trigger::Decided | Trigger::GitHubEvent => true,
+            Trigger::Due(due) => due
+                .iter()
+                .any(|(_, reason)| *reason == crate::rollout::plan::RequeueReason::Command),
+            _ => false,
+        }
+    }
+
     /// Whether the sync may wait for the burst it belongs to end.
     fn may_wait(&self) -> bool {
         matches!(self, Trigger::Drift(_) | Trigger::FileChange)
@@ -98,6 +110,8 @@ pub struct Agent {
     pub source: Arc<Source>,
     pub options: SyncOptions,
     pub poll_interval: Duration,
+    /// How often a release paused with GitHub on is looked at again.
+    pub command_poll: CommandPoll,
     pub ready: Arc<AtomicBool>,
     pub writeback: WritebackConfig,
     /// Pull-request comments, commit statuses, gates and commands; off without a token.
@@ -115,8 +129,7 @@ pub struct Agent {
 /// When a timer whose sync failed is tried again.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
-/// How often open pauses look for `/gitcanary` commands when GitHub is on.
-const COMMAND_POLL: Duration = Duration::from_secs(3);
+pub use requeue::CommandPoll;
 
 /// Capacity of the trigger queue; more pending triggers add nothing.
 const TRIGGER_QUEUE: usize = 64;
@@ -218,9 +231,10 @@ impl Agent {
                 drop(revision);
                 match outcome {
                     Ok(report) => {
-                        let command_poll = github.is_some().then_some(COMMAND_POLL);
+                        let command_poll = github.is_some().then_some(self.command_poll);
                         requeues.replace(&report, sync_started, command_poll);
-                        self.report(report, &triggers, &mut drift, github.as_ref()).await
+                        let look = news.iter().any(|t| t.looks_at_github());
+                        self.report(report, look, &triggers, &mut drift, github.as_ref()).await
                     }
                     Err(error) => {
                         self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
@@ -246,6 +260,7 @@ impl Agent {
     async fn report(
         &self,
         report: SyncReport,
+        look_at_github: bool,
         triggers: &mpsc::Sender<Trigger>,
         drift: &mut DriftWatch,
         github: Option<&GitHubTask>,
@@ -270,7 +285,7 @@ impl Agent {
             let _ = triggers.try_send(Trigger::WrittenBack(written.apps));
         }
         if let Some(github) = github {
-            github.submit(report.clone());
+            github.submit(report.clone(), look_at_github);
         }
         drift
             .follow(&self.cluster, &report.kinds, &self.options, triggers)
@@ -285,7 +300,9 @@ impl Agent {
 /// delays the comment, never the release. It reports the latest sync, with
 /// every rollout that changed since the last report it finished.
 struct GitHubTask {
-    pending: Arc<std::sync::Mutex<Option<SyncReport>>>,
+    /// The report to give GitHub, and whether waiting gates and commands
+    /// are to be looked at (else only what changed is reported).
+    pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>>,
     wake: Arc<tokio::sync::Notify>,
     task: JoinHandle<()>,
 }
@@ -298,16 +315,24 @@ impl GitHubTask {
         author: crate::writeback::Author,
         triggers: mpsc::Sender<Trigger>,
     ) -> GitHubTask {
-        let pending: Arc<std::sync::Mutex<Option<SyncReport>>> = Arc::default();
+        let pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>> = Arc::default();
         let wake = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn({
             let (pending, wake) = (pending.clone(), wake.clone());
             async move {
                 loop {
                     wake.notified().await;
-                    let Some(report) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                    let Some((mut report, look)) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
                         continue;
                     };
+                    if !look {
+                        // A sync for anything else (a Git poll, a drift) reports
+                        // what moved; a release waiting at a gate is looked at on
+                        // its own schedule: the command poll, GitHub's events.
+                        for app in &mut report.apps {
+                            app.rollouts.retain(|r| r.changed);
+                        }
+                    }
                     let reporter = GitHubReporter {
                         github: &github,
                         cluster: &cluster,
@@ -326,11 +351,11 @@ impl GitHubTask {
 
     /// Queues the report; one not yet reported is replaced, keeping what
     /// changed in it and the apps the newer one did not sync.
-    fn submit(&self, report: SyncReport) {
+    fn submit(&self, report: SyncReport, look: bool) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let merged = match pending.take() {
-            Some(older) => merged_reports(older, report),
-            None => report,
+            Some((older, looked)) => (merged_reports(older, report), looked || look),
+            None => (report, look),
         };
         *pending = Some(merged);
         self.wake.notify_one();

@@ -15,6 +15,33 @@ use crate::sync::SyncReport;
 #[derive(Debug, Default)]
 pub(super) struct Requeues {
     due: BTreeMap<(String, RequeueReason), Instant>,
+    /// Per app paused with GitHub on: the wait before its next look for
+    /// commands, and where its releases stood at the last look.
+    command_waits: BTreeMap<String, (Duration, String)>,
+}
+
+/// Looks for commands and approvals while a release waits at a pause: at
+/// `min` after a change, doubling while nothing moves, up to `max`, so a
+/// gate left open for a day costs GitHub a few requests a minute at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandPoll {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl CommandPoll {
+    pub fn new(min: Duration, max: Duration) -> CommandPoll {
+        CommandPoll { min, max: max.max(min) }
+    }
+
+    /// The wait after a look that found the releases at `now`, when the
+    /// look before found them at `before` after `waited`.
+    pub fn next(&self, before: Option<(Duration, &str)>, now: &str) -> Duration {
+        match before {
+            Some((waited, seen)) if seen == now => (waited * 2).clamp(self.min, self.max),
+            _ => self.min,
+        }
+    }
 }
 
 impl Requeues {
@@ -23,7 +50,15 @@ impl Requeues {
     /// commands at every app with a rollout paused for a promote. It
     /// replaces what earlier syncs asked for the apps it synced (every app,
     /// unless the sync was scoped).
-    pub(super) fn replace(&mut self, report: &SyncReport, planned_at: Instant, command_poll: Option<Duration>) {
+    pub(super) fn replace(&mut self, report: &SyncReport, planned_at: Instant, command_poll: Option<CommandPoll>) {
+        // A look for commands not yet due stays when it is: syncs for other
+        // reasons (a Git poll, a drift) neither postpone it nor bring it on.
+        let pending_looks: BTreeMap<String, Instant> = self
+            .due
+            .iter()
+            .filter(|((_, reason), _)| *reason == RequeueReason::Command)
+            .map(|((app, _), at)| (app.clone(), *at))
+            .collect();
         if !report.scoped {
             self.due.clear();
         } else {
@@ -36,10 +71,31 @@ impl Requeues {
                     .insert((app.app.clone(), requeue.reason), planned_at + requeue.after);
             }
             let paused = app.rollouts.iter().any(|r| r.status.phase == Phase::Paused);
-            if let (Some(poll), true) = (command_poll, paused) {
-                self.due
-                    .insert((app.app.clone(), RequeueReason::Command), planned_at + poll);
-            }
+            let (Some(poll), true) = (command_poll, paused) else {
+                self.command_waits.remove(&app.app);
+                continue;
+            };
+            // Where its releases stand: a step, a release or a phase that
+            // moved starts the waits from the shortest again.
+            let standing: Vec<String> = app
+                .rollouts
+                .iter()
+                .map(|r| {
+                    let step = r.status.canary_status.as_ref().map_or(0, |c| c.current_step_index);
+                    format!("{}:{}:{:?}:{step}", r.name, r.status.rollout_id, r.status.phase)
+                })
+                .collect();
+            let standing = standing.join(",");
+            let before = self.command_waits.get(&app.app).map(|(d, s)| (*d, s.as_str()));
+            let at = match (before, pending_looks.get(&app.app)) {
+                (Some((_, seen)), Some(&at)) if seen == standing => at,
+                _ => {
+                    let wait = poll.next(before, &standing);
+                    self.command_waits.insert(app.app.clone(), (wait, standing));
+                    planned_at + wait
+                }
+            };
+            self.due.insert((app.app.clone(), RequeueReason::Command), at);
         }
     }
 
@@ -195,10 +251,50 @@ pub(super) mod tests {
             requeues.take_due(start + Duration::from_secs(5)),
             vec![("timed".to_string(), RequeueReason::Pause)]
         );
-        requeues.replace(&apps(), start, Some(Duration::from_secs(3)));
+        let poll = CommandPoll::new(Duration::from_secs(3), Duration::from_secs(10));
+        requeues.replace(&apps(), start, Some(poll));
         assert_eq!(
             requeues.take_due(start + Duration::from_secs(3)),
             vec![("waiting".to_string(), RequeueReason::Command)]
         );
+    }
+
+    #[test]
+    fn a_release_that_stays_where_it_was_is_looked_at_less_and_less_often_and_a_move_starts_again() {
+        let poll = CommandPoll::new(Duration::from_secs(15), Duration::from_secs(120));
+        let mut requeues = Requeues::default();
+        let mut waits = Vec::new();
+        let start = Instant::now();
+        let mut look = |step: u32| {
+            let at_step = || {
+                let mut waiting = app("web", None, true);
+                waiting.rollouts[0].status.canary_status = Some(crate::rollout::api::CanaryStatus {
+                    current_step_index: step,
+                    ..Default::default()
+                });
+                report(vec![waiting])
+            };
+            // The sync the last look started, then one for something else.
+            requeues.replace(&at_step(), start, Some(poll));
+            let due = requeues.due[&("web".to_string(), RequeueReason::Command)];
+            requeues.replace(&at_step(), start + Duration::from_secs(1), Some(poll));
+            assert_eq!(
+                requeues.due[&("web".to_string(), RequeueReason::Command)],
+                due,
+                "another sync neither postpones nor brings on the look"
+            );
+            waits.push((due - start).as_secs());
+            assert_eq!(
+                requeues.take_due(due),
+                vec![("web".to_string(), RequeueReason::Command)]
+            );
+        };
+        for step in [1, 1, 1, 1, 1, 1, 2, 2] {
+            look(step);
+        }
+        assert_eq!(waits, [15, 30, 60, 120, 120, 120, 15, 30]);
+        // Nothing paused: no look, and the next pause starts from the shortest.
+        requeues.replace(&report(vec![app("web", None, false)]), Instant::now(), Some(poll));
+        assert!(requeues.command_waits.is_empty() && requeues.due.is_empty());
     }
 }

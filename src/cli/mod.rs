@@ -184,6 +184,16 @@ pub struct SyncArgs {
     /// pull-request comments, commit statuses and /gitcanary commands.
     #[arg(long, env = "GITCANARY_GITHUB_REPO")]
     pub github_repo: Option<String>,
+    /// Seconds between looks for `/gitcanary` commands and approvals while a
+    /// release waits at a pause with GitHub on; doubled after each look that
+    /// finds the release where it was, up to --github-poll-max. GitHub's
+    /// webhook events (issue_comment, pull_request_review, pull_request) are
+    /// acted on at once; this poll only catches a missed one.
+    #[arg(long, default_value_t = 15)]
+    pub github_poll: u64,
+    /// The longest wait between two such looks, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub github_poll_max: u64,
     /// Let the author of a change approve its own promotion pull request
     /// (GitHub's own rule forbids it; off by default).
     #[arg(long)]

@@ -160,6 +160,10 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         source: source.clone(),
         options,
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
+        command_poll: crate::agent::CommandPoll::new(
+            Duration::from_secs(args.github_poll.max(1)),
+            Duration::from_secs(args.github_poll_max.max(args.github_poll).max(1)),
+        ),
         ready,
         writeback: writeback.clone(),
         github: github_client(&args, metrics.clone())?.map(Arc::new),

@@ -295,6 +295,11 @@ impl GitHubFake {
             .collect()
     }
 
+    /// Every request the fake has answered, of any kind.
+    pub fn total(&self) -> usize {
+        self.data.lock().expect("lock").requests.len()
+    }
+
     pub fn count(&self, method: &str, path_part: &str) -> usize {
         let data = self.data.lock().expect("lock");
         data.requests
