@@ -435,8 +435,12 @@ pub fn canary_ingress(
         "nginx.ingress.kubernetes.io/canary": "true",
         "nginx.ingress.kubernetes.io/canary-weight": traffic.min(100).to_string(),
     });
-    // Validation lets through one match of one header only.
-    if let Some(header) = matches.first().and_then(|m| m.headers.first()) {
+    // Validation lets through one match of one header and one cookie only.
+    for header in matches.first().map_or(&[][..], |m| &m.headers[..]) {
+        if header.name == super::api::NGINX_COOKIE {
+            annotations["nginx.ingress.kubernetes.io/canary-by-cookie"] = json!(header.value);
+            continue;
+        }
         annotations["nginx.ingress.kubernetes.io/canary-by-header"] = json!(header.name);
         let value_key = match header.kind.as_deref() {
             Some("RegularExpression") => "nginx.ingress.kubernetes.io/canary-by-header-pattern",
@@ -591,12 +595,16 @@ mod tests {
 
     fn header(kind: Option<&str>, name: &str, value: &str) -> RequestMatch {
         RequestMatch {
-            headers: vec![super::super::api::NamedMatch {
-                kind: kind.map(str::to_string),
-                name: name.into(),
-                value: value.into(),
-            }],
+            headers: vec![named(kind, name, value)],
             ..RequestMatch::default()
+        }
+    }
+
+    fn named(kind: Option<&str>, name: &str, value: &str) -> super::super::api::NamedMatch {
+        super::super::api::NamedMatch {
+            kind: kind.map(str::to_string),
+            name: name.into(),
+            value: value.into(),
         }
     }
 
@@ -727,6 +735,19 @@ mod tests {
             pattern["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary-by-header-pattern"],
             "^qa"
         );
+        let cookie = canary_ingress(
+            &RolloutSpec::default(),
+            &ingress,
+            "echo",
+            0,
+            &[RequestMatch {
+                headers: vec![named(None, "canary-by-cookie", "beta"), named(None, "x-canary", "yes")],
+                ..RequestMatch::default()
+            }],
+        );
+        let annotations = &cookie["metadata"]["annotations"];
+        assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-by-cookie"], "beta");
+        assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-by-header"], "x-canary");
     }
 
     #[test]

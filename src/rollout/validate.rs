@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
-use super::api::{IntOrPercent, RolloutSpec, Style, is_rollout};
+use super::api::{IntOrPercent, NGINX_COOKIE, RolloutSpec, Style, is_rollout};
 use super::overlay::{SUPPORTED_WORKLOADS, WorkloadKind};
 use super::plan::parse_percent;
 use serde_json::Value;
@@ -448,13 +448,27 @@ fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<Str
                 "step {n}: matches without traffic send no other request to the canary, which would drop the {before}% of an earlier step: give this step traffic too"
             ));
         }
-        let one_header = step.matches.len() == 1
-            && step.matches[0].headers.len() == 1
+        let headers = step.matches.first().map_or(&[][..], |m| &m.headers[..]);
+        let (cookies, plain): (Vec<_>, Vec<_>) = headers.iter().partition(|h| h.name == NGINX_COOKIE);
+        let nginx_can_say = step.matches.len() == 1
+            && (1..=2).contains(&headers.len())
+            && cookies.len() <= 1
+            && plain.len() <= 1
             && step.matches[0].query_params.is_empty()
             && step.matches[0].path.is_none();
-        if nginx && !one_header {
+        if nginx && !nginx_can_say {
             problems.push(format!(
-                "step {n}: an nginx Ingress sends matching requests to its canary by one header only (canary-by-header); give one match of one header, or route with an HTTPRoute"
+                "step {n}: an nginx Ingress sends matching requests to its canary by one header (canary-by-header) and one cookie (a header match named {NGINX_COOKIE}, its value the cookie's name) only; give one match of those, or route with an HTTPRoute"
+            ));
+        }
+        if nginx && cookies.iter().any(|c| c.kind.as_deref().is_some_and(|k| k != "Exact")) {
+            problems.push(format!(
+                "step {n}: {NGINX_COOKIE} names a cookie (nginx sends requests whose cookie of that name is \"always\" to the canary): its type is Exact"
+            ));
+        }
+        if !nginx && !cookies.is_empty() {
+            problems.push(format!(
+                "step {n}: a header named {NGINX_COOKIE} is nginx's cookie match (Kruise's convention); an HTTPRoute matches the Cookie header itself (type RegularExpression)"
             ));
         }
     }
@@ -1051,9 +1065,25 @@ mod tests {
         let nginx = good.replace("gateway: {httpRouteName: echo}", "ingress: {name: echo}");
         let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &nginx)]);
         assert!(
-            found.iter().any(
-                |p| p.contains("step 1: an nginx Ingress sends matching requests to its canary by one header only")
-            ),
+            found
+                .iter()
+                .any(|p| p.contains("step 1: an nginx Ingress sends matching requests to its canary by one header (canary-by-header) and one cookie")),
+            "{found:?}"
+        );
+        // nginx's cookie, as Kruise writes it: a header match named canary-by-cookie.
+        let cookie = rollout(
+            "      - matches: [{headers: [{name: canary-by-cookie, value: beta}, {name: x-canary, value: \"yes\"}]}]\n        traffic: 0%\n        pause: {}\n",
+        );
+        let on_nginx = cookie.replace("gateway: {httpRouteName: echo}", "ingress: {name: echo}");
+        assert_eq!(
+            problems(&[("echo/app.yaml", WITH_INGRESS), ("echo/rollout.yaml", &on_nginx)]),
+            Vec::<String>::new()
+        );
+        let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &cookie)]);
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("step 1: a header named canary-by-cookie is nginx's cookie match")),
             "{found:?}"
         );
     }

@@ -209,6 +209,10 @@ pub struct RequestMatch {
     pub query_params: Vec<NamedMatch>,
 }
 
+/// A header match of this name is, for an nginx Ingress, the name of a
+/// cookie (`canary-by-cookie`), as Kruise Rollout's nginx routing reads it.
+pub const NGINX_COOKIE: &str = "canary-by-cookie";
+
 /// The requests a step's matches send to the canary, as a person reads
 /// them: `header x-preview = yes or query beta ~ ^on$` (`~` a regular
 /// expression; the fields of one match joined by "and").
