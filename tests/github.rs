@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gitcanary::rollout::api::{Phase, Rollout};
 use kube::api::Api;
-use support::agent::{AgentProcess, Scenario};
+use support::agent::{Scenario, github_agent, github_agent_with};
 use support::eventually;
 use support::github::{FakePull, GitHubFake};
 
@@ -22,25 +22,6 @@ fn write_app(scenario: &Scenario, image: &str) {
 fn write_app_with_steps(scenario: &Scenario, image: &str, steps: &str) {
     let spec = format!("  strategy:\n    canary:\n      steps:\n{steps}");
     support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &spec);
-}
-
-fn start_agent(scenario: &Scenario, fake: &GitHubFake) -> AgentProcess {
-    AgentProcess::start_with(
-        &scenario.repo,
-        &scenario.ns,
-        scenario.cache.path(),
-        &[
-            "--github-url",
-            &fake.url,
-            "--github-repo",
-            "acme/apps",
-            "--github-poll",
-            "1",
-            "--github-poll-max",
-            "3",
-        ],
-        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
-    )
 }
 
 async fn phase(scenario: &Scenario) -> Option<Phase> {
@@ -93,7 +74,7 @@ async fn the_pull_request_follows_the_release_and_only_writers_can_promote() {
     fake.grant("mallory", "read");
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let phase = || async { rollouts.get_opt("echo").await.ok().flatten()?.status.map(|s| s.phase) };
     eventually("healthy on 1.0", WAIT, || async {
@@ -181,7 +162,7 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     let steps = "      - {replicas: 1, pause: {}}\n      - {replicas: 2, pause: {}}\n";
     write_app_with_steps(&scenario, "1.0", steps);
     scenario.repo.commit_and_push("echo 1.0");
-    let agent = start_agent(&scenario, &fake);
+    let agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app_with_steps(&scenario, "2.0", steps);
@@ -316,7 +297,7 @@ async fn a_gate_merges_only_the_commit_gitcanary_pushed_approved_by_someone_who_
     }
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
     write_app(&scenario, "2.0");
     let commit = scenario.repo.commit_and_push("echo 2.0");
@@ -381,7 +362,7 @@ async fn commands_are_found_however_far_down_and_neither_gitcanarys_own_nor_earl
     fake.grant("gitcanary[bot]", "write");
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
     // A writer's command written before the release began (a minute ago) is not for it.
     let a_minute_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
@@ -418,7 +399,7 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
     fake.grant("alice", "write");
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let mut agent = start_agent(&scenario, &fake);
+    let mut agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app(&scenario, "2.0");
@@ -428,7 +409,7 @@ async fn closing_the_promotion_pull_request_aborts_and_a_restart_opens_no_second
     agent.kill();
     let reviews = format!("/pulls/{}/reviews", gate.number);
     let looked = fake.count("GET", &reviews);
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     eventually("the restarted agent looks at its gate", WAIT, || async {
         (fake.count("GET", &reviews) > looked).then_some(())
     })
@@ -481,7 +462,7 @@ async fn a_superseded_release_closes_its_promotion_pull_request() {
     let fake = GitHubFake::start_for(&scenario.repo.bare).await;
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
     write_app(&scenario, "2.0");
     scenario.repo.commit_and_push("echo 2.0");
@@ -516,22 +497,7 @@ async fn a_github_that_never_answers_delays_the_comment_never_the_release() {
     let url = format!("http://{}", hole.addr);
     write_app_with_steps(&scenario, "1.0", "      - {replicas: 1, pause: {duration: 1}}\n");
     scenario.repo.commit_and_push("echo 1.0");
-    let agent = AgentProcess::start_with(
-        &scenario.repo,
-        &scenario.ns,
-        scenario.cache.path(),
-        &[
-            "--github-url",
-            &url,
-            "--github-repo",
-            "acme/apps",
-            "--github-poll",
-            "1",
-            "--github-poll-max",
-            "3",
-        ],
-        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
-    );
+    let agent = github_agent(&scenario, &url);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     // A timed pause runs out and the release promotes while GitHub hangs.
@@ -628,7 +594,7 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
     write_app_with_steps(&scenario, "1.0", steps);
     scenario.repo.write("echo/secret.yaml", &secret("first-hush-4711"));
     scenario.repo.commit_and_push("echo 1.0");
-    let agent = start_agent(&scenario, &fake);
+    let agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app_with_steps(&scenario, "2.0", steps);
@@ -744,7 +710,7 @@ async fn the_releases_own_author_cannot_promote_it_by_command_nor_can_an_unliste
     fake.link_email("author@example.test", "carol");
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
     write_app(&scenario, "2.0");
     let commit = scenario.repo.commit_and_push("echo 2.0");
@@ -783,7 +749,7 @@ async fn an_earlier_gate_of_the_same_name_decides_nothing(name: &str, merge: boo
     fake.grant("alice", "write");
     write_app_with_id(&scenario, "1.0", "steady");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     write_app_with_id(&scenario, "2.0", "steady");
@@ -841,7 +807,7 @@ async fn a_gate_branch_someone_else_pushed_first_is_not_reused() {
     fake.grant("alice", "write");
     write_app_with_id(&scenario, "1.0", "known");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = start_agent(&scenario, &fake);
+    let _agent = github_agent(&scenario, &fake.url);
     wait_for_phase(&scenario, Phase::Healthy).await;
 
     // Mallory predicts the gate branch and pushes a commit carrying
@@ -900,13 +866,7 @@ async fn a_gate_left_open_is_looked_at_less_and_less_often() {
     let fake = GitHubFake::start_for(&scenario.repo.bare).await;
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = AgentProcess::start_with(
-        &scenario.repo,
-        &scenario.ns,
-        scenario.cache.path(),
-        &["--github-url", &fake.url, "--github-repo", "acme/apps"],
-        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
-    );
+    let _agent = github_agent_with(&scenario, &fake.url, &[]);
     wait_for_phase(&scenario, Phase::Healthy).await;
     write_app(&scenario, "2.0");
     let commit = scenario.repo.commit_and_push("echo 2.0");

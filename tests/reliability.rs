@@ -346,24 +346,7 @@ async fn an_agent_killed_at_every_state_of_a_release_ends_the_same_with_one_comm
     use support::github::GitHubFake;
     let scenario = Scenario::new("kill-every-state").await;
     let fake = GitHubFake::start_for(&scenario.repo.bare).await;
-    let start = || {
-        AgentProcess::start_with(
-            &scenario.repo,
-            &scenario.ns,
-            scenario.cache.path(),
-            &[
-                "--github-url",
-                &fake.url,
-                "--github-repo",
-                "acme/apps",
-                "--github-poll",
-                "1",
-                "--github-poll-max",
-                "3",
-            ],
-            &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
-        )
-    };
+    let start = || support::agent::github_agent(&scenario, &fake.url);
     release_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
     let mut agent = start();

@@ -359,3 +359,23 @@ pub fn write_echo_app(repo: &super::git_server::GitRepo, ns: &str, image: &str, 
         repo.write(path, &content);
     }
 }
+
+/// The agent reporting to the GitHub API at `url` (the fake's, or a server
+/// that never answers), with `args`.
+pub fn github_agent_with(scenario: &Scenario, url: &str, args: &[&str]) -> AgentProcess {
+    let mut all = vec!["--github-url", url, "--github-repo", "acme/apps"];
+    all.extend_from_slice(args);
+    AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &all,
+        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+    )
+}
+
+/// As [`github_agent_with`], looking at gates and commands every 1 to 3 s:
+/// no webhook event is delivered here.
+pub fn github_agent(scenario: &Scenario, url: &str) -> AgentProcess {
+    github_agent_with(scenario, url, &["--github-poll", "1", "--github-poll-max", "3"])
+}
