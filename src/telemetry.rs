@@ -93,6 +93,8 @@ pub struct Metrics {
     pub github_requests: AtomicU64,
     pub github_errors: AtomicU64,
     pub github_rate_limited: AtomicU64,
+    /// GitHub `304 Not Modified` answers (not counted against its rate limit).
+    pub github_not_modified: AtomicU64,
     /// Kustomize and Helm runs in progress, as the source's renderers count them.
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
@@ -238,7 +240,7 @@ impl Metrics {
         ]
     }
 
-    fn github_counters(&self) -> [(&'static str, &'static str, &AtomicU64); 3] {
+    fn github_counters(&self) -> [(&'static str, &'static str, &AtomicU64); 4] {
         [
             (
                 "gitcanary_github_requests_total",
@@ -254,6 +256,11 @@ impl Metrics {
                 "gitcanary_github_rate_limited_total",
                 "GitHub answers that asked the agent to back off (403/429 rate limits).",
                 &self.github_rate_limited,
+            ),
+            (
+                "gitcanary_github_not_modified_total",
+                "GitHub answers 304 Not Modified to a conditional request (free of its rate limit); counted among the requests too.",
+                &self.github_not_modified,
             ),
         ]
     }

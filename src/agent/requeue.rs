@@ -70,8 +70,13 @@ impl Requeues {
                 self.due
                     .insert((app.app.clone(), requeue.reason), planned_at + requeue.after);
             }
-            let paused = app.rollouts.iter().any(|r| r.status.phase == Phase::Paused);
-            let (Some(poll), true) = (command_poll, paused) else {
+            // A release waiting at a pause, or moving through a step (an
+            // abort may come by comment at any time), is looked at.
+            let waiting = app
+                .rollouts
+                .iter()
+                .any(|r| matches!(r.status.phase, Phase::Paused | Phase::Progressing));
+            let (Some(poll), true) = (command_poll, waiting) else {
                 self.command_waits.remove(&app.app);
                 continue;
             };
@@ -87,12 +92,14 @@ impl Requeues {
                 .collect();
             let standing = standing.join(",");
             let before = self.command_waits.get(&app.app).map(|(d, s)| (*d, s.as_str()));
-            let at = match (before, pending_looks.get(&app.app)) {
-                (Some((_, seen)), Some(&at)) if seen == standing => at,
+            let pending = pending_looks.get(&app.app).copied();
+            let at = match (before, pending) {
+                (Some((_, seen)), Some(at)) if seen == standing => at,
                 _ => {
                     let wait = poll.next(before, &standing);
                     self.command_waits.insert(app.app.clone(), (wait, standing));
-                    planned_at + wait
+                    // A move never puts off a look already due sooner.
+                    pending.map_or(planned_at + wait, |at| at.min(planned_at + wait))
                 }
             };
             self.due.insert((app.app.clone(), RequeueReason::Command), at);
@@ -237,7 +244,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn only_a_pause_waiting_for_a_promote_looks_for_commands_and_only_with_github() {
+    fn only_a_release_under_way_looks_for_commands_and_only_with_github() {
         let start = Instant::now();
         let mut requeues = Requeues::default();
         let apps = || {
@@ -293,6 +300,22 @@ pub(super) mod tests {
             look(step);
         }
         assert_eq!(waits, [15, 30, 60, 120, 120, 120, 15, 30]);
+        // Moves every few seconds (pushes to a sibling Rollout) never put
+        // off a look already due.
+        let mut requeues = Requeues::default();
+        let start = Instant::now();
+        for (second, step) in [(0, 1), (5, 2), (10, 3), (14, 4)] {
+            let mut moving = app("web", None, true);
+            moving.rollouts[0].status.canary_status = Some(crate::rollout::api::CanaryStatus {
+                current_step_index: step,
+                ..Default::default()
+            });
+            requeues.replace(&report(vec![moving]), start + Duration::from_secs(second), Some(poll));
+        }
+        assert_eq!(
+            requeues.due[&("web".to_string(), RequeueReason::Command)],
+            start + Duration::from_secs(15)
+        );
         // Nothing paused: no look, and the next pause starts from the shortest.
         requeues.replace(&report(vec![app("web", None, false)]), Instant::now(), Some(poll));
         assert!(requeues.command_waits.is_empty() && requeues.due.is_empty());

@@ -20,6 +20,7 @@ pub use comment::{commit_status, defang, escape_inline, is_reportable, marker, p
 
 mod answers;
 mod comment;
+mod etags;
 pub mod gate;
 pub mod judge;
 
@@ -36,6 +37,8 @@ pub struct GitHub {
     login: tokio::sync::OnceCell<String>,
     /// Whose approvals pass a gate.
     pub gate_policy: GatePolicy,
+    /// The last answer of each `GET`, for conditional requests.
+    etags: etags::Etags,
 }
 
 /// Whose approving reviews pass a promotion pull request, besides writers.
@@ -169,6 +172,7 @@ impl GitHub {
             quiet_until: std::sync::Mutex::new(None),
             login: tokio::sync::OnceCell::new(),
             gate_policy: GatePolicy::default(),
+            etags: etags::Etags::default(),
         })
     }
 
@@ -275,12 +279,20 @@ impl GitHub {
             return Err(error(None, format!("rate limited; GitHub asked to wait {wait} s more")));
         }
         self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
+        let get = method == Method::GET;
+        let etag = get.then(|| self.etags.etag(&uri)).flatten();
         let sent = match method {
-            Method::GET => self.client._get(uri).await,
-            Method::POST => self.client._post(uri, body).await,
-            Method::PATCH => self.client._patch(uri, body).await,
-            Method::PUT => self.client._put(uri, body).await,
-            _ => self.client._delete(uri, body).await,
+            Method::GET => {
+                let mut headers = http::HeaderMap::new();
+                if let Some(value) = etag.as_deref().and_then(|e| http::HeaderValue::from_str(e).ok()) {
+                    headers.insert(http::header::IF_NONE_MATCH, value);
+                }
+                self.client._get_with_headers(uri.as_str(), Some(headers)).await
+            }
+            Method::POST => self.client._post(uri.as_str(), body).await,
+            Method::PATCH => self.client._patch(uri.as_str(), body).await,
+            Method::PUT => self.client._put(uri.as_str(), body).await,
+            _ => self.client._delete(uri.as_str(), body).await,
         };
         let response = sent.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
@@ -288,13 +300,23 @@ impl GitHub {
         })?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
+        if status == 304
+            && let Some(answer) = self.etags.answer(&uri)
+        {
+            self.metrics.github_not_modified.fetch_add(1, Ordering::Relaxed);
+            return Ok(answer);
+        }
         let text = self.client.body_to_string(response).await.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
             error(Some(status), e.to_string())
         })?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if (200..300).contains(&status) {
-            return Ok((value, headers));
+            let answer = (value, headers);
+            if get {
+                self.etags.remember(&uri, &answer);
+            }
+            return Ok(answer);
         }
         self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
         let now_epoch = std::time::SystemTime::now()

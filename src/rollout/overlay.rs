@@ -435,8 +435,8 @@ pub fn canary_ingress(
         "nginx.ingress.kubernetes.io/canary": "true",
         "nginx.ingress.kubernetes.io/canary-weight": traffic.min(100).to_string(),
     });
-    // Validation lets through one match of one header and one cookie only.
-    for header in matches.first().map_or(&[][..], |m| &m.headers[..]) {
+    // Validation lets through a match of one header and one of one cookie only.
+    for header in matches.iter().flat_map(|m| m.headers.iter()) {
         if header.name == super::api::NGINX_COOKIE {
             annotations["nginx.ingress.kubernetes.io/canary-by-cookie"] = json!(header.value);
             continue;
@@ -595,16 +595,12 @@ mod tests {
 
     fn header(kind: Option<&str>, name: &str, value: &str) -> RequestMatch {
         RequestMatch {
-            headers: vec![named(kind, name, value)],
+            headers: vec![super::super::api::NamedMatch {
+                kind: kind.map(str::to_string),
+                name: name.into(),
+                value: value.into(),
+            }],
             ..RequestMatch::default()
-        }
-    }
-
-    fn named(kind: Option<&str>, name: &str, value: &str) -> super::super::api::NamedMatch {
-        super::super::api::NamedMatch {
-            kind: kind.map(str::to_string),
-            name: name.into(),
-            value: value.into(),
         }
     }
 
@@ -740,10 +736,10 @@ mod tests {
             &ingress,
             "echo",
             0,
-            &[RequestMatch {
-                headers: vec![named(None, "canary-by-cookie", "beta"), named(None, "x-canary", "yes")],
-                ..RequestMatch::default()
-            }],
+            &[
+                header(None, "canary-by-cookie", "beta"),
+                header(None, "x-canary", "yes"),
+            ],
         );
         let annotations = &cookie["metadata"]["annotations"];
         assert_eq!(annotations["nginx.ingress.kubernetes.io/canary-by-cookie"], "beta");

@@ -448,29 +448,48 @@ fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<Str
                 "step {n}: matches without traffic send no other request to the canary, which would drop the {before}% of an earlier step: give this step traffic too"
             ));
         }
-        let headers = step.matches.first().map_or(&[][..], |m| &m.headers[..]);
-        let (cookies, plain): (Vec<_>, Vec<_>) = headers.iter().partition(|h| h.name == NGINX_COOKIE);
-        let nginx_can_say = step.matches.len() == 1
-            && (1..=2).contains(&headers.len())
-            && cookies.len() <= 1
-            && plain.len() <= 1
-            && step.matches[0].query_params.is_empty()
-            && step.matches[0].path.is_none();
-        if nginx && !nginx_can_say {
-            problems.push(format!(
-                "step {n}: an nginx Ingress sends matching requests to its canary by one header (canary-by-header) and one cookie (a header match named {NGINX_COOKIE}, its value the cookie's name) only; give one match of those, or route with an HTTPRoute"
-            ));
-        }
-        if nginx && cookies.iter().any(|c| c.kind.as_deref().is_some_and(|k| k != "Exact")) {
-            problems.push(format!(
-                "step {n}: {NGINX_COOKIE} names a cookie (nginx sends requests whose cookie of that name is \"always\" to the canary): its type is Exact"
-            ));
-        }
-        if !nginx && !cookies.is_empty() {
-            problems.push(format!(
-                "step {n}: a header named {NGINX_COOKIE} is nginx's cookie match (Kruise's convention); an HTTPRoute matches the Cookie header itself (type RegularExpression)"
-            ));
-        }
+        problems.extend(cookie_and_nginx_problems(n, step, nginx));
+    }
+    problems
+}
+
+/// What an nginx Ingress can say of a step's matches: one header
+/// (canary-by-header) or one cookie (canary-by-cookie, as Kruise writes it:
+/// a header match of that name, its value the cookie's name), or one match
+/// of each, OR'd as nginx does. The cookie convention is nginx's only.
+fn cookie_and_nginx_problems(n: usize, step: &super::api::CanaryStep, nginx: bool) -> Vec<String> {
+    let mut problems = Vec::new();
+    let one_header =
+        |m: &super::api::RequestMatch| m.headers.len() == 1 && m.query_params.is_empty() && m.path.is_none();
+    let is_cookie = |m: &super::api::RequestMatch| m.headers.iter().any(|h| h.name == NGINX_COOKIE);
+    let cookies = step.matches.iter().filter(|m| is_cookie(m)).count();
+    let nginx_can_say = (1..=2).contains(&step.matches.len())
+        && step.matches.iter().all(one_header)
+        && cookies <= 1
+        && step.matches.len() - cookies <= 1;
+    if nginx && !nginx_can_say {
+        problems.push(format!(
+            "step {n}: an nginx Ingress sends requests to its canary by one header (canary-by-header) or one cookie (a header match named {NGINX_COOKIE}, its value the cookie's name), each a match of its own; give those, or route with an HTTPRoute"
+        ));
+    }
+    let cookie_headers = step
+        .matches
+        .iter()
+        .flat_map(|m| m.headers.iter())
+        .filter(|h| h.name == NGINX_COOKIE);
+    if nginx
+        && cookie_headers
+            .clone()
+            .any(|c| c.kind.as_deref().is_some_and(|k| k != "Exact"))
+    {
+        problems.push(format!(
+            "step {n}: {NGINX_COOKIE} names a cookie (nginx sends requests whose cookie of that name is \"always\" to the canary): its type is Exact"
+        ));
+    }
+    if !nginx && cookies > 0 {
+        problems.push(format!(
+            "step {n}: a header named {NGINX_COOKIE} is nginx's cookie match (Kruise's convention); an HTTPRoute matches the Cookie header itself (type RegularExpression)"
+        ));
     }
     problems
 }
@@ -1065,20 +1084,24 @@ mod tests {
         let nginx = good.replace("gateway: {httpRouteName: echo}", "ingress: {name: echo}");
         let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &nginx)]);
         assert!(
-            found
-                .iter()
-                .any(|p| p.contains("step 1: an nginx Ingress sends matching requests to its canary by one header (canary-by-header) and one cookie")),
+            found.iter().any(|p| p.contains(
+                "step 1: an nginx Ingress sends requests to its canary by one header (canary-by-header) or one cookie"
+            )),
             "{found:?}"
         );
         // nginx's cookie, as Kruise writes it: a header match named canary-by-cookie.
         let cookie = rollout(
-            "      - matches: [{headers: [{name: canary-by-cookie, value: beta}, {name: x-canary, value: \"yes\"}]}]\n        traffic: 0%\n        pause: {}\n",
+            "      - matches: [{headers: [{name: canary-by-cookie, value: beta}]}, {headers: [{name: x-canary, value: \"yes\"}]}]\n        traffic: 0%\n        pause: {}\n",
         );
         let on_nginx = cookie.replace("gateway: {httpRouteName: echo}", "ingress: {name: echo}");
         assert_eq!(
             problems(&[("echo/app.yaml", WITH_INGRESS), ("echo/rollout.yaml", &on_nginx)]),
             Vec::<String>::new()
         );
+        // nginx ORs the cookie and the header: one match holding both would read as AND.
+        let anded = on_nginx.replace("beta}]}, {headers: [{name: x-canary", "beta}, {name: x-canary");
+        let found = problems(&[("echo/app.yaml", WITH_INGRESS), ("echo/rollout.yaml", &anded)]);
+        assert!(found.iter().any(|p| p.contains("each a match of its own")), "{found:?}");
         let found = problems(&[("echo/app.yaml", WORKLOAD), ("echo/rollout.yaml", &cookie)]);
         assert!(
             found

@@ -31,6 +31,9 @@ pub struct Data {
     pub required_approvals: usize,
     /// The next this many requests are refused as rate limited.
     pub rate_limited: usize,
+    /// Conditional requests answered 304 Not Modified (GitHub counts none
+    /// of them against the rate limit).
+    pub not_modified: usize,
     /// The repository pull requests merge into.
     pub bare: Option<PathBuf>,
     /// API token -> user; any other token acts as `gitcanary[bot]`.
@@ -295,9 +298,16 @@ impl GitHubFake {
             .collect()
     }
 
-    /// Every request the fake has answered, of any kind.
-    pub fn total(&self) -> usize {
-        self.data.lock().expect("lock").requests.len()
+    /// The requests GitHub would count against the rate limit: every one
+    /// but the 304s.
+    pub fn counted(&self) -> usize {
+        let data = self.data.lock().expect("lock");
+        data.requests.len() - data.not_modified
+    }
+
+    /// Conditional requests answered 304 Not Modified.
+    pub fn not_modified(&self) -> usize {
+        self.data.lock().expect("lock").not_modified
     }
 
     pub fn count(&self, method: &str, path_part: &str) -> usize {
@@ -341,7 +351,30 @@ async fn record(
                 .into_response();
         }
     }
-    next.run(request).await
+    let if_none_match = request.headers().get("if-none-match").cloned();
+    let answer = next.run(request).await;
+    if method != Method::GET || !answer.status().is_success() {
+        return answer;
+    }
+    // An ETag of every answer, as GitHub gives, and a free 304 to a request
+    // that names the current one.
+    let (parts, body) = answer.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    let etag = format!("\"{:016x}\"", fnv(&bytes));
+    if if_none_match.is_some_and(|v| v.as_bytes() == etag.as_bytes()) {
+        data.lock().expect("lock").not_modified += 1;
+        return (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
+    }
+    let mut answer = axum::response::Response::from_parts(parts, axum::body::Body::from(bytes));
+    answer.headers_mut().insert("etag", etag.parse().expect("an ETag"));
+    answer
+}
+
+/// FNV-1a: an ETag that changes when the answer does.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// The user a request acts as, from its token.

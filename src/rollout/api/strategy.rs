@@ -218,6 +218,9 @@ pub const NGINX_COOKIE: &str = "canary-by-cookie";
 /// expression; the fields of one match joined by "and").
 pub fn describe_matches(matches: &[RequestMatch]) -> String {
     let named = |what: &str, m: &NamedMatch| {
+        if what == "header" && m.name == NGINX_COOKIE {
+            return format!("cookie {} = always", m.value);
+        }
         let op = if m.kind.as_deref() == Some("RegularExpression") {
             "~"
         } else {
