@@ -402,9 +402,11 @@ pub async fn diff(args: SourceArgs) -> Result<ExitCode, Error> {
 
 /// `gitcanary convert FILE…`: Kruise Rollouts as gitcanary's, printed (or
 /// written back with `write`), with what was left behind on stderr.
-/// Exit 1 when a file cannot be read or parsed, or holds no Kruise Rollout.
+/// Exit 1 when a file cannot be read or parsed, holds no Kruise Rollout, or
+/// holds one that converted would release what Kruise holds back.
 pub fn convert(files: &[PathBuf], write: bool) -> Result<ExitCode, Error> {
     let mut failed = false;
+    let mut printed = false;
     for file in files {
         let path = file.display().to_string();
         let converted = std::fs::read_to_string(file)
@@ -421,6 +423,7 @@ pub fn convert(files: &[PathBuf], write: bool) -> Result<ExitCode, Error> {
         for note in &converted.notes {
             eprintln!("{note}");
         }
+        failed |= converted.refused;
         match converted.text {
             None => {
                 eprintln!("{path}: no Kruise Rollout (rollouts.kruise.io) to convert");
@@ -430,7 +433,14 @@ pub fn convert(files: &[PathBuf], write: bool) -> Result<ExitCode, Error> {
                 std::fs::write(file, text).map_err(|e| Error::Usage(format!("{path}: {e}")))?;
                 eprintln!("{path}: converted");
             }
-            Some(text) => print!("{text}"),
+            Some(text) => {
+                // Files printed one after another stay separate documents.
+                if printed {
+                    println!("---");
+                }
+                print!("{text}");
+                printed = true;
+            }
         }
     }
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })

@@ -15,6 +15,9 @@ const KRUISE_GROUP: &str = "rollouts.kruise.io/";
 pub struct Converted {
     pub text: Option<String>,
     pub notes: Vec<String>,
+    /// A Rollout left as it was: converted, it would release what Kruise
+    /// holds back (a disabled or paused Rollout). Its note says why.
+    pub refused: bool,
 }
 
 /// Converts every Kruise Rollout document of `text` (the file `path`); other
@@ -40,9 +43,15 @@ pub fn convert_file(path: &str, text: &str) -> Result<Converted, String> {
             out.push(document.text.trim_end_matches('\n').to_string());
             continue;
         }
+        let line = document.content_line;
+        if let Some(why) = held_back(&object) {
+            converted.notes.push(format!("{path}:{line}: not converted: {why}"));
+            converted.refused = true;
+            out.push(document.text.trim_end_matches('\n').to_string());
+            continue;
+        }
         let mut notes = Vec::new();
         let rollout = convert_rollout(&object, &mut notes);
-        let line = document.content_line;
         converted
             .notes
             .extend(notes.into_iter().map(|n| format!("{path}:{line}: {n}")));
@@ -59,6 +68,22 @@ pub fn convert_file(path: &str, text: &str) -> Result<Converted, String> {
         converted.text = Some(documents.join("\n---\n") + "\n");
     }
     Ok(converted)
+}
+
+/// Why a Kruise Rollout cannot be converted as it stands: gitcanary would
+/// release what Kruise holds back.
+fn held_back(kruise: &Value) -> Option<&'static str> {
+    if kruise["spec"]["disabled"] == json!(true) {
+        return Some(
+            "spec.disabled is true, and gitcanary has no disabled Rollout (it would release the next change): enable it, or leave the Rollout out",
+        );
+    }
+    if kruise["spec"]["strategy"]["paused"] == json!(true) {
+        return Some(
+            "spec.strategy.paused is true, and gitcanary pauses at steps only (it would go on): resume it, or give a step `pause: {}`",
+        );
+    }
+    None
 }
 
 /// One Kruise Rollout as gitcanary's; `notes` gets what was left behind.
@@ -78,6 +103,11 @@ pub fn convert_rollout(kruise: &Value, notes: &mut Vec<String>) -> Value {
             notes.push(format!(
                 "annotation rollouts.kruise.io/rolling-style: {style} dropped: gitcanary runs a Deployment's canary as a second Deployment"
             ));
+        }
+        if annotations.remove("rollouts.kruise.io/trafficrouting").is_some() {
+            notes.push(
+                "annotation rollouts.kruise.io/trafficrouting dropped: name the routes in trafficRoutings".into(),
+            );
         }
         if annotations.is_empty() {
             metadata.remove("annotations");
@@ -99,12 +129,15 @@ pub fn convert_rollout(kruise: &Value, notes: &mut Vec<String>) -> Value {
     {
         new_spec.insert("rolloutID".into(), id.clone());
     }
-    if spec["disabled"] == json!(true) {
-        notes.push("spec.disabled: true dropped: gitcanary has no disabled Rollout (leave the Rollout out of Git to stop governing the workload)".into());
-    }
     let strategy = &spec["strategy"];
-    if strategy["paused"] == json!(true) {
-        notes.push("spec.strategy.paused dropped: pause a step with `pause: {}` instead".into());
+    let v1beta1 = kruise["apiVersion"] == "rollouts.kruise.io/v1beta1";
+    let deployment = workload.is_some_and(|w| w["kind"] == "Deployment");
+    if v1beta1
+        && deployment
+        && strategy.get("canary").is_some()
+        && strategy["canary"]["enableExtraWorkloadForCanary"] != json!(true)
+    {
+        notes.push("Kruise released this Deployment in place (no enableExtraWorkloadForCanary: true, its partition style); gitcanary runs the canary as a second Deployment beside it".into());
     }
     if strategy.get("trafficRoutingRef").is_some() {
         notes.push("spec.strategy.trafficRoutingRef dropped: name the routes in trafficRoutings".into());
@@ -130,26 +163,7 @@ fn convert_strategy(fields: &Map<String, Value>, style: &str, notes: &mut Vec<St
                 let steps: Vec<Value> = steps.map(|(i, step)| convert_step(step, i + 1, notes)).collect();
                 out.insert("steps".into(), Value::Array(steps));
             }
-            "trafficRoutings" => {
-                let mut grace: Option<u64> = None;
-                let mut routings = Vec::new();
-                for routing in value.as_array().into_iter().flatten() {
-                    let mut routing = routing.as_object().cloned().unwrap_or_default();
-                    if let Some(seconds) = routing.remove("gracePeriodSeconds").and_then(|s| s.as_u64()) {
-                        grace = Some(grace.map_or(seconds, |g| g.max(seconds)));
-                    }
-                    if routing.remove("customNetworkRefs").is_some() {
-                        notes.push(format!(
-                            "{style}.trafficRoutings: customNetworkRefs dropped: gitcanary routes through an HTTPRoute or an nginx Ingress"
-                        ));
-                    }
-                    routings.push(Value::Object(routing));
-                }
-                out.insert("trafficRoutings".into(), Value::Array(routings));
-                if let Some(grace) = grace {
-                    out.insert("gracePeriodSeconds".into(), json!(grace));
-                }
-            }
+            "trafficRoutings" => convert_routings(value, style, &mut out, notes),
             "enableExtraWorkloadForCanary" if *value == json!(false) => notes.push(format!(
                 "{style}.enableExtraWorkloadForCanary: false dropped: gitcanary runs a Deployment's canary as a second Deployment (true)"
             )),
@@ -159,13 +173,78 @@ fn convert_strategy(fields: &Map<String, Value>, style: &str, notes: &mut Vec<St
             other => notes.push(format!("{style}.{other} dropped: gitcanary has no such field")),
         }
     }
+    let through_gateway = fields["trafficRoutings"]
+        .as_array()
+        .is_some_and(|routings| routings.iter().any(|r| r.get("gateway").is_some()));
+    if through_gateway {
+        matches_win_on_a_gateway(&mut out, notes);
+    }
     out
+}
+
+/// The routings, each's `gracePeriodSeconds` made the strategy's (the
+/// longest), `customNetworkRefs` dropped with a note.
+fn convert_routings(value: &Value, style: &str, out: &mut Map<String, Value>, notes: &mut Vec<String>) {
+    let mut grace: Option<u64> = None;
+    let mut routings = Vec::new();
+    for routing in value.as_array().into_iter().flatten() {
+        let Some(routing) = routing.as_object() else {
+            notes.push(format!(
+                "{style}.trafficRoutings: an entry that is not a mapping dropped"
+            ));
+            continue;
+        };
+        let mut routing = routing.clone();
+        match routing.remove("gracePeriodSeconds") {
+            Some(Value::Number(n)) if n.as_u64().is_some() => {
+                let seconds = n.as_u64().unwrap_or_default();
+                grace = Some(grace.map_or(seconds, |g| g.max(seconds)));
+            }
+            Some(other) => notes.push(format!(
+                "{style}.trafficRoutings: gracePeriodSeconds {other} dropped: not a number of seconds"
+            )),
+            None => {}
+        }
+        if routing.remove("customNetworkRefs").is_some() {
+            notes.push(format!(
+                "{style}.trafficRoutings: customNetworkRefs dropped: gitcanary routes through an HTTPRoute or an nginx Ingress"
+            ));
+        }
+        routings.push(Value::Object(routing));
+    }
+    out.insert("trafficRoutings".into(), Value::Array(routings));
+    if let Some(grace) = grace {
+        out.insert("gracePeriodSeconds".into(), json!(grace));
+    }
+}
+
+/// On a Gateway, Kruise sends a step with matches only the matching
+/// requests, its weight ignored; gitcanary would add the share: it is
+/// dropped, so the converted step means what Kruise did.
+fn matches_win_on_a_gateway(out: &mut Map<String, Value>, notes: &mut Vec<String>) {
+    let steps = out.get_mut("steps").and_then(Value::as_array_mut).into_iter().flatten();
+    for (i, step) in steps.enumerate() {
+        let Some(step) = step.as_object_mut() else { continue };
+        let has_matches = step
+            .get("matches")
+            .and_then(Value::as_array)
+            .is_some_and(|m| !m.is_empty());
+        if has_matches && let Some(traffic) = step.remove("traffic") {
+            notes.push(format!(
+                "step {}: traffic {traffic} dropped: on a Gateway Kruise sends a step with matches the matching requests only, and so does the converted step",
+                i + 1
+            ));
+        }
+    }
 }
 
 /// A step: `weight: 20` (v1alpha1) is `traffic: 20%`; `replicas`, `pause`
 /// and `matches` are the same.
 fn convert_step(step: &Value, n: usize, notes: &mut Vec<String>) -> Value {
     let mut out = Map::new();
+    if !step.is_object() {
+        notes.push(format!("step {n}: not a mapping; left empty"));
+    }
     for (key, value) in step.as_object().into_iter().flatten() {
         match key.as_str() {
             "weight" => {
@@ -225,6 +304,50 @@ mod tests {
                 "app/rollout.yaml:6: step 2: requestHeaderModifier dropped: gitcanary has no such step field",
             ]
         );
+    }
+
+    #[test]
+    fn what_converted_would_mean_otherwise_is_dropped_with_a_note_or_left_as_it_was() {
+        let v1beta1 = |strategy: &str| {
+            format!(
+                "apiVersion: rollouts.kruise.io/v1beta1\nkind: Rollout\nmetadata: {{name: r}}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: d}}\n  strategy:\n{strategy}"
+            )
+        };
+        // Matches win over the weight on a Gateway in Kruise: the share goes.
+        let ab = v1beta1(
+            "    canary:\n      enableExtraWorkloadForCanary: true\n      steps:\n      - {traffic: 50%, matches: [{headers: [{name: x-beta, value: \"1\"}]}]}\n      trafficRoutings: [{service: s, gateway: {httpRouteName: h}}]\n",
+        );
+        let converted = convert_file("r.yaml", &ab).unwrap();
+        let rollout: Value = serde_saphyr::from_str(converted.text.as_deref().unwrap()).unwrap();
+        assert_eq!(rollout["spec"]["strategy"]["canary"]["steps"][0].get("traffic"), None);
+        assert!(
+            converted.notes[0].contains("step 1: traffic \"50%\" dropped"),
+            "{:?}",
+            converted.notes
+        );
+        // A Deployment Kruise released in place is said to be released beside it now.
+        let in_place = v1beta1(
+            "    canary:\n      steps: [{traffic: 10%}]\n      trafficRoutings: [{service: s, ingress: {name: i}}]\n",
+        );
+        let converted = convert_file("r.yaml", &in_place).unwrap();
+        assert!(
+            converted.notes[0].contains("Kruise released this Deployment in place"),
+            "{:?}",
+            converted.notes
+        );
+        // A disabled or paused Rollout is not converted: it would go live.
+        let disabled =
+            v1beta1("    canary: {steps: [{traffic: 10%}]}\n").replace("  strategy:", "  disabled: true\n  strategy:");
+        let paused = v1beta1("    paused: true\n    canary: {steps: [{traffic: 10%}]}\n");
+        for held in [disabled, paused] {
+            let converted = convert_file("r.yaml", &held).unwrap();
+            assert!(converted.refused && converted.text.is_none(), "{held}: {converted:?}");
+            assert!(
+                converted.notes[0].starts_with("r.yaml:1: not converted:"),
+                "{:?}",
+                converted.notes
+            );
+        }
     }
 
     #[test]

@@ -511,15 +511,14 @@ fn timing_problems(canary: &super::api::CanaryStrategy) -> Vec<String> {
     problems
 }
 
-/// Kruise's fields, where gitcanary means the same or says why not.
+/// Kruise's fields, where gitcanary means the same or says why not
+/// (`enableExtraWorkloadForCanary: true` on a StatefulSet, which Kruise's
+/// own conversion writes, changes nothing: its canary is its partition).
 fn kruise_problems(canary: &super::api::CanaryStrategy, kind: Option<WorkloadKind>) -> Vec<String> {
     let mut problems = Vec::new();
     match (canary.enable_extra_workload_for_canary, kind) {
         (Some(false), Some(WorkloadKind::Deployment)) => problems.push(
             "enableExtraWorkloadForCanary: false (Kruise's in-place partition of a Deployment) is not supported: gitcanary runs a Deployment's canary as a second Deployment beside it, the stable one untouched until promote; set it to true or drop it".to_string(),
-        ),
-        (Some(true), Some(WorkloadKind::StatefulSet)) => problems.push(
-            "enableExtraWorkloadForCanary is for a Deployment: a StatefulSet's canary is its own pods updated by partition; drop it".to_string(),
         ),
         (Some(_), Some(WorkloadKind::KnativeService)) => problems.push(
             "enableExtraWorkloadForCanary is for a Deployment: a Knative Service's canary is a Revision; drop it".to_string(),
