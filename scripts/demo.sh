@@ -113,9 +113,8 @@ webhook() { # the signed push GitHub would send
   curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$port/webhook" \
     -H 'X-GitHub-Event: push' -H "X-Hub-Signature-256: sha256=$sig" -d "$body"
 }
-event() { # the signed event GitHub sends on a comment or review (the fake sends none)
-  local body sig
-  body='{"action":"created"}'
+event() { # the signed event GitHub sends on a comment or review (the fake sends none): EVENT BODY
+  local body=$2 sig
   sig=$(printf '%s' "$body" | openssl dgst -sha256 -hmac "$secret" | sed 's/^.*= //')
   curl -s -o /dev/null -X POST "http://127.0.0.1:$port/webhook" \
     -H "X-GitHub-Event: $1" -H "X-Hub-Signature-256: sha256=$sig" -d "$body"
@@ -186,7 +185,7 @@ gate_branch=${gate#* }; gate=${gate%% *}
 say "#$gate from $gate_branch; it writes:"
 git -C "$work/apps.git" show "$gate_branch:.gitcanary/gates/demo/echoserver.yaml" | head -6 | sed 's/^/     /'
 api bob-token POST "/issues/$gate/comments" '{"body": "/gitcanary promote"}' >/dev/null
-event issue_comment
+event issue_comment '{"action": "created", "comment": {"body": "/gitcanary promote"}}'
 say "bob (read access) comments /gitcanary promote; gitcanary answers:"
 for _ in $(seq 1 50); do
   reply=$(api alice-token GET "/issues/$gate/comments" | json '"".join(c["body"] for c in d if c["body"].startswith("@bob"))')
@@ -195,12 +194,12 @@ done
 say "  \"$reply\""
 say "and the release still waits: $(rollout_line)"
 api alice-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
-event pull_request_review
+event pull_request_review "{\"action\": \"submitted\", \"pull_request\": {\"head\": {\"ref\": \"$gate_branch\"}}}"
 say "alice approves #$gate too, but she wrote the change: her approval does not count, and the release still waits"
 sleep 4
 say "$(rollout_line)"
 api carol-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
-event pull_request_review
+event pull_request_review "{\"action\": \"submitted\", \"pull_request\": {\"head\": {\"ref\": \"$gate_branch\"}}}"
 say "carol (write access, who wrote none of the change) approves #$gate: gitcanary merges it and goes on"
 follow_until Healthy
 say "#$gate merged by: $(api alice-token GET "/pulls/$gate" | json 'd["merged_by"]["login"]')"

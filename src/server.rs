@@ -271,13 +271,36 @@ async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, bo
         // A comment or review may carry a `/gitcanary` command or an approval:
         // look at the open releases now rather than at the next poll.
         "issue_comment" | "pull_request_review" | "pull_request" => {
-            if serde_json::from_slice::<serde_json::Value>(&body).is_err() {
+            let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
                 return (StatusCode::BAD_REQUEST, format!("malformed {event} event"));
+            };
+            if !may_decide(event, &payload) {
+                return (StatusCode::OK, "nothing for a release in it".into());
             }
             let _ = state.triggers.try_send(Trigger::GitHubEvent);
             (StatusCode::ACCEPTED, "releases will be looked at".into())
         }
         other => (StatusCode::OK, format!("ignored event {other:?}")),
+    }
+}
+
+/// Whether a GitHub event can pass, hold or abort a release, so that it is
+/// worth a look at the gates (each look costs GitHub requests): a comment
+/// that names `/gitcanary`, or a review, a merge or a close of one of
+/// gitcanary's promotion pull requests. Any other comment or pull request
+/// on a busy repository wakes nothing; the poll catches a miss.
+fn may_decide(event: &str, payload: &serde_json::Value) -> bool {
+    let gate = || {
+        payload["pull_request"]["head"]["ref"]
+            .as_str()
+            .is_some_and(|head| head.starts_with(crate::github::gate::BRANCH_PREFIX))
+    };
+    match event {
+        "issue_comment" => payload["comment"]["body"]
+            .as_str()
+            .is_some_and(|body| body.contains("/gitcanary")),
+        "pull_request_review" | "pull_request" => gate(),
+        _ => false,
     }
 }
 
@@ -386,6 +409,25 @@ mod tests {
         let signed = webhook::sign(b"s3cret", body);
         assert_eq!(post(addr, "issue_comment", body, &signed).await, 202);
         assert_eq!(queue.recv().await, Some(Trigger::GitHubEvent));
+        // A comment that names no command wakes nothing.
+        let chatter = br#"{"action":"created","comment":{"id":2,"body":"looks good","user":{"login":"alice"}},"issue":{"number":7}}"#;
+        assert_eq!(
+            post(addr, "issue_comment", chatter, &webhook::sign(b"s3cret", chatter)).await,
+            200
+        );
+        let review =
+            br#"{"action":"submitted","pull_request":{"number":8,"head":{"ref":"gitcanary/promote/ns/web/abc-1"}}}"#;
+        assert_eq!(
+            post(addr, "pull_request_review", review, &webhook::sign(b"s3cret", review)).await,
+            202
+        );
+        let other = br#"{"action":"submitted","pull_request":{"number":9,"head":{"ref":"feature"}}}"#;
+        assert_eq!(
+            post(addr, "pull_request_review", other, &webhook::sign(b"s3cret", other)).await,
+            200
+        );
+        assert_eq!(queue.recv().await, Some(Trigger::GitHubEvent));
+        assert!(queue.try_recv().is_err(), "only the gate's review woke the agent");
         let junk = b"{not json";
         assert_eq!(
             post(addr, "issue_comment", junk, &webhook::sign(b"s3cret", junk)).await,

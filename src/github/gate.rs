@@ -13,9 +13,12 @@ use crate::rollout::model::RolloutSummary;
 use crate::writeback::{GateFile, gate_branch, gate_path};
 use crate::{Error, Result};
 
+/// Prefix of every promotion branch.
+pub const BRANCH_PREFIX: &str = "gitcanary/promote/";
+
 /// Prefix of every promotion branch of one rollout.
 pub fn branch_prefix(namespace: &str, name: &str) -> String {
-    format!("gitcanary/promote/{namespace}/{name}/")
+    format!("{BRANCH_PREFIX}{namespace}/{name}/")
 }
 
 /// The step whose indefinite pause the rollout waits at, if any.
