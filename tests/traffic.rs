@@ -92,6 +92,25 @@ async fn canary_exists(scenario: &Scenario) -> bool {
         .is_some()
 }
 
+/// Healthy on 1.0, which answers every request through the gateway.
+async fn answering_on_1_0(scenario: &Scenario) {
+    let host = host(scenario);
+    eventually("1.0 answers through the gateway", WAIT, || async {
+        let healthy = status(scenario).await?.phase == Phase::Healthy;
+        (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(STABLE) == Some(&40)).then_some(())
+    })
+    .await;
+}
+
+/// The release paused at its first step.
+async fn paused_at_step_1(scenario: &Scenario) {
+    eventually("2.0 paused at its first step", WAIT, || async {
+        let status = status(scenario).await?;
+        (status.phase == Phase::Paused && status.canary_status?.current_step_index == 1).then_some(())
+    })
+    .await;
+}
+
 /// Version 1.0 released and answering every request through the gateway,
 /// then 2.0 pushed and paused at its 20% step.
 async fn paused_at_20_percent(scenario: &Scenario) -> support::agent::AgentProcess {
@@ -103,21 +122,10 @@ async fn paused_at(scenario: &Scenario, step: &str) -> support::agent::AgentProc
     write_app_with(scenario, "1.0", step);
     scenario.repo.commit_and_push("echo 1.0");
     let agent = scenario.start_agent();
-    let host = host(scenario);
-    eventually("1.0 answers through the gateway", WAIT, || async {
-        let healthy = status(scenario).await?.phase == Phase::Healthy;
-        let counts = burst(&host, 40, Duration::from_secs(10));
-        (healthy && counts.by_image.get(STABLE) == Some(&40)).then_some(())
-    })
-    .await;
+    answering_on_1_0(scenario).await;
     write_app_with(scenario, "2.0", step);
     scenario.repo.commit_and_push("echo 2.0");
-    eventually("2.0 paused at its step", WAIT, || async {
-        let status = status(scenario).await?;
-        let step = status.canary_status?.current_step_index;
-        (status.phase == Phase::Paused && step == 1).then_some(())
-    })
-    .await;
+    paused_at_step_1(scenario).await;
     agent
 }
 
@@ -246,11 +254,7 @@ async fn a_canary_answering_503_fails_its_analysis_on_the_gateways_metrics_and_i
         &[],
     );
     let host = host(&scenario);
-    eventually("1.0 answers through the gateway", WAIT, || async {
-        let healthy = status(&scenario).await?.phase == Phase::Healthy;
-        (healthy && burst(&host, 20, Duration::from_secs(10)).by_image.get(STABLE) == Some(&20)).then_some(())
-    })
-    .await;
+    answering_on_1_0(&scenario).await;
     // 2.0's pods answer 503; the step measures the canary's success rate.
     write_app(&scenario, "2.0");
     let rollout = std::fs::read_to_string(scenario.repo.path().join("echo/rollout.yaml")).expect("the Rollout");
@@ -330,20 +334,12 @@ async fn switched_to_green(scenario: &Scenario) -> (support::agent::AgentProcess
     scenario.repo.commit_and_push("echo 1.0");
     let agent = scenario.start_agent();
     let host = host(scenario);
-    eventually("1.0 answers through the gateway", WAIT, || async {
-        let healthy = status(scenario).await?.phase == Phase::Healthy;
-        (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(STABLE) == Some(&40)).then_some(())
-    })
-    .await;
+    answering_on_1_0(scenario).await;
     // Live requests from before 2.0 is pushed: none reaches it until the switch.
     let load = Load::start(&host);
     write_release(scenario, "2.0", "blueGreen", &[PREVIEW, SWITCH]);
     scenario.repo.commit_and_push("echo 2.0");
-    eventually("2.0 previewed at step 1", WAIT, || async {
-        let status = status(scenario).await?;
-        (status.phase == Phase::Paused && status.canary_status?.current_step_index == 1).then_some(())
-    })
-    .await;
+    paused_at_step_1(scenario).await;
     let deployments = Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns);
     for name in ["echo", "echo-canary"] {
         let ready = deployments
@@ -456,18 +452,10 @@ async fn gitcanary_convert_turns_kruises_v1alpha1_gateway_example_into_a_release
         .commit_and_push("echo 1.0, its Rollout converted from Kruise's");
     let _agent = scenario.start_agent();
     let host = host(&scenario);
-    eventually("1.0 answers through the gateway", WAIT, || async {
-        let healthy = status(&scenario).await?.phase == Phase::Healthy;
-        (healthy && burst(&host, 40, Duration::from_secs(10)).by_image.get(STABLE) == Some(&40)).then_some(())
-    })
-    .await;
+    answering_on_1_0(&scenario).await;
     converted("2.0");
     scenario.repo.commit_and_push("echo 2.0");
-    eventually("2.0 paused at its first step", WAIT, || async {
-        let status = status(&scenario).await?;
-        (status.phase == Phase::Paused && status.canary_status?.current_step_index == 1).then_some(())
-    })
-    .await;
+    paused_at_step_1(&scenario).await;
     let counts = burst(&host, 2_000, Duration::from_secs(60));
     let share = counts.share(CANARY);
     assert!(
