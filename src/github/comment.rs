@@ -106,10 +106,7 @@ pub fn render_comment(
     gate_pull: Option<u64>,
 ) -> String {
     let canary = status.canary_status.clone().unwrap_or_default();
-    let style = match spec.strategy.style {
-        crate::rollout::api::Style::Canary => "",
-        crate::rollout::api::Style::BlueGreen => " (blue-green)",
-    };
+    let style = spec.strategy.style.label();
     let mut out = format!(
         "### gitcanary: release `{}` of `{namespace}/{name}`{style}\n\n**{:?}**",
         status.rollout_id, status.phase
@@ -212,7 +209,6 @@ fn steps_table(
         let mut traffic = traffic.map_or("-".to_string(), |t| format!("{t}%"));
         if !step.matches.is_empty() {
             let matches = crate::rollout::api::describe_matches(&step.matches);
-            let matches = crate::rollout::api::bounded_line(&matches, 200);
             traffic.push_str(&format!(" + requests with {}", escape_inline(&matches)));
         }
         out.push_str(&format!(

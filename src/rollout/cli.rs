@@ -4,7 +4,7 @@ use jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, Style, bounded_line, describe_matches};
+use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, describe_matches};
 use super::api::{LAST_COMMENT_ANNOTATION, annotation_of};
 use super::plan::parse_percent;
 use super::signal;
@@ -152,10 +152,7 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
         out.push_str(&format!("{namespace}/{name}: {:?}\n", status.phase));
         let releasing = matches!(status.phase, Phase::Progressing | Phase::Paused | Phase::Promoting);
         if releasing {
-            let style = match rollout.spec.strategy.style {
-                Style::Canary => "",
-                Style::BlueGreen => " (blue-green)",
-            };
+            let style = rollout.spec.strategy.style.label();
             out.push_str(&format!(
                 "  release {}{style}: step {}/{} {:?}, traffic {}, canary pods ready {}\n",
                 status.rollout_id,
@@ -233,11 +230,7 @@ fn step_line(index: u32, step: &CanaryStep, current: bool) -> String {
     let matches = if step.matches.is_empty() {
         String::new()
     } else {
-        // Git's text, on the operator's terminal: one line, no control characters.
-        format!(
-            ", and requests with {}",
-            bounded_line(&describe_matches(&step.matches), 200)
-        )
+        format!(", and requests with {}", describe_matches(&step.matches))
     };
     format!(
         "  {marker} step {index}: traffic {}{matches}, replicas {}{pause}\n",

@@ -28,6 +28,15 @@ pub enum Style {
 }
 
 impl Style {
+    /// How `gitcanary status` and the pull-request comment name a release
+    /// of this style after its id: nothing for a canary.
+    pub fn label(self) -> &'static str {
+        match self {
+            Style::Canary => "",
+            Style::BlueGreen => " (blue-green)",
+        }
+    }
+
     /// The field a Rollout names it by.
     pub fn field(self) -> &'static str {
         match self {
@@ -167,6 +176,12 @@ impl CanaryStrategy {
             .filter_map(|r| Some((r.service.as_str(), r.gateway.as_ref()?.http_route_name.as_str())))
     }
 
+    /// No canary Service is made (`canaryService.disabled`, or Kruise's
+    /// `disableGenerateCanaryService`): traffic follows replicas.
+    pub fn canary_service_disabled(&self) -> bool {
+        self.canary_service.as_ref().is_some_and(|c| c.disabled)
+    }
+
     /// The name of the canary of the object called `name`.
     pub fn canary_name(&self, name: &str) -> String {
         format!(
@@ -215,7 +230,8 @@ pub const NGINX_COOKIE: &str = "canary-by-cookie";
 
 /// The requests a step's matches send to the canary, as a person reads
 /// them: `header x-preview = yes or query beta ~ ^on$` (`~` a regular
-/// expression; the fields of one match joined by "and").
+/// expression; the fields of one match joined by "and"), on one line with
+/// no control character, at most [`MATCHES_SHOWN`] characters.
 pub fn describe_matches(matches: &[RequestMatch]) -> String {
     let named = |what: &str, m: &NamedMatch| {
         if what == "header" && m.name == NGINX_COOKIE {
@@ -241,8 +257,13 @@ pub fn describe_matches(matches: &[RequestMatch]) -> String {
         let query = m.query_params.iter().map(|q| named("query", q));
         path.chain(headers).chain(query).collect::<Vec<_>>().join(" and ")
     };
-    matches.iter().map(describe).collect::<Vec<_>>().join(" or ")
+    // Git's text, shown to people: one line, no control characters.
+    let described = matches.iter().map(describe).collect::<Vec<_>>().join(" or ");
+    bounded_line(&described, MATCHES_SHOWN)
 }
+
+/// Characters of a step's matches shown at most.
+const MATCHES_SHOWN: usize = 200;
 
 /// A header or query parameter: `type` is `Exact` (the default) or `RegularExpression`.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
