@@ -117,7 +117,7 @@ pub fn selector_problem(
     stable_service: &Value,
     pod_labels: &BTreeMap<String, String>,
 ) -> Option<String> {
-    if spec.strategy.canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+    if spec.strategy.canary.canary_service_disabled() {
         return None;
     }
     let service = stable_service["metadata"]["name"].as_str().unwrap_or_default();

@@ -376,7 +376,7 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
 /// only once they run a known revision, and only a Rollout that keeps a
 /// canary Service routes to one. Until then Git's routes stay in force.
 fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
-    let keeps_service = !spec.strategy.canary.canary_service.as_ref().is_some_and(|c| c.disabled);
+    let keeps_service = !spec.strategy.canary.canary_service_disabled();
     intent.route_canary = intent.canary_replicas.is_some() && !observed.canary_revision.is_empty() && keeps_service;
     if !intent.route_canary {
         intent.traffic = None;

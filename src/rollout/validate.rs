@@ -320,7 +320,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
                     "step {n}: traffic needs a trafficRouting (a Service with an HTTPRoute or Ingress); without one, split by replicas"
                 ));
             }
-            if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+            if canary.canary_service_disabled() {
                 problems.push(format!(
                     "step {n}: traffic needs a canary Service, and canaryService.disabled (or disableGenerateCanaryService) is true: without one, traffic follows replicas through the stable Service (drop traffic, or the disabled)"
                 ));
@@ -433,7 +433,7 @@ fn match_problems(canary: &super::api::CanaryStrategy, knative: bool) -> Vec<Str
                 problems.push(format!("step {n}: a match needs a path, headers or queryParams"));
             }
         }
-        if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+        if canary.canary_service_disabled() {
             problems.push(format!(
                 "step {n}: matches need a canary Service to send matching requests to, and canaryService.disabled is true"
             ));
@@ -579,7 +579,7 @@ fn blue_green_problems(spec: &RolloutSpec, kind: Option<WorkloadKind>) -> Vec<St
             "blueGreen switches every request before promote: give the last step traffic: 100% (the old version is replaced on promote)".to_string(),
         );
     }
-    if canary.canary_service.as_ref().is_some_and(|c| c.disabled) {
+    if canary.canary_service_disabled() {
         problems.push(
             "blueGreen needs the canary Service (the preview and the switch go through it): drop canaryService.disabled or disableGenerateCanaryService".to_string(),
         );
