@@ -4,7 +4,7 @@
 //! for it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -19,27 +19,26 @@ pub struct Etags {
     stored: std::sync::atomic::AtomicU64,
 }
 
+/// An answer GitHub gave: its body and headers.
+pub type Answer = (Value, http::HeaderMap);
+
 struct Entry {
     etag: String,
-    answer: (Value, http::HeaderMap),
+    answer: Arc<Answer>,
     stored: u64,
 }
 
 impl Etags {
-    /// The ETag to send for `uri`, if its answer is remembered.
-    pub fn etag(&self, uri: &str) -> Option<String> {
+    /// The ETag to send for `uri` and the answer a 304 to it stands for,
+    /// if its answer is remembered (taken together, so that a 304 always
+    /// finds the answer whose ETag was sent).
+    pub fn remembered(&self, uri: &str) -> Option<(String, Arc<Answer>)> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.get(uri).map(|e| e.etag.clone())
-    }
-
-    /// The remembered answer for `uri`, for a 304.
-    pub fn answer(&self, uri: &str) -> Option<(Value, http::HeaderMap)> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.get(uri).map(|e| e.answer.clone())
+        entries.get(uri).map(|e| (e.etag.clone(), e.answer.clone()))
     }
 
     /// Remembers a 200 answer that carried an ETag.
-    pub fn remember(&self, uri: &str, answer: &(Value, http::HeaderMap)) {
+    pub fn remember(&self, uri: &str, answer: &Answer) {
         let Some(etag) = answer.1.get(http::header::ETAG).and_then(|v| v.to_str().ok()) else {
             return;
         };
@@ -55,7 +54,7 @@ impl Etags {
             uri.to_string(),
             Entry {
                 etag: etag.to_string(),
-                answer: answer.clone(),
+                answer: Arc::new(answer.clone()),
                 stored,
             },
         );
@@ -76,10 +75,11 @@ mod tests {
     fn an_answer_with_an_etag_stands_in_for_the_next_304_and_the_oldest_are_forgotten_first() {
         let etags = Etags::default();
         etags.remember("/a", &(Value::Null, http::HeaderMap::new()));
-        assert_eq!(etags.etag("/a"), None, "no ETag, nothing remembered");
+        assert!(etags.remembered("/a").is_none(), "no ETag, nothing remembered");
         etags.remember("/a", &answer("\"1\"", 1));
-        assert_eq!(etags.etag("/a").as_deref(), Some("\"1\""));
-        assert_eq!(etags.answer("/a").unwrap().0, serde_json::json!({"n": 1}));
+        let (etag, remembered) = etags.remembered("/a").unwrap();
+        assert_eq!(etag, "\"1\"");
+        assert_eq!(remembered.0, serde_json::json!({"n": 1}));
         for n in 0..MAX_ENTRIES as u64 {
             etags.remember(&format!("/{n}"), &answer("\"x\"", n));
         }

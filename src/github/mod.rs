@@ -280,11 +280,14 @@ impl GitHub {
         }
         self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
         let get = method == Method::GET;
-        let etag = get.then(|| self.etags.etag(&uri)).flatten();
+        let remembered = get.then(|| self.etags.remembered(&uri)).flatten();
         let sent = match method {
             Method::GET => {
                 let mut headers = http::HeaderMap::new();
-                if let Some(value) = etag.as_deref().and_then(|e| http::HeaderValue::from_str(e).ok()) {
+                if let Some(value) = remembered
+                    .as_ref()
+                    .and_then(|(etag, _)| http::HeaderValue::from_str(etag).ok())
+                {
                     headers.insert(http::header::IF_NONE_MATCH, value);
                 }
                 self.client._get_with_headers(uri.as_str(), Some(headers)).await
@@ -301,10 +304,10 @@ impl GitHub {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         if status == 304
-            && let Some(answer) = self.etags.answer(&uri)
+            && let Some((_, answer)) = remembered
         {
             self.metrics.github_not_modified.fetch_add(1, Ordering::Relaxed);
-            return Ok(answer);
+            return Ok(answer.as_ref().clone());
         }
         let text = self.client.body_to_string(response).await.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
