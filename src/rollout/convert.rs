@@ -238,8 +238,8 @@ fn matches_win_on_a_gateway(out: &mut Map<String, Value>, notes: &mut Vec<String
     }
 }
 
-/// A step: `weight: 20` (v1alpha1) is `traffic: 20%`; `replicas`, `pause`
-/// and `matches` are the same.
+/// A step: `weight: 20` (v1alpha1) is `traffic: 20%`; `replicas`, `pause`,
+/// `matches` and (with matches) `requestHeaderModifier` are the same.
 fn convert_step(step: &Value, n: usize, notes: &mut Vec<String>) -> Value {
     let mut out = Map::new();
     if !step.is_object() {
@@ -257,6 +257,12 @@ fn convert_step(step: &Value, n: usize, notes: &mut Vec<String>) -> Value {
             "traffic" | "replicas" | "pause" | "matches" => {
                 out.insert(key.clone(), value.clone());
             }
+            "requestHeaderModifier" if step.get("matches").and_then(Value::as_array).is_some_and(|m| !m.is_empty()) => {
+                out.insert(key.clone(), value.clone());
+            }
+            "requestHeaderModifier" => notes.push(format!(
+                "step {n}: requestHeaderModifier dropped: it changes the requests a step's matches send to the canary, and this step has none"
+            )),
             other => notes.push(format!("step {n}: {other} dropped: gitcanary has no such step field")),
         }
     }
@@ -301,7 +307,7 @@ mod tests {
             converted.notes,
             [
                 "app/rollout.yaml:6: annotation rollouts.kruise.io/rolling-style: partition dropped: gitcanary runs a Deployment's canary as a second Deployment",
-                "app/rollout.yaml:6: step 2: requestHeaderModifier dropped: gitcanary has no such step field",
+                "app/rollout.yaml:6: step 2: requestHeaderModifier dropped: it changes the requests a step's matches send to the canary, and this step has none",
             ]
         );
     }

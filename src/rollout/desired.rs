@@ -75,6 +75,9 @@ pub(crate) fn plan_rollout(
     if seen.start_problem.is_none() {
         seen.start_problem = taken_canary_name(namespace, &observed.canary_live, &owner, &spec.strategy);
     }
+    if seen.start_problem.is_none() {
+        seen.start_problem = plan::mirror_problem(spec, &observed.gateways);
+    }
     let plan = plan::plan(spec, &status, &seen);
     let revisions = &observed.revisions;
     let live = LiveWorkload {
@@ -310,14 +313,8 @@ fn overlay_routes(
         if let Some(gateway) = &routing.gateway {
             let route = find(planned, "HTTPRoute", namespace, &gateway.http_route_name)
                 .ok_or_else(|| not_held(target, planned, "HTTPRoute", &gateway.http_route_name))?;
-            if let Some(traffic) = intent.traffic {
-                let weighted = overlay::weighted_route(
-                    spec,
-                    &planned[route].desired,
-                    &routing.service,
-                    traffic,
-                    &intent.matches,
-                );
+            if let Some(step) = intent.step_route() {
+                let weighted = overlay::weighted_route(spec, &planned[route].desired, &routing.service, &step);
                 set_desired(&mut planned[route], weighted);
             }
         }

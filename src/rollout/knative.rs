@@ -274,6 +274,8 @@ mod tests {
             canary_replicas: canary,
             traffic,
             matches: Vec::new(),
+            header_modifier: None,
+            mirror: None,
             hold_canary: false,
             pin_stable_service: false,
             route_canary: canary.is_some(),

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::api::{RolloutSpec, RolloutStatus, WrittenBack};
 use super::overlay::{self, WorkloadKind};
-use super::plan::{Observed, Plan, Revisions};
+use super::plan::{GatewaySeen, Observed, Plan, Revisions};
 use crate::manifest::{ObjectKey, Problem};
 use crate::plan::{Deletion, Planned, Resolved};
 
@@ -92,6 +92,8 @@ pub(crate) struct RolloutObserved {
     pub canary_live: BTreeMap<(&'static str, String), Value>,
     /// The canary kinds the API server serves.
     pub canary_kinds: BTreeMap<&'static str, Resolved>,
+    /// The Gateways serving the release's routes, read for a release that mirrors.
+    pub gateways: Vec<GatewaySeen>,
     /// The Rollout's status file in Git could not be read: nothing of the
     /// app is applied, rather than release blind.
     pub record_problem: Option<String>,

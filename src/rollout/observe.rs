@@ -17,9 +17,10 @@ use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::api::{Phase, StepState};
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::knative;
+use super::model::find_in;
 use super::model::{RolloutObserved, Target};
 use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
-use super::plan::{Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen};
+use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen, supported_features};
 use super::record::{History, Outcome as RecordOutcome, record_path};
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_stored_as};
@@ -111,6 +112,11 @@ pub(crate) async fn observe_rollout(
         observed.routes = Some(observe_routes(cluster, spec, namespace).await);
     }
     let canary_kinds = served_canary_kinds(cluster).await;
+    let gateways = if spec.strategy.canary.steps.iter().any(|s| s.mirror.is_some()) {
+        observe_gateways(cluster, planned, spec, namespace).await
+    } else {
+        Vec::new()
+    };
     Ok(RolloutObserved {
         planner: observed,
         previous,
@@ -123,6 +129,7 @@ pub(crate) async fn observe_rollout(
         knative_settled,
         canary_live,
         canary_kinds,
+        gateways,
         record_problem,
     })
 }
@@ -381,6 +388,61 @@ async fn observe_routes(cluster: &Cluster, spec: &RolloutSpec, namespace: &str) 
     routes
 }
 
+/// The Gateways Git's HTTPRoutes of the release name as parents, with what
+/// their classes say they can do; read only for a release that mirrors.
+async fn observe_gateways(
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    spec: &RolloutSpec,
+    namespace: &str,
+) -> Vec<GatewaySeen> {
+    let mut seen = Vec::new();
+    for (_, route_name) in spec.strategy.canary.gateway_routes() {
+        let group = "gateway.networking.k8s.io";
+        let Some(route) = find_in(planned, group, "HTTPRoute", namespace, route_name) else {
+            continue;
+        };
+        let parents = planned[route].desired["spec"]["parentRefs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let gateways = parents
+            .iter()
+            .filter(|p| p["kind"].as_str().is_none_or(|k| k == "Gateway"))
+            .filter(|p| p["group"].as_str().is_none_or(|g| g == group))
+            .filter_map(|p| Some((p["namespace"].as_str().unwrap_or(namespace), p["name"].as_str()?)));
+        for (gateway_namespace, gateway_name) in gateways {
+            let gateway = get_any(cluster, GATEWAY_API, "Gateway", Some(gateway_namespace), gateway_name).await;
+            let class = match &gateway {
+                Ok(Some(gateway)) => gateway["spec"]["gatewayClassName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                _ => String::new(),
+            };
+            let features = match gateway {
+                Err(e) => Err(e.to_string()),
+                Ok(None) => Err("the Gateway does not exist".to_string()),
+                Ok(Some(_)) => match get_any(cluster, GATEWAY_API, "GatewayClass", None, &class).await {
+                    Err(e) => Err(e.to_string()),
+                    Ok(None) => Err(format!("GatewayClass {class:?} does not exist")),
+                    Ok(Some(class_object)) => supported_features(&class_object)
+                        .ok_or_else(|| format!("GatewayClass {class} lists no supportedFeatures")),
+                },
+            };
+            seen.push(GatewaySeen {
+                route: route_name.to_string(),
+                gateway: format!("{gateway_namespace}/{gateway_name}"),
+                class,
+                features,
+            });
+        }
+    }
+    seen
+}
+
+const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
+
 async fn get_value(
     cluster: &Cluster,
     api_version: &str,
@@ -388,14 +450,26 @@ async fn get_value(
     namespace: &str,
     name: &str,
 ) -> Result<Option<Value>> {
+    get_any(cluster, api_version, kind, Some(namespace), name).await
+}
+
+/// An object of any kind, namespaced or not; `None` when it, or its kind, is not there.
+async fn get_any(
+    cluster: &Cluster,
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<Option<Value>> {
     let Some(resolved) = cluster.resolve(api_version, kind).await else {
         return Ok(None);
     };
-    let api: Api<DynamicObject> = cluster.api(&resolved, Some(namespace));
+    let api: Api<DynamicObject> = cluster.api(&resolved, namespace);
+    let shown = namespace.map_or(name.to_string(), |ns| format!("{ns}/{name}"));
     let object = api
         .get_opt(name)
         .await
-        .map_err(Error::kube(format!("reading {kind} {namespace}/{name}")))?;
+        .map_err(Error::kube(format!("reading {kind} {shown}")))?;
     Ok(object.map(|o| {
         let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
         value["apiVersion"] = json!(api_version);

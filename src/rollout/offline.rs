@@ -127,6 +127,7 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
             knative_settled: round > 0,
             canary_live: BTreeMap::new(),
             canary_kinds: canary_kinds(),
+            gateways: able_gateways(&target.spec),
             record_problem: None,
         };
         let work = plan_rollout(objects, target, observed, instance)?;
@@ -154,6 +155,22 @@ fn canary_kinds() -> BTreeMap<&'static str, Resolved> {
         )
     })
     .collect()
+}
+
+/// Offline, every route's gateway can do what the steps ask of it: the
+/// cluster's own say is read when the agent runs the release.
+fn able_gateways(spec: &super::api::RolloutSpec) -> Vec<super::plan::GatewaySeen> {
+    let features = [super::plan::MIRROR_FEATURE, super::plan::PERCENT_MIRROR_FEATURE];
+    spec.strategy
+        .canary
+        .gateway_routes()
+        .map(|(_, route)| super::plan::GatewaySeen {
+            route: route.to_string(),
+            gateway: "offline".to_string(),
+            class: "offline".to_string(),
+            features: Ok(features.iter().map(|f| f.to_string()).collect()),
+        })
+        .collect()
 }
 
 #[cfg(test)]

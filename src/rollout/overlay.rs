@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::api::{RequestMatch, RolloutSpec};
-use super::plan::{Intent, StableTemplate, is_service_ref};
+use super::api::{HeaderModifier, RequestMatch, RolloutSpec};
+use super::plan::{Intent, StableTemplate, StepRoute, is_service_ref};
 
 pub const ROLLOUT_ID_LABEL: &str = "gitcanary.io/rollout-id";
 /// On canary pods and in the canary Deployment's selector, which (being
@@ -274,19 +274,14 @@ pub fn pinned_stable_service(stable: &Value, kind: WorkloadKind, stable_revision
 }
 
 /// The HTTPRoute with every rule that sends to the stable Service split
-/// between it and the canary Service, each such rule preceded (for a step
+/// between it and the canary Service (and, for a step that mirrors,
+/// copying requests to the canary), each such rule preceded (for a step
 /// with `matches`) by a rule sending the matching requests to the canary
-/// alone; other rules untouched.
-pub fn weighted_route(
-    spec: &RolloutSpec,
-    route: &Value,
-    service: &str,
-    traffic: u32,
-    matches: &[RequestMatch],
-) -> Value {
+/// alone, with the step's header changes; other rules untouched.
+pub fn weighted_route(spec: &RolloutSpec, route: &Value, service: &str, step: &StepRoute) -> Value {
     let mut route = route.clone();
     let canary = spec.strategy.canary.canary_name(service);
-    let traffic = traffic.min(100);
+    let (traffic, matches) = (step.percent.min(100), step.matches.as_slice());
     let Some(rules) = route["spec"]["rules"].as_array_mut() else {
         return route;
     };
@@ -321,15 +316,86 @@ pub fn weighted_route(
             }
             matched["backendRefs"] = json!([canary_ref]);
             matched["matches"] = json!(narrowed);
+            if let Some(modifier) = &step.header_modifier {
+                modify_headers(&mut matched, modifier);
+            }
             if let Some(name) = rule["name"].as_str() {
                 matched["name"] = json!(format!("{name}{}", spec.strategy.canary.canary_name("")));
             }
             split.push(matched);
         }
+        if let Some(percent) = step.mirror {
+            push_filter(&mut rule, mirror_filter(&canary_ref, percent));
+        }
         split.push(rule);
     }
     *rules = split;
     route
+}
+
+fn push_filter(rule: &mut Value, filter: Value) {
+    match rule.get_mut("filters").and_then(Value::as_array_mut) {
+        Some(filters) => filters.push(filter),
+        None => rule["filters"] = json!([filter]),
+    }
+}
+
+/// A `RequestMirror` filter copying `percent` of a rule's requests to the
+/// canary backend (Gateway API's default, every request, left unsaid).
+fn mirror_filter(canary_ref: &Value, percent: u32) -> Value {
+    let mut backend = Map::new();
+    for key in ["group", "kind", "name", "namespace", "port"] {
+        if let Some(value) = canary_ref.get(key) {
+            backend.insert(key.to_string(), value.clone());
+        }
+    }
+    let mut mirror = json!({"backendRef": backend});
+    if percent < 100 {
+        mirror["percent"] = json!(percent);
+    }
+    json!({"type": "RequestMirror", "requestMirror": mirror})
+}
+
+/// The step's header changes on the canary's rule: merged into Git's
+/// `RequestHeaderModifier` where the rule has one (a rule takes one), the
+/// step's entry winning for a header both name.
+fn modify_headers(rule: &mut Value, modifier: &HeaderModifier) {
+    let step = serde_json::to_value(modifier).unwrap_or_default();
+    let filters = rule.get("filters").and_then(Value::as_array);
+    let Some(at) = filters.and_then(|f| f.iter().position(|f| f["type"] == "RequestHeaderModifier")) else {
+        push_filter(
+            rule,
+            json!({"type": "RequestHeaderModifier", "requestHeaderModifier": step}),
+        );
+        return;
+    };
+    let git = &mut rule["filters"][at]["requestHeaderModifier"];
+    if !git.is_object() {
+        *git = json!({});
+    }
+    let named = |v: &Value| v["name"].as_str().unwrap_or_default().to_ascii_lowercase();
+    for key in ["set", "add"] {
+        let ours: Vec<Value> = step[key].as_array().cloned().unwrap_or_default();
+        if ours.is_empty() {
+            continue;
+        }
+        let mut list: Vec<Value> = git[key].as_array().cloned().unwrap_or_default();
+        list.retain(|entry| !ours.iter().any(|o| named(o) == named(entry)));
+        list.extend(ours);
+        git[key] = json!(list);
+    }
+    let mut removed: Vec<Value> = git["remove"].as_array().cloned().unwrap_or_default();
+    for name in &modifier.remove {
+        if !removed
+            .iter()
+            .any(|r| r.as_str().is_some_and(|r| r.eq_ignore_ascii_case(name)))
+        {
+            removed.push(json!(name));
+        }
+    }
+    if !removed.is_empty() {
+        git["remove"] = json!(removed);
+    }
 }
 
 /// The matches of a rule (Git's) narrowed by a step's: each of Git's with
@@ -463,6 +529,16 @@ pub fn canary_ingress(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Git's route as a step of `percent` with `matches` routes it.
+    fn split(route: &Value, percent: u32, matches: &[RequestMatch]) -> Value {
+        let step = StepRoute {
+            percent,
+            matches: matches.to_vec(),
+            ..StepRoute::default()
+        };
+        weighted_route(&RolloutSpec::default(), route, "echo", &step)
+    }
     use crate::rollout::api::{CanaryService, PodTemplateMetadata, SelectorChange};
 
     fn spec_with(patch: Option<(&str, &str)>, remove: &[&str]) -> RolloutSpec {
@@ -539,6 +615,8 @@ mod tests {
             canary_replicas: Some(1),
             traffic: Some(10),
             matches: Vec::new(),
+            header_modifier: None,
+            mirror: None,
             hold_canary: false,
             pin_stable_service: true,
             route_canary: true,
@@ -580,17 +658,14 @@ mod tests {
             {"backendRefs": [{"name": "echo", "port": 80}]},
             {"backendRefs": [{"name": "other", "port": 80}]}
         ]}});
-        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 30, &[]);
+        let weighted = split(&route, 30, &[]);
         assert_eq!(
             weighted["spec"]["rules"][0]["backendRefs"],
             json!([{"name": "echo", "port": 80, "weight": 70}, {"name": "echo-canary", "port": 80, "weight": 30}])
         );
         assert_eq!(weighted["spec"]["rules"][1], route["spec"]["rules"][1]);
         // Applying twice gives the same route.
-        assert_eq!(
-            weighted_route(&RolloutSpec::default(), &weighted, "echo", 30, &[]),
-            weighted
-        );
+        assert_eq!(split(&weighted, 30, &[]), weighted);
     }
 
     fn header(kind: Option<&str>, name: &str, value: &str) -> RequestMatch {
@@ -616,7 +691,7 @@ mod tests {
             header(None, "x-canary", "yes"),
             header(Some("RegularExpression"), "user", "^qa-"),
         ];
-        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", 0, &matches);
+        let routed = split(&route, 0, &matches);
         let rules = routed["spec"]["rules"].as_array().unwrap();
         assert_eq!(rules.len(), 3, "{routed:#}");
         // First the matched requests, to the canary alone, within Git's own match and with its filters.
@@ -653,7 +728,7 @@ mod tests {
             }),
             ..RequestMatch::default()
         };
-        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", 0, &[inside]);
+        let routed = split(&route, 0, &[inside]);
         let rules = routed["spec"]["rules"].as_array().unwrap();
         // /api/v2 lies within /api: narrowed there; not within /admin, and Git's header-only
         // match of the second rule takes it.
@@ -663,13 +738,7 @@ mod tests {
             json!([{"path": {"value": "/api/v2"}, "headers": [{"name": "X-Canary", "value": "no"}]}])
         );
         // A header Git's match asks another value of: no request could match it, so that pair goes.
-        let routed = weighted_route(
-            &RolloutSpec::default(),
-            &route,
-            "echo",
-            0,
-            &[header(None, "x-canary", "yes")],
-        );
+        let routed = split(&route, 0, &[header(None, "x-canary", "yes")]);
         let rules = routed["spec"]["rules"].as_array().unwrap();
         assert_eq!(rules.len(), 4);
         assert_eq!(
@@ -680,26 +749,106 @@ mod tests {
         let only_no = json!({"spec": {"rules": [
             {"matches": [{"headers": [{"name": "x-canary", "value": "no"}]}], "backendRefs": [{"name": "echo", "port": 80}]}
         ]}});
-        let routed = weighted_route(
-            &RolloutSpec::default(),
-            &only_no,
-            "echo",
-            0,
-            &[header(None, "x-canary", "yes")],
-        );
+        let routed = split(&only_no, 0, &[header(None, "x-canary", "yes")]);
         assert_eq!(routed["spec"]["rules"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_steps_header_changes_go_on_the_canarys_rule_only_merged_into_gits() {
+        use crate::rollout::api::HeaderValue;
+        let route = json!({"spec": {"rules": [
+            {"name": "api", "backendRefs": [{"name": "echo", "port": 80}],
+             "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                 "set": [{"name": "X-Env", "value": "prod"}, {"name": "x-keep", "value": "1"}], "remove": ["x-debug"]}}]},
+            {"backendRefs": [{"name": "other", "port": 80}]}
+        ]}});
+        let step = StepRoute {
+            percent: 0,
+            matches: vec![header(None, "x-canary", "yes")],
+            header_modifier: Some(HeaderModifier {
+                set: vec![HeaderValue {
+                    name: "x-env".into(),
+                    value: "canary".into(),
+                }],
+                add: vec![HeaderValue {
+                    name: "x-release".into(),
+                    value: "r2".into(),
+                }],
+                remove: vec!["X-Debug".into(), "x-trace".into()],
+            }),
+            mirror: None,
+        };
+        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", &step);
+        let rules = routed["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 3);
+        assert_eq!(rules[0]["name"], "api-canary");
+        assert_eq!(
+            rules[0]["filters"],
+            json!([{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                "set": [{"name": "x-keep", "value": "1"}, {"name": "x-env", "value": "canary"}],
+                "add": [{"name": "x-release", "value": "r2"}],
+                "remove": ["x-debug", "x-trace"]}}]),
+            "one filter: Gateway API takes one RequestHeaderModifier a rule"
+        );
+        assert_eq!(
+            rules[1]["filters"], route["spec"]["rules"][0]["filters"],
+            "Git's rule keeps Git's headers"
+        );
+        // A rule without filters gets the step's as they are.
+        let bare = json!({"spec": {"rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]}});
+        let routed = weighted_route(&RolloutSpec::default(), &bare, "echo", &step);
+        assert_eq!(
+            routed["spec"]["rules"][0]["filters"],
+            json!([{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                "set": [{"name": "x-env", "value": "canary"}], "add": [{"name": "x-release", "value": "r2"}],
+                "remove": ["X-Debug", "x-trace"]}}])
+        );
+        assert_eq!(routed["spec"]["rules"][1].get("filters"), None);
+    }
+
+    #[test]
+    fn a_mirror_step_copies_the_stable_rules_requests_to_the_canary_service() {
+        let route = json!({"spec": {"rules": [
+            {"backendRefs": [{"name": "echo", "port": 8080, "namespace": "shop"}],
+             "filters": [{"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "shadow", "port": 80}}}]},
+            {"backendRefs": [{"name": "other", "port": 80}]}
+        ]}});
+        let mirror = |percent| StepRoute {
+            mirror: Some(percent),
+            ..StepRoute::default()
+        };
+        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", &mirror(25));
+        let rules = routed["spec"]["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[0]["backendRefs"][1]["weight"], 0, "the canary answers nothing");
+        assert_eq!(
+            rules[0]["filters"],
+            json!([
+                {"type": "RequestMirror", "requestMirror": {"backendRef": {"name": "shadow", "port": 80}}},
+                {"type": "RequestMirror", "requestMirror": {
+                    "backendRef": {"name": "echo-canary", "namespace": "shop", "port": 8080}, "percent": 25}}
+            ]),
+            "Git's own mirror kept"
+        );
+        assert_eq!(rules[1], route["spec"]["rules"][1]);
+        let routed = weighted_route(&RolloutSpec::default(), &route, "echo", &mirror(100));
+        assert_eq!(
+            routed["spec"]["rules"][0]["filters"][1]["requestMirror"],
+            json!({"backendRef": {"name": "echo-canary", "namespace": "shop", "port": 8080}}),
+            "every request: Gateway API's default, left unsaid"
+        );
+        // The next step's route is Git's with its own share: the copy goes.
+        let shifted = weighted_route(&RolloutSpec::default(), &route, "echo", &StepRoute::default());
+        assert_eq!(
+            shifted["spec"]["rules"][0]["filters"],
+            route["spec"]["rules"][0]["filters"]
+        );
     }
 
     #[test]
     fn a_rule_without_matches_takes_the_steps_as_they_are() {
         let route = json!({"spec": {"rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]}});
-        let routed = weighted_route(
-            &RolloutSpec::default(),
-            &route,
-            "echo",
-            10,
-            &[header(None, "x-canary", "yes")],
-        );
+        let routed = split(&route, 10, &[header(None, "x-canary", "yes")]);
         assert_eq!(
             routed["spec"]["rules"][0]["matches"],
             json!([{"headers": [{"name": "x-canary", "value": "yes"}]}])
@@ -776,7 +925,7 @@ mod tests {
         let spec = spec_with(None, &[]);
         assert_eq!(canary_deployment(&spec, &odd, 1, "abc", "h")["spec"]["replicas"], 1);
         let route = json!({"spec": {"rules": ["all to echo", {"backendRefs": ["echo", {"name": "echo"}]}]}});
-        let weighted = weighted_route(&RolloutSpec::default(), &route, "echo", 10, &[]);
+        let weighted = split(&route, 10, &[]);
         assert_eq!(weighted["spec"]["rules"][0], "all to echo");
         assert_eq!(weighted["spec"]["rules"][1]["backendRefs"][1]["weight"], 90);
         let ingress = json!({"metadata": {"name": "echo"}, "spec": {"rules": ["x", {"http": "y"}]}});

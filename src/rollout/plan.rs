@@ -110,8 +110,12 @@ pub struct Intent {
     pub canary_replicas: Option<i32>,
     /// Percent of requests to the canary; `None` restores the routes Git holds.
     pub traffic: Option<u32>,
-    /// Requests sent to the canary whatever the percent (with `traffic` only).
+    /// Requests sent to the canary whatever the percent (with `traffic` only),
+    /// the headers changed on them, and the share of the stable's requests
+    /// copied to the canary.
     pub matches: Vec<super::api::RequestMatch>,
+    pub header_modifier: Option<super::api::HeaderModifier>,
+    pub mirror: Option<u32>,
     /// The canary's objects stay this pass (none is deleted): a route may
     /// still send it requests.
     pub hold_canary: bool,
@@ -124,12 +128,24 @@ pub struct Intent {
 }
 
 impl Intent {
+    /// What a step's routes carry, while one is in force.
+    pub fn step_route(&self) -> Option<StepRoute> {
+        Some(StepRoute {
+            percent: self.traffic?,
+            matches: self.matches.clone(),
+            header_modifier: self.header_modifier.clone(),
+            mirror: self.mirror,
+        })
+    }
+
     fn steady(stable_template: StableTemplate) -> Intent {
         Intent {
             stable_template,
             canary_replicas: None,
             traffic: None,
             matches: Vec::new(),
+            header_modifier: None,
+            mirror: None,
             hold_canary: false,
             pin_stable_service: false,
             route_canary: false,
@@ -260,25 +276,6 @@ pub fn step_replicas(step: &super::api::CanaryStep, replicas: i32) -> i32 {
     }
 }
 
-/// The route a step sets: its `traffic`, and its `matches` (with which a
-/// step without `traffic` sends no other request to the canary, as in Kruise).
-fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
-    let step = spec.strategy.canary.steps.get(index.checked_sub(1)? as usize)?;
-    let percent = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
-    if percent.is_none() && step.matches.is_empty() {
-        return None;
-    }
-    Some(StepRoute {
-        percent: percent.unwrap_or(0),
-        matches: step.matches.clone(),
-    })
-}
-
-/// The route in force at a step: the last step at or before it that sets one.
-fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
-    (1..=index).rev().find_map(|i| step_traffic(spec, i))
-}
-
 fn elapsed(since: &str, now: Timestamp) -> Duration {
     since
         .parse::<Timestamp>()
@@ -381,6 +378,8 @@ fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
     if !intent.route_canary {
         intent.traffic = None;
         intent.matches.clear();
+        intent.header_modifier = None;
+        intent.mirror = None;
     }
     // Pods of a canary Deployment being removed (an abort's, a promote's)
     // still match the stable Service's own selector: it stays on the stable
@@ -686,7 +685,11 @@ mod routes;
 mod steps;
 mod transition;
 
-pub use routes::{RouteSeen, StepRoute, is_service_ref, seen as route_seen};
+pub use routes::{
+    GatewaySeen, MIRROR_FEATURE, PERCENT_MIRROR_FEATURE, RouteSeen, StepRoute, is_service_ref, mirror_problem,
+    seen as route_seen, supported_features,
+};
+use routes::{step_traffic, traffic_at};
 
 pub use transition::{Severity, Transition};
 

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+mod route_steps;
+
 use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::api::{IntOrPercent, NGINX_COOKIE, RolloutSpec, Style, is_rollout};
 use super::overlay::{SUPPORTED_WORKLOADS, WorkloadKind};
@@ -257,6 +259,16 @@ fn reference_problems(
         );
         for (kind, name) in routed {
             match held(app, default_namespace, kind, namespace, name) {
+                Some(object) if kind.1 == "HTTPRoute" => {
+                    problems.extend(shape_problems(object));
+                    let rules = route_steps::route_problems(&spec.strategy.canary, &object.object, &routing.service);
+                    problems.extend(rules.into_iter().map(|p| {
+                        object.problem(format!(
+                            "HTTPRoute {namespace}/{name}, which Rollout {} routes through: {p}",
+                            rollout.name()
+                        ))
+                    }));
+                }
                 Some(object) => problems.extend(shape_problems(object)),
                 None => problems.push(rollout.problem(format!(
                     "trafficRoutings names {} {namespace}/{name}, which is not in this app",
@@ -347,6 +359,7 @@ pub fn spec_problems(spec: &RolloutSpec) -> Vec<String> {
     problems.extend(timing_problems(canary));
     problems.extend(naming_problems(spec));
     problems.extend(match_problems(canary, knative));
+    problems.extend(route_steps::step_problems(canary, knative));
     for routing in &canary.traffic_routings {
         if routing.gateway.is_none() && routing.ingress.is_none() {
             problems.push(format!(
@@ -715,6 +728,96 @@ mod tests {
                 .iter()
                 .any(|p| p.contains("step 1: traffic needs a canary Service")),
             "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn header_changes_and_mirrors_are_taken_where_a_route_can_make_them_and_refused_with_why() {
+        let with_ingress = |steps: &str| {
+            rollout(steps).replace(
+                "gateway: {httpRouteName: echo}",
+                "ingress: {classType: nginx, name: echo}",
+            )
+        };
+        let ingress =
+            "\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: echo, namespace: demo}\n";
+        let workload = format!("{WORKLOAD}{ingress}");
+        let check = |rollout: &str| problems(&[("a/w.yaml", workload.as_str()), ("a/r.yaml", rollout)]);
+        let ab = "      - {matches: [{headers: [{name: x-beta, value: \"1\"}]}], requestHeaderModifier: {set: [{name: x-release, value: beta}]}, pause: {}}\n";
+        let mirror_first = "      - {mirror: {percent: 50}, pause: {}}\n      - {traffic: 20%}\n";
+        assert_eq!(check(&rollout(&format!("{ab}{mirror_first}"))), Vec::<String>::new());
+        let cases = [
+            (
+                rollout("      - {traffic: 10%, requestHeaderModifier: {set: [{name: x, value: z}]}}\n"),
+                "step 1: requestHeaderModifier changes the requests the step's matches send to the canary, and the step has no matches",
+            ),
+            (
+                with_ingress(ab),
+                "step 1: requestHeaderModifier needs an HTTPRoute: an nginx Ingress's canary annotations cannot change",
+            ),
+            (
+                rollout(
+                    "      - {matches: [{headers: [{name: a, value: b}]}], requestHeaderModifier: {remove: [\"x:y\"]}}\n",
+                ),
+                "step 1: requestHeaderModifier names header \"x:y\"",
+            ),
+            (
+                rollout(
+                    "      - {matches: [{headers: [{name: a, value: b}]}], requestHeaderModifier: {add: [{name: x, value: \"a\\nb\"}]}}\n",
+                ),
+                "step 1: requestHeaderModifier holds a control character",
+            ),
+            (
+                with_ingress("      - {mirror: {percent: 10}}\n"),
+                "step 1: mirror needs an HTTPRoute (Gateway API's RequestMirror filter): an nginx Ingress",
+            ),
+            (
+                rollout("      - {mirror: {percent: 0}}\n"),
+                "step 1: mirror percent 0 is not between 1 and 100",
+            ),
+            (
+                rollout("      - {mirror: {percent: 10}, traffic: 5%}\n"),
+                "step 1: a step mirrors to the canary or sends it requests, not both",
+            ),
+            (
+                rollout("      - {traffic: 5%}\n      - {mirror: {percent: 10}}\n"),
+                "step 2: mirror sends the canary no request of its own, which would drop step 1's 5%",
+            ),
+        ];
+        for (rollout, wanted) in cases {
+            let found = check(&rollout);
+            assert!(found.iter().any(|p| p.contains(wanted)), "{wanted} in {found:?}");
+        }
+    }
+
+    #[test]
+    fn a_route_that_cannot_take_the_canarys_rules_is_refused_at_its_file_and_line() {
+        let rule = |i: usize| format!("  - {{name: r{i}, backendRefs: [{{name: echo, port: 80}}]}}\n");
+        let route = |rules: String| format!("{WORKLOAD}spec:\n  rules:\n{rules}");
+        let ab = rollout("      - {matches: [{headers: [{name: x-beta, value: \"1\"}]}]}\n");
+        let eight: String = (0..8).map(rule).collect();
+        assert_eq!(
+            problems(&[("a/w.yaml", &route(eight.clone())), ("a/r.yaml", &ab)]),
+            Vec::<String>::new()
+        );
+        let nine: String = (0..9).map(rule).collect();
+        let found = problems(&[("a/w.yaml", &route(nine)), ("a/r.yaml", &ab)]);
+        assert!(
+            found.iter().any(|p| p.starts_with("a/w.yaml:10: HTTPRoute demo/echo, which Rollout echo routes through: its 9 rules, with a rule for the canary before each of the 9 that send to Service echo (steps with matches), would be 18; an HTTPRoute takes at most 16")),
+            "{found:?}"
+        );
+        // Without matches no rule is added: a full route is fine.
+        let plain = rollout("      - {traffic: 10%}\n");
+        let sixteen: String = (0..16).map(rule).collect();
+        assert_eq!(
+            problems(&[("a/w.yaml", &route(sixteen)), ("a/r.yaml", &plain)]),
+            Vec::<String>::new()
+        );
+        let taken = format!("{eight}  - {{name: r0-canary, backendRefs: [{{name: other, port: 80}}]}}\n");
+        let found = problems(&[("a/w.yaml", &route(taken)), ("a/r.yaml", &ab)]);
+        assert!(
+            found.iter().any(|p| p.contains("rule \"r0\" gets a rule \"r0-canary\" for the canary's matching requests, and another rule has that name")),
+            "{found:?}"
         );
     }
 

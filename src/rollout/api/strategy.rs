@@ -210,6 +210,41 @@ pub struct CanaryStep {
     /// match AND'd. Without `traffic`, no other request goes to the canary.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub matches: Vec<RequestMatch>,
+    /// Kruise's: headers set, added or removed on the requests the step's
+    /// `matches` send to the canary (an HTTPRoute's `RequestHeaderModifier`
+    /// filter on their rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_header_modifier: Option<HeaderModifier>,
+    /// A copy of this share of the requests the stable answers sent to the
+    /// canary too, its answers thrown away (an HTTPRoute's `RequestMirror`
+    /// filter), where the route's gateway says it can mirror.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Mirror>,
+}
+
+/// A Gateway API `HTTPHeaderFilter`: `set` replaces a header, `add` appends
+/// to it, `remove` drops it by name.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct HeaderModifier {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<HeaderValue>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub add: Vec<HeaderValue>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct HeaderValue {
+    pub name: String,
+    pub value: String,
+}
+
+/// Requests copied to the canary: `percent` of them (1 to 100).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct Mirror {
+    #[schemars(with = "i32")]
+    pub percent: u32,
 }
 
 /// One match of a step, in the shape of a Gateway API HTTPRoute match.

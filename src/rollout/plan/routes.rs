@@ -5,11 +5,13 @@
 //! gateway that refuses the route serves none of it, old or new, and is
 //! not waited for. Pure.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::rollout::api::RequestMatch;
+use super::parse_percent;
+use crate::rollout::api::{HeaderModifier, RequestMatch, RolloutSpec};
 
 /// How soon a release waiting on a gateway (to take a step's route, or to
 /// stop sending to a canary that is going) looks again; the gateway's
@@ -30,17 +32,48 @@ pub fn is_service_ref(backend: &Value, name: &str) -> bool {
 pub struct StepRoute {
     pub percent: u32,
     pub matches: Vec<RequestMatch>,
+    /// Headers changed on the requests `matches` send to the canary.
+    pub header_modifier: Option<HeaderModifier>,
+    /// Percent of the stable's requests copied to the canary.
+    pub mirror: Option<u32>,
 }
 
 impl StepRoute {
     /// As `status.canaryStatus.traffic` shows it.
     pub fn describe(route: Option<&StepRoute>) -> String {
-        match route {
-            Some(route) if !route.matches.is_empty() => format!("{}% + matching requests", route.percent),
-            Some(route) => format!("{}%", route.percent),
-            None => "0%".to_string(),
-        }
+        let Some(route) = route else {
+            return "0%".to_string();
+        };
+        let matching = if route.matches.is_empty() {
+            ""
+        } else {
+            " + matching requests"
+        };
+        let mirrored = route.mirror.map(|p| format!(" + {p}% mirrored")).unwrap_or_default();
+        format!("{}%{matching}{mirrored}", route.percent)
     }
+}
+
+/// The route a step sets: its `traffic`, its `matches` (with which a step
+/// without `traffic` sends no other request to the canary, as in Kruise),
+/// their header changes, and its mirror.
+pub(super) fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
+    let step = spec.strategy.canary.steps.get(index.checked_sub(1)? as usize)?;
+    let percent = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
+    if percent.is_none() && step.matches.is_empty() && step.mirror.is_none() {
+        return None;
+    }
+    Some(StepRoute {
+        percent: percent.unwrap_or(0),
+        matches: step.matches.clone(),
+        header_modifier: step.request_header_modifier.clone(),
+        mirror: step.mirror.as_ref().map(|m| m.percent),
+    })
+}
+
+/// The route in force at a step: the last step at or before it that sets one.
+pub(super) fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
+    (1..=index).rev().find_map(|i| step_traffic(spec, i))
 }
 
 /// What observe read of one HTTPRoute of the release.
@@ -166,6 +199,81 @@ pub fn still_to_canary(routes: &[RouteSeen]) -> Option<String> {
     })
 }
 
+/// What a Gateway serving one of the release's HTTPRoutes says it can do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewaySeen {
+    pub route: String,
+    /// `namespace/name`.
+    pub gateway: String,
+    /// Its GatewayClass; empty when the Gateway could not be read.
+    pub class: String,
+    /// What its class lists in `status.supportedFeatures`, or why that
+    /// could not be read (a Gateway or class that is missing or unreadable,
+    /// a class that lists nothing).
+    pub features: Result<BTreeSet<String>, String>,
+}
+
+/// Gateway API's names for mirroring every request, and a share of them.
+pub const MIRROR_FEATURE: &str = "HTTPRouteRequestMirror";
+pub const PERCENT_MIRROR_FEATURE: &str = "HTTPRouteRequestPercentageMirror";
+
+/// The feature names a GatewayClass lists: `[{name: X}]` since Gateway API
+/// v1.2, plain strings before.
+pub fn supported_features(class: &Value) -> Option<BTreeSet<String>> {
+    let listed = class["status"]["supportedFeatures"].as_array()?;
+    let names: BTreeSet<String> = listed
+        .iter()
+        .filter_map(|f| f.as_str().or_else(|| f["name"].as_str()))
+        .map(str::to_string)
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Why a release whose steps mirror cannot start: a Gateway serving its
+/// route does not say it can mirror. One that cannot may answer every
+/// request of a rule with a mirror with an error (Traefik answers 500 and
+/// reports nothing), so a mirror is written only where the class lists it.
+pub fn mirror_problem(spec: &RolloutSpec, gateways: &[GatewaySeen]) -> Option<String> {
+    let percents: Vec<u32> = spec
+        .strategy
+        .canary
+        .steps
+        .iter()
+        .filter_map(|s| Some(s.mirror.as_ref()?.percent))
+        .collect();
+    if percents.is_empty() {
+        return None;
+    }
+    let mut needed = vec![MIRROR_FEATURE];
+    if percents.iter().any(|p| *p < 100) {
+        needed.push(PERCENT_MIRROR_FEATURE);
+    }
+    if gateways.is_empty() {
+        return Some(
+            "a step mirrors, and the release's HTTPRoutes name no Gateway to ask whether it can: name one in parentRefs"
+                .to_string(),
+        );
+    }
+    gateways.iter().find_map(|seen| {
+        let (route, gateway, class) = (&seen.route, &seen.gateway, &seen.class);
+        let features = match &seen.features {
+            Ok(features) => features,
+            Err(why) => {
+                return Some(format!(
+                    "a step mirrors, and whether Gateway {gateway} (serving HTTPRoute {route}) can mirror is unknown: {why}"
+                ));
+            }
+        };
+        let missing: Vec<&str> = needed.iter().copied().filter(|f| !features.contains(*f)).collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "a step mirrors, and GatewayClass {class} of Gateway {gateway} (serving HTTPRoute {route}) does not list {} among its supportedFeatures: the route would break rather than mirror",
+                missing.join(" or ")
+            )
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,5 +383,55 @@ mod tests {
             still_to_canary(&[seen(&route(Some(0), 4, accepted(4)), "echo", "echo-canary")]),
             None
         );
+    }
+
+    #[test]
+    fn a_release_mirrors_only_through_gateways_whose_class_lists_mirroring() {
+        let mut spec = RolloutSpec::default();
+        assert_eq!(mirror_problem(&spec, &[]), None, "no mirror step, nothing asked");
+        spec.strategy.canary.steps = vec![crate::rollout::api::CanaryStep {
+            mirror: Some(crate::rollout::api::Mirror { percent: 100 }),
+            ..Default::default()
+        }];
+        let class = |features: Value| json!({"status": {"supportedFeatures": features}});
+        let seen = |features: Option<BTreeSet<String>>| GatewaySeen {
+            route: "echo".into(),
+            gateway: "edge/web".into(),
+            class: "traefik".into(),
+            features: features.ok_or_else(|| "GatewayClass traefik lists no supportedFeatures".to_string()),
+        };
+        let traefik = supported_features(&class(
+            json!([{"name": "HTTPRouteQueryParamMatching"}, {"name": "Gateway"}]),
+        ));
+        let problem = mirror_problem(&spec, &[seen(traefik)]).unwrap();
+        assert!(
+            problem.contains(
+                "GatewayClass traefik of Gateway edge/web (serving HTTPRoute echo) does not list HTTPRouteRequestMirror"
+            ),
+            "{problem}"
+        );
+        let mirrors = supported_features(&class(json!(["HTTPRouteRequestMirror"])));
+        assert_eq!(
+            mirror_problem(&spec, &[seen(mirrors.clone())]),
+            None,
+            "v1.1's plain names read too"
+        );
+        spec.strategy.canary.steps[0].mirror = Some(crate::rollout::api::Mirror { percent: 10 });
+        let problem = mirror_problem(&spec, &[seen(mirrors)]).unwrap();
+        assert!(
+            problem.contains("does not list HTTPRouteRequestPercentageMirror"),
+            "{problem}"
+        );
+        let both = supported_features(&class(
+            json!([{"name": MIRROR_FEATURE}, {"name": PERCENT_MIRROR_FEATURE}]),
+        ));
+        assert_eq!(mirror_problem(&spec, &[seen(both)]), None);
+        assert_eq!(supported_features(&class(json!([]))), None);
+        let problem = mirror_problem(&spec, &[seen(None)]).unwrap();
+        assert!(
+            problem.contains("can mirror is unknown: GatewayClass traefik lists no supportedFeatures"),
+            "{problem}"
+        );
+        assert!(mirror_problem(&spec, &[]).unwrap().contains("name no Gateway"));
     }
 }

@@ -15,6 +15,10 @@ impl Planner<'_> {
         route: Option<StepRoute>,
     ) -> Intent {
         let traffic = route.as_ref().map(|r| r.percent);
+        let (header_modifier, mirror) = route
+            .as_ref()
+            .map(|r| (r.header_modifier.clone(), r.mirror))
+            .unwrap_or_default();
         // Blue-green's new version, as big as the old one, never takes a
         // request through the stable Service: pinned before its first pod.
         let blue_green = self.spec.strategy.style == crate::rollout::api::Style::BlueGreen;
@@ -23,6 +27,8 @@ impl Planner<'_> {
             canary_replicas: Some(canary_replicas),
             traffic,
             matches: route.map(|r| r.matches).unwrap_or_default(),
+            header_modifier,
+            mirror,
             hold_canary: false,
             pin_stable_service: (traffic.is_some() || blue_green) && stable_template == StableTemplate::Live,
             route_canary: false,

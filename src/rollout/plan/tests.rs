@@ -12,6 +12,8 @@ fn step() -> CanaryStep {
         pause: None,
         analysis: None,
         matches: Vec::new(),
+        request_header_modifier: None,
+        mirror: None,
     }
 }
 
