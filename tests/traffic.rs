@@ -298,25 +298,81 @@ async fn a_canary_answering_503_fails_its_analysis_on_the_gateways_metrics_and_i
 }
 
 #[tokio::test]
-async fn an_ab_step_sends_every_request_with_the_header_to_the_canary_and_no_other() {
+async fn an_ab_step_sends_every_request_with_the_header_to_the_canary_with_its_header_changes_and_no_other() {
     let scenario = Scenario::new("traffic-ab").await;
-    let step = "{matches: [{headers: [{name: x-canary, value: \"yes\"}]}], replicas: 1, pause: {}}";
+    let step = "{matches: [{headers: [{name: x-canary, value: \"yes\"}]}], requestHeaderModifier: {set: [{name: x-release, value: canary}], remove: [x-debug]}, replicas: 1, pause: {}}";
     let _agent = paused_at(&scenario, step).await;
     let host = host(&scenario);
+    let sent = [("x-canary", "yes"), ("x-debug", "1")];
     let matched = eventually("the header routed to the canary", WAIT, || async {
-        let counts = burst_with(&host, &[("x-canary", "yes")], 1_000, Duration::from_secs(60));
+        let counts = burst_with(&host, &sent, 1_000, Duration::from_secs(60));
         (counts.share(CANARY) == 1.0).then_some(counts)
     })
     .await;
     assert_eq!(matched.answered(), 1_000, "{}", summary(&matched));
     assert_eq!(matched.failures(), 0, "{}", summary(&matched));
-    for headers in [&[][..], &[("x-canary", "no")][..]] {
+    let changed = [("x-canary", "yes"), ("x-release", "canary")];
+    assert_eq!(
+        matched.received(CANARY, &changed),
+        1_000,
+        "every matched request reaches the canary with x-release set and x-debug removed: {:?}",
+        matched.by_image_and_headers
+    );
+    for headers in [&[][..], &[("x-canary", "no"), ("x-debug", "1")][..]] {
         let other = burst_with(&host, headers, 1_000, Duration::from_secs(60));
         assert_eq!(other.answered(), 1_000, "{headers:?}: {}", summary(&other));
         assert_eq!(other.share(STABLE), 1.0, "{headers:?}: {}", summary(&other));
+        assert_eq!(
+            other.received(STABLE, headers),
+            1_000,
+            "the stable's requests arrive as sent: {:?}",
+            other.by_image_and_headers
+        );
     }
     let status = status(&scenario).await.expect("status");
     assert_eq!(status.canary_status.expect("canary").traffic, "0% + matching requests");
+}
+
+/// A gateway that cannot mirror (Traefik's class lists no
+/// HTTPRouteRequestMirror) would answer every request of a rule with a
+/// mirror with an error: the release does not start, and 1.0 answers all.
+#[tokio::test]
+async fn a_mirror_step_is_refused_where_the_gateway_cannot_mirror_and_no_request_fails() {
+    let scenario = Scenario::new("traffic-mirror").await;
+    let step = "{mirror: {percent: 100}, replicas: 1, pause: {}}";
+    write_app_with(&scenario, "1.0", step);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = scenario.start_agent();
+    answering_on_1_0(&scenario).await;
+    let load = Load::start(&host(&scenario));
+    write_app_with(&scenario, "2.0", step);
+    scenario.repo.commit_and_push("echo 2.0");
+    let refused = eventually("the mirror refused", WAIT, || async {
+        let status = status(&scenario).await?;
+        let message = status.canary_status?.message;
+        (status.phase == Phase::Failed && message.contains("HTTPRouteRequestMirror")).then_some(message)
+    })
+    .await;
+    assert!(
+        refused.contains("GatewayClass gitcanary-test of Gateway gitcanary-test/gateway (serving HTTPRoute echo) does not list HTTPRouteRequestMirror"),
+        "{refused}"
+    );
+    let routes = Api::<kube::api::DynamicObject>::namespaced_with(
+        scenario.client.clone(),
+        &scenario.ns,
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "gateway.networking.k8s.io",
+            "v1",
+            "HTTPRoute",
+        )),
+    );
+    let route = serde_json::to_value(routes.get("echo").await.expect("route")).unwrap();
+    assert!(!route.to_string().contains("RequestMirror"), "{route}");
+    assert!(!canary_exists(&scenario).await, "no canary was made");
+    let counts = Counts::of(&load.stop());
+    assert!(counts.answered() > 100, "{}", summary(&counts));
+    assert_eq!(counts.failures(), 0, "{}", summary(&counts));
+    assert_eq!(counts.share(STABLE), 1.0, "{}", summary(&counts));
 }
 
 /// Kruise's blue-green: 2.0 at full size beside 1.0, previewed by header,

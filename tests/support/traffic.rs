@@ -43,11 +43,15 @@ pub struct Answer {
     pub status: Option<u16>,
     /// The image of the pod that answered.
     pub image: String,
+    /// The request's `x-*` headers as the pod received them, as JSON.
+    pub headers: String,
 }
 
 #[derive(Debug, Default, Clone)]
 pub struct Counts {
     pub by_image: BTreeMap<String, usize>,
+    /// Answers by image and the `x-*` headers the pod received (JSON).
+    pub by_image_and_headers: BTreeMap<(String, String), usize>,
     pub by_status: BTreeMap<u16, usize>,
     pub failed: usize,
 }
@@ -60,6 +64,8 @@ impl Counts {
                 Some(status) => {
                     *counts.by_status.entry(status).or_default() += 1;
                     *counts.by_image.entry(answer.image.clone()).or_default() += 1;
+                    let key = (answer.image.clone(), answer.headers.clone());
+                    *counts.by_image_and_headers.entry(key).or_default() += 1;
                 }
                 None => counts.failed += 1,
             }
@@ -69,6 +75,17 @@ impl Counts {
 
     pub fn answered(&self) -> usize {
         self.by_status.values().sum()
+    }
+
+    /// Answers from pods of `image` that received exactly the `x-*`
+    /// headers `headers`.
+    pub fn received(&self, image: &str, headers: &[(&str, &str)]) -> usize {
+        let headers: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), serde_json::json!(v)))
+            .collect();
+        let key = (image.to_string(), serde_json::Value::Object(headers).to_string());
+        *self.by_image_and_headers.get(&key).unwrap_or(&0)
     }
 
     /// The share of answers that came from pods of `image`.
@@ -121,10 +138,11 @@ impl Client {
     fn get(&mut self) -> Answer {
         let at = Instant::now();
         match self.try_get() {
-            Ok((status, image)) => Answer {
+            Ok((status, image, headers)) => Answer {
                 at,
                 status: Some(status),
                 image,
+                headers,
             },
             Err(_) => {
                 self.connection = None;
@@ -132,12 +150,13 @@ impl Client {
                     at,
                     status: None,
                     image: String::new(),
+                    headers: String::new(),
                 }
             }
         }
     }
 
-    fn try_get(&mut self) -> std::io::Result<(u16, String)> {
+    fn try_get(&mut self) -> std::io::Result<(u16, String, String)> {
         if self.connection.is_none() {
             let stream = TcpStream::connect(&self.address)?;
             stream.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -173,11 +192,9 @@ impl Client {
         if close {
             self.connection = None;
         }
-        let image = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["image"].as_str().map(str::to_string))
-            .unwrap_or_default();
-        Ok((status, image))
+        let body = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+        let image = body["image"].as_str().unwrap_or_default().to_string();
+        Ok((status, image, body["headers"].to_string()))
     }
 }
 

@@ -1,7 +1,9 @@
 # Plays the pods' containers on the test control plane, as kwok plays the
 # kubelet: every Ready pod answers HTTP on its pod IP, on each port its
 # containers declare and each numeric targetPort of a Service, with
-#   {"pod": "<name>", "image": "<first container's image>"}
+#   {"pod": "<name>", "image": "<first container's image>", "headers": {x-*}}
+# (the request's headers named x-*, as the pod received them, but for the
+# gateway's own x-forwarded-* and x-real-ip).
 # A pod labelled gitcanary.test/http-status: "503" answers with that status;
 # gitcanary.test/latency-ms: "200" delays its answers. It runs in the pod
 # network namespace (gateway-up.sh), where every pod address is local: it
@@ -162,16 +164,23 @@ def wanted_ports():
     return ports
 
 
+# What the gateway adds to every request: not the client's, not echoed.
+GATEWAY_HEADERS = (b"x-forwarded-", b"x-real-ip")
+
+
 async def answer(reader, writer):
     ip, port = writer.get_extra_info("sockname")[:2]
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
+            length, seen = 0, {}
             for line in head.split(b"\r\n")[1:]:
                 name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
+                name = name.strip().lower()
+                if name == b"content-length":
                     length = int(value.strip() or 0)
+                elif name.startswith(b"x-") and not name.startswith(GATEWAY_HEADERS):
+                    seen[name.decode("latin-1")] = value.strip().decode("latin-1")
             if length:
                 await reader.readexactly(length)
             pod = pods.get(ip)
@@ -186,7 +195,7 @@ async def answer(reader, writer):
             try:
                 if pod["latency"]:
                     await asyncio.sleep(pod["latency"])
-                body = json.dumps({"pod": pod["pod"], "image": pod["image"]}).encode()
+                body = json.dumps({"pod": pod["pod"], "image": pod["image"], "headers": seen}).encode()
                 writer.write(
                     b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                     % (pod["status"], len(body))
