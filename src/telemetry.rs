@@ -95,6 +95,8 @@ pub struct Metrics {
     pub github_rate_limited: AtomicU64,
     /// GitHub `304 Not Modified` answers (not counted against its rate limit).
     pub github_not_modified: AtomicU64,
+    /// Requests left in GitHub's rate-limit window, as its last answer said.
+    pub github_rate_limit_remaining: AtomicU64,
     /// Kustomize and Helm runs in progress, as the source's renderers count them.
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
@@ -170,6 +172,11 @@ impl Metrics {
         for (name, help, value) in self.github_counters() {
             counter(&mut out, name, help, value);
         }
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_github_rate_limit_remaining Requests left in GitHub's rate-limit window, as its last answer said.\n# TYPE gitcanary_github_rate_limit_remaining gauge\ngitcanary_github_rate_limit_remaining {}",
+            self.github_rate_limit_remaining.load(Ordering::Relaxed)
+        );
         self.render_cluster(&mut out);
         out
     }

@@ -579,6 +579,84 @@ async fn a_rate_limited_github_is_left_alone_until_its_reset() {
 }
 
 #[tokio::test]
+async fn the_client_leaves_the_tokens_reserve_to_its_other_users_until_the_reset() {
+    let fake = GitHubFake::start().await;
+    for (i, sha) in ["a1", "a2", "a3"].into_iter().enumerate() {
+        fake.carry(sha, 5 + i as u64);
+    }
+    fake.set_quota(5000, 12);
+    let metrics = std::sync::Arc::new(gitcanary::telemetry::Metrics::default());
+    let mut github =
+        gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone()).expect("client");
+    github.reserve = 10;
+    github.carried_by("a1").await.expect("11 left after this one");
+    // A conditional request answered 304 spends nothing, and is not stopped.
+    github.carried_by("a1").await.expect("free");
+    assert_eq!(fake.quota().unwrap().remaining, 11);
+    github
+        .carried_by("a2")
+        .await
+        .expect("10 left after this one: the reserve");
+    let sent = fake.counted();
+    let refused = github.carried_by("a3").await.expect_err("the reserve is not spent");
+    assert!(
+        refused
+            .to_string()
+            .contains("10 GitHub requests left, 10 of them kept for the token's other users"),
+        "{refused}"
+    );
+    assert_eq!(fake.counted(), sent, "no request reached GitHub");
+    assert_eq!(fake.quota().unwrap().remaining, 10);
+    let reset_in = github
+        .backing_off()
+        .expect("quiet")
+        .saturating_duration_since(std::time::Instant::now());
+    assert!(
+        reset_in > Duration::from_secs(3500),
+        "quiet until GitHub's reset, in an hour: {reset_in:?}"
+    );
+    let text = metrics.render();
+    assert!(text.contains("gitcanary_github_rate_limit_remaining 10"), "{text}");
+}
+
+/// The reserve stops GitHub calls, never the release: a release with a
+/// timed pause runs to its promote while the agent, down to its reserve,
+/// asks GitHub nothing more.
+#[tokio::test]
+async fn a_release_goes_on_while_the_github_budget_is_down_to_its_reserve() {
+    let scenario = Scenario::new("gh-reserve").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    write_app_with_steps(&scenario, "1.0", "      - {replicas: 1, pause: {duration: 1}}\n");
+    scenario.repo.commit_and_push("echo 1.0");
+    fake.set_quota(5000, 8);
+    let _agent = github_agent_with(
+        &scenario,
+        &fake.url,
+        &["--github-poll", "1", "--github-poll-max", "3", "--github-reserve", "5"],
+    );
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app_with_steps(&scenario, "2.0", "      - {replicas: 1, pause: {duration: 1}}\n");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 9);
+    eventually("2.0 promoted", WAIT, || async {
+        let status = Api::<Rollout>::namespaced(scenario.client.clone(), &scenario.ns)
+            .get_opt("echo")
+            .await
+            .ok()??
+            .status?;
+        (status.phase == Phase::Healthy && status.stable_commit == commit).then_some(())
+    })
+    .await;
+    let quota = fake.quota().unwrap();
+    // Requests already in flight when the reserve was reached may land.
+    assert!(
+        quota.remaining >= 3,
+        "the reserve, less what was in flight, is left: {quota:?}"
+    );
+    assert!(quota.remaining <= 5, "the agent spent down to its reserve: {quota:?}");
+}
+
+#[tokio::test]
 async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_reset() {
     let scenario = Scenario::new("gh-revert").await;
     let fake = GitHubFake::start_for(&scenario.repo.bare).await;

@@ -194,6 +194,13 @@ pub struct SyncArgs {
     /// The longest wait between two such looks, in seconds.
     #[arg(long, default_value_t = 120)]
     pub github_poll_max: u64,
+    /// GitHub requests of each rate-limit window (5,000 an hour for a
+    /// token) left to the token's other users: once an answer says no more
+    /// remain, the agent makes no GitHub call until the window resets.
+    /// Releases go on; commands and approvals wait for the reset (or come
+    /// through `gitcanary promote`).
+    #[arg(long, default_value_t = 500)]
+    pub github_reserve: u64,
     /// Let the author of a change approve its own promotion pull request
     /// (GitHub's own rule forbids it; off by default).
     #[arg(long)]

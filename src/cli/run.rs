@@ -270,6 +270,7 @@ fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Re
     match token {
         Some(token) => {
             let mut github = GitHub::new(&args.github_url, &token, repo, metrics)?;
+            github.reserve = args.github_reserve;
             github.gate_policy = crate::github::GatePolicy {
                 allow_self_approval: args.gate_allow_self_approval,
                 bots: args.gate_bots.clone(),

@@ -16,9 +16,12 @@ use crate::telemetry::Metrics;
 use crate::{Error, Result};
 
 pub use answers::{is_edited, is_writer, release_people};
+use budget::now_epoch;
+pub use budget::rate_limit_wait;
 pub use comment::{commit_status, defang, escape_inline, is_reportable, marker, parse_command, render_comment};
 
 mod answers;
+mod budget;
 mod comment;
 mod etags;
 pub mod gate;
@@ -31,8 +34,11 @@ pub struct GitHub {
     owner: String,
     repo: String,
     metrics: Arc<Metrics>,
-    /// GitHub asked for no calls before this instant (rate limit).
-    quiet_until: std::sync::Mutex<Option<Instant>>,
+    /// No calls before this instant: GitHub asked (rate limit), or the
+    /// reserve was reached; and why, as a refused call says.
+    quiet_until: std::sync::Mutex<Option<(Instant, String)>>,
+    /// Requests of each rate-limit window left to the token's other users.
+    pub reserve: u64,
     /// The account gitcanary acts as: its own comments are never commands.
     login: tokio::sync::OnceCell<String>,
     /// Whose approvals pass a gate.
@@ -112,27 +118,6 @@ impl PullRequest {
     }
 }
 
-/// The wait a rate-limited answer asks for: `Retry-After` (seconds), else
-/// `X-RateLimit-Reset` (epoch seconds) when no requests remain. `None` for an
-/// answer that is not a rate limit.
-pub fn rate_limit_wait(status: u16, headers: &http::HeaderMap, now_epoch: u64) -> Option<Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    let retry_after = header("retry-after").and_then(|v| v.parse::<u64>().ok());
-    let exhausted = header("x-ratelimit-remaining") == Some("0");
-    if status != 429 && !(status == 403 && (exhausted || retry_after.is_some())) {
-        return None;
-    }
-    let seconds = retry_after
-        .or_else(|| {
-            header("x-ratelimit-reset")
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|reset| reset.saturating_sub(now_epoch))
-        })
-        // GitHub's advice when it names no time: wait a minute.
-        .unwrap_or(60);
-    Some(Duration::from_secs(seconds.clamp(1, 3600)))
-}
-
 /// How long GitHub may take to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one request may wait for GitHub between bytes.
@@ -170,6 +155,7 @@ impl GitHub {
             repo: repo.to_string(),
             metrics,
             quiet_until: std::sync::Mutex::new(None),
+            reserve: 0,
             login: tokio::sync::OnceCell::new(),
             gate_policy: GatePolicy::default(),
             etags: etags::Etags::default(),
@@ -209,8 +195,49 @@ impl GitHub {
 
     /// Until when GitHub asked for quiet, if it did.
     pub fn backing_off(&self) -> Option<Instant> {
-        let until = *self.quiet_until.lock().unwrap_or_else(|e| e.into_inner());
-        until.filter(|until| *until > Instant::now())
+        self.quiet().map(|(until, _)| until)
+    }
+
+    fn quiet(&self) -> Option<(Instant, String)> {
+        let quiet = self.quiet_until.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        quiet.filter(|(until, _)| *until > Instant::now())
+    }
+
+    /// No call for `wait`, for `why`; a longer quiet already set stands.
+    fn keep_quiet(&self, wait: Duration, why: String) {
+        let until = Instant::now() + wait;
+        let mut quiet = self.quiet_until.lock().unwrap_or_else(|e| e.into_inner());
+        if quiet.as_ref().is_none_or(|(set, _)| *set < until) {
+            *quiet = Some((until, why));
+        }
+    }
+
+    /// What an answer's headers say of the budget: the gauge, and a quiet
+    /// until the reset once only the reserve is left.
+    fn note_budget(&self, headers: &http::HeaderMap) {
+        let Some((remaining, reset)) = budget::budget(headers) else {
+            return;
+        };
+        self.metrics
+            .github_rate_limit_remaining
+            .store(remaining, Ordering::Relaxed);
+        let quiet = self.quiet().is_some();
+        if let Some(wait) = budget::reserve_wait(remaining, reset, now_epoch(), self.reserve) {
+            let reserve = self.reserve;
+            let why = match reserve {
+                0 => "GitHub's budget spent".to_string(),
+                _ => format!("{remaining} GitHub requests left, {reserve} of them kept for the token's other users"),
+            };
+            self.keep_quiet(wait, why);
+            if !quiet {
+                tracing::warn!(
+                    remaining,
+                    reserve,
+                    wait_seconds = wait.as_secs(),
+                    "GitHub budget down to its reserve: no GitHub calls until it resets; releases go on"
+                );
+            }
+        }
     }
 
     /// Every GitHub call goes through here: counted, refused locally while
@@ -274,9 +301,9 @@ impl GitHub {
             status,
             message,
         };
-        if let Some(until) = self.backing_off() {
+        if let Some((until, why)) = self.quiet() {
             let wait = until.saturating_duration_since(Instant::now()).as_secs();
-            return Err(error(None, format!("rate limited; GitHub asked to wait {wait} s more")));
+            return Err(error(None, format!("rate limited ({why}); {wait} s more")));
         }
         self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
         let get = method == Method::GET;
@@ -303,6 +330,7 @@ impl GitHub {
         })?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
+        self.note_budget(&headers);
         if status == 304
             && let Some((_, answer)) = remembered
         {
@@ -322,12 +350,9 @@ impl GitHub {
             return Ok(answer);
         }
         self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
-        let now_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if let Some(wait) = rate_limit_wait(status, &headers, now_epoch) {
+        if let Some(wait) = rate_limit_wait(status, &headers, now_epoch()) {
             self.metrics.github_rate_limited.fetch_add(1, Ordering::Relaxed);
-            *self.quiet_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + wait);
+            self.keep_quiet(wait, format!("GitHub answered {status}"));
             tracing::warn!(
                 status,
                 wait_seconds = wait.as_secs(),

@@ -31,6 +31,9 @@ pub struct Data {
     pub required_approvals: usize,
     /// The next this many requests are refused as rate limited.
     pub rate_limited: usize,
+    /// GitHub's rate limit, when set: every answer says what is left, each
+    /// counted request (not a 304) spends one, and none is served once spent.
+    pub quota: Option<Quota>,
     /// Conditional requests answered 304 Not Modified (GitHub counts none
     /// of them against the rate limit).
     pub not_modified: usize,
@@ -47,6 +50,33 @@ pub struct Data {
     /// Comment id -> when it was written.
     pub comment_times: BTreeMap<u64, String>,
     next_id: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Quota {
+    pub limit: usize,
+    pub remaining: usize,
+    /// When the window resets, epoch seconds.
+    pub reset: u64,
+}
+
+impl Quota {
+    fn headers(&self) -> [(&'static str, String); 5] {
+        [
+            ("x-ratelimit-limit", self.limit.to_string()),
+            ("x-ratelimit-remaining", self.remaining.to_string()),
+            ("x-ratelimit-reset", self.reset.to_string()),
+            ("x-ratelimit-used", (self.limit - self.remaining).to_string()),
+            ("x-ratelimit-resource", "core".to_string()),
+        ]
+    }
+}
+
+fn epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
 }
 
 #[derive(Clone, Debug)]
@@ -217,6 +247,20 @@ impl GitHubFake {
         merge_into_bare(&self.data, pull, user).expect("the merge succeeds")
     }
 
+    /// A rate-limit window of `limit` requests, `remaining` of them left,
+    /// resetting in an hour.
+    pub fn set_quota(&self, limit: usize, remaining: usize) {
+        self.data.lock().expect("lock").quota = Some(Quota {
+            limit,
+            remaining,
+            reset: epoch() + 3600,
+        });
+    }
+
+    pub fn quota(&self) -> Option<Quota> {
+        self.data.lock().expect("lock").quota
+    }
+
     pub fn rate_limit_next(&self, requests: usize) {
         self.data.lock().expect("lock").rate_limited = requests;
     }
@@ -329,22 +373,18 @@ async fn record(
     {
         let mut data = data.lock().expect("lock");
         data.requests.push((method.to_string(), uri.path().to_string()));
-        if data.rate_limited > 0 {
-            data.rate_limited -= 1;
-            let reset = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock")
-                .as_secs()
-                + 3;
+        let spent = data.quota.filter(|q| q.remaining == 0);
+        if data.rate_limited > 0 || spent.is_some() {
+            data.rate_limited = data.rate_limited.saturating_sub(1);
+            let quota = spent.unwrap_or(Quota {
+                limit: 5000,
+                remaining: 0,
+                reset: epoch() + 3,
+            });
             // GitHub's primary rate limit answer.
             return (
                 StatusCode::FORBIDDEN,
-                [
-                    ("x-ratelimit-limit", "5000".to_string()),
-                    ("x-ratelimit-remaining", "0".to_string()),
-                    ("x-ratelimit-reset", reset.to_string()),
-                    ("x-ratelimit-resource", "core".to_string()),
-                ],
+                quota.headers(),
                 Json(json!({"message": "API rate limit exceeded for user ID 1007.",
                     "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api"})),
             )
@@ -352,7 +392,7 @@ async fn record(
         }
     }
     let if_none_match = request.headers().get("if-none-match").cloned();
-    let answer = next.run(request).await;
+    let answer = with_quota(&data, next.run(request).await);
     if method != Method::GET || !answer.status().is_success() {
         return answer;
     }
@@ -362,11 +402,33 @@ async fn record(
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
     let etag = format!("\"{:016x}\"", fnv(&bytes));
     if if_none_match.is_some_and(|v| v.as_bytes() == etag.as_bytes()) {
-        data.lock().expect("lock").not_modified += 1;
-        return (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
+        let mut data = data.lock().expect("lock");
+        data.not_modified += 1;
+        // Free: the request spent none of the quota after all.
+        let mut free = (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
+        if let Some(quota) = data.quota.as_mut() {
+            quota.remaining = (quota.remaining + 1).min(quota.limit);
+            for (name, value) in quota.headers() {
+                free.headers_mut().insert(name, value.parse().expect("a header"));
+            }
+        }
+        return free;
     }
     let mut answer = axum::response::Response::from_parts(parts, axum::body::Body::from(bytes));
     answer.headers_mut().insert("etag", etag.parse().expect("an ETag"));
+    answer
+}
+
+/// One request spent of the quota, if one is set, and what is left said
+/// on the answer as GitHub says it.
+fn with_quota(data: &Shared, mut answer: axum::response::Response) -> axum::response::Response {
+    let mut data = data.lock().expect("lock");
+    if let Some(quota) = data.quota.as_mut() {
+        quota.remaining = quota.remaining.saturating_sub(1);
+        for (name, value) in quota.headers() {
+            answer.headers_mut().insert(name, value.parse().expect("a header"));
+        }
+    }
     answer
 }
 
