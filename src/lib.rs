@@ -9,6 +9,7 @@ pub mod github;
 pub mod identity;
 pub mod lease;
 pub mod manifest;
+pub mod notify;
 pub mod plan;
 pub mod render;
 pub mod report;

@@ -97,6 +97,8 @@ pub struct Metrics {
     pub github_not_modified: AtomicU64,
     /// Requests left in GitHub's rate-limit window, as its last answer said.
     pub github_rate_limit_remaining: AtomicU64,
+    /// Release events sent to the configured receivers.
+    pub notifications: Notifications,
     /// Kustomize and Helm runs in progress, as the source's renderers count them.
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
@@ -177,6 +179,7 @@ impl Metrics {
             "# HELP gitcanary_github_rate_limit_remaining Requests left in GitHub's rate-limit window, as its last answer said.\n# TYPE gitcanary_github_rate_limit_remaining gauge\ngitcanary_github_rate_limit_remaining {}",
             self.github_rate_limit_remaining.load(Ordering::Relaxed)
         );
+        self.notifications.render(&mut out);
         self.render_cluster(&mut out);
         out
     }
@@ -302,6 +305,37 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "gitcanary_rollout_phase{{namespace=\"{namespace}\",rollout=\"{name}\",phase=\"{phase}\"}} 1"
+            );
+        }
+    }
+}
+
+/// Delivery counts by receiver and outcome, for
+/// `gitcanary_notifications_total{receiver, outcome}`.
+#[derive(Default)]
+pub struct Notifications {
+    counts: Mutex<BTreeMap<(String, &'static str), u64>>,
+    pub attempts: AtomicU64,
+}
+
+impl Notifications {
+    pub fn count(&self, receiver: &str, outcome: &'static str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *counts.entry((receiver.to_string(), outcome)).or_default() += 1;
+    }
+
+    /// Prometheus text of the counts.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_notifications_total Release events sent to receivers, by outcome (delivered; failed after every retry; dropped, the receiver's queue full).\n# TYPE gitcanary_notifications_total counter"
+        );
+        for ((receiver, outcome), n) in counts.iter() {
+            let _ = writeln!(
+                out,
+                "gitcanary_notifications_total{{receiver=\"{receiver}\",outcome=\"{outcome}\"}} {n}"
             );
         }
     }

@@ -116,6 +116,8 @@ pub struct Agent {
     pub writeback: WritebackConfig,
     /// Pull-request comments, commit statuses, gates and commands; off without a token.
     pub github: Option<Arc<GitHub>>,
+    /// Release events to the team's chat and webhooks; off without receivers.
+    pub notifier: Option<Arc<crate::notify::Notifier>>,
     pub metrics: Arc<Metrics>,
     /// The revision last loaded, validated: what syncs use until the loader
     /// replaces it, kept while its commit is the branch's head, and what the
@@ -283,6 +285,9 @@ impl Agent {
             let _ = triggers.try_send(Trigger::Pushed);
         } else if !written.apps.is_empty() {
             let _ = triggers.try_send(Trigger::WrittenBack(written.apps));
+        }
+        if let Some(notifier) = &self.notifier {
+            notifier.submit(&report);
         }
         if let Some(github) = github {
             github.submit(report.clone(), look_at_github);

@@ -201,6 +201,16 @@ pub struct SyncArgs {
     /// through `gitcanary promote`).
     #[arg(long, default_value_t = 500)]
     pub github_reserve: u64,
+    /// A receiver of release events (started, step passed, waiting for a
+    /// promote, promoted, failed, aborted): `NAME=slack:URL`,
+    /// `NAME=teams:URL` or `NAME=webhook:URL`, the URL or `@FILE` holding it
+    /// (a mounted Secret). Repeatable; every Rollout's events go to each.
+    #[arg(long = "notify", value_name = "NAME=KIND:URL")]
+    pub notify: Vec<String>,
+    /// `NAME=FILE`: the file holding the secret a webhook receiver's bodies
+    /// are signed with (HMAC-SHA256, `X-Gitcanary-Signature-256`).
+    #[arg(long = "notify-secret", value_name = "NAME=FILE")]
+    pub notify_secret: Vec<String>,
     /// Let the author of a change approve its own promotion pull request
     /// (GitHub's own rule forbids it; off by default).
     #[arg(long)]

@@ -167,6 +167,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         ready,
         writeback: writeback.clone(),
         github: github_client(&args, metrics.clone())?.map(Arc::new),
+        notifier: notifier(&args, metrics.clone())?.map(Arc::new),
         metrics,
         loaded: std::sync::Mutex::default(),
         memo: crate::sync::SyncMemo::default(),
@@ -282,6 +283,46 @@ fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Re
             Ok(None)
         }
     }
+}
+
+/// The receivers of `--notify`, each webhook's secret from `--notify-secret`.
+fn notifier(
+    args: &SyncArgs,
+    metrics: Arc<crate::telemetry::Metrics>,
+) -> Result<Option<crate::notify::Notifier>, Error> {
+    if args.notify.is_empty() {
+        if !args.notify_secret.is_empty() {
+            return Err(Error::Usage(
+                "--notify-secret names a receiver, and no --notify gives one".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let mut secrets = std::collections::BTreeMap::new();
+    for pair in &args.notify_secret {
+        let (name, path) = pair
+            .split_once('=')
+            .ok_or_else(|| Error::Usage(format!("--notify-secret {pair:?}: write NAME=FILE")))?;
+        secrets.insert(name.to_string(), path.to_string());
+    }
+    let mut receivers: Vec<crate::notify::Receiver> = Vec::new();
+    for spec in &args.notify {
+        let receiver = crate::notify::parse_receiver(spec, &secrets).map_err(Error::Usage)?;
+        if receivers.iter().any(|r| r.name == receiver.name) {
+            return Err(Error::Usage(format!(
+                "--notify: two receivers are named {}",
+                receiver.name
+            )));
+        }
+        receivers.push(receiver);
+    }
+    if let Some(name) = secrets.keys().find(|name| !receivers.iter().any(|r| &r.name == *name)) {
+        return Err(Error::Usage(format!(
+            "--notify-secret {name}: no --notify receiver has that name"
+        )));
+    }
+    tracing::info!(receivers = ?receivers, "release events go to these receivers");
+    Ok(Some(crate::notify::Notifier::start(receivers, metrics)))
 }
 
 /// `GITCANARY_WEBHOOK_SECRET` or the file named by `GITCANARY_WEBHOOK_SECRET_FILE`.

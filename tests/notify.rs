@@ -1,0 +1,210 @@
+//! Release events where teams talk: receivers on loopback, as a chat's
+//! incoming webhook and a team's signed webhook are, told of a promoted and
+//! a failed release, each event once.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use gitcanary::rollout::api::{Phase, Rollout};
+use kube::api::Api;
+use serde_json::Value;
+use support::agent::{AgentProcess, Scenario};
+use support::eventually;
+
+const WAIT: Duration = Duration::from_secs(90);
+const SECRET: &str = "s3cret-for-hooks";
+
+/// What the receivers got: (receiver, event header, delivery id, body,
+/// signature header).
+#[derive(Default)]
+struct Received {
+    posts: Vec<(String, String, String, Value, String)>,
+    /// Answers still to fail for the chat receiver.
+    chat_failures: usize,
+}
+
+type Shared = Arc<Mutex<Received>>;
+
+async fn receive(
+    State(received): State<Shared>,
+    Path(receiver): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    if receiver == "stuck" {
+        // A receiver that never answers.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut received = received.lock().unwrap();
+    if receiver == "chat" && received.chat_failures > 0 {
+        received.chat_failures -= 1;
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let signature = header("x-gitcanary-signature-256");
+    // Verified as a receiver would: the HMAC of the exact bytes received.
+    if !signature.is_empty() && signature != gitcanary::notify::event::signature(SECRET.as_bytes(), &body) {
+        return StatusCode::UNAUTHORIZED;
+    }
+    received.posts.push((
+        receiver,
+        header("x-gitcanary-event"),
+        header("x-gitcanary-delivery"),
+        json,
+        signature,
+    ));
+    StatusCode::OK
+}
+
+fn write_app(scenario: &Scenario, image: &str, never_ready: bool) {
+    let spec = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 5s\n";
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, spec);
+    if never_ready {
+        let path = scenario.repo.path().join("echo/deployment.yaml");
+        let text = std::fs::read_to_string(&path).expect("deployment").replace(
+            "labels: {app: echo}\n    spec",
+            "labels: {app: echo, gitcanary.test/never-ready: \"true\"}\n    spec",
+        );
+        assert!(text.contains("never-ready"), "{text}");
+        std::fs::write(&path, text).expect("written");
+    }
+}
+
+async fn phase(scenario: &Scenario) -> Option<Phase> {
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    Some(rollouts.get_opt("echo").await.ok()??.status?.phase)
+}
+
+/// The events `receiver` got, as (event, id).
+fn events_of(received: &Shared, receiver: &str) -> Vec<(String, String)> {
+    let received = received.lock().unwrap();
+    received
+        .posts
+        .iter()
+        .filter(|p| p.0 == receiver)
+        .map(|p| (p.1.clone(), p.2.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_event_of_a_promoted_and_a_failed_release_reaches_each_receiver_once() {
+    let scenario = Scenario::new("notify").await;
+    let received: Shared = Arc::new(Mutex::new(Received {
+        chat_failures: 2,
+        ..Received::default()
+    }));
+    let app = axum::Router::new()
+        .route("/{receiver}", axum::routing::post(receive))
+        .with_state(received.clone());
+    let address = support::serve_on_own_thread(app, "notification receivers");
+    let files = tempfile::tempdir().expect("tempdir");
+    let (url_file, secret_file) = (files.path().join("hook-url"), files.path().join("hook-secret"));
+    std::fs::write(&url_file, format!("http://{address}/hook\n")).expect("url");
+    std::fs::write(&secret_file, format!("{SECRET}\n")).expect("secret");
+    let chat = format!("chat=slack:http://{address}/chat");
+    let hook = format!("hook=webhook:@{}", url_file.display());
+    let hook_secret = format!("hook={}", secret_file.display());
+    let stuck = format!("stuck=webhook:http://{address}/stuck");
+    write_app(&scenario, "1.0", false);
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &[
+            "--notify",
+            &chat,
+            "--notify",
+            &hook,
+            "--notify-secret",
+            &hook_secret,
+            "--notify",
+            &stuck,
+        ],
+        &[],
+    );
+    eventually("1.0 healthy", WAIT, || async {
+        (phase(&scenario).await == Some(Phase::Healthy)).then_some(())
+    })
+    .await;
+
+    write_app(&scenario, "2.0", false);
+    scenario.repo.commit_and_push("echo 2.0");
+    let promoted = ["started", "step-passed", "promoted"];
+    let kinds = |events: &[(String, String)]| events.iter().map(|e| e.0.clone()).collect::<Vec<_>>();
+    eventually("2.0's events at the webhook", WAIT, || async {
+        (kinds(&events_of(&received, "hook")) == promoted).then_some(())
+    })
+    .await;
+
+    // A never-ready 3.0 misses its deadline: failed, reverted in Git.
+    write_app(&scenario, "3.0", true);
+    scenario.repo.commit_and_push("echo 3.0, never ready");
+    let all = ["started", "step-passed", "promoted", "started", "failed"];
+    eventually("3.0's events at the webhook", WAIT, || async {
+        (kinds(&events_of(&received, "hook")) == all).then_some(())
+    })
+    .await;
+    // The chat failed twice before taking the first event: it still has each once.
+    let chat_events = eventually("every event in the chat", WAIT, || async {
+        let events = events_of(&received, "chat");
+        (kinds(&events) == all).then_some(events)
+    })
+    .await;
+    let hook_events = events_of(&received, "hook");
+    assert_eq!(chat_events, hook_events, "the same events, with the same ids");
+    let ids: std::collections::BTreeSet<_> = hook_events.iter().map(|e| &e.1).collect();
+    assert_eq!(ids.len(), 5, "five events, five ids: {hook_events:?}");
+
+    let received = received.lock().unwrap();
+    let hook_bodies: Vec<&Value> = received.posts.iter().filter(|p| p.0 == "hook").map(|p| &p.3).collect();
+    assert!(
+        received
+            .posts
+            .iter()
+            .filter(|p| p.0 == "hook")
+            .all(|p| p.4.starts_with("sha256=")),
+        "every webhook signed"
+    );
+    let failed = hook_bodies[4];
+    assert_eq!(failed["event"], "failed");
+    assert_eq!(failed["rollout"]["name"], "echo");
+    let cause = failed["facts"]["cause"].as_str().unwrap_or_default();
+    assert!(cause.contains("not ready within 5s"), "{failed}");
+    let revert = failed["facts"]["revert commit"].as_str().unwrap_or_default();
+    let (revert_sha, _) = scenario
+        .history()
+        .into_iter()
+        .find(|(_, m)| m.starts_with("revert("))
+        .expect("a revert commit");
+    assert!(
+        !revert.is_empty() && revert_sha.starts_with(revert),
+        "{revert} of {revert_sha}"
+    );
+    let slack = &received
+        .posts
+        .iter()
+        .find(|p| p.0 == "chat" && p.1 == "promoted")
+        .expect("promoted in the chat")
+        .3;
+    assert!(
+        slack["text"].as_str().unwrap_or_default().ends_with("promoted"),
+        "{slack}"
+    );
+    assert_eq!(slack["blocks"][0]["type"], "section", "{slack}");
+    assert!(
+        received.posts.iter().all(|p| p.0 != "stuck"),
+        "the hanging receiver never answered"
+    );
+}
