@@ -373,28 +373,26 @@ fn modify_headers(rule: &mut Value, modifier: &HeaderModifier) {
     if !git.is_object() {
         *git = json!({});
     }
-    let named = |v: &Value| v["name"].as_str().unwrap_or_default().to_ascii_lowercase();
-    for key in ["set", "add"] {
-        let ours: Vec<Value> = step[key].as_array().cloned().unwrap_or_default();
-        if ours.is_empty() {
-            continue;
-        }
+    // A header the step names, in any list, is the step's alone.
+    let ours: Vec<String> = (modifier.set.iter().chain(&modifier.add))
+        .map(|h| h.name.to_ascii_lowercase())
+        .chain(modifier.remove.iter().map(|r| r.to_ascii_lowercase()))
+        .collect();
+    let theirs = |entry: &Value| {
+        let name = entry["name"].as_str().or(entry.as_str()).unwrap_or_default();
+        !ours.contains(&name.to_ascii_lowercase())
+    };
+    for key in ["set", "add", "remove"] {
         let mut list: Vec<Value> = git[key].as_array().cloned().unwrap_or_default();
-        list.retain(|entry| !ours.iter().any(|o| named(o) == named(entry)));
-        list.extend(ours);
-        git[key] = json!(list);
-    }
-    let mut removed: Vec<Value> = git["remove"].as_array().cloned().unwrap_or_default();
-    for name in &modifier.remove {
-        if !removed
-            .iter()
-            .any(|r| r.as_str().is_some_and(|r| r.eq_ignore_ascii_case(name)))
-        {
-            removed.push(json!(name));
+        list.retain(theirs);
+        list.extend(step[key].as_array().cloned().unwrap_or_default());
+        if list.is_empty() {
+            if let Some(git) = git.as_object_mut() {
+                git.remove(key);
+            }
+        } else {
+            git[key] = json!(list);
         }
-    }
-    if !removed.is_empty() {
-        git["remove"] = json!(removed);
     }
 }
 
@@ -759,7 +757,8 @@ mod tests {
         let route = json!({"spec": {"rules": [
             {"name": "api", "backendRefs": [{"name": "echo", "port": 80}],
              "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
-                 "set": [{"name": "X-Env", "value": "prod"}, {"name": "x-keep", "value": "1"}], "remove": ["x-debug"]}}]},
+                 "set": [{"name": "X-Env", "value": "prod"}, {"name": "x-keep", "value": "1"}],
+                 "add": [{"name": "X-Trace", "value": "on"}], "remove": ["x-debug"]}}]},
             {"backendRefs": [{"name": "other", "port": 80}]}
         ]}});
         let step = StepRoute {
@@ -787,8 +786,8 @@ mod tests {
             json!([{"type": "RequestHeaderModifier", "requestHeaderModifier": {
                 "set": [{"name": "x-keep", "value": "1"}, {"name": "x-env", "value": "canary"}],
                 "add": [{"name": "x-release", "value": "r2"}],
-                "remove": ["x-debug", "x-trace"]}}]),
-            "one filter: Gateway API takes one RequestHeaderModifier a rule"
+                "remove": ["X-Debug", "x-trace"]}}]),
+            "one filter (Gateway API takes one a rule), where a header the step names is the step's alone"
         );
         assert_eq!(
             rules[1]["filters"], route["spec"]["rules"][0]["filters"],

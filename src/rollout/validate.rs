@@ -772,6 +772,24 @@ mod tests {
                 "step 1: mirror needs an HTTPRoute (Gateway API's RequestMirror filter): an nginx Ingress",
             ),
             (
+                rollout(
+                    "      - {matches: [{headers: [{name: a, value: b}]}], requestHeaderModifier: {set: [{name: x/y, value: z}]}}\n",
+                ),
+                "step 1: requestHeaderModifier names header \"x/y\": a header name is 1 to 256 letters",
+            ),
+            (
+                rollout(
+                    "      - {matches: [{headers: [{name: a, value: b}]}], requestHeaderModifier: {set: [{name: x, value: z}, {name: X, value: w}]}}\n",
+                ),
+                "step 1: requestHeaderModifier.set names a header twice",
+            ),
+            (
+                rollout(
+                    "      - {matches: [{headers: [{name: a, value: b}]}], requestHeaderModifier: {add: [{name: x, value: \"\"}]}}\n",
+                ),
+                "step 1: requestHeaderModifier: a header's value is 1 to 4096 characters",
+            ),
+            (
                 rollout("      - {mirror: {percent: 0}}\n"),
                 "step 1: mirror percent 0 is not between 1 and 100",
             ),
@@ -812,6 +830,15 @@ mod tests {
         assert_eq!(
             problems(&[("a/w.yaml", &route(sixteen)), ("a/r.yaml", &plain)]),
             Vec::<String>::new()
+        );
+        let mirrored = "  - {backendRefs: [{name: echo, port: 80}], filters: [{type: RequestMirror, requestMirror: {backendRef: {name: shadow, port: 80}}}]}\n";
+        let found = problems(&[
+            ("a/w.yaml", &route(mirrored.to_string())),
+            ("a/r.yaml", &rollout("      - {mirror: {percent: 100}}\n")),
+        ]);
+        assert!(
+            found.iter().any(|p| p.contains("mirrors already: a step's mirror would be a second, which needs a gateway with HTTPRouteRequestMultipleMirrors")),
+            "{found:?}"
         );
         let taken = format!("{eight}  - {{name: r0-canary, backendRefs: [{{name: other, port: 80}}]}}\n");
         let found = problems(&[("a/w.yaml", &route(taken)), ("a/r.yaml", &ab)]);

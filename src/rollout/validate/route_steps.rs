@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::rollout::api::{CanaryStrategy, HeaderModifier};
+use crate::rollout::api::{CanaryStrategy, HeaderModifier, bounded_line};
 use crate::rollout::plan::{is_service_ref, parse_percent};
 
 /// Gateway API's most rules in one HTTPRoute, and most entries in each
@@ -89,10 +89,13 @@ fn header_problems(n: usize, modifier: &HeaderModifier) -> Vec<String> {
         .chain(&modifier.add)
         .map(|h| h.name.as_str())
         .chain(modifier.remove.iter().map(String::as_str));
+    // Gateway API's own rule for a header name (an HTTP token), and lengths.
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     for name in names {
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+        if name.is_empty() || name.len() > 256 || !name.bytes().all(token) {
             problems.push(format!(
-                "step {n}: requestHeaderModifier names header {name:?}: a header name is letters, digits and punctuation, without a colon"
+                "step {n}: requestHeaderModifier names header {:?}: a header name is 1 to 256 letters, digits and !#$%&'*+-.^_`|~",
+                bounded_line(name, 80)
             ));
         }
     }
@@ -101,6 +104,17 @@ fn header_problems(n: usize, modifier: &HeaderModifier) -> Vec<String> {
         problems.push(format!(
             "step {n}: requestHeaderModifier holds a control character (a line break, an escape) in a value: a header cannot carry one"
         ));
+    }
+    if values.clone().any(|v| v.is_empty() || v.len() > 4096) {
+        problems.push(format!(
+            "step {n}: requestHeaderModifier: a header's value is 1 to 4096 characters"
+        ));
+    }
+    for (list, entries) in [("set", &modifier.set), ("add", &modifier.add)] {
+        let mut seen = std::collections::BTreeSet::new();
+        if entries.iter().any(|h| !seen.insert(h.name.to_ascii_lowercase())) {
+            problems.push(format!("step {n}: requestHeaderModifier.{list} names a header twice"));
+        }
     }
     let lists = [
         ("set", modifier.set.len()),
@@ -124,18 +138,26 @@ fn header_problems(n: usize, modifier: &HeaderModifier) -> Vec<String> {
 /// rule's.
 pub fn route_problems(canary: &CanaryStrategy, route: &Value, service: &str) -> Vec<String> {
     let mut problems = Vec::new();
+    let rules = route["spec"]["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let sends_to_stable = |rule: &&Value| {
+        rule["backendRefs"]
+            .as_array()
+            .is_some_and(|refs| refs.iter().any(|r| is_service_ref(r, service)))
+    };
+    let mirrors = |rule: &Value| {
+        rule["filters"]
+            .as_array()
+            .is_some_and(|filters| filters.iter().any(|f| f["type"] == "RequestMirror"))
+    };
+    if canary.steps.iter().any(|s| s.mirror.is_some()) && rules.iter().filter(sends_to_stable).any(mirrors) {
+        problems.push(format!(
+            "a rule that sends to Service {service} mirrors already: a step's mirror would be a second, which needs a gateway with HTTPRouteRequestMultipleMirrors"
+        ));
+    }
     if canary.steps.iter().all(|s| s.matches.is_empty()) {
         return problems;
     }
-    let rules = route["spec"]["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let to_stable: Vec<&Value> = rules
-        .iter()
-        .filter(|rule| {
-            rule["backendRefs"]
-                .as_array()
-                .is_some_and(|refs| refs.iter().any(|r| is_service_ref(r, service)))
-        })
-        .collect();
+    let to_stable: Vec<&Value> = rules.iter().filter(sends_to_stable).collect();
     let with_canary_rules = rules.len() + to_stable.len();
     if with_canary_rules > ROUTE_RULES_MAX {
         problems.push(format!(
