@@ -25,6 +25,8 @@ struct Received {
     posts: Vec<(String, String, String, Value, String)>,
     /// Answers still to fail for the chat receiver.
     chat_failures: usize,
+    /// Requests the hanging receiver took.
+    stuck: usize,
 }
 
 type Shared = Arc<Mutex<Received>>;
@@ -36,7 +38,8 @@ async fn receive(
     body: axum::body::Bytes,
 ) -> StatusCode {
     if receiver == "stuck" {
-        // A receiver that never answers.
+        // A receiver that takes the request and never answers.
+        received.lock().unwrap().stuck += 1;
         tokio::time::sleep(Duration::from_secs(3600)).await;
     }
     let header = |name: &str| {
@@ -118,7 +121,7 @@ async fn every_event_of_a_promoted_and_a_failed_release_reaches_each_receiver_on
     let stuck = format!("stuck=webhook:http://{address}/stuck");
     write_app(&scenario, "1.0", false);
     scenario.repo.commit_and_push("echo 1.0");
-    let _agent = AgentProcess::start_with(
+    let agent = AgentProcess::start_with(
         &scenario.repo,
         &scenario.ns,
         scenario.cache.path(),
@@ -162,49 +165,61 @@ async fn every_event_of_a_promoted_and_a_failed_release_reaches_each_receiver_on
         (kinds(&events) == all).then_some(events)
     })
     .await;
+    // Later syncs look at the same statuses again: nothing more is told.
+    agent.wait_for_syncs(3).await;
+    assert_eq!(events_of(&received, "chat"), chat_events, "no event told twice");
     let hook_events = events_of(&received, "hook");
     assert_eq!(chat_events, hook_events, "the same events, with the same ids");
     let ids: std::collections::BTreeSet<_> = hook_events.iter().map(|e| &e.1).collect();
     assert_eq!(ids.len(), 5, "five events, five ids: {hook_events:?}");
 
-    let received = received.lock().unwrap();
-    let hook_bodies: Vec<&Value> = received.posts.iter().filter(|p| p.0 == "hook").map(|p| &p.3).collect();
-    assert!(
-        received
+    {
+        let received = received.lock().unwrap();
+        let hook_bodies: Vec<&Value> = received.posts.iter().filter(|p| p.0 == "hook").map(|p| &p.3).collect();
+        assert!(
+            received
+                .posts
+                .iter()
+                .filter(|p| p.0 == "hook")
+                .all(|p| p.4.starts_with("sha256=")),
+            "every webhook signed"
+        );
+        let failed = hook_bodies[4];
+        assert_eq!(failed["event"], "failed");
+        assert_eq!(failed["rollout"]["name"], "echo");
+        let cause = failed["facts"]["cause"].as_str().unwrap_or_default();
+        assert!(cause.contains("not ready within 5s"), "{failed}");
+        let revert = failed["facts"]["revert commit"].as_str().unwrap_or_default();
+        let (revert_sha, _) = scenario
+            .history()
+            .into_iter()
+            .find(|(_, m)| m.starts_with("revert("))
+            .expect("a revert commit");
+        assert!(
+            !revert.is_empty() && revert_sha.starts_with(revert),
+            "{revert} of {revert_sha}"
+        );
+        let slack = &received
             .posts
             .iter()
-            .filter(|p| p.0 == "hook")
-            .all(|p| p.4.starts_with("sha256=")),
-        "every webhook signed"
-    );
-    let failed = hook_bodies[4];
-    assert_eq!(failed["event"], "failed");
-    assert_eq!(failed["rollout"]["name"], "echo");
-    let cause = failed["facts"]["cause"].as_str().unwrap_or_default();
-    assert!(cause.contains("not ready within 5s"), "{failed}");
-    let revert = failed["facts"]["revert commit"].as_str().unwrap_or_default();
-    let (revert_sha, _) = scenario
-        .history()
-        .into_iter()
-        .find(|(_, m)| m.starts_with("revert("))
-        .expect("a revert commit");
-    assert!(
-        !revert.is_empty() && revert_sha.starts_with(revert),
-        "{revert} of {revert_sha}"
-    );
-    let slack = &received
-        .posts
-        .iter()
-        .find(|p| p.0 == "chat" && p.1 == "promoted")
-        .expect("promoted in the chat")
-        .3;
-    assert!(
-        slack["text"].as_str().unwrap_or_default().ends_with("promoted"),
-        "{slack}"
-    );
-    assert_eq!(slack["blocks"][0]["type"], "section", "{slack}");
-    assert!(
-        received.posts.iter().all(|p| p.0 != "stuck"),
-        "the hanging receiver never answered"
-    );
+            .find(|p| p.0 == "chat" && p.1 == "promoted")
+            .expect("promoted in the chat")
+            .3;
+        assert!(
+            slack["text"].as_str().unwrap_or_default().ends_with("promoted"),
+            "{slack}"
+        );
+        assert_eq!(slack["blocks"][0]["type"], "section", "{slack}");
+        // The hanging receiver took the first event and never answered, while
+        // both releases ran to their ends and the others got every event.
+        assert!(received.stuck >= 1, "the hanging receiver was asked");
+    }
+    let address = agent.address().await;
+    let (_, metrics) = support::http(&address, "GET", "/metrics", &[], b"").expect("metrics");
+    for line in [
+        "gitcanary_notifications_total{receiver=\"chat\",outcome=\"delivered\"} 5",
+        "gitcanary_notifications_total{receiver=\"hook\",outcome=\"delivered\"} 5",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
 }

@@ -8,6 +8,9 @@ use sha2::Sha256;
 
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, WritebackAction, bounded_line};
 
+/// Facts told beside an event's line: (title, value).
+pub type Facts = Vec<(&'static str, String)>;
+
 /// One thing that happened to a release.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -60,9 +63,16 @@ pub fn implied(namespace: &str, name: &str, spec: &RolloutSpec, status: &Rollout
     if id.is_empty() {
         return Vec::new();
     }
-    let commit = status.canary_commit.clone();
+    // Promote moves the release's commit to stable.
+    let commit = if status.canary_commit.is_empty() {
+        status.stable_commit.clone()
+    } else {
+        status.canary_commit.clone()
+    };
+    // A Rollout may keep one rolloutID across releases: its start tells them apart.
+    let started = status.step_history.first().map_or("", |r| r.started_at.as_str());
     let event = |kind: Kind, key: String, text: String, facts: Vec<(&'static str, String)>| Event {
-        key: format!("{namespace}/{name}/{id}/{key}"),
+        key: format!("{}{key}", release_key(namespace, name, id, started)),
         kind,
         namespace: namespace.to_string(),
         rollout: name.to_string(),
@@ -111,26 +121,34 @@ pub fn implied(namespace: &str, name: &str, spec: &RolloutSpec, status: &Rollout
             vec![("traffic", canary.traffic.clone())],
         ));
     }
-    // The outcome is told once Git holds it: the write-back of the release done.
-    let pending = status.pending_writeback.as_ref().is_some_and(|p| p.rollout_id == id);
-    let Some(written) = status.written_back.as_ref().filter(|w| w.rollout_id == id && !pending) else {
-        return events;
-    };
+    if let Some((kind, text, facts)) = outcome(status, &release, &canary.message) {
+        events.push(event(kind, "outcome".into(), text, facts));
+    }
+    events
+}
+
+/// How a release ended, once it did and Git holds it: the write-back of
+/// the release done (an earlier release of the same id told its own).
+fn outcome(status: &RolloutStatus, release: &str, message: &str) -> Option<(Kind, String, Facts)> {
+    let id = status.rollout_id.as_str();
+    let in_flight = matches!(
+        status.phase,
+        Phase::Progressing | Phase::Paused | Phase::Promoting | Phase::Reverting
+    );
+    let pending = in_flight || status.pending_writeback.as_ref().is_some_and(|p| p.rollout_id == id);
+    let written = status
+        .written_back
+        .as_ref()
+        .filter(|w| w.rollout_id == id && !pending)?;
     let written_commit = short(&written.commit);
     if written.action == WritebackAction::Promote {
         let mut facts = vec![("commit", short(&status.stable_commit))];
         if !written_commit.is_empty() {
             facts.push(("status commit", written_commit));
         }
-        events.push(event(
-            Kind::Promoted,
-            "outcome".into(),
-            format!("{release} promoted"),
-            facts,
-        ));
-        return events;
+        return Some((Kind::Promoted, format!("{release} promoted"), facts));
     }
-    let cause = bounded_line(&canary.message, SHOWN);
+    let cause = bounded_line(message, SHOWN);
     let kind = if cause.starts_with("aborted by") {
         Kind::Aborted
     } else {
@@ -145,8 +163,12 @@ pub fn implied(namespace: &str, name: &str, spec: &RolloutSpec, status: &Rollout
         }
         _ => format!("{release} {verb}: traffic back on stable, canary removed, held (Git still asks for it)"),
     };
-    events.push(event(kind, "outcome".into(), text, facts));
-    events
+    Some((kind, text, facts))
+}
+
+/// What every key of one release starts with.
+pub fn release_key(namespace: &str, name: &str, id: &str, started: &str) -> String {
+    format!("{namespace}/{name}/{id}@{started}/")
 }
 
 fn short(commit: &str) -> String {
@@ -159,16 +181,19 @@ pub fn slack(event: &Event) -> Value {
     let facts: Vec<Value> = event
         .facts
         .iter()
-        .map(|(title, value)| json!({"type": "mrkdwn", "text": format!("*{title}:* {}", slack_escape(value))}))
+        .map(|(title, value)| json!({"type": "mrkdwn", "text": format!("*{title}:* {}", slack_escape(value)), "verbatim": true}))
         .collect();
-    let mut blocks = vec![json!({"type": "section", "text": {"type": "mrkdwn", "text": slack_escape(&event.text)}})];
+    let mut blocks = vec![
+        json!({"type": "section", "text": {"type": "mrkdwn", "text": slack_escape(&event.text), "verbatim": true}}),
+    ];
     if !facts.is_empty() {
         blocks.push(json!({"type": "context", "elements": facts}));
     }
     json!({"text": event.text, "blocks": blocks})
 }
 
-/// Slack's three control characters in mrkdwn.
+/// Slack's three control characters in mrkdwn (and `verbatim`, so that
+/// Git's text makes no link or channel of itself).
 fn slack_escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
@@ -179,7 +204,7 @@ pub fn teams(event: &Event) -> Value {
     let facts: Vec<Value> = event
         .facts
         .iter()
-        .map(|(title, value)| json!({"title": title, "value": value}))
+        .map(|(title, value)| json!({"title": title, "value": teams_escape(value)}))
         .collect();
     json!({
         "type": "message",
@@ -190,12 +215,25 @@ pub fn teams(event: &Event) -> Value {
                 "type": "AdaptiveCard",
                 "version": "1.4",
                 "body": [
-                    {"type": "TextBlock", "text": event.text, "wrap": true, "weight": "Bolder"},
+                    {"type": "TextBlock", "text": teams_escape(&event.text), "wrap": true, "weight": "Bolder"},
                     {"type": "FactSet", "facts": facts}
                 ]
             }
         }]
     })
+}
+
+/// Teams renders Markdown in a card's text: Git's text makes no link or
+/// emphasis of itself.
+fn teams_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\`*_[]()<>#~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A generic webhook's body: every field of the event.
@@ -260,7 +298,7 @@ mod tests {
         status.phase = Phase::Progressing;
         let started = implied("shop", "web", &spec, &status);
         assert_eq!(kinds(&started), ["started"]);
-        assert_eq!(started[0].key, "shop/web/abc1234/started");
+        assert_eq!(started[0].key, "shop/web/abc1234@/started");
         assert_eq!(started[0].facts[0], ("commit", "abc1234def56".to_string()));
         status.step_history = vec![StepRecord {
             step: 1,
@@ -306,6 +344,15 @@ mod tests {
             kinds(&implied("shop", "web", &spec, &status)),
             ["started", "step-passed"]
         );
+        // Nor of the next release under the same rolloutID: its own start
+        // names its keys, and it has no outcome while it runs.
+        status.rollout_id = "abc1234".into();
+        status.phase = Phase::Progressing;
+        status.step_history[0].started_at = "t9".into();
+        status.step_history[0].finished_at.clear();
+        let again = implied("shop", "web", &spec, &status);
+        assert_eq!(kinds(&again), ["started"]);
+        assert_ne!(again[0].key, started[0].key);
     }
 
     #[test]
@@ -328,7 +375,7 @@ mod tests {
         };
         let failed = implied("shop", "web", &spec, &status).pop().unwrap();
         assert_eq!(failed.kind, Kind::Failed);
-        assert_eq!(failed.key, "shop/web/r2/outcome");
+        assert_eq!(failed.key, "shop/web/r2@/outcome");
         assert_eq!(
             failed.facts,
             [
@@ -366,8 +413,10 @@ mod tests {
         assert_eq!(card["contentType"], "application/vnd.microsoft.card.adaptive");
         assert_eq!(
             card["content"]["body"][1]["facts"][0],
-            json!({"title": "cause", "value": "<@here> & more"})
+            json!({"title": "cause", "value": "\\<@here\\> & more"})
         );
+        assert_eq!(teams_escape("[approve](https://x)"), "\\[approve\\]\\(https://x\\)");
+        assert_eq!(slack["blocks"][0]["text"]["verbatim"], true, "no bare URL made a link");
         let hook = webhook(&event);
         assert_eq!(hook["event"], "failed");
         assert_eq!(hook["facts"]["cause"], "<@here> & more");

@@ -58,7 +58,7 @@ impl std::fmt::Debug for Receiver {
 pub fn parse_receiver(spec: &str, secrets: &BTreeMap<String, String>) -> Result<Receiver, String> {
     let (name, target) = spec
         .split_once('=')
-        .ok_or_else(|| format!("--notify {spec:?}: write NAME=slack:URL, NAME=teams:URL or NAME=webhook:URL"))?;
+        .ok_or_else(|| "--notify: write NAME=slack:URL, NAME=teams:URL or NAME=webhook:URL".to_string())?;
     let valid = !name.is_empty()
         && name
             .bytes()
@@ -158,7 +158,12 @@ impl Notifier {
             let events = event::implied(&rollout.namespace, &rollout.name, &rollout.spec, &rollout.status);
             let first_sight = !told.contains_key(&key);
             let keys = told.entry(key).or_default();
-            let release = format!("{}/{}/{}/", rollout.namespace, rollout.name, rollout.status.rollout_id);
+            let started = rollout
+                .status
+                .step_history
+                .first()
+                .map_or("", |r| r.started_at.as_str());
+            let release = event::release_key(&rollout.namespace, &rollout.name, &rollout.status.rollout_id, started);
             keys.retain(|k| k.starts_with(&release));
             for event in events {
                 if !keys.insert(event.key.clone()) || first_sight {
