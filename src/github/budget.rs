@@ -1,7 +1,62 @@
 //! GitHub's rate limit as the agent spends it: the waits GitHub asks for,
-//! and the share of a token's budget left to the token's other users. Pure.
+//! and the share of a token's budget left to the token's other users (pure
+//! functions), and the client's quiet that follows from them.
 
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+impl super::GitHub {
+    pub(super) fn quiet(&self) -> Option<(Instant, String)> {
+        let quiet = self.quiet_until.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        quiet.filter(|(until, _)| *until > Instant::now())
+    }
+
+    /// No call for `wait`, for `why`; a longer quiet already set stands.
+    pub(super) fn keep_quiet(&self, wait: Duration, why: String) {
+        let until = Instant::now() + wait;
+        let mut quiet = self.quiet_until.lock().unwrap_or_else(|e| e.into_inner());
+        if quiet.as_ref().is_none_or(|(set, _)| *set < until) {
+            *quiet = Some((until, why));
+        }
+    }
+
+    /// What an answer's headers say of the budget: the gauge, and a quiet
+    /// until the reset once only the reserve is left.
+    pub(super) fn note_budget(&self, headers: &http::HeaderMap) {
+        let Some(Budget {
+            remaining,
+            reset,
+            limit,
+        }) = budget(headers)
+        else {
+            return;
+        };
+        self.metrics
+            .github_rate_limit_remaining
+            .store(remaining, Ordering::Relaxed);
+        let quiet = self.quiet().is_some();
+        let reserve = kept(self.reserve, limit);
+        if let Some(wait) = reserve_wait(remaining, reset, now_epoch(), reserve) {
+            let kept = format!("{remaining} GitHub requests left, {reserve} of them kept for the token's other users");
+            self.keep_quiet(
+                wait,
+                if reserve == 0 {
+                    "GitHub's budget spent".into()
+                } else {
+                    kept
+                },
+            );
+            if !quiet {
+                tracing::warn!(
+                    remaining,
+                    reserve,
+                    wait_seconds = wait.as_secs(),
+                    "GitHub budget down to its reserve: no GitHub calls until it resets; releases go on"
+                );
+            }
+        }
+    }
+}
 
 /// The wait a rate-limited answer asks for: `Retry-After` (seconds), else
 /// `X-RateLimit-Reset` (epoch seconds) when no requests remain. `None` for an
@@ -27,9 +82,27 @@ pub fn rate_limit_wait(status: u16, headers: &http::HeaderMap, now_epoch: u64) -
 /// What GitHub's headers say of the budget: requests left in the window,
 /// and when it resets (epoch seconds). `None` when an answer carries none
 /// (a GitHub Enterprise with rate limits off).
-pub fn budget(headers: &http::HeaderMap) -> Option<(u64, u64)> {
+pub fn budget(headers: &http::HeaderMap) -> Option<Budget> {
     let number = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<u64>().ok();
-    Some((number("x-ratelimit-remaining")?, number("x-ratelimit-reset")?))
+    Some(Budget {
+        remaining: number("x-ratelimit-remaining")?,
+        reset: number("x-ratelimit-reset")?,
+        limit: number("x-ratelimit-limit"),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub remaining: u64,
+    /// Epoch seconds.
+    pub reset: u64,
+    pub limit: Option<u64>,
+}
+
+/// The reserve kept: at most half of the window, so that a reserve set for
+/// a bigger token never turns GitHub off for a smaller one.
+pub fn kept(reserve: u64, limit: Option<u64>) -> u64 {
+    limit.map_or(reserve, |limit| reserve.min(limit / 2))
 }
 
 /// How long to make no GitHub call after an answer that left `remaining`
@@ -60,7 +133,12 @@ mod tests {
     #[test]
     fn the_reserve_is_kept_for_the_tokens_other_users_until_the_reset() {
         let answer = headers(&[("x-ratelimit-remaining", "501"), ("x-ratelimit-reset", "1100")]);
-        let (remaining, reset) = budget(&answer).unwrap();
+        let Budget {
+            remaining,
+            reset,
+            limit,
+        } = budget(&answer).unwrap();
+        assert_eq!(limit, None);
         assert_eq!(reserve_wait(remaining, reset, 1000, 500), None, "one more may go");
         assert_eq!(reserve_wait(500, reset, 1000, 500), Some(Duration::from_secs(100)));
         assert_eq!(
@@ -72,7 +150,17 @@ mod tests {
         // A reset in the past, or absurdly far: a second, an hour at most.
         assert_eq!(reserve_wait(3, 900, 1000, 10), Some(Duration::from_secs(1)));
         assert_eq!(reserve_wait(3, u64::MAX, 1000, 10), Some(Duration::from_secs(3600)));
-        assert_eq!(budget(&headers(&[("x-ratelimit-remaining", "many")])), None);
+        assert_eq!(
+            budget(&headers(&[
+                ("x-ratelimit-remaining", "many"),
+                ("x-ratelimit-reset", "1100")
+            ])),
+            None
+        );
+        // A reserve meant for a 5,000 token, on a 600 one: half of it is kept.
+        assert_eq!(kept(500, Some(5000)), 500);
+        assert_eq!(kept(500, Some(600)), 300);
+        assert_eq!(kept(500, None), 500);
         assert_eq!(budget(&http::HeaderMap::new()), None);
     }
 }

@@ -198,48 +198,6 @@ impl GitHub {
         self.quiet().map(|(until, _)| until)
     }
 
-    fn quiet(&self) -> Option<(Instant, String)> {
-        let quiet = self.quiet_until.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        quiet.filter(|(until, _)| *until > Instant::now())
-    }
-
-    /// No call for `wait`, for `why`; a longer quiet already set stands.
-    fn keep_quiet(&self, wait: Duration, why: String) {
-        let until = Instant::now() + wait;
-        let mut quiet = self.quiet_until.lock().unwrap_or_else(|e| e.into_inner());
-        if quiet.as_ref().is_none_or(|(set, _)| *set < until) {
-            *quiet = Some((until, why));
-        }
-    }
-
-    /// What an answer's headers say of the budget: the gauge, and a quiet
-    /// until the reset once only the reserve is left.
-    fn note_budget(&self, headers: &http::HeaderMap) {
-        let Some((remaining, reset)) = budget::budget(headers) else {
-            return;
-        };
-        self.metrics
-            .github_rate_limit_remaining
-            .store(remaining, Ordering::Relaxed);
-        let quiet = self.quiet().is_some();
-        if let Some(wait) = budget::reserve_wait(remaining, reset, now_epoch(), self.reserve) {
-            let reserve = self.reserve;
-            let why = match reserve {
-                0 => "GitHub's budget spent".to_string(),
-                _ => format!("{remaining} GitHub requests left, {reserve} of them kept for the token's other users"),
-            };
-            self.keep_quiet(wait, why);
-            if !quiet {
-                tracing::warn!(
-                    remaining,
-                    reserve,
-                    wait_seconds = wait.as_secs(),
-                    "GitHub budget down to its reserve: no GitHub calls until it resets; releases go on"
-                );
-            }
-        }
-    }
-
     /// Every GitHub call goes through here: counted, refused locally while
     /// GitHub asked for quiet, and backed off as the rate-limit headers say.
     async fn call(&self, method: Method, rest: &str, body: Option<&Value>, context: &str) -> Result<Value> {
