@@ -218,3 +218,124 @@ async fn prometheus_gone_mid_analysis_pauses_the_release_and_never_promotes() {
     assert_eq!(still.phase, Phase::Paused, "never promoted on missing data");
     assert_eq!(still.canary_status.expect("canary").current_step_index, 1);
 }
+
+/// What the test's web check answers.
+#[derive(Clone, Copy)]
+enum Answer {
+    Score(f64),
+    Hang,
+}
+
+type Checks = std::sync::Arc<std::sync::Mutex<(Answer, Vec<String>)>>;
+
+async fn score(
+    axum::extract::State(checks): axum::extract::State<Checks>,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let answer = {
+        let mut checks = checks.lock().unwrap();
+        let token = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        checks.1.push(format!("{} {token}", uri.path()));
+        checks.0
+    };
+    match answer {
+        Answer::Score(score) => axum::Json(serde_json::json!({"score": score})).into_response(),
+        Answer::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            axum::http::StatusCode::OK.into_response()
+        }
+    }
+}
+
+const WEB_TEMPLATE: &str = "  analysisTemplates:
+  - name: web
+    interval: 1s
+    count: 2
+    failureLimit: 0
+    inconclusiveLimit: 0
+    metrics:
+    - name: score
+      web: {name: checks, path: \"/score/{{rolloutID}}\", jsonPath: $.score}
+      successCondition: \">= 0.9\"
+  strategy:
+    canary:
+      steps:
+      - {replicas: 1, analysis: {templateRef: web}}
+";
+
+#[tokio::test]
+async fn a_web_check_passes_fails_and_reverts_or_times_out_and_pauses() {
+    let scenario = Scenario::new("analysis-web").await;
+    let checks: Checks = std::sync::Arc::new(std::sync::Mutex::new((Answer::Score(0.95), Vec::new())));
+    let app = axum::Router::new()
+        .route("/score/{id}", axum::routing::get(score))
+        .with_state(checks.clone());
+    let address = support::serve_on_own_thread(app, "web check");
+    let headers = tempfile::NamedTempFile::new().expect("headers file");
+    std::fs::write(headers.path(), "Authorization: Bearer check-token\n").expect("headers");
+    let check = format!("checks=http://{address}");
+    let header_file = format!("checks={}", headers.path().display());
+    let release = |image: &str| {
+        support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, WEB_TEMPLATE);
+        scenario.repo.commit_and_push(&format!("echo {image}"))
+    };
+    release("1.0");
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--web-check", &check, "--web-check-headers", &header_file],
+        &[],
+    );
+    eventually("healthy on 1.0", WAIT, || async {
+        (status(&scenario).await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+
+    let two = release("2.0");
+    eventually("2.0 promoted through its web check", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Healthy && status.stable_commit == two).then_some(())
+    })
+    .await;
+    let asked = checks.lock().unwrap().1.clone();
+    assert!(
+        asked
+            .iter()
+            .any(|a| a == &format!("/score/{} Bearer check-token", &two[..7])),
+        "the release's id in the path, the operator's header sent: {asked:?}"
+    );
+
+    checks.lock().unwrap().0 = Answer::Score(0.2);
+    release("3.0");
+    let (_, revert) = scenario
+        .wait_for_commit("the revert commit", |m| m.starts_with("revert("))
+        .await;
+    assert!(revert.contains("score FAILED: 0.2 against `>= 0.9`"), "{revert}");
+    assert!(
+        !revert.contains(&address.to_string()),
+        "the operator's address stays out of Git: {revert}"
+    );
+
+    checks.lock().unwrap().0 = Answer::Hang;
+    // Build on the revert, as a person would.
+    support::run(
+        scenario.repo.path(),
+        "git",
+        &["pull", "-q", "--rebase", "origin", "main"],
+    );
+    release("4.0");
+    let paused = eventually("paused when the check does not answer", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Paused).then_some(status)
+    })
+    .await;
+    let message = paused.canary_status.expect("canary").message;
+    assert!(message.contains("inconclusive"), "{message}");
+    assert!(message.contains("did not answer within 5s"), "{message}");
+}

@@ -147,6 +147,15 @@ pub struct SourceArgs {
     /// NAME=http://HOST:9090; repeat for more. Templates cannot give an address.
     #[arg(long = "prometheus", env = "GITCANARY_PROMETHEUS", value_delimiter = ',', value_parser = parse_prometheus)]
     pub prometheus: Vec<(String, String)>,
+    /// A web endpoint an analysis metric may read (`web: {name: NAME, path,
+    /// jsonPath}`), NAME=http://HOST:PORT; repeat for more. Metrics cannot
+    /// give an address.
+    #[arg(long = "web-check", value_parser = parse_web_check)]
+    pub web_check: Vec<(String, String)>,
+    /// NAME=FILE: `Header: value` lines (a mounted Secret) sent with each
+    /// request to the web check NAME.
+    #[arg(long = "web-check-headers", value_name = "NAME=FILE")]
+    pub web_check_headers: Vec<String>,
     /// Colour the diff: auto (when a terminal), always, never.
     #[arg(long, default_value = "auto")]
     pub color: String,
@@ -343,6 +352,58 @@ fn parse_prometheus(value: &str) -> Result<(String, String), String> {
         return Err(format!("Prometheus {name}: {url:?} must start with http://"));
     }
     Ok((name.to_string(), url.to_string()))
+}
+
+fn parse_web_check(value: &str) -> Result<(String, String), String> {
+    let (name, url) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not NAME=http://HOST:PORT"))?;
+    if !crate::rollout::analysis::is_server_name(name) {
+        return Err(format!(
+            "web check name {name:?} must be lowercase letters, digits and '-'"
+        ));
+    }
+    let parsed: http::Uri = url.parse().map_err(|e| format!("web check {name}: {e}"))?;
+    if parsed.scheme_str() != Some("http") || parsed.authority().is_none_or(|a| a.as_str().contains('@')) {
+        return Err(format!(
+            "web check {name}: give http://HOST:PORT[/PATH], without credentials (send them with --web-check-headers)"
+        ));
+    }
+    Ok((name.to_string(), url.to_string()))
+}
+
+/// The web checks with their headers, read from their files.
+pub(crate) fn web_checks(
+    args: &SourceArgs,
+) -> Result<std::collections::BTreeMap<String, crate::plan::WebEndpoint>, Error> {
+    let mut checks: std::collections::BTreeMap<String, crate::plan::WebEndpoint> = args
+        .web_check
+        .iter()
+        .map(|(name, url)| {
+            (
+                name.clone(),
+                crate::plan::WebEndpoint {
+                    url: url.clone(),
+                    headers: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    for pair in &args.web_check_headers {
+        let (name, path) = pair
+            .split_once('=')
+            .ok_or_else(|| Error::Usage(format!("--web-check-headers {pair:?}: write NAME=FILE")))?;
+        let check = checks
+            .get_mut(name)
+            .ok_or_else(|| Error::Usage(format!("--web-check-headers {name}: no --web-check has that name")))?;
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_string(),
+            source,
+        })?;
+        check.headers = crate::rollout::web::parse_headers(&text)
+            .map_err(|e| Error::Usage(format!("--web-check-headers {name}: {path}: {e}")))?;
+    }
+    Ok(checks)
 }
 
 fn parse_tenant(value: &str) -> Result<(String, ServiceAccountRef), String> {

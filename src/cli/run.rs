@@ -56,7 +56,8 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
     let cluster = connect(&args.source).await?;
     let revision = super::fetch(source.clone(), &cluster).await?;
-    let (mut revision, options) = (revision, options(&args.source));
+    let (mut revision, mut options) = (revision, options(&args.source));
+    options.web_checks = super::web_checks(&args.source)?;
     validate_revision(&mut revision, &options);
     let memo = SyncMemo::default();
     let mut report = sync_validated(&cluster, &revision, &options, &memo, None).await?;
@@ -136,7 +137,8 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
     let writeback = writeback_config(&args)?;
     let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
     let cluster = Arc::new(connect(&args.source).await?);
-    let options = options(&args.source);
+    let mut options = options(&args.source);
+    options.web_checks = super::web_checks(&args.source)?;
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(crate::telemetry::Metrics::default());
     let _ = metrics.kube_requests.set(cluster.requests.clone());

@@ -21,6 +21,20 @@ use crate::manifest::{Allowed, Manifest, ObjectKey, Problem, ROOT_APP};
 use crate::{APPLIED_HASH_ANNOTATION, MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 use desired::is_subset;
 
+/// A web endpoint analysis may ask (`--web-check NAME=URL`), with its headers.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct WebEndpoint {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for WebEndpoint {
+    // Headers carry credentials: never in a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebEndpoint").field("url", &self.url).finish()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SyncOptions {
     /// Agent instance name, the value of the `gitcanary.io/managed-by` label.
@@ -37,6 +51,8 @@ pub struct SyncOptions {
     pub prometheus_url: Option<String>,
     /// Prometheus servers templates name (`--prometheus NAME=URL`).
     pub prometheus: BTreeMap<String, String>,
+    /// Web endpoints metrics name (`--web-check NAME=URL`).
+    pub web_checks: BTreeMap<String, WebEndpoint>,
     /// Take over every object that already exists (`--adopt`, for a migration);
     /// otherwise only those whose manifest says `gitcanary.io/adopt: "true"`.
     pub adopt: bool,
@@ -128,6 +144,7 @@ impl Default for SyncOptions {
             concurrency: 16,
             prometheus_url: None,
             prometheus: BTreeMap::new(),
+            web_checks: BTreeMap::new(),
             adopt: false,
             tenants: BTreeMap::new(),
             default_tenant: None,

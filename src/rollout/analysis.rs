@@ -298,7 +298,12 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         }
         for metric in &template.metrics {
             let at = format!("analysis template {:?}, metric {:?}", template.name, metric.name);
-            for problem in query_problems(&metric.query) {
+            let problems = match &metric.web {
+                Some(_) if !metric.query.is_empty() => vec!["give a query or web, not both".to_string()],
+                Some(web) => web_problems(web),
+                None => query_problems(&metric.query),
+            };
+            for problem in problems {
                 out.push(format!("{at}: {problem}"));
             }
             if let Err(e) = parse_condition(&metric.success_condition) {
@@ -329,6 +334,39 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         }
     }
     out
+}
+
+/// What a web check may say: an endpoint by the operator's name, a path
+/// under it, a method, a body only with POST, a JSON path.
+fn web_problems(web: &super::api::WebCheck) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !is_server_name(&web.name) {
+        problems.push(format!(
+            "web.name {:?} must be the NAME of one of the agent's --web-check NAME=URL (lowercase letters, digits and '-')",
+            super::api::bounded_line(&web.name, 80)
+        ));
+    }
+    problems.extend(super::web::path_problem(&web.path));
+    let texts = std::iter::once(web.path.as_str()).chain(web.body.as_deref());
+    for text in texts {
+        problems.extend(
+            variables(text)
+                .filter(|v| !VARIABLES.contains(v))
+                .map(|v| format!("unknown variable {{{{{v}}}}} (known: {})", VARIABLES.join(", "))),
+        );
+    }
+    match web.method.as_deref() {
+        None | Some("GET") if web.body.is_some() => problems.push("web.body is sent only with method POST".into()),
+        None | Some("GET" | "POST") => {}
+        Some(other) => problems.push(format!(
+            "web.method {:?} is not GET or POST",
+            super::api::bounded_line(other, 20)
+        )),
+    }
+    if let Err(e) = super::web::parse_json_path(&web.json_path) {
+        problems.push(e);
+    }
+    problems
 }
 
 /// A template may name a Prometheus only by the name the operator gave it

@@ -96,10 +96,37 @@ pub struct AnalysisMetric {
     pub name: String,
     /// PromQL returning one number; may use {{namespace}}, {{canaryService}},
     /// {{stableService}}, {{canaryRevision}}, {{stableRevision}}, {{rolloutID}}.
+    /// Absent when the metric is a web check.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub query: String,
+    /// The metric read from a web endpoint instead of Prometheus.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web: Option<WebCheck>,
     /// `< 0.01`, `>= 0.99`, or against the same query on stable:
     /// `canary <= stable * 1.1`.
     pub success_condition: String,
+}
+
+/// A number read from a web endpoint the agent was started with
+/// (`--web-check NAME=URL`): the operator chooses where the agent asks.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebCheck {
+    /// The NAME of one of the agent's `--web-check NAME=URL`.
+    pub name: String,
+    /// Appended to the endpoint's URL (`/score/{{rolloutID}}`); may use the
+    /// query variables.
+    #[serde(default)]
+    pub path: String,
+    /// `GET` (default) or `POST`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// A POST's JSON body; may use the query variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// Where the number (or boolean: true is 1) is in the answer: `$.score`,
+    /// `$.checks[0].ok`.
+    pub json_path: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -132,6 +159,8 @@ pub enum StepState {
     #[default]
     StepUpgrade,
     StepTrafficRouting,
+    /// Kruise Rollout's name for it; gitcanary's earlier one is still read.
+    #[serde(rename = "StepMetricsAnalysis", alias = "StepAnalysis")]
     StepAnalysis,
     StepPaused,
     StepReady,
@@ -353,6 +382,21 @@ pub const LAST_COMMENT_ANNOTATION: &str = "gitcanary.io/github-last-comment";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_analysis_state_is_written_as_kruise_names_it_and_read_by_either_name() {
+        let state = |name: &str| serde_json::from_value::<StepState>(serde_json::json!(name)).unwrap();
+        assert_eq!(state("StepMetricsAnalysis"), StepState::StepAnalysis);
+        assert_eq!(
+            state("StepAnalysis"),
+            StepState::StepAnalysis,
+            "a status written before"
+        );
+        assert_eq!(
+            serde_json::to_value(StepState::StepAnalysis).unwrap(),
+            "StepMetricsAnalysis"
+        );
+    }
 
     #[test]
     fn matches_read_as_a_person_would_say_them() {

@@ -17,3 +17,4 @@ pub mod prometheus;
 pub mod record;
 pub mod signal;
 pub mod validate;
+pub mod web;

@@ -338,6 +338,7 @@ async fn measure_due(
     let servers = super::prometheus::Servers {
         default: options.prometheus_url.clone(),
         named: options.prometheus.clone(),
+        web: options.web_checks.clone(),
     };
     let mut measurements = Vec::new();
     for (run, template) in analysis::due_runs(spec, status, now) {

@@ -25,6 +25,8 @@ pub struct Servers {
     pub default: Option<String>,
     /// `--prometheus NAME=URL`.
     pub named: BTreeMap<String, String>,
+    /// `--web-check NAME=URL`, for metrics read from the web.
+    pub web: BTreeMap<String, super::web::Endpoint>,
 }
 
 impl Servers {
@@ -139,22 +141,49 @@ fn show(value: Option<f64>) -> String {
     value.map_or("no data".into(), |v| format!("{v}"))
 }
 
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Prometheus(&'a str),
+    Web(&'a super::web::Endpoint, &'a super::api::WebCheck),
+}
+
 /// Measures every metric of a template once: failed when one fails,
 /// inconclusive when one is (and none fails), else successful.
 pub async fn measure(run: &str, template: &AnalysisTemplate, servers: &Servers, bindings: &Bindings) -> Measurement {
-    let address = servers.address_for(template);
     let mut outcomes = Vec::new();
     let mut messages = Vec::new();
     for metric in &template.metrics {
-        let (outcome, message) = match (&address, analysis::parse_condition(&metric.success_condition)) {
-            (Err(e), _) => (Outcome::Inconclusive, e.clone()),
+        // Where the metric is read: a web endpoint, or the template's Prometheus.
+        let source = match &metric.web {
+            Some(web) => servers
+                .web
+                .get(&web.name)
+                .map(|endpoint| Source::Web(endpoint, web))
+                .ok_or_else(|| {
+                    format!(
+                        "the agent has no web check named {:?} (start it with --web-check {}=URL)",
+                        web.name, web.name
+                    )
+                }),
+            None => servers.address_for(template).map(Source::Prometheus),
+        };
+        let (outcome, message) = match (source, analysis::parse_condition(&metric.success_condition)) {
+            (Err(e), _) => (Outcome::Inconclusive, e),
             (_, Err(e)) => (Outcome::Inconclusive, e),
-            (Ok(address), Ok(condition)) => {
-                let address = *address;
+            (Ok(source), Ok(condition)) => {
                 let asked = async |bindings: &Bindings| -> Result<(String, Option<f64>), String> {
-                    let promql = analysis::render(&metric.query, bindings)?;
-                    let value = query(address, &promql).await?;
-                    Ok((promql, value))
+                    match source {
+                        Source::Web(endpoint, web) => {
+                            let path = analysis::render(&web.path, bindings)?;
+                            let body = web.body.as_deref().map(|b| analysis::render(b, bindings)).transpose()?;
+                            super::web::check(endpoint, web, &path, body).await
+                        }
+                        Source::Prometheus(address) => {
+                            let promql = analysis::render(&metric.query, bindings)?;
+                            let value = query(address, &promql).await?;
+                            Ok((promql, value))
+                        }
+                    }
                 };
                 match asked(bindings).await {
                     Err(error) => (Outcome::Inconclusive, error),
@@ -234,6 +263,7 @@ mod tests {
         let servers = Servers {
             default: Some("http://default:9090".into()),
             named: [("eu".to_string(), "http://eu:9090".to_string())].into(),
+            web: BTreeMap::new(),
         };
         let mut template = AnalysisTemplate::default();
         assert_eq!(servers.address_for(&template), Ok("http://default:9090"));

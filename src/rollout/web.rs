@@ -1,0 +1,249 @@
+//! Web checks: an analysis metric read from an HTTP endpoint the operator
+//! named at agent start (`--web-check NAME=URL`, its headers from a file),
+//! never an address from Git. A GET (or a POST with the metric's body) of a
+//! path under the endpoint; the number or boolean at a JSON path of the
+//! answer is judged as a Prometheus value is. No answer, an error status or
+//! nothing at the path is inconclusive, as an unreachable Prometheus is.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use super::api::WebCheck;
+
+pub use crate::plan::WebEndpoint as Endpoint;
+
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Answers larger than this are refused: a check answers with a few fields.
+const MAX_ANSWER: usize = 1 << 20;
+const MAX_ERROR: usize = 200;
+
+/// `Header: value` lines (a mounted Secret), blank lines and `#` comments skipped.
+pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut headers = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| format!("line {}: not `Header: value`", n + 1))?;
+        let (name, value) = (name.trim(), value.trim());
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() || http::HeaderValue::from_str(value).is_err() {
+            return Err(format!("line {}: not a valid header", n + 1));
+        }
+        headers.push((name.to_string(), value.to_string()));
+    }
+    Ok(headers)
+}
+
+/// What a path from Git may hold: it is appended to the operator's URL, so
+/// it stays under it (no `..`, no scheme or host, no `//`, no fragment).
+pub fn path_problem(path: &str) -> Option<String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~/?&=%+,{}".contains(c);
+    if !path.starts_with('/') {
+        return Some(format!(
+            "path {:?} must start with \"/\"",
+            super::api::bounded_line(path, 80)
+        ));
+    }
+    if path.contains("..") || path.contains("//") || !path.chars().all(allowed) {
+        return Some(format!(
+            "path {:?} may hold letters, digits, - . _ ~ / ? & = % + , and {{{{variables}}}}, without \"..\" or \"//\"",
+            super::api::bounded_line(path, 80)
+        ));
+    }
+    None
+}
+
+/// One step of a JSON path: a field, or an index into a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Field(String),
+    Index(usize),
+}
+
+/// `$.data.checks[0].ok`: fields by name after a dot, list indexes in brackets.
+pub fn parse_json_path(path: &str) -> Result<Vec<Segment>, String> {
+    let shown = || super::api::bounded_line(path, 80);
+    let rest = path
+        .strip_prefix('$')
+        .ok_or_else(|| format!("jsonPath {:?} must start with \"$\"", shown()))?;
+    let mut segments = Vec::new();
+    let mut chars = rest.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '.' => {
+                let mut field = String::new();
+                while let Some(&next) = chars.peek() {
+                    if next == '.' || next == '[' {
+                        break;
+                    }
+                    field.push(next);
+                    chars.next();
+                }
+                if field.is_empty() || !field.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-') {
+                    return Err(format!(
+                        "jsonPath {:?}: a field is a name of letters, digits, _ and -",
+                        shown()
+                    ));
+                }
+                segments.push(Segment::Field(field));
+            }
+            '[' => {
+                let digits: String = chars.by_ref().take_while(|c| *c != ']').collect();
+                let index = digits
+                    .parse()
+                    .map_err(|_| format!("jsonPath {:?}: [{digits}] is not a list index", shown()))?;
+                segments.push(Segment::Index(index));
+            }
+            other => return Err(format!("jsonPath {:?}: unexpected {other:?}", shown())),
+        }
+    }
+    Ok(segments)
+}
+
+/// The number at `path` of an answer: a number, a boolean (true 1, false 0)
+/// or a numeric string; `None` (no data) when nothing is there or it is null.
+pub fn value_at(answer: &Value, path: &[Segment]) -> Result<Option<f64>, String> {
+    let mut here = answer;
+    for segment in path {
+        here = match segment {
+            Segment::Field(name) => &here[name.as_str()],
+            Segment::Index(i) => &here[*i],
+        };
+    }
+    match here {
+        Value::Null => Ok(None),
+        Value::Bool(b) => Ok(Some(if *b { 1.0 } else { 0.0 })),
+        Value::Number(n) => Ok(n.as_f64()),
+        Value::String(s) => s.trim().parse().map(Some).map_err(|_| {
+            format!(
+                "the answer holds {:?} there, not a number",
+                super::api::bounded_line(s, 40)
+            )
+        }),
+        _ => Err("the answer holds a list or an object there, not a number".to_string()),
+    }
+}
+
+/// Asks the endpoint for one metric at `path` (rendered, with `body` for a
+/// POST): what was asked, as a message may say it (the check's name and
+/// path: the operator's URL stays out of Git and comments), and the value.
+pub async fn check(
+    endpoint: &Endpoint,
+    web: &WebCheck,
+    path: &str,
+    body: Option<String>,
+) -> Result<(String, Option<f64>), String> {
+    let asked = format!("web check {} {path}", web.name);
+    let url = format!("{}{path}", endpoint.url.trim_end_matches('/'));
+    let value = ask(endpoint, web, &url, body)
+        .await
+        .map_err(|e| super::api::bounded_line(&e.replace(&url, &asked), MAX_ERROR))?;
+    Ok((asked, value))
+}
+
+async fn ask(endpoint: &Endpoint, web: &WebCheck, url: &str, body: Option<String>) -> Result<Option<f64>, String> {
+    let json_path = parse_json_path(&web.json_path)?;
+    let post = web.method.as_deref() == Some("POST");
+    let body = match body {
+        Some(body) if post => Bytes::from(body),
+        _ => Bytes::new(),
+    };
+    let mut request = http::Request::builder()
+        .method(if post { http::Method::POST } else { http::Method::GET })
+        .uri(url)
+        .header("accept", "application/json");
+    if post {
+        request = request.header("content-type", "application/json");
+    }
+    for (name, value) in &endpoint.headers {
+        request = request.header(name, value);
+    }
+    let request = request.body(Full::new(body)).map_err(|e| format!("request: {e}"))?;
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = tokio::time::timeout(CHECK_TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| format!("{url} did not answer within {}s", CHECK_TIMEOUT.as_secs()))?
+        .map_err(|e| format!("{url} unreachable: {e}"))?;
+    let status = response.status();
+    let body = tokio::time::timeout(
+        CHECK_TIMEOUT,
+        http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect(),
+    )
+    .await
+    .map_err(|_| format!("{url}: the answer timed out"))?
+    .map_err(|e| format!("{url}: the answer: {e}"))?
+    .to_bytes();
+    if !status.is_success() {
+        return Err(format!("{url} answered {status}"));
+    }
+    let answer: Value = serde_json::from_slice(&body).map_err(|e| format!("{url}: the answer is not JSON: {e}"))?;
+    value_at(&answer, &json_path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_json_path_reads_a_number_or_a_boolean_and_nothing_else() {
+        let answer = json!({"data": {"checks": [{"ok": true, "rate": 0.25, "n": "7", "none": null, "list": []}]}});
+        let at = |path: &str| value_at(&answer, &parse_json_path(path).unwrap());
+        assert_eq!(at("$.data.checks[0].ok"), Ok(Some(1.0)));
+        assert_eq!(at("$.data.checks[0].rate"), Ok(Some(0.25)));
+        assert_eq!(at("$.data.checks[0].n"), Ok(Some(7.0)));
+        assert_eq!(at("$.data.checks[0].none"), Ok(None), "null is no data");
+        assert_eq!(at("$.data.checks[3].ok"), Ok(None), "nothing there is no data");
+        assert!(at("$.data.checks[0].list").is_err());
+        assert!(at("$.data").is_err());
+        for bad in ["data.x", "$..x", "$.a[x]", "$.a]"] {
+            assert!(parse_json_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_path_from_git_stays_under_the_operators_url() {
+        assert_eq!(path_problem("/score/{{rolloutID}}?window=5m"), None);
+        for bad in [
+            "score",
+            "/../admin",
+            "//evil.example/x",
+            "/a#frag",
+            "/a b",
+            "/a@b",
+            "/x\ny",
+        ] {
+            assert!(path_problem(bad).is_some(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn header_files_are_lines_of_name_and_value() {
+        let headers = parse_headers("# a token\nAuthorization: Bearer abc\n\nX-Team: shop\n").unwrap();
+        assert_eq!(
+            headers,
+            [
+                ("Authorization".to_string(), "Bearer abc".to_string()),
+                ("X-Team".to_string(), "shop".to_string())
+            ]
+        );
+        assert!(parse_headers("no colon").unwrap_err().contains("line 1"));
+        assert!(parse_headers("Bad Name: x").is_err());
+        let endpoint = Endpoint {
+            url: "http://checks".into(),
+            headers,
+        };
+        assert!(
+            !format!("{endpoint:?}").contains("Bearer"),
+            "credentials never in a log"
+        );
+    }
+}
