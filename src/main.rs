@@ -129,8 +129,14 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_env("GITCANARY_LOG").unwrap_or_else(|_| "gitcanary=info,warn".into());
+    let colour = gitcanary::cli::colour_wanted(
+        "auto",
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

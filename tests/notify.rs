@@ -214,6 +214,7 @@ async fn every_event_of_a_promoted_and_a_failed_release_reaches_each_receiver_on
         // both releases ran to their ends and the others got every event.
         assert!(received.stuck >= 1, "the hanging receiver was asked");
     }
+    assert!(!agent.log_text().contains('\u{1b}'), "a log file gets no colour codes");
     let address = agent.address().await;
     let (_, metrics) = support::http(&address, "GET", "/metrics", &[], b"").expect("metrics");
     for line in [

@@ -451,16 +451,27 @@ pub(crate) async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {
     Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await
 }
 
+/// Whether to write colour: `always`, `never`, or (`auto`) only to a
+/// terminal and only when `NO_COLOR` is unset or empty (no-color.org), so a
+/// log file or a pipe gets plain text.
+pub fn colour_wanted(setting: &str, terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    match setting {
+        "always" => true,
+        "never" => false,
+        _ => terminal && no_color.is_none_or(|v| v.is_empty()),
+    }
+}
+
 pub async fn diff(args: SourceArgs) -> Result<ExitCode, Error> {
     let source = std::sync::Arc::new(open_source(&args)?);
     let cluster = connect(&args).await?;
     let revision = fetch(source, &cluster).await?;
     let (diffs, problems, notes) = crate::sync::diff(&cluster, &revision, &options(&args)).await?;
-    let color = match args.color.as_str() {
-        "always" => true,
-        "never" => false,
-        _ => std::io::IsTerminal::is_terminal(&std::io::stdout()),
-    };
+    let color = colour_wanted(
+        &args.color,
+        std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     print!("{}", render_diff(&diffs, color));
     for note in &notes {
         eprintln!("note: {note}");
@@ -522,4 +533,26 @@ pub fn convert(files: &[PathBuf], write: bool) -> Result<ExitCode, Error> {
         }
     }
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_wanted;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_goes_only_to_a_terminal_and_never_against_no_color() {
+        assert!(colour_wanted("auto", true, None));
+        assert!(
+            !colour_wanted("auto", false, None),
+            "a log file or a pipe gets plain text"
+        );
+        assert!(!colour_wanted("auto", true, Some(OsStr::new("1"))), "NO_COLOR set");
+        assert!(
+            colour_wanted("auto", true, Some(OsStr::new(""))),
+            "NO_COLOR empty counts as unset"
+        );
+        assert!(colour_wanted("always", false, Some(OsStr::new("1"))), "asked for");
+        assert!(!colour_wanted("never", true, None));
+    }
 }
