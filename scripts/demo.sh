@@ -28,10 +28,12 @@ gitcanary="$target_dir/debug/gitcanary"
 work=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-demo.XXXXXX")
 agent_pid=""
 github_pid=""
+chat_pid=""
 cleanup() {
   [ -n "${GITCANARY_DEMO_LOG:-}" ] && cp "$work/agent.log" "$GITCANARY_DEMO_LOG" 2>/dev/null
   if [ -n "$agent_pid" ]; then kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null || true; fi
   if [ -n "$github_pid" ]; then kill "$github_pid" 2>/dev/null; wait "$github_pid" 2>/dev/null || true; fi
+  if [ -n "$chat_pid" ]; then kill "$chat_pid" 2>/dev/null; wait "$chat_pid" 2>/dev/null || true; fi
   tests/testenv/down.sh "$work/cluster" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -92,12 +94,31 @@ api() { # TOKEN METHOD PATH [JSON]: a call to the GitHub API as a user would mak
 }
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
-bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback)"
+bold "Starting the team's chat: a Slack-format incoming webhook on loopback that keeps each message's text"
+chat_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 - "$work/chat.log" "$chat_port" <<'PY' >/dev/null 2>&1 &
+import http.server, json, sys
+log, port = sys.argv[1], int(sys.argv[2])
+class Chat(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        with open(log, "a") as f:
+            f.write(body.get("text", "") + "\n")
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Chat).serve_forever()
+PY
+chat_pid=$!
+
+bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback; release events to the team's chat)"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 secret="demo-webhook-secret"
 GITCANARY_WEBHOOK_SECRET="$secret" GITCANARY_GITHUB_TOKEN="gitcanary-token" "$gitcanary" run \
   --repo "file://$work/apps.git" --prune --listen "127.0.0.1:$port" --poll-interval 300 \
-  --cache-dir "$work/cache" --github-url "$github_url" --github-repo acme/apps >"$work/agent.log" 2>&1 &
+  --cache-dir "$work/cache" --github-url "$github_url" --github-repo acme/apps \
+  --notify "team=slack:http://127.0.0.1:$chat_port/" >"$work/agent.log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.2; done
 say "first sync done:"
@@ -279,6 +300,8 @@ say "web's HTTPRoute, rendered because the cluster serves the Gateway API: $(k -
 bold "Summary"
 say "git log of the repository:"
 git -C "$work/clone" log --oneline | sed 's/^/     /'
+say "the team's chat (release events, each once):"
+sed 's/^/     /' "$work/chat.log" 2>/dev/null || true
 say "agent log (last lines):"
 tail -5 "$work/agent.log" | sed 's/^/     /'
 say "Everything started by this demo is now stopped."
