@@ -90,7 +90,6 @@ pub struct Metrics {
     pub writeback_failures: AtomicU64,
     /// 1 while the last fetch of the source succeeded.
     pub source_up: AtomicU64,
-    pub github_requests: AtomicU64,
     pub github_errors: AtomicU64,
     pub github_rate_limited: AtomicU64,
     /// GitHub `304 Not Modified` answers (not counted against its rate limit).
@@ -98,7 +97,9 @@ pub struct Metrics {
     /// Requests left in GitHub's rate-limit window, as its last answer said.
     pub github_rate_limit_remaining: AtomicU64,
     /// Release events sent to the configured receivers.
-    pub notifications: Notifications,
+    pub notifications: LabelledCounter,
+    /// GitHub requests by endpoint shape and status (`304`, `error`, `refused`).
+    pub github_calls: LabelledCounter,
     /// Kustomize and Helm runs in progress, as the source's renderers count them.
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
@@ -179,7 +180,18 @@ impl Metrics {
             "# HELP gitcanary_github_rate_limit_remaining Requests left in GitHub's rate-limit window, as its last answer said.\n# TYPE gitcanary_github_rate_limit_remaining gauge\ngitcanary_github_rate_limit_remaining {}",
             self.github_rate_limit_remaining.load(Ordering::Relaxed)
         );
-        self.notifications.render(&mut out);
+        self.notifications.render(
+            &mut out,
+            "gitcanary_notifications_total",
+            "Release events sent to receivers, by outcome (delivered; failed after every retry; dropped, the receiver's queue full).",
+            ("receiver", "outcome"),
+        );
+        self.github_calls.render(
+            &mut out,
+            "gitcanary_github_requests_total",
+            "GitHub API requests by endpoint and status: an HTTP status (a 304 is free of the rate limit), error (no answer), refused (not sent: kept quiet for a rate limit or the reserve).",
+            ("endpoint", "status"),
+        );
         self.render_cluster(&mut out);
         out
     }
@@ -250,13 +262,8 @@ impl Metrics {
         ]
     }
 
-    fn github_counters(&self) -> [(&'static str, &'static str, &AtomicU64); 4] {
+    fn github_counters(&self) -> [(&'static str, &'static str, &AtomicU64); 3] {
         [
-            (
-                "gitcanary_github_requests_total",
-                "GitHub API requests sent.",
-                &self.github_requests,
-            ),
             (
                 "gitcanary_github_errors_total",
                 "GitHub API requests that failed (no answer or an error status).",
@@ -310,35 +317,33 @@ impl Metrics {
     }
 }
 
-/// Delivery counts by receiver and outcome, for
-/// `gitcanary_notifications_total{receiver, outcome}`.
+/// A counter by two labels whose values are bounded by their makers
+/// (receiver names, endpoint shapes, statuses).
 #[derive(Default)]
-pub struct Notifications {
-    counts: Mutex<BTreeMap<(String, &'static str), u64>>,
-    pub attempts: AtomicU64,
+pub struct LabelledCounter {
+    counts: Mutex<BTreeMap<(String, String), u64>>,
 }
 
-impl Notifications {
-    pub fn count(&self, receiver: &str, outcome: &'static str) {
+impl LabelledCounter {
+    pub fn add(&self, first: &str, second: &str) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        *counts.entry((receiver.to_string(), outcome)).or_default() += 1;
+        *counts.entry((first.to_string(), second.to_string())).or_default() += 1;
     }
 
-    /// Prometheus text of the counts.
-    pub fn render(&self, out: &mut String) {
-        use std::fmt::Write;
+    /// Prometheus text: `name{labels.0="…",labels.1="…"} n` per pair seen.
+    pub fn render(&self, out: &mut String, name: &str, help: &str, labels: (&str, &str)) {
         let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = writeln!(
-            out,
-            "# HELP gitcanary_notifications_total Release events sent to receivers, by outcome (delivered; failed after every retry; dropped, the receiver's queue full).\n# TYPE gitcanary_notifications_total counter"
-        );
-        for ((receiver, outcome), n) in counts.iter() {
-            let _ = writeln!(
-                out,
-                "gitcanary_notifications_total{{receiver=\"{receiver}\",outcome=\"{outcome}\"}} {n}"
-            );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for ((first, second), n) in counts.iter() {
+            let (first, second) = (escape_label(first), escape_label(second));
+            let _ = writeln!(out, "{name}{{{}=\"{first}\",{}=\"{second}\"}} {n}", labels.0, labels.1);
         }
     }
+}
+
+/// A label value as Prometheus' text format writes one.
+fn escape_label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]

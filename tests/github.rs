@@ -617,6 +617,11 @@ async fn the_client_leaves_the_tokens_reserve_to_its_other_users_until_the_reset
     );
     let text = metrics.render();
     assert!(text.contains("gitcanary_github_rate_limit_remaining 10"), "{text}");
+    let endpoint = "gitcanary_github_requests_total{endpoint=\"GET /repos/{owner}/{repo}/commits/{sha}/pulls\"";
+    for (status, count) in [("200", 2), ("304", 1), ("refused", 1)] {
+        let line = format!("{endpoint},status=\"{status}\"}} {count}");
+        assert!(text.contains(&line), "{line} in {text}");
+    }
 }
 
 /// The reserve stops GitHub calls, never the release: a release with a

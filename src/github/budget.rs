@@ -113,6 +113,40 @@ pub fn reserve_wait(remaining: u64, reset_epoch: u64, now_epoch: u64, reserve: u
     (remaining <= reserve).then(|| Duration::from_secs(reset_epoch.saturating_sub(now_epoch).clamp(1, 3600)))
 }
 
+/// The shape of a request, for the metric: method and path with the
+/// repository, numbers, commits, users and branches as placeholders, so
+/// that the label's values stay few.
+pub fn endpoint(method: &str, uri: &str) -> String {
+    let path = uri.split(['?', '#']).next().unwrap_or_default();
+    let path = match path.find("://") {
+        Some(at) => path[at + 3..].find('/').map_or("/", |slash| &path[at + 3 + slash..]),
+        None => path,
+    };
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let mut shaped: Vec<String> = Vec::new();
+    let mut rest = segments.as_slice();
+    if let ["repos", _, _, tail @ ..] = rest {
+        shaped.extend(["repos", "{owner}", "{repo}"].map(String::from));
+        rest = tail;
+    }
+    for segment in rest {
+        let previous = shaped.last().map(String::as_str).unwrap_or_default();
+        let shape = match previous {
+            "commits" | "statuses" if !segment.bytes().all(|b| b.is_ascii_digit()) => "{sha}",
+            "collaborators" => "{user}",
+            "branches" | "compare" | "heads" => {
+                shaped.push("{ref}".to_string());
+                break;
+            }
+            _ if segment.bytes().all(|b| b.is_ascii_digit()) => "{n}",
+            _ if segment.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => segment,
+            _ => "{id}",
+        };
+        shaped.push(shape.to_string());
+    }
+    format!("{method} /{}", shaped.join("/"))
+}
+
 pub(super) fn now_epoch() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -128,6 +162,47 @@ mod tests {
             .iter()
             .map(|(n, v)| (http::HeaderName::from_static(n), v.parse().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn an_endpoints_label_names_its_shape_never_a_repository_user_or_branch() {
+        let cases = [
+            (
+                "GET",
+                "/repos/acme/apps/commits/abc123def/pulls",
+                "GET /repos/{owner}/{repo}/commits/{sha}/pulls",
+            ),
+            (
+                "GET",
+                "/repos/acme/apps/issues/17/comments?per_page=100",
+                "GET /repos/{owner}/{repo}/issues/{n}/comments",
+            ),
+            (
+                "GET",
+                "https://api.github.com/repos/acme/apps/issues/17/comments?per_page=100&page=3",
+                "GET /repos/{owner}/{repo}/issues/{n}/comments",
+            ),
+            (
+                "GET",
+                "/repos/acme/apps/collaborators/Carol/permission",
+                "GET /repos/{owner}/{repo}/collaborators/{user}/permission",
+            ),
+            (
+                "GET",
+                "/repos/acme/apps/branches/gitcanary/promote/demo/x",
+                "GET /repos/{owner}/{repo}/branches/{ref}",
+            ),
+            (
+                "PUT",
+                "/repos/acme/apps/pulls/4/merge",
+                "PUT /repos/{owner}/{repo}/pulls/{n}/merge",
+            ),
+            ("GET", "/user", "GET /user"),
+            ("GET", "/repos/acme/apps/weird-Thing", "GET /repos/{owner}/{repo}/{id}"),
+        ];
+        for (method, uri, shaped) in cases {
+            assert_eq!(endpoint(method, uri), shaped, "{uri}");
+        }
     }
 
     #[test]

@@ -259,11 +259,12 @@ impl GitHub {
             status,
             message,
         };
+        let endpoint = budget::endpoint(method.as_str(), &uri);
         if let Some((until, why)) = self.quiet() {
+            self.metrics.github_calls.add(&endpoint, "refused");
             let wait = until.saturating_duration_since(Instant::now()).as_secs();
             return Err(error(None, format!("rate limited ({why}); {wait} s more")));
         }
-        self.metrics.github_requests.fetch_add(1, Ordering::Relaxed);
         let get = method == Method::GET;
         let remembered = get.then(|| self.etags.remembered(&uri)).flatten();
         let sent = match method {
@@ -284,9 +285,11 @@ impl GitHub {
         };
         let response = sent.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.github_calls.add(&endpoint, "error");
             error(None, e.to_string())
         })?;
         let status = response.status().as_u16();
+        self.metrics.github_calls.add(&endpoint, &status.to_string());
         let headers = response.headers().clone();
         self.note_budget(&headers);
         if status == 304

@@ -7,7 +7,6 @@
 //! or failing receiver delays its own messages, never a release.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -171,7 +170,7 @@ impl Notifier {
                 }
                 for (name, queue) in &self.queues {
                     if queue.try_send(event.clone()).is_err() {
-                        self.metrics.notifications.count(name, "dropped");
+                        self.metrics.notifications.add(name, "dropped");
                     }
                 }
             }
@@ -207,7 +206,6 @@ async fn deliver(receiver: Receiver, mut queue: mpsc::Receiver<Event>, client: H
         let mut wait = FIRST_RETRY;
         let mut delivered = false;
         for attempt in 1..=ATTEMPTS {
-            metrics.attempts.fetch_add(1, Ordering::Relaxed);
             match post(&client, &receiver, &event, body.clone()).await {
                 Ok(()) => {
                     delivered = true;
@@ -223,7 +221,7 @@ async fn deliver(receiver: Receiver, mut queue: mpsc::Receiver<Event>, client: H
                 }
             }
         }
-        metrics.count(&receiver.name, if delivered { "delivered" } else { "failed" });
+        metrics.add(&receiver.name, if delivered { "delivered" } else { "failed" });
     }
 }
 
