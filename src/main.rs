@@ -26,6 +26,25 @@ enum LogFormat {
 }
 
 #[derive(Subcommand)]
+enum GetWhat {
+    /// Rollouts: phase, step, traffic, what each waits for; with --watch,
+    /// until the releases end, exiting 1 when one failed or was aborted.
+    #[command(alias = "rollouts")]
+    Rollout {
+        name: Option<String>,
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// Output: text or json.
+        #[arg(short, long, default_value = "text")]
+        output: String,
+        #[arg(short, long)]
+        watch: bool,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the agent: follow a branch and keep the cluster in sync with it.
     Run(RunArgs),
@@ -58,11 +77,17 @@ enum Command {
         /// Output: text or json.
         #[arg(short, long, default_value = "text")]
         output: String,
-        /// Redraw until every release has ended.
+        /// Follow until every release it saw running has ended (redrawn on a
+        /// terminal, a block per change when piped); exit 1 when one failed.
         #[arg(long)]
         watch: bool,
         #[command(flatten)]
         cluster: ClusterArgs,
+    },
+    /// `get rollout [NAME]`: the same view as `status`, as kubectl names it.
+    Get {
+        #[command(subcommand)]
+        what: GetWhat,
     },
     /// Pass the current indefinite pause of a rollout.
     Promote {
@@ -188,6 +213,16 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
             output,
             watch,
             cluster,
+        } => cli::status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await,
+        Command::Get {
+            what:
+                GetWhat::Rollout {
+                    name,
+                    namespace,
+                    output,
+                    watch,
+                    cluster,
+                },
         } => cli::status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await,
     }
 }

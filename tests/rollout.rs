@@ -1086,3 +1086,44 @@ async fn an_autoscaled_deployment_keeps_the_autoscalers_count_through_a_release(
         "the autoscaler's count kept"
     );
 }
+
+#[tokio::test]
+async fn get_rollout_watch_follows_a_release_to_its_end_and_exits_by_its_outcome() {
+    let scenario = Scenario::new("ro-watch").await;
+    let strategy = "      steps:\n      - {replicas: 1, pause: {duration: 3}}\n      progressDeadline: 15s\n      onFailure: hold\n";
+    let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
+    let releasing = || async {
+        eventually("a release running", WAIT, || async {
+            matches!(cluster.phase_and_step().await?.0, Phase::Progressing | Phase::Paused).then_some(())
+        })
+        .await
+    };
+    let watch = || scenario.run_cli(&["get", "rollout", "echo", "-n", &scenario.ns, "--watch"]);
+    let last_block = |shown: &str| shown.trim_end().rsplit("\n\n").next().unwrap_or_default().to_string();
+
+    App::new(&scenario.ns, "2.0", strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    releasing().await;
+    let (code, shown, stderr) = watch();
+    assert_eq!(code, 0, "promoted: {shown}{stderr}");
+    assert!(
+        !shown.contains('\u{1b}'),
+        "piped: plain lines, no escape codes: {shown:?}"
+    );
+    assert!(shown.contains("step 1/1"), "the release's step while it ran: {shown}");
+    let ns = &scenario.ns;
+    assert!(
+        last_block(&shown).starts_with(&format!("{ns}/echo: Healthy")),
+        "{shown}"
+    );
+
+    let mut broken = App::new(&scenario.ns, "3.0-broken", strategy);
+    broken.extra_pod_labels = ", gitcanary.test/never-ready: \"true\"";
+    broken.write(&scenario);
+    scenario.repo.commit_and_push("echo 3.0, broken");
+    releasing().await;
+    let (code, shown, stderr) = watch();
+    assert_eq!(code, 1, "failed: {shown}{stderr}");
+    assert!(last_block(&shown).starts_with(&format!("{ns}/echo: Failed")), "{shown}");
+    assert!(last_block(&shown).contains("not ready within 15s"), "{shown}");
+}

@@ -267,6 +267,10 @@ pub async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Sig
     Ok(ExitCode::SUCCESS)
 }
 
+/// `gitcanary status` and `gitcanary get rollout`. With `watch`, until
+/// every release it saw running has ended: redrawn in place on a terminal,
+/// a new block only when something but the clock changed when piped; the
+/// exit code is then 1 when one of them failed or was aborted.
 pub async fn status(
     args: &ClusterArgs,
     namespace: Option<&str>,
@@ -274,31 +278,46 @@ pub async fn status(
     output: &str,
     watch: bool,
 ) -> Result<ExitCode, Error> {
+    use crate::rollout::api::Phase;
     let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let mut watched = std::collections::BTreeSet::new();
+    let mut last_shown = String::new();
     loop {
         let rollouts = crate::rollout::cli::list(&cluster, namespace, name).await?;
+        let key = |r: &crate::rollout::api::Rollout| (r.metadata.namespace.clone(), r.metadata.name.clone());
+        let phase = |r: &crate::rollout::api::Rollout| r.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        let releasing = |r: &&crate::rollout::api::Rollout| {
+            matches!(phase(r), Phase::Progressing | Phase::Paused | Phase::Promoting)
+        };
+        watched.extend(rollouts.iter().filter(releasing).map(key));
         if output == "json" {
             println!("{}", serde_json::to_string_pretty(&rollouts).unwrap_or_default());
         } else {
             let text = crate::rollout::cli::render(&rollouts, jiff::Timestamp::now());
-            if watch {
+            let changed = crate::rollout::cli::without_clock(&text);
+            if watch && terminal {
                 // Redraw in place: clear the screen, cursor home.
-                print!("\x1b[2J\x1b[H");
+                print!("\x1b[2J\x1b[H{text}");
+            } else if changed != last_shown {
+                print!("{text}");
+                if watch {
+                    println!();
+                }
             }
-            print!("{text}");
+            last_shown = changed;
         }
-        let releasing = rollouts.iter().any(|r| {
-            r.status.as_ref().is_some_and(|s| {
-                matches!(
-                    s.phase,
-                    crate::rollout::api::Phase::Progressing
-                        | crate::rollout::api::Phase::Paused
-                        | crate::rollout::api::Phase::Promoting
-                )
-            })
-        });
-        if !watch || !releasing {
-            return Ok(ExitCode::SUCCESS);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        if !watch || !rollouts.iter().any(|r| releasing(&r)) {
+            let failed = rollouts
+                .iter()
+                .any(|r| watched.contains(&key(r)) && phase(r) == Phase::Failed);
+            return Ok(if watch && failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -213,6 +213,15 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
     out
 }
 
+/// The view without its clock line, which changes every second: what a
+/// piped watch compares to decide whether to print again.
+pub fn without_clock(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.starts_with("  in this state for "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 /// One step of `gitcanary status`, marked `>` when it is the current one.
 fn step_line(index: u32, step: &CanaryStep, current: bool) -> String {
     let marker = if current { ">" } else { " " };
