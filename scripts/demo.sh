@@ -111,6 +111,8 @@ class Chat(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", port), Chat).serve_forever()
 PY
 chat_pid=$!
+# Ready once it answers (a GET gets 501 from it, which is an answer).
+for _ in $(seq 1 50); do curl -s -o /dev/null "http://127.0.0.1:$chat_port/" && break; sleep 0.1; done
 
 bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback; release events to the team's chat)"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -300,6 +302,8 @@ say "web's HTTPRoute, rendered because the cluster serves the Gateway API: $(k -
 bold "Summary"
 say "git log of the repository:"
 git -C "$work/clone" log --oneline | sed 's/^/     /'
+# The failure is told once its revert is in Git; give the delivery a moment.
+for _ in $(seq 1 50); do grep -q ' failed' "$work/chat.log" 2>/dev/null && break; sleep 0.2; done
 say "the team's chat (release events, each once):"
 sed 's/^/     /' "$work/chat.log" 2>/dev/null || true
 say "agent log (last lines):"

@@ -279,40 +279,64 @@ pub async fn status(
     watch: bool,
 ) -> Result<ExitCode, Error> {
     use crate::rollout::api::Phase;
+    use std::io::Write;
     let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let mut watched = std::collections::BTreeSet::new();
+    // Each release seen running, by Rollout: its id, judged when it ends.
+    let mut watched = std::collections::BTreeMap::new();
     let mut last_shown = String::new();
     loop {
         let rollouts = crate::rollout::cli::list(&cluster, namespace, name).await?;
         let key = |r: &crate::rollout::api::Rollout| (r.metadata.namespace.clone(), r.metadata.name.clone());
-        let phase = |r: &crate::rollout::api::Rollout| r.status.as_ref().map(|s| s.phase).unwrap_or_default();
-        let releasing = |r: &&crate::rollout::api::Rollout| {
-            matches!(phase(r), Phase::Progressing | Phase::Paused | Phase::Promoting)
+        let releasing = |r: &crate::rollout::api::Rollout| {
+            r.status
+                .as_ref()
+                .is_some_and(|s| matches!(s.phase, Phase::Progressing | Phase::Paused | Phase::Promoting))
         };
-        watched.extend(rollouts.iter().filter(releasing).map(key));
-        if output == "json" {
-            println!("{}", serde_json::to_string_pretty(&rollouts).unwrap_or_default());
+        for rollout in rollouts.iter().filter(|r| releasing(r)) {
+            let id = rollout
+                .status
+                .as_ref()
+                .map(|s| s.rollout_id.clone())
+                .unwrap_or_default();
+            watched.insert(key(rollout), id);
+        }
+        let (text, changed) = if output == "json" {
+            let json = serde_json::to_string_pretty(&rollouts).unwrap_or_default() + "\n";
+            (json.clone(), json)
         } else {
             let text = crate::rollout::cli::render(&rollouts, jiff::Timestamp::now());
             let changed = crate::rollout::cli::without_clock(&text);
-            if watch && terminal {
-                // Redraw in place: clear the screen, cursor home.
-                print!("\x1b[2J\x1b[H{text}");
-            } else if changed != last_shown {
-                print!("{text}");
-                if watch {
-                    println!();
-                }
-            }
-            last_shown = changed;
+            (text, changed)
+        };
+        let shown = if watch && terminal && output != "json" {
+            // Redraw in place: clear the screen, cursor home.
+            format!("\x1b[2J\x1b[H{text}")
+        } else if changed != last_shown {
+            if watch { format!("{text}\n") } else { text }
+        } else {
+            String::new()
+        };
+        let mut stdout = std::io::stdout().lock();
+        // A closed pipe (`| head`) ends the watch quietly.
+        if stdout
+            .write_all(shown.as_bytes())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return Ok(ExitCode::SUCCESS);
         }
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        if !watch || !rollouts.iter().any(|r| releasing(&r)) {
-            let failed = rollouts
-                .iter()
-                .any(|r| watched.contains(&key(r)) && phase(r) == Phase::Failed);
+        drop(stdout);
+        last_shown = changed;
+        if !watch || !rollouts.iter().any(releasing) {
+            let failed = rollouts.iter().any(|r| {
+                let id = watched.get(&key(r));
+                id.is_some_and(|id| {
+                    r.status
+                        .as_ref()
+                        .is_some_and(|s| crate::rollout::cli::release_failed(s, id))
+                })
+            });
             return Ok(if watch && failed {
                 ExitCode::FAILURE
             } else {
@@ -383,9 +407,10 @@ fn parse_web_check(value: &str) -> Result<(String, String), String> {
         ));
     }
     let parsed: http::Uri = url.parse().map_err(|e| format!("web check {name}: {e}"))?;
-    if parsed.scheme_str() != Some("http") || parsed.authority().is_none_or(|a| a.as_str().contains('@')) {
+    let plain = parsed.query().is_none() && !url.contains('#');
+    if parsed.scheme_str() != Some("http") || parsed.authority().is_none_or(|a| a.as_str().contains('@')) || !plain {
         return Err(format!(
-            "web check {name}: give http://HOST:PORT[/PATH], without credentials (send them with --web-check-headers)"
+            "web check {name}: give http://HOST:PORT[/PATH], without credentials (send them with --web-check-headers), query or fragment"
         ));
     }
     Ok((name.to_string(), url.to_string()))

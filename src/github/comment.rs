@@ -193,7 +193,7 @@ fn steps_table(
         let n = i as u32 + 1;
         let record = status.step_history.iter().find(|r| r.step == n);
         let state = if n == canary.current_step_index && status.phase != Phase::Healthy {
-            format!("{:?}", canary.current_step_state)
+            canary.current_step_state.name().to_string()
         } else if record.is_some_and(|r| !r.finished_at.is_empty()) {
             "done".to_string()
         } else {

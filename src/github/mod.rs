@@ -234,10 +234,12 @@ impl GitHub {
         body: Option<&Value>,
         context: &str,
     ) -> Result<(Value, http::HeaderMap)> {
+        let endpoint = budget::endpoint(method.as_str(), &uri);
         match tokio::time::timeout(CALL_TIMEOUT, self.request_once(method, uri, body, context)).await {
             Ok(answer) => answer,
             Err(_) => {
                 self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+                self.metrics.github_calls.add(&endpoint, "error");
                 Err(Error::GitHub {
                     context: context.to_string(),
                     status: None,

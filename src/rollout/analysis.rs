@@ -349,6 +349,9 @@ fn web_problems(web: &super::api::WebCheck) -> Vec<String> {
     problems.extend(super::web::path_problem(&web.path));
     let texts = std::iter::once(web.path.as_str()).chain(web.body.as_deref());
     for text in texts {
+        if text.matches("{{").count() != text.matches("}}").count() {
+            problems.push("a `{{` without its `}}`".into());
+        }
         problems.extend(
             variables(text)
                 .filter(|v| !VARIABLES.contains(v))

@@ -154,7 +154,7 @@ pub enum Phase {
     Failed,
 }
 
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StepState {
     #[default]
     StepUpgrade,
@@ -165,6 +165,35 @@ pub enum StepState {
     StepPaused,
     StepReady,
     Completed,
+}
+
+impl StepState {
+    /// The name a status holds, as `kubectl get` shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StepState::StepUpgrade => "StepUpgrade",
+            StepState::StepTrafficRouting => "StepTrafficRouting",
+            StepState::StepAnalysis => "StepMetricsAnalysis",
+            StepState::StepPaused => "StepPaused",
+            StepState::StepReady => "StepReady",
+            StepState::Completed => "Completed",
+        }
+    }
+}
+
+impl JsonSchema for StepState {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "StepState".into()
+    }
+
+    // The earlier name stays valid: a status written before, and not
+    // rewritten since, is still accepted by the API server.
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "enum": ["StepUpgrade", "StepTrafficRouting", "StepMetricsAnalysis", "StepAnalysis", "StepPaused", "StepReady", "Completed"]
+        })
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -396,6 +425,9 @@ mod tests {
             serde_json::to_value(StepState::StepAnalysis).unwrap(),
             "StepMetricsAnalysis"
         );
+        for state in [StepState::StepUpgrade, StepState::StepAnalysis, StepState::Completed] {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.name());
+        }
     }
 
     #[test]

@@ -154,11 +154,11 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
         if releasing {
             let style = rollout.spec.strategy.style.label();
             out.push_str(&format!(
-                "  release {}{style}: step {}/{} {:?}, traffic {}, canary pods ready {}\n",
+                "  release {}{style}: step {}/{} {}, traffic {}, canary pods ready {}\n",
                 status.rollout_id,
                 canary.current_step_index,
                 steps.len(),
-                canary.current_step_state,
+                canary.current_step_state.name(),
                 if canary.traffic.is_empty() {
                     "0%"
                 } else {
@@ -213,6 +213,27 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
     out
 }
 
+/// Whether the release `rollout_id` ended badly: its write-back is a
+/// revert or a hold, or it is failed. A revert is soon synced back to
+/// stable and Healthy, so the phase alone would miss it.
+pub fn release_failed(status: &super::api::RolloutStatus, rollout_id: &str) -> bool {
+    use super::api::WritebackAction;
+    let pending = status
+        .pending_writeback
+        .as_ref()
+        .filter(|p| p.rollout_id == rollout_id)
+        .map(|p| p.action);
+    let written = status
+        .written_back
+        .as_ref()
+        .filter(|w| w.rollout_id == rollout_id)
+        .map(|w| w.action);
+    match pending.or(written) {
+        Some(action) => action != WritebackAction::Promote,
+        None => status.phase == Phase::Failed,
+    }
+}
+
 /// The view without its clock line, which changes every second: what a
 /// piped watch compares to decide whether to print again.
 pub fn without_clock(text: &str) -> String {
@@ -255,6 +276,36 @@ fn step_line(index: u32, step: &CanaryStep, current: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_reverted_and_back_on_stable_still_counts_as_failed() {
+        use crate::rollout::api::{PendingWriteback, RolloutStatus, WritebackAction, WrittenBack};
+        let written = |action| WrittenBack {
+            action,
+            rollout_id: "r2".into(),
+            commit: "c".into(),
+            note: String::new(),
+        };
+        let mut status = RolloutStatus {
+            phase: Phase::Healthy,
+            written_back: Some(written(WritebackAction::Revert)),
+            ..RolloutStatus::default()
+        };
+        assert!(release_failed(&status, "r2"), "reverted, then synced back to Healthy");
+        assert!(!release_failed(&status, "r3"), "another release's revert");
+        status.written_back = Some(written(WritebackAction::Promote));
+        assert!(!release_failed(&status, "r2"));
+        status.pending_writeback = Some(PendingWriteback {
+            action: WritebackAction::Hold,
+            rollout_id: "r2".into(),
+            ..PendingWriteback::default()
+        });
+        assert!(release_failed(&status, "r2"), "a held failure, not yet in Git");
+        status.pending_writeback = None;
+        status.written_back = None;
+        status.phase = Phase::Failed;
+        assert!(release_failed(&status, "r2"));
+    }
 
     #[test]
     fn a_step_line_says_which_requests_its_matches_send() {

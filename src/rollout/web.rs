@@ -45,7 +45,8 @@ pub fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
 /// What a path from Git may hold: it is appended to the operator's URL, so
 /// it stays under it (no `..`, no scheme or host, no `//`, no fragment).
 pub fn path_problem(path: &str) -> Option<String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~/?&=%+,{}".contains(c);
+    // No `%`: an escaped dot or slash decodes, on the far side, into a way out.
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "-._~/?&=+,{}".contains(c);
     if !path.starts_with('/') {
         return Some(format!(
             "path {:?} must start with \"/\"",
@@ -54,7 +55,7 @@ pub fn path_problem(path: &str) -> Option<String> {
     }
     if path.contains("..") || path.contains("//") || !path.chars().all(allowed) {
         return Some(format!(
-            "path {:?} may hold letters, digits, - . _ ~ / ? & = % + , and {{{{variables}}}}, without \"..\" or \"//\"",
+            "path {:?} may hold letters, digits, - . _ ~ / ? & = + , and {{{{variables}}}}, without \"..\" or \"//\"",
             super::api::bounded_line(path, 80)
         ));
     }
@@ -97,6 +98,9 @@ pub fn parse_json_path(path: &str) -> Result<Vec<Segment>, String> {
             }
             '[' => {
                 let digits: String = chars.by_ref().take_while(|c| *c != ']').collect();
+                if !rest.contains(&format!("[{digits}]")) {
+                    return Err(format!("jsonPath {:?}: a [ without its ]", shown()));
+                }
                 let index = digits
                     .parse()
                     .map_err(|_| format!("jsonPath {:?}: [{digits}] is not a list index", shown()))?;
@@ -122,12 +126,12 @@ pub fn value_at(answer: &Value, path: &[Segment]) -> Result<Option<f64>, String>
         Value::Null => Ok(None),
         Value::Bool(b) => Ok(Some(if *b { 1.0 } else { 0.0 })),
         Value::Number(n) => Ok(n.as_f64()),
-        Value::String(s) => s.trim().parse().map(Some).map_err(|_| {
-            format!(
-                "the answer holds {:?} there, not a number",
-                super::api::bounded_line(s, 40)
-            )
-        }),
+        // The answer's text is not copied: a check's host may hold what Git should not read.
+        Value::String(s) => s
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| "the answer holds a string there that is not a number".to_string()),
         _ => Err("the answer holds a list or an object there, not a number".to_string()),
     }
 }
@@ -142,6 +146,10 @@ pub async fn check(
     body: Option<String>,
 ) -> Result<(String, Option<f64>), String> {
     let asked = format!("web check {} {path}", web.name);
+    // Checked again once filled in: an empty variable could make `..`.
+    if let Some(problem) = path_problem(path) {
+        return Err(format!("{asked}: {problem}"));
+    }
     let url = format!("{}{path}", endpoint.url.trim_end_matches('/'));
     let value = ask(endpoint, web, &url, body)
         .await
@@ -204,7 +212,7 @@ mod tests {
         assert_eq!(at("$.data.checks[3].ok"), Ok(None), "nothing there is no data");
         assert!(at("$.data.checks[0].list").is_err());
         assert!(at("$.data").is_err());
-        for bad in ["data.x", "$..x", "$.a[x]", "$.a]"] {
+        for bad in ["data.x", "$..x", "$.a[x]", "$.a]", "$.a[0"] {
             assert!(parse_json_path(bad).is_err(), "{bad}");
         }
     }
@@ -220,6 +228,8 @@ mod tests {
             "/a b",
             "/a@b",
             "/x\ny",
+            "/%2e%2e/admin",
+            "/a%2fb",
         ] {
             assert!(path_problem(bad).is_some(), "{bad:?}");
         }
