@@ -25,23 +25,29 @@ enum LogFormat {
     Json,
 }
 
+/// What `status` and `get rollout` show.
+#[derive(clap::Args)]
+struct RolloutsView {
+    name: Option<String>,
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Output: text or json.
+    #[arg(short, long, default_value = "text")]
+    output: String,
+    /// Follow until every release it saw running has ended (redrawn on a
+    /// terminal, a block per change when piped); exit 1 when one failed or
+    /// was aborted.
+    #[arg(short, long)]
+    watch: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
 #[derive(Subcommand)]
 enum GetWhat {
-    /// Rollouts: phase, step, traffic, what each waits for; with --watch,
-    /// until the releases end, exiting 1 when one failed or was aborted.
+    /// Rollouts: phase, step, traffic, what each waits for.
     #[command(alias = "rollouts")]
-    Rollout {
-        name: Option<String>,
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Output: text or json.
-        #[arg(short, long, default_value = "text")]
-        output: String,
-        #[arg(short, long)]
-        watch: bool,
-        #[command(flatten)]
-        cluster: ClusterArgs,
-    },
+    Rollout(RolloutsView),
 }
 
 #[derive(Subcommand)]
@@ -70,20 +76,7 @@ enum Command {
     /// Show what the next sync would change; exit 1 when the cluster differs.
     Diff(SourceArgs),
     /// Show rollouts: phase, step, traffic, what each waits for.
-    Status {
-        name: Option<String>,
-        #[arg(short, long)]
-        namespace: Option<String>,
-        /// Output: text or json.
-        #[arg(short, long, default_value = "text")]
-        output: String,
-        /// Follow until every release it saw running has ended (redrawn on a
-        /// terminal, a block per change when piped); exit 1 when one failed.
-        #[arg(long)]
-        watch: bool,
-        #[command(flatten)]
-        cluster: ClusterArgs,
-    },
+    Status(RolloutsView),
     /// `get rollout [NAME]`: the same view as `status`, as kubectl names it.
     Get {
         #[command(subcommand)]
@@ -207,22 +200,18 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
             namespace,
             cluster,
         } => cli::signal(&cluster, &namespace, &name, Signal::Abort).await,
-        Command::Status {
-            name,
-            namespace,
-            output,
-            watch,
-            cluster,
-        } => cli::status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await,
-        Command::Get {
-            what:
-                GetWhat::Rollout {
-                    name,
-                    namespace,
-                    output,
-                    watch,
-                    cluster,
-                },
-        } => cli::status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await,
+        Command::Status(view)
+        | Command::Get {
+            what: GetWhat::Rollout(view),
+        } => {
+            let RolloutsView {
+                name,
+                namespace,
+                output,
+                watch,
+                cluster,
+            } = view;
+            cli::status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await
+        }
     }
 }
