@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use serde_json::Value;
 
 use super::analysis::{self, Bindings, Measurement, Outcome};
@@ -51,8 +49,6 @@ impl Servers {
         }
     }
 }
-/// Answers larger than this are refused (a query should return one number).
-const MAX_ANSWER: usize = 1 << 20;
 
 /// The value of an instant query: `None` when it returned no series. Its
 /// error is one short line: a server's text never fills a status or comment.
@@ -70,27 +66,9 @@ async fn ask(address: &str, promql: &str) -> Result<Option<f64>, String> {
     let uri = format!("{}/api/v1/query?query={encoded}", address.trim_end_matches('/'));
     let request = http::Request::get(&uri)
         .header("accept", "application/json")
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(Bytes::new()))
         .map_err(|e| format!("Prometheus request: {e}"))?;
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let response = tokio::time::timeout(QUERY_TIMEOUT, client.request(request))
-        .await
-        .map_err(|_| {
-            format!(
-                "Prometheus at {address} did not answer within {}s",
-                QUERY_TIMEOUT.as_secs()
-            )
-        })?
-        .map_err(|e| format!("Prometheus at {address} unreachable: {e}"))?;
-    let status = response.status();
-    let body = tokio::time::timeout(
-        QUERY_TIMEOUT,
-        http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect(),
-    )
-    .await
-    .map_err(|_| "Prometheus answer timed out".to_string())?
-    .map_err(|e| format!("Prometheus answer: {e}"))?
-    .to_bytes();
+    let (status, body) = super::web::exchange(request, QUERY_TIMEOUT, &format!("Prometheus at {address}")).await?;
     let answer: Value =
         serde_json::from_slice(&body).map_err(|e| format!("Prometheus answer is not JSON ({status}): {e}"))?;
     if answer["status"] != "success" {

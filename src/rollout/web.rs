@@ -18,7 +18,8 @@ use super::api::WebCheck;
 pub use crate::plan::WebEndpoint as Endpoint;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-/// Answers larger than this are refused: a check answers with a few fields.
+/// Answers larger than this are refused: a check answers with a few
+/// fields, a Prometheus query with one number.
 const MAX_ANSWER: usize = 1 << 20;
 const MAX_ERROR: usize = 200;
 
@@ -175,25 +176,37 @@ async fn ask(endpoint: &Endpoint, web: &WebCheck, url: &str, body: Option<String
         request = request.header(name, value);
     }
     let request = request.body(Full::new(body)).map_err(|e| format!("request: {e}"))?;
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let response = tokio::time::timeout(CHECK_TIMEOUT, client.request(request))
-        .await
-        .map_err(|_| format!("{url} did not answer within {}s", CHECK_TIMEOUT.as_secs()))?
-        .map_err(|e| format!("{url} unreachable: {e}"))?;
-    let status = response.status();
-    let body = tokio::time::timeout(
-        CHECK_TIMEOUT,
-        http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect(),
-    )
-    .await
-    .map_err(|_| format!("{url}: the answer timed out"))?
-    .map_err(|e| format!("{url}: the answer: {e}"))?
-    .to_bytes();
+    let (status, body) = exchange(request, CHECK_TIMEOUT, url).await?;
     if !status.is_success() {
         return Err(format!("{url} answered {status}"));
     }
     let answer: Value = serde_json::from_slice(&body).map_err(|e| format!("{url}: the answer is not JSON: {e}"))?;
     value_at(&answer, &json_path)
+}
+
+/// Sends `request` over plain HTTP and reads the answer, each within
+/// `timeout` and the answer at most [`MAX_ANSWER`] bytes: a server that is
+/// slow, silent or too talkative delays or fills nothing. Errors name `who`.
+pub(super) async fn exchange(
+    request: http::Request<Full<Bytes>>,
+    timeout: Duration,
+    who: &str,
+) -> Result<(http::StatusCode, Bytes), String> {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = tokio::time::timeout(timeout, client.request(request))
+        .await
+        .map_err(|_| format!("{who} did not answer within {}s", timeout.as_secs()))?
+        .map_err(|e| format!("{who} unreachable: {e}"))?;
+    let status = response.status();
+    let body = tokio::time::timeout(
+        timeout,
+        http_body_util::Limited::new(response.into_body(), MAX_ANSWER).collect(),
+    )
+    .await
+    .map_err(|_| format!("{who}: the answer timed out"))?
+    .map_err(|e| format!("{who}: the answer: {e}"))?
+    .to_bytes();
+    Ok((status, body))
 }
 
 #[cfg(test)]
