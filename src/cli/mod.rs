@@ -382,15 +382,22 @@ fn parse_service_account(value: &str) -> Result<ServiceAccountRef, String> {
     value.parse()
 }
 
-fn parse_prometheus(value: &str) -> Result<(String, String), String> {
+/// `NAME=URL` of a server the agent may ask: NAME a DNS label, as the
+/// templates that name it must write it.
+fn named_url<'v>(value: &'v str, what: &str) -> Result<(&'v str, &'v str), String> {
     let (name, url) = value
         .split_once('=')
         .ok_or_else(|| format!("{value:?} is not NAME=http://HOST:PORT"))?;
     if !crate::rollout::analysis::is_server_name(name) {
         return Err(format!(
-            "Prometheus name {name:?} must be lowercase letters, digits and '-'"
+            "{what} name {name:?} must be lowercase letters, digits and '-'"
         ));
     }
+    Ok((name, url))
+}
+
+fn parse_prometheus(value: &str) -> Result<(String, String), String> {
+    let (name, url) = named_url(value, "Prometheus")?;
     if !url.starts_with("http://") {
         return Err(format!("Prometheus {name}: {url:?} must start with http://"));
     }
@@ -398,14 +405,7 @@ fn parse_prometheus(value: &str) -> Result<(String, String), String> {
 }
 
 fn parse_web_check(value: &str) -> Result<(String, String), String> {
-    let (name, url) = value
-        .split_once('=')
-        .ok_or_else(|| format!("{value:?} is not NAME=http://HOST:PORT"))?;
-    if !crate::rollout::analysis::is_server_name(name) {
-        return Err(format!(
-            "web check name {name:?} must be lowercase letters, digits and '-'"
-        ));
-    }
+    let (name, url) = named_url(value, "web check")?;
     let parsed: http::Uri = url.parse().map_err(|e| format!("web check {name}: {e}"))?;
     let plain = parsed.query().is_none() && !url.contains('#');
     if parsed.scheme_str() != Some("http") || parsed.authority().is_none_or(|a| a.as_str().contains('@')) || !plain {
