@@ -224,3 +224,166 @@ async fn every_event_of_a_promoted_and_a_failed_release_reaches_each_receiver_on
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
 }
+
+/// What the hook endpoint got: (path, body) of each signed call; and the
+/// hook it answers 500 to.
+#[derive(Default)]
+struct Calls {
+    calls: Vec<(String, Value)>,
+    refuse: Option<&'static str>,
+}
+
+async fn hook_call(
+    State(calls): State<Arc<Mutex<Calls>>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> (StatusCode, String) {
+    let signature = headers
+        .get("x-gitcanary-signature-256")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if signature != gitcanary::notify::event::signature(SECRET.as_bytes(), &body) {
+        return (StatusCode::UNAUTHORIZED, "bad signature".into());
+    }
+    let json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut calls = calls.lock().unwrap();
+    calls.calls.push((path, json.clone()));
+    if calls.refuse.is_some_and(|hook| json["hook"] == hook) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "\nsmoke test failed: checkout answered 502\nmore detail".into(),
+        );
+    }
+    (StatusCode::OK, "ok".into())
+}
+
+const HOOKED: &str = "  hooks:
+    preRelease: {name: smoke, path: \"/pre/{{rolloutID}}\"}
+    step: {name: smoke, path: \"/step/{{canaryRevision}}\"}
+    prePromote: {name: smoke, path: /promote}
+    postRelease: {name: smoke, path: /post}
+  strategy:
+    canary:
+      steps:
+      - {replicas: 1, pause: {duration: 1}}
+      - {replicas: 1}
+";
+
+#[tokio::test]
+async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reverts() {
+    let scenario = Scenario::new("hooks").await;
+    let calls = Arc::new(Mutex::new(Calls::default()));
+    let app = axum::Router::new()
+        .route("/{*path}", axum::routing::post(hook_call))
+        .with_state(calls.clone());
+    let address = support::serve_on_own_thread(app, "hook endpoint");
+    let secret = tempfile::NamedTempFile::new().expect("secret file");
+    std::fs::write(secret.path(), format!("{SECRET}\n")).expect("secret");
+    let hook = format!("smoke=http://{address}");
+    let hook_secret = format!("smoke={}", secret.path().display());
+    let release = |image: &str| {
+        support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, HOOKED);
+        scenario.repo.commit_and_push(&format!("echo {image}"))
+    };
+    release("1.0");
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--hook", &hook, "--hook-secret", &hook_secret],
+        &[],
+    );
+    eventually("1.0 healthy", WAIT, || async {
+        (phase(&scenario).await == Some(Phase::Healthy)).then_some(())
+    })
+    .await;
+    assert!(calls.lock().unwrap().calls.is_empty(), "no release, no hook");
+
+    let two = release("2.0");
+    let id = &two[..7];
+    let hooks_of = |id: &str| -> Vec<(String, String)> {
+        let calls = calls.lock().unwrap();
+        calls
+            .calls
+            .iter()
+            .filter(|(_, body)| body["rolloutID"] == id)
+            .map(|(path, body)| {
+                let step = body["step"].as_u64().map_or(String::new(), |s| format!("-{s}"));
+                let outcome = body["outcome"].as_str().map_or(String::new(), |o| format!(":{o}"));
+                (
+                    format!("{}{step}{outcome}", body["hook"].as_str().unwrap_or("?")),
+                    path.clone(),
+                )
+            })
+            .collect()
+    };
+    let called = eventually("2.0's hooks, to its postRelease", WAIT, || async {
+        let called = hooks_of(id);
+        called
+            .iter()
+            .any(|(hook, _)| hook.starts_with("postRelease"))
+            .then_some(called)
+    })
+    .await;
+    let names: Vec<&str> = called.iter().map(|(hook, _)| hook.as_str()).collect();
+    assert_eq!(
+        names,
+        ["preRelease", "step-1", "step-2", "prePromote", "postRelease:promoted"],
+        "each hook once, in order: {called:?}"
+    );
+    assert_eq!(
+        called[0].1,
+        format!("pre/{id}"),
+        "the path under the endpoint, filled in"
+    );
+    assert!(
+        called[1].1.starts_with("step/") && called[1].1.len() > "step/".len(),
+        "the canary's revision in the step hook's path: {called:?}"
+    );
+    {
+        let calls = calls.lock().unwrap();
+        let pre = &calls
+            .calls
+            .iter()
+            .find(|(_, b)| b["hook"] == "preRelease")
+            .expect("preRelease")
+            .1;
+        assert_eq!(
+            pre["rollout"],
+            serde_json::json!({"namespace": scenario.ns, "name": "echo"})
+        );
+        assert_eq!(pre["commit"], two.as_str());
+    }
+    assert_eq!(phase(&scenario).await, Some(Phase::Healthy));
+
+    calls.lock().unwrap().refuse = Some("prePromote");
+    let three = release("3.0");
+    let (_, revert) = scenario
+        .wait_for_commit("the revert commit", |m| m.starts_with("revert("))
+        .await;
+    assert!(
+        revert.contains("the prePromote hook smoke failed")
+            && revert.contains("smoke test failed: checkout answered 502"),
+        "the hook's first line in the revert: {revert}"
+    );
+    assert!(!revert.contains("more detail"), "only the first line: {revert}");
+    assert!(
+        !revert.contains(&address.to_string()),
+        "the endpoint stays out of Git: {revert}"
+    );
+    let called = eventually("3.0's postRelease", WAIT, || async {
+        let called = hooks_of(&three[..7]);
+        called
+            .iter()
+            .any(|(hook, _)| hook.starts_with("postRelease"))
+            .then_some(called)
+    })
+    .await;
+    let names: Vec<&str> = called.iter().map(|(hook, _)| hook.as_str()).collect();
+    assert_eq!(
+        names,
+        ["preRelease", "step-1", "step-2", "prePromote", "postRelease:failed"],
+        "{called:?}"
+    );
+}

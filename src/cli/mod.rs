@@ -156,6 +156,16 @@ pub struct SourceArgs {
     /// request to the web check NAME.
     #[arg(long = "web-check-headers", value_name = "NAME=FILE")]
     pub web_check_headers: Vec<String>,
+    /// An endpoint a Rollout's hooks may call (`hooks: {preRelease: {name:
+    /// NAME, path}}`), NAME=http://HOST:PORT; repeat for more. Each needs
+    /// --hook-secret.
+    #[arg(long = "hook", value_parser = parse_hook)]
+    pub hook: Vec<(String, String)>,
+    /// NAME=FILE: the secret (a mounted Secret) the hook NAME's bodies are
+    /// signed with (`X-Gitcanary-Signature-256`), so it can tell the agent's
+    /// calls from anyone's.
+    #[arg(long = "hook-secret", value_name = "NAME=FILE")]
+    pub hook_secret: Vec<String>,
     /// Colour the diff: auto (when a terminal), always, never.
     #[arg(long, default_value = "auto")]
     pub color: String,
@@ -404,13 +414,23 @@ fn parse_prometheus(value: &str) -> Result<(String, String), String> {
     Ok((name.to_string(), url.to_string()))
 }
 
+fn parse_hook(value: &str) -> Result<(String, String), String> {
+    parse_endpoint(value, "hook", "a hook's body is signed with --hook-secret")
+}
+
 fn parse_web_check(value: &str) -> Result<(String, String), String> {
-    let (name, url) = named_url(value, "web check")?;
-    let parsed: http::Uri = url.parse().map_err(|e| format!("web check {name}: {e}"))?;
+    parse_endpoint(value, "web check", "send them with --web-check-headers")
+}
+
+/// NAME=http://HOST:PORT[/PATH] of an endpoint the agent calls: a path
+/// from Git is appended, so it has no query, fragment or credentials.
+fn parse_endpoint(value: &str, what: &str, credentials: &str) -> Result<(String, String), String> {
+    let (name, url) = named_url(value, what)?;
+    let parsed: http::Uri = url.parse().map_err(|e| format!("{what} {name}: {e}"))?;
     let plain = parsed.query().is_none() && !url.contains('#');
     if parsed.scheme_str() != Some("http") || parsed.authority().is_none_or(|a| a.as_str().contains('@')) || !plain {
         return Err(format!(
-            "web check {name}: give http://HOST:PORT[/PATH], without credentials (send them with --web-check-headers), query or fragment"
+            "{what} {name}: give http://HOST:PORT[/PATH], without credentials ({credentials}), query or fragment"
         ));
     }
     Ok((name.to_string(), url.to_string()))
@@ -448,6 +468,48 @@ pub(crate) fn web_checks(
             .map_err(|e| Error::Usage(format!("--web-check-headers {name}: {path}: {e}")))?;
     }
     Ok(checks)
+}
+
+/// The hook endpoints, each with its signing secret read from its file.
+pub(crate) fn hooks(args: &SourceArgs) -> Result<std::collections::BTreeMap<String, crate::plan::HookEndpoint>, Error> {
+    let mut secrets = std::collections::BTreeMap::new();
+    for pair in &args.hook_secret {
+        let (name, path) = pair
+            .split_once('=')
+            .ok_or_else(|| Error::Usage(format!("--hook-secret {pair:?}: write NAME=FILE")))?;
+        if !args.hook.iter().any(|(hook, _)| hook == name) {
+            return Err(Error::Usage(format!("--hook-secret {name}: no --hook has that name")));
+        }
+        let secret = std::fs::read(path)
+            .map_err(|source| Error::Read {
+                path: path.to_string(),
+                source,
+            })?
+            .trim_ascii()
+            .to_vec();
+        if secret.is_empty() {
+            return Err(Error::Usage(format!(
+                "--hook-secret {name}: {path} is empty: anyone could sign with it"
+            )));
+        }
+        secrets.insert(name.to_string(), secret);
+    }
+    let mut hooks = std::collections::BTreeMap::new();
+    for (name, url) in &args.hook {
+        let secret = secrets.remove(name).ok_or_else(|| {
+            Error::Usage(format!(
+                "--hook {name}: give --hook-secret {name}=FILE: a hook's calls are signed"
+            ))
+        })?;
+        let endpoint = crate::plan::HookEndpoint {
+            url: url.clone(),
+            secret,
+        };
+        if hooks.insert(name.clone(), endpoint).is_some() {
+            return Err(Error::Usage(format!("--hook: two hooks are named {name}")));
+        }
+    }
+    Ok(hooks)
 }
 
 fn parse_tenant(value: &str) -> Result<(String, ServiceAccountRef), String> {

@@ -58,6 +58,7 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     let revision = super::fetch(source.clone(), &cluster).await?;
     let (mut revision, mut options) = (revision, options(&args.source));
     options.web_checks = super::web_checks(&args.source)?;
+    options.hooks = super::hooks(&args.source)?;
     validate_revision(&mut revision, &options);
     let memo = SyncMemo::default();
     let mut report = sync_validated(&cluster, &revision, &options, &memo, None).await?;
@@ -139,6 +140,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
     let cluster = Arc::new(connect(&args.source).await?);
     let mut options = options(&args.source);
     options.web_checks = super::web_checks(&args.source)?;
+    options.hooks = super::hooks(&args.source)?;
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(crate::telemetry::Metrics::default());
     let _ = metrics.kube_requests.set(cluster.requests.clone());
@@ -287,12 +289,14 @@ fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Re
     }
 }
 
-/// The receivers of `--notify`, each webhook's secret from `--notify-secret`.
+/// The receivers of `--notify`, each webhook's secret from `--notify-secret`,
+/// and the `--hook` endpoints `postRelease` hooks tell.
 fn notifier(
     args: &SyncArgs,
     metrics: Arc<crate::telemetry::Metrics>,
 ) -> Result<Option<crate::notify::Notifier>, Error> {
-    if args.notify.is_empty() {
+    let hooks = super::hooks(&args.source)?;
+    if args.notify.is_empty() && hooks.is_empty() {
         if !args.notify_secret.is_empty() {
             return Err(Error::Usage(
                 "--notify-secret names a receiver, and no --notify gives one".into(),
@@ -324,7 +328,7 @@ fn notifier(
         )));
     }
     tracing::info!(receivers = ?receivers, "release events go to these receivers");
-    Ok(Some(crate::notify::Notifier::start(receivers, metrics)))
+    Ok(Some(crate::notify::Notifier::start(receivers, hooks, metrics)))
 }
 
 /// `GITCANARY_WEBHOOK_SECRET` or the file named by `GITCANARY_WEBHOOK_SECRET_FILE`.

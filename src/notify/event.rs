@@ -2,9 +2,7 @@
 //! each with a key that names it once, and the bodies Slack, Microsoft
 //! Teams and a generic webhook take. Pure.
 
-use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
-use sha2::Sha256;
 
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, WritebackAction, bounded_line};
 
@@ -254,13 +252,7 @@ pub fn webhook(event: &Event) -> Value {
     })
 }
 
-/// `sha256=<hex>`: the HMAC-SHA256 of the body with the receiver's secret,
-/// as GitHub signs its webhooks (`X-Gitcanary-Signature-256`).
-pub fn signature(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes a key of any length");
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-}
+pub use crate::rollout::web::signature;
 
 #[cfg(test)]
 mod tests {

@@ -29,6 +29,8 @@ pub enum Format {
     Slack,
     Teams,
     Webhook,
+    /// A Rollout's `postRelease` hook: told its own releases' outcomes.
+    Hook,
 }
 
 /// One receiver, as the operator named it.
@@ -119,29 +121,57 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// How long one delivery may take.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Tells each receiver each event once.
+/// One message for one receiver: the event, and for a hook the path it
+/// is posted to and its body.
+struct Delivery {
+    event: Event,
+    path: String,
+    body: Option<serde_json::Value>,
+}
+
+/// Tells each receiver each event once, and each `postRelease` hook its
+/// Rollout's outcomes.
 pub struct Notifier {
-    queues: Vec<(String, mpsc::Sender<Event>)>,
+    queues: Vec<(String, mpsc::Sender<Delivery>)>,
+    /// Per `--hook` name.
+    hooks: BTreeMap<String, mpsc::Sender<Delivery>>,
     /// Per Rollout, the keys of the events told (or there when first seen).
     told: Mutex<BTreeMap<(String, String), BTreeSet<String>>>,
     metrics: Arc<Metrics>,
 }
 
 impl Notifier {
-    /// Starts a delivery task per receiver.
-    pub fn start(receivers: Vec<Receiver>, metrics: Arc<Metrics>) -> Notifier {
+    /// Starts a delivery task per receiver and per hook endpoint.
+    pub fn start(
+        receivers: Vec<Receiver>,
+        hooks: BTreeMap<String, crate::plan::HookEndpoint>,
+        metrics: Arc<Metrics>,
+    ) -> Notifier {
         let client = Client::builder(TokioExecutor::new()).build(connector());
+        let start = |receiver: Receiver| {
+            let (send, queue) = mpsc::channel(QUEUE);
+            tokio::spawn(deliver(receiver, queue, client.clone(), metrics.clone()));
+            send
+        };
         let queues = receivers
             .into_iter()
-            .map(|receiver| {
-                let (send, queue) = mpsc::channel(QUEUE);
-                let name = receiver.name.clone();
-                tokio::spawn(deliver(receiver, queue, client.clone(), metrics.clone()));
-                (name, send)
+            .map(|receiver| (receiver.name.clone(), start(receiver)))
+            .collect();
+        let hooks = hooks
+            .into_iter()
+            .map(|(name, endpoint)| {
+                let receiver = Receiver {
+                    name: format!("hook:{name}"),
+                    format: Format::Hook,
+                    url: endpoint.url,
+                    secret: Some(endpoint.secret),
+                };
+                (name, start(receiver))
             })
             .collect();
         Notifier {
             queues,
+            hooks,
             told: Mutex::default(),
             metrics,
         }
@@ -168,14 +198,76 @@ impl Notifier {
                 if !keys.insert(event.key.clone()) || first_sight {
                     continue;
                 }
-                for (name, queue) in &self.queues {
-                    if queue.try_send(event.clone()).is_err() {
-                        self.metrics.notifications.add(name, "dropped");
+                if let Some((hook, delivery)) = post_release(rollout, &event) {
+                    match self.hooks.get(&hook) {
+                        Some(queue) => self.queue(&format!("hook:{hook}"), queue, delivery),
+                        None => {
+                            tracing::warn!(rollout = %rollout.name, %hook, "no --hook of this name: the postRelease hook is not told")
+                        }
                     }
+                }
+                for (name, queue) in &self.queues {
+                    let delivery = Delivery {
+                        event: event.clone(),
+                        path: String::new(),
+                        body: None,
+                    };
+                    self.queue(name, queue, delivery);
                 }
             }
         }
     }
+}
+
+impl Notifier {
+    fn queue(&self, name: &str, queue: &mpsc::Sender<Delivery>, delivery: Delivery) {
+        if queue.try_send(delivery).is_err() {
+            self.metrics.notifications.add(name, "dropped");
+        }
+    }
+}
+
+/// The `postRelease` hook's call for an outcome of a release of a Rollout
+/// that names one: the hook's name and what it is sent.
+fn post_release(rollout: &crate::rollout::model::RolloutSummary, event: &Event) -> Option<(String, Delivery)> {
+    use crate::rollout::hooks::{self, Point};
+    if !matches!(event.kind, Kind::Promoted | Kind::Failed | Kind::Aborted) {
+        return None;
+    }
+    let hook = rollout.spec.hooks.post_release.as_ref()?;
+    let status = &rollout.status;
+    let bindings = crate::rollout::analysis::Bindings::of_release(
+        &rollout.namespace,
+        &rollout.spec,
+        &status.rollout_id,
+        &status.canary_revision,
+        &status.stable_revision,
+    );
+    let path = match crate::rollout::analysis::render(&hook.path, &bindings) {
+        Ok(path) if path.is_empty() || crate::rollout::web::path_problem(&path).is_none() => path,
+        _ => {
+            tracing::warn!(rollout = %rollout.name, hook = %hook.name, "the postRelease hook's path is not valid once filled in: not told");
+            return None;
+        }
+    };
+    let cause = event
+        .facts
+        .iter()
+        .find(|(title, _)| *title == "cause")
+        .map_or("", |(_, v)| v.as_str());
+    let body = hooks::body(
+        Point::PostRelease,
+        &rollout.name,
+        &event.commit,
+        &bindings,
+        Some((event.kind.as_str(), cause)),
+    );
+    let delivery = Delivery {
+        event: event.clone(),
+        path,
+        body: Some(body),
+    };
+    Some((hook.name.clone(), delivery))
 }
 
 fn connector() -> hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector> {
@@ -194,19 +286,20 @@ fn connector() -> hyper_rustls::HttpsConnector<hyper_util::client::legacy::conne
 type HttpClient = Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>>;
 
 /// One receiver's deliveries, one at a time, each retried with backoff.
-async fn deliver(receiver: Receiver, mut queue: mpsc::Receiver<Event>, client: HttpClient, metrics: Arc<Metrics>) {
+async fn deliver(receiver: Receiver, mut queue: mpsc::Receiver<Delivery>, client: HttpClient, metrics: Arc<Metrics>) {
     let metrics = &metrics.notifications;
-    while let Some(event) = queue.recv().await {
-        let body = match receiver.format {
+    while let Some(Delivery { event, path, body }) = queue.recv().await {
+        let body = body.unwrap_or_else(|| match receiver.format {
             Format::Slack => event::slack(&event),
             Format::Teams => event::teams(&event),
-            Format::Webhook => event::webhook(&event),
-        };
+            Format::Webhook | Format::Hook => event::webhook(&event),
+        });
+        let url = format!("{}{path}", receiver.url.trim_end_matches('/'));
         let body = Bytes::from(body.to_string());
         let mut wait = FIRST_RETRY;
         let mut delivered = false;
         for attempt in 1..=ATTEMPTS {
-            match post(&client, &receiver, &event, body.clone()).await {
+            match post(&client, &receiver, &url, &event, body.clone()).await {
                 Ok(()) => {
                     delivered = true;
                     break;
@@ -225,8 +318,8 @@ async fn deliver(receiver: Receiver, mut queue: mpsc::Receiver<Event>, client: H
     }
 }
 
-async fn post(client: &HttpClient, receiver: &Receiver, event: &Event, body: Bytes) -> Result<(), String> {
-    let mut request = http::Request::post(&receiver.url)
+async fn post(client: &HttpClient, receiver: &Receiver, url: &str, event: &Event, body: Bytes) -> Result<(), String> {
+    let mut request = http::Request::post(url)
         .header("content-type", "application/json")
         .header("user-agent", "gitcanary")
         .header("x-gitcanary-event", event.kind.as_str())

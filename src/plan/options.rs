@@ -19,6 +19,20 @@ impl std::fmt::Debug for WebEndpoint {
     }
 }
 
+/// An endpoint a release hook calls (`--hook NAME=URL`), with the secret
+/// its bodies are signed with (`--hook-secret NAME=FILE`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct HookEndpoint {
+    pub url: String,
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for HookEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookEndpoint").field("url", &self.url).finish()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SyncOptions {
     /// Agent instance name, the value of the `gitcanary.io/managed-by` label.
@@ -37,6 +51,8 @@ pub struct SyncOptions {
     pub prometheus: BTreeMap<String, String>,
     /// Web endpoints metrics name (`--web-check NAME=URL`).
     pub web_checks: BTreeMap<String, WebEndpoint>,
+    /// Endpoints release hooks name (`--hook NAME=URL`).
+    pub hooks: BTreeMap<String, HookEndpoint>,
     /// Take over every object that already exists (`--adopt`, for a migration);
     /// otherwise only those whose manifest says `gitcanary.io/adopt: "true"`.
     pub adopt: bool,
@@ -129,6 +145,7 @@ impl Default for SyncOptions {
             prometheus_url: None,
             prometheus: BTreeMap::new(),
             web_checks: BTreeMap::new(),
+            hooks: BTreeMap::new(),
             adopt: false,
             tenants: BTreeMap::new(),
             default_tenant: None,

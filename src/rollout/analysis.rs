@@ -165,6 +165,21 @@ pub struct Bindings {
 }
 
 impl Bindings {
+    /// The names a release's queries and hooks stand for.
+    pub fn of_release(namespace: &str, spec: &RolloutSpec, rollout_id: &str, canary: &str, stable: &str) -> Bindings {
+        let routing = spec.strategy.canary.traffic_routings.first();
+        Bindings {
+            namespace: namespace.to_string(),
+            canary_service: routing
+                .map(|r| spec.strategy.canary.canary_name(&r.service))
+                .unwrap_or_default(),
+            stable_service: routing.map(|r| r.service.clone()).unwrap_or_default(),
+            canary_revision: canary.to_string(),
+            stable_revision: stable.to_string(),
+            rollout_id: rollout_id.to_string(),
+        }
+    }
+
     /// The same query asked of stable: the canary names become the stable ones.
     pub fn for_stable(&self) -> Bindings {
         Bindings {
@@ -188,7 +203,7 @@ impl Bindings {
 }
 
 /// Each `{{variable}}` of a query, in order.
-fn variables(query: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn variables(query: &str) -> impl Iterator<Item = &str> {
     query
         .split("{{")
         .skip(1)

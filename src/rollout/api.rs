@@ -5,7 +5,9 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod hooks;
 mod strategy;
+pub use hooks::*;
 pub use strategy::*;
 
 pub const GROUP: &str = crate::API_GROUP;
@@ -49,6 +51,9 @@ pub struct RolloutSpec {
     /// release (`strategy.canary.analysis`) run against Prometheus.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub analysis_templates: Vec<AnalysisTemplate>,
+    /// Signed calls to the operator's endpoints at points of a release.
+    #[serde(default, skip_serializing_if = "Hooks::is_empty")]
+    pub hooks: Hooks,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -280,7 +285,8 @@ pub const BACKGROUND_RUN: &str = "background";
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AnalysisRun {
-    /// `background`, or `step-N`.
+    /// `background`, `step-N`, or a hook's calls (`hook-preRelease`,
+    /// `hook-step-N`, `hook-prePromote`).
     pub name: String,
     pub template: String,
     #[serde(rename = "rolloutID")]
@@ -296,6 +302,9 @@ pub struct AnalysisRun {
     /// The last measurement: each metric's value against its condition.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// A hook that stopped answering, passed over by this promote.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub skipped_by: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod convert;
 mod desired;
 pub mod engine;
+pub mod hooks;
 pub mod knative;
 pub mod model;
 mod observe;

@@ -106,7 +106,7 @@ pub(crate) async fn observe_rollout(
     observed.stable_revision = revisions.stable.clone();
     observed.canary_revision = revisions.canary.clone();
     if measure {
-        observed.measurements = measure_due(spec, &status, &revisions, namespace, observed.now, options).await;
+        observed.measurements = measure_due(target, &status, &revisions, observed.now, options).await;
     }
     if routes_needed(spec, &status, &canary_live) {
         observed.routes = Some(observe_routes(cluster, spec, namespace).await);
@@ -315,26 +315,23 @@ async fn resume_from_git(
     .await
 }
 
-/// The analysis runs due now, measured against Prometheus.
+/// The analysis runs due now, measured against Prometheus or the web,
+/// and the hook calls due, each a measurement of its run.
 async fn measure_due(
-    spec: &RolloutSpec,
+    target: &Target,
     status: &RolloutStatus,
     revisions: &Revisions,
-    namespace: &str,
     now: Timestamp,
     options: &SyncOptions,
 ) -> Vec<analysis::Measurement> {
-    let routing = spec.strategy.canary.traffic_routings.first();
-    let bindings = analysis::Bindings {
-        namespace: namespace.to_string(),
-        canary_service: routing
-            .map(|r| spec.strategy.canary.canary_name(&r.service))
-            .unwrap_or_default(),
-        stable_service: routing.map(|r| r.service.clone()).unwrap_or_default(),
-        canary_revision: revisions.canary.clone(),
-        stable_revision: revisions.stable.clone(),
-        rollout_id: status.rollout_id.clone(),
-    };
+    let (spec, namespace) = (&target.spec, target.namespace.as_str());
+    let bindings = analysis::Bindings::of_release(
+        namespace,
+        spec,
+        &status.rollout_id,
+        &revisions.canary,
+        &revisions.stable,
+    );
     let servers = super::prometheus::Servers {
         default: options.prometheus_url.clone(),
         named: options.prometheus.clone(),
@@ -345,6 +342,36 @@ async fn measure_due(
         let measurement = super::prometheus::measure(&run, template, &servers, &bindings).await;
         info!(rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
         measurements.push(measurement);
+    }
+    use super::web::HookAnswer;
+    for (point, hook) in super::hooks::due(spec, status, now) {
+        let (outcome, message) = match options.hooks.get(&hook.name) {
+            None => (
+                analysis::Outcome::Inconclusive,
+                format!(
+                    "the agent has no hook named {:?} (start it with --hook {}=URL)",
+                    hook.name, hook.name
+                ),
+            ),
+            Some(endpoint) => match analysis::render(&hook.path, &bindings) {
+                Err(e) => (analysis::Outcome::Inconclusive, format!("hook {}: {e}", hook.name)),
+                Ok(path) => {
+                    let body = super::hooks::body(point, &target.name, &status.canary_commit, &bindings, None);
+                    match super::web::call_hook(&hook.name, endpoint, &path, &body).await {
+                        HookAnswer::Passed(line) => (analysis::Outcome::Successful, line),
+                        HookAnswer::Refused(line) => (analysis::Outcome::Failed, line),
+                        HookAnswer::Unanswered(line) => (analysis::Outcome::Inconclusive, line),
+                    }
+                }
+            },
+        };
+        info!(rollout_id = %status.rollout_id, hook = point.name(), outcome = ?outcome, "hook: {message}");
+        measurements.push(analysis::Measurement {
+            run: point.run(),
+            template: hook.name.clone(),
+            outcome,
+            message,
+        });
     }
     measurements
 }

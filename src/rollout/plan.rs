@@ -680,6 +680,7 @@ impl Planner<'_> {
     }
 }
 
+mod hooks;
 mod measure;
 mod routes;
 mod steps;

@@ -164,6 +164,7 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
         problems.extend(
             super::analysis::problems(&spec)
                 .into_iter()
+                .chain(super::hooks::problems(&spec))
                 .map(|m| manifest.problem(m)),
         );
         problems.extend(reference_problems(app, manifest, &spec, namespace, default_namespace));

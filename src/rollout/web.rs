@@ -8,14 +8,16 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use sha2::Sha256;
 
 use super::api::WebCheck;
 
-pub use crate::plan::WebEndpoint as Endpoint;
+pub use crate::plan::{HookEndpoint, WebEndpoint as Endpoint};
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Answers larger than this are refused: a check answers with a few
@@ -184,6 +186,52 @@ async fn ask(endpoint: &Endpoint, web: &WebCheck, url: &str, body: Option<String
     value_at(&answer, &json_path)
 }
 
+/// What a hook's call came to, each with the line that says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookAnswer {
+    /// A 2xx.
+    Passed(String),
+    /// Another status, with the first line of the answer.
+    Refused(String),
+    /// No answer.
+    Unanswered(String),
+}
+
+/// Calls a hook: a POST of `body`, signed, to `path` under the operator's
+/// endpoint. Messages name `name` and the path, never the URL.
+pub async fn call_hook(name: &str, endpoint: &HookEndpoint, path: &str, body: &Value) -> HookAnswer {
+    let asked = format!("hook {name} {}", if path.is_empty() { "/" } else { path });
+    if let Some(problem) = (!path.is_empty()).then(|| path_problem(path)).flatten() {
+        return HookAnswer::Unanswered(format!("{asked}: {problem}"));
+    }
+    let url = format!("{}{path}", endpoint.url.trim_end_matches('/'));
+    let body = Bytes::from(body.to_string());
+    let request = http::Request::post(&url)
+        .header("content-type", "application/json")
+        .header("user-agent", "gitcanary")
+        .header("x-gitcanary-signature-256", signature(&endpoint.secret, &body))
+        .body(Full::new(body));
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => return HookAnswer::Unanswered(format!("{asked}: request: {e}")),
+    };
+    match exchange(request, CHECK_TIMEOUT, &asked).await {
+        Err(e) => HookAnswer::Unanswered(super::api::bounded_line(&e.replace(&url, &asked), MAX_ERROR)),
+        Ok((status, _)) if status.is_success() => HookAnswer::Passed(format!("{asked} answered {status}")),
+        Ok((status, answer)) => {
+            let text = String::from_utf8_lossy(&answer);
+            let first = text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
+            let first = super::api::bounded_line(first, MAX_ERROR);
+            let said = if first.is_empty() {
+                String::new()
+            } else {
+                format!(": {first}")
+            };
+            HookAnswer::Refused(format!("{asked} answered {status}{said}"))
+        }
+    }
+}
+
 /// Sends `request` over plain HTTP and reads the answer, each within
 /// `timeout` and the answer at most [`MAX_ANSWER`] bytes: a server that is
 /// slow, silent or too talkative delays or fills nothing. Errors name `who`.
@@ -207,6 +255,14 @@ pub(super) async fn exchange(
     .map_err(|e| format!("{who}: the answer: {e}"))?
     .to_bytes();
     Ok((status, body))
+}
+
+/// `sha256=<hex>`: the HMAC-SHA256 of the body with the receiver's or hook's secret,
+/// as GitHub signs its webhooks (`X-Gitcanary-Signature-256`).
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 #[cfg(test)]

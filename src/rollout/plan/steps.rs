@@ -2,6 +2,7 @@
 //! pause, promote.
 
 use super::*;
+use crate::rollout::hooks::Point;
 
 impl Planner<'_> {
     pub(super) fn steps(&self) -> u32 {
@@ -39,7 +40,7 @@ impl Planner<'_> {
     /// Walks the step states as far as what was observed allows.
     pub(super) fn advance(&mut self) -> Intent {
         self.record_measurements();
-        if let Some(intent) = self.judge_analysis() {
+        if let Some(intent) = self.judge_analysis().or_else(|| self.judge_hooks()) {
             return intent;
         }
         // Bounded: each pass moves one state forward or returns.
@@ -113,6 +114,9 @@ impl Planner<'_> {
         self.canary().traffic = StepRoute::describe(traffic.as_ref());
         let threshold = self.spec.strategy.canary.failure_threshold.as_ref();
         if batch_ready(self.observed.canary_ready, wanted, threshold) {
+            if index == 1 && self.hook_waits(Point::PreRelease, index) {
+                return Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic));
+            }
             let routes = !self.spec.strategy.canary.traffic_routings.is_empty() || self.observed.self_routed.is_some();
             let routed = step_traffic(self.spec, index).is_some() && routes;
             let next = if routed {
@@ -246,6 +250,9 @@ impl Planner<'_> {
     pub(super) fn pause(&mut self, here: &Here, step: &CanaryStep) -> Flow {
         let (index, wanted) = (here.index, here.wanted);
         let traffic = traffic_at(self.spec, index);
+        if self.hook_waits(Point::Step(index), index) {
+            return Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic));
+        }
         if let Some(waiting) = self.step_analysis_waits(index, step.pause.is_none()) {
             if waiting {
                 return Flow::Hold(self.release_intent(StableTemplate::Live, wanted, traffic));
@@ -337,6 +344,10 @@ impl Planner<'_> {
         let observed = self.observed;
         let last = self.step_at(index);
         let wanted = step_replicas(&last, observed.replicas);
+        if self.hook_waits(Point::PrePromote, index) {
+            let traffic = traffic_at(self.spec, index);
+            return self.release_intent(StableTemplate::Live, wanted, traffic);
+        }
         if !observed.stable_rolled_out {
             self.canary().message = if observed.self_routed.is_some() {
                 format!(

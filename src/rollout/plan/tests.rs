@@ -62,6 +62,7 @@ fn spec() -> RolloutSpec {
         },
         rollout_id: None,
         analysis_templates: vec![],
+        hooks: Default::default(),
         strategy: Strategy {
             canary: CanaryStrategy {
                 steps: vec![
@@ -1202,4 +1203,170 @@ fn a_failure_threshold_lets_a_step_go_on_with_that_many_canary_pods_unready() {
         at_step_one_with_three_of_four_ready(Some(IntOrPercent::Percent("25%".into()))),
         (StepState::StepTrafficRouting, Some(4))
     );
+}
+
+/// Two steps (10% for 60 s, then 100%) with every hook, all named `smoke`.
+fn hooked_spec() -> RolloutSpec {
+    let mut spec = spec();
+    spec.strategy.canary.steps = vec![step().traffic("10%").replicas(1).pause_for(60), step().traffic("100%")];
+    let hook = || {
+        Some(crate::rollout::api::Hook {
+            name: "smoke".into(),
+            path: "/check".into(),
+        })
+    };
+    spec.hooks = crate::rollout::api::Hooks {
+        pre_release: hook(),
+        step: hook(),
+        pre_promote: hook(),
+        post_release: hook(),
+    };
+    spec
+}
+
+fn answered(run: &str, outcome: Outcome) -> Measurement {
+    Measurement {
+        run: run.into(),
+        template: "smoke".into(),
+        outcome,
+        message: format!("hook smoke /check answered {outcome:?}"),
+    }
+}
+
+/// Steps the planner once with `measurements`, `seconds` later.
+fn answer(run: &mut Run, seen: &mut Observed, seconds: i64, measurements: Vec<Measurement>) -> Plan {
+    seen.now = at(seconds);
+    seen.measurements = measurements;
+    let plan = run.step(seen);
+    seen.measurements.clear();
+    plan
+}
+
+#[test]
+fn each_hook_holds_its_point_of_the_release_until_it_answers() {
+    let mut run = Run::with(hooked_spec());
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    let plan = run.step(&seen);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepUpgrade));
+    assert_eq!(
+        plan.intent.traffic, None,
+        "no request reaches the canary before preRelease answers"
+    );
+    assert_eq!(
+        plan.requeue.map(|r| r.after),
+        Some(Duration::from_millis(100)),
+        "called at once"
+    );
+    let due = crate::rollout::hooks::due(&run.spec, &run.status, seen.now);
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].0, crate::rollout::hooks::Point::PreRelease);
+    let plan = answer(
+        &mut run,
+        &mut seen,
+        2,
+        vec![answered("hook-preRelease", Outcome::Successful)],
+    );
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    assert_eq!(plan.intent.traffic, Some(10));
+    // The step's traffic in force: the step hook is asked before its pause counts.
+    answer(&mut run, &mut seen, 6, vec![]);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+    let message = run.status.canary_status.clone().unwrap_or_default().message;
+    assert!(message.contains("calling the step hook smoke"), "{message}");
+    answer(&mut run, &mut seen, 70, vec![]);
+    assert_eq!(run.state().1, 1, "the pause is over, the hook has not answered");
+    seen.canary_ready = 4;
+    answer(
+        &mut run,
+        &mut seen,
+        71,
+        vec![answered("hook-step-1", Outcome::Successful)],
+    );
+    assert_eq!(run.state().1, 2);
+    answer(&mut run, &mut seen, 80, vec![]);
+    answer(
+        &mut run,
+        &mut seen,
+        85,
+        vec![answered("hook-step-2", Outcome::Successful)],
+    );
+    assert_eq!(run.status.phase, Phase::Promoting);
+    let plan = answer(&mut run, &mut seen, 86, vec![]);
+    assert_eq!(
+        plan.intent.stable_template,
+        StableTemplate::Live,
+        "the stable workload waits for prePromote"
+    );
+    let plan = answer(
+        &mut run,
+        &mut seen,
+        87,
+        vec![answered("hook-prePromote", Outcome::Successful)],
+    );
+    assert_eq!(plan.intent.stable_template, StableTemplate::Git);
+    let calls: Vec<&str> = run.status.analysis_runs.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        calls,
+        ["hook-preRelease", "hook-step-1", "hook-step-2", "hook-prePromote"]
+    );
+}
+
+#[test]
+fn a_hook_that_answers_an_error_fails_the_release_with_its_answer() {
+    let mut run = Run::with(hooked_spec());
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    let mut refused = answered("hook-preRelease", Outcome::Failed);
+    refused.message = "hook smoke /check answered 500 Internal Server Error: checkout returned 502".into();
+    let plan = answer(&mut run, &mut seen, 2, vec![refused]);
+    assert_eq!(run.status.phase, Phase::Failed);
+    let cause = plan.failed.expect("failed");
+    assert!(cause.contains("the preRelease hook smoke failed"), "{cause}");
+    assert!(cause.contains("checkout returned 502"), "{cause}");
+    assert_eq!(
+        run.status.pending_writeback.as_ref().map(|p| p.action),
+        Some(WritebackAction::Revert)
+    );
+}
+
+#[test]
+fn a_hook_that_stops_answering_pauses_the_release_until_a_promote_passes_over_it() {
+    let mut run = Run::with(hooked_spec());
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    for (i, seconds) in [2, 13].into_iter().enumerate() {
+        let plan = answer(
+            &mut run,
+            &mut seen,
+            seconds,
+            vec![answered("hook-preRelease", Outcome::Inconclusive)],
+        );
+        assert_eq!(
+            run.status.phase,
+            Phase::Progressing,
+            "call {} unanswered is tolerated",
+            i + 1
+        );
+        assert_eq!(plan.requeue.map(|r| r.after), Some(crate::rollout::hooks::RETRY));
+    }
+    answer(
+        &mut run,
+        &mut seen,
+        24,
+        vec![answered("hook-preRelease", Outcome::Inconclusive)],
+    );
+    assert_eq!(run.status.phase, Phase::Paused, "the third pauses");
+    let message = run.status.canary_status.clone().unwrap_or_default().message;
+    assert!(message.contains("did not answer 3 time(s)"), "{message}");
+    assert!(message.contains("promote to go on without it"), "{message}");
+    seen.promote_signal = Some(run.token("the CLI"));
+    answer(&mut run, &mut seen, 36, vec![]);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+    assert_eq!(run.status.analysis_runs[0].skipped_by, "the CLI");
 }
