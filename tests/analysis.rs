@@ -339,3 +339,89 @@ async fn a_web_check_passes_fails_and_reverts_or_times_out_and_pauses() {
     assert!(message.contains("inconclusive"), "{message}");
     assert!(message.contains("did not answer within 5s"), "{message}");
 }
+
+/// A step checked by a Job whose pod ends as `outcome` (kwok's stage).
+fn job_template(outcome: &str) -> String {
+    format!(
+        "  analysisTemplates:
+  - name: smoke
+    interval: 1s
+    metrics:
+    - name: smoke
+      job:
+        spec:
+          backoffLimit: 0
+          template:
+            metadata:
+              labels: {{gitcanary.test/job-outcome: {outcome}}}
+            spec:
+              restartPolicy: Never
+              containers:
+              - name: smoke
+                image: registry.test/smoke:1
+                args: [\"--release\", \"{{{{rolloutID}}}}\"]
+  strategy:
+    canary:
+      steps:
+      - {{replicas: 1, analysis: {{templateRef: smoke}}}}
+"
+    )
+}
+
+#[tokio::test]
+async fn a_job_check_that_succeeds_promotes_and_one_that_fails_reverts_and_is_kept() {
+    let scenario = Scenario::new("analysis-job").await;
+    let release = |image: &str, outcome: &str| {
+        support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &job_template(outcome));
+        scenario.repo.commit_and_push(&format!("echo {image}"))
+    };
+    release("1.0", "succeeded");
+    let _agent = AgentProcess::start_with(&scenario.repo, &scenario.ns, scenario.cache.path(), &[], &[]);
+    eventually("healthy on 1.0", WAIT, || async {
+        (status(&scenario).await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+
+    let two = release("2.0", "succeeded");
+    let promoted = eventually("2.0 promoted through its Job", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Healthy && status.stable_commit == two).then_some(status)
+    })
+    .await;
+    let run = promoted
+        .analysis_runs
+        .iter()
+        .find(|r| r.name == "step-1")
+        .expect("the step's run");
+    assert_eq!((run.successful, run.failed), (1, 0), "{run:?}");
+    assert_eq!(run.message, "Job echo-canary-step-1 completed");
+    eventually("the passed step's Job deleted", WAIT, || async {
+        jobs.get_opt("echo-canary-step-1").await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    let three = release("3.0", "failed");
+    let (_, revert) = scenario
+        .wait_for_commit("the revert commit", |m| m.starts_with("revert("))
+        .await;
+    assert!(
+        revert.contains("Job echo-canary-step-1 failed: BackoffLimitExceeded"),
+        "the Job's verdict in the revert: {revert}"
+    );
+    let failed = status(&scenario).await.expect("status");
+    assert_eq!(failed.rollout_id, three[..7]);
+    // Kept for inspection: the failed release's Job, made for it, owned by the Rollout.
+    let job = jobs.get("echo-canary-step-1").await.expect("the failed Job is kept");
+    let annotations = job.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("gitcanary.io/rollout-id").map(String::as_str),
+        Some(&three[..7])
+    );
+    let owner = &job.metadata.owner_references.clone().unwrap_or_default()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Rollout", "echo"));
+    let args = job.spec.expect("spec").template.spec.expect("pod spec").containers[0]
+        .args
+        .clone();
+    assert_eq!(args, Some(vec!["--release".to_string(), three[..7].to_string()]));
+}

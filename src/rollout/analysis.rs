@@ -313,6 +313,9 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         }
         for metric in &template.metrics {
             let at = format!("analysis template {:?}, metric {:?}", template.name, metric.name);
+            if metric.job.is_some() {
+                continue; // checked by `jobs::problems`
+            }
             let problems = match &metric.web {
                 Some(_) if !metric.query.is_empty() => vec!["give a query or web, not both".to_string()],
                 Some(web) => web_problems(web),

@@ -107,9 +107,27 @@ pub struct AnalysisMetric {
     /// The metric read from a web endpoint instead of Prometheus.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub web: Option<WebCheck>,
+    /// A Job run at the step instead: its success passes, its failure fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobCheck>,
     /// `< 0.01`, `>= 0.99`, or against the same query on stable:
-    /// `canary <= stable * 1.1`.
+    /// `canary <= stable * 1.1`. None for a job.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub success_condition: String,
+}
+
+/// A Job gitcanary creates at the step (as the app's identity, owned by
+/// the Rollout, one per release and step) and whose outcome is the verdict.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobCheck {
+    /// A `batch/v1` JobSpec; its strings may use the query variables.
+    #[schemars(schema_with = "any_object")]
+    pub spec: serde_json::Value,
+}
+
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
 }
 
 /// A number read from a web endpoint the agent was started with

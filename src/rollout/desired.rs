@@ -88,7 +88,10 @@ pub(crate) fn plan_rollout(
     let stable = governed_workload(kind, &git_workload, &live, &plan, spec);
     set_desired(&mut planned[target.workload], stable);
 
-    let (mut wanted, unwanted) = overlay_routes(planned, &target, &services, &plan, revisions, &git_workload)?;
+    let (mut wanted, mut unwanted) = overlay_routes(planned, &target, &services, &plan, revisions, &git_workload)?;
+    let (jobs, jobs_done) = check_jobs(&target, &plan, revisions, &observed.canary_live);
+    wanted.extend(jobs);
+    unwanted.extend(jobs_done);
     for object in &mut wanted {
         mark_managed(object, instance, &manifest.location());
         owner.mark(object);
@@ -128,6 +131,23 @@ pub(crate) fn plan_rollout(
         namespace: target.namespace,
         name: target.name,
     })
+}
+
+/// The release's check Jobs wanted, and those to delete.
+fn check_jobs(
+    target: &Target,
+    plan: &plan::Plan,
+    revisions: &plan::Revisions,
+    live: &BTreeMap<(&'static str, String), Value>,
+) -> (Vec<Value>, Unwanted) {
+    let bindings = super::analysis::Bindings::of_release(
+        &target.namespace,
+        &target.spec,
+        &plan.status.rollout_id,
+        &revisions.canary,
+        &revisions.stable,
+    );
+    super::jobs::planned(&target.spec, &plan.status, live, &bindings)
 }
 
 /// What the governed workload's overlay takes from what was observed.
@@ -417,7 +437,8 @@ impl CanaryObjects<'_> {
                 // The uid only: the canary's controller updates its status meanwhile.
                 Some(Deletion {
                     resource_version: None,
-                    foreground: kind == "Deployment",
+                    // A Job's pods go with it.
+                    foreground: matches!(kind, "Deployment" | "Job"),
                     ..Deletion::of(api_version, self.key(api_version, kind, &name), &meta)
                 })
             })

@@ -8,6 +8,7 @@ pub mod convert;
 mod desired;
 pub mod engine;
 pub mod hooks;
+pub mod jobs;
 pub mod knative;
 pub mod model;
 mod observe;

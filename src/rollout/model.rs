@@ -187,6 +187,9 @@ pub fn canary_object_names(spec: &RolloutSpec) -> Option<Vec<(&'static str, &'st
             names.push(("networking.k8s.io/v1", "Ingress", canary.canary_name(&ingress.name)));
         }
     }
+    for (run, _) in super::jobs::job_runs(spec) {
+        names.push(("batch/v1", "Job", super::jobs::job_name(spec, &run)));
+    }
     Some(names)
 }
 

@@ -29,10 +29,11 @@ use crate::{Error, Result};
 use std::sync::Arc;
 
 /// The kinds a release may make a canary of.
-const CANARY_KINDS: [(&str, &str); 3] = [
+const CANARY_KINDS: [(&str, &str); 4] = [
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("networking.k8s.io/v1", "Ingress"),
+    ("batch/v1", "Job"),
 ];
 
 pub(crate) async fn observe_rollout(
@@ -106,7 +107,7 @@ pub(crate) async fn observe_rollout(
     observed.stable_revision = revisions.stable.clone();
     observed.canary_revision = revisions.canary.clone();
     if measure {
-        observed.measurements = measure_due(target, &status, &revisions, observed.now, options).await;
+        observed.measurements = measure_due(target, &status, &revisions, &canary_live, observed.now, options).await;
     }
     if routes_needed(spec, &status, &canary_live) {
         observed.routes = Some(observe_routes(cluster, spec, namespace).await);
@@ -321,6 +322,7 @@ async fn measure_due(
     target: &Target,
     status: &RolloutStatus,
     revisions: &Revisions,
+    canary_live: &BTreeMap<(&'static str, String), Value>,
     now: Timestamp,
     options: &SyncOptions,
 ) -> Vec<analysis::Measurement> {
@@ -339,6 +341,10 @@ async fn measure_due(
     };
     let mut measurements = Vec::new();
     for (run, template) in analysis::due_runs(spec, status, now) {
+        if super::jobs::job_of(template).is_some() {
+            measurements.extend(super::jobs::measurement(spec, status, &run, template, canary_live));
+            continue;
+        }
         let measurement = super::prometheus::measure(&run, template, &servers, &bindings).await;
         info!(rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
         measurements.push(measurement);

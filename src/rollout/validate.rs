@@ -165,6 +165,7 @@ pub fn problems(app: &App, default_namespace: &str) -> Vec<Problem> {
             super::analysis::problems(&spec)
                 .into_iter()
                 .chain(super::hooks::problems(&spec))
+                .chain(super::jobs::problems(&spec))
                 .map(|m| manifest.problem(m)),
         );
         problems.extend(reference_problems(app, manifest, &spec, namespace, default_namespace));

@@ -122,7 +122,8 @@ impl Planner<'_> {
         let step = self.spec.strategy.canary.steps.get(index as usize - 1)?;
         let template_name = step.analysis.as_ref()?.template_ref.clone();
         let template = analysis::template(self.spec, &template_name)?;
-        let needed = if no_pause {
+        // A Job passes once; a query is asked `count` times.
+        let needed = if no_pause && crate::rollout::jobs::job_of(template).is_none() {
             template.count.unwrap_or(analysis::DEFAULT_COUNT).max(1)
         } else {
             1
