@@ -258,7 +258,8 @@ async fn hook_call(
     (StatusCode::OK, "ok".into())
 }
 
-const HOOKED: &str = "  hooks:
+const HOOKED: &str = "  notify: [team]
+  hooks:
     preRelease: {name: smoke, path: \"/pre/{{rolloutID}}\"}
     step: {name: smoke, path: \"/step/{{canaryRevision}}\"}
     prePromote: {name: smoke, path: /promote}
@@ -271,7 +272,7 @@ const HOOKED: &str = "  hooks:
 ";
 
 #[tokio::test]
-async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reverts() {
+async fn hooks_are_called_in_order_a_failing_pre_promote_reverts_and_receivers_hear_their_rollouts_refusal() {
     let scenario = Scenario::new("hooks").await;
     let calls = Arc::new(Mutex::new(Calls::default()));
     let app = axum::Router::new()
@@ -282,6 +283,20 @@ async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reve
     std::fs::write(secret.path(), format!("{SECRET}\n")).expect("secret");
     let hook = format!("smoke=http://{address}");
     let hook_secret = format!("smoke={}", secret.path().display());
+    // Receivers on the same endpoint: `ops` told of every Rollout, `team`
+    // of the Rollouts that name it, `other` of none here.
+    let receivers: Vec<String> = ["ops", "team", "other"]
+        .iter()
+        .flat_map(|name| {
+            [
+                "--notify".to_string(),
+                format!("{name}=webhook:http://{address}/receiver/{name}"),
+                "--notify-secret".to_string(),
+                format!("{name}={}", secret.path().display()),
+            ]
+        })
+        .chain(["--notify-default".to_string(), "ops".to_string()])
+        .collect();
     let release = |image: &str| {
         support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, HOOKED);
         scenario.repo.commit_and_push(&format!("echo {image}"))
@@ -291,7 +306,11 @@ async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reve
         &scenario.repo,
         &scenario.ns,
         scenario.cache.path(),
-        &["--hook", &hook, "--hook-secret", &hook_secret],
+        &[
+            &["--hook", &hook, "--hook-secret", &hook_secret][..],
+            &receivers.iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat(),
         &[],
     );
     eventually("1.0 healthy", WAIT, || async {
@@ -299,6 +318,16 @@ async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reve
     })
     .await;
     assert!(calls.lock().unwrap().calls.is_empty(), "no release, no hook");
+    let told = |receiver: &str| -> Vec<String> {
+        let calls = calls.lock().unwrap();
+        let path = format!("receiver/{receiver}");
+        calls
+            .calls
+            .iter()
+            .filter(|(p, _)| *p == path)
+            .map(|(_, body)| body["event"].as_str().unwrap_or("?").to_string())
+            .collect()
+    };
 
     let two = release("2.0");
     let id = &two[..7];
@@ -307,7 +336,7 @@ async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reve
         calls
             .calls
             .iter()
-            .filter(|(_, body)| body["rolloutID"] == id)
+            .filter(|(_, body)| body["rolloutID"] == id && body["hook"].is_string())
             .map(|(path, body)| {
                 let step = body["step"].as_u64().map_or(String::new(), |s| format!("-{s}"));
                 let outcome = body["outcome"].as_str().map_or(String::new(), |o| format!(":{o}"));
@@ -385,5 +414,62 @@ async fn release_hooks_are_called_signed_in_order_and_a_failing_pre_promote_reve
         names,
         ["preRelease", "step-1", "step-2", "prePromote", "postRelease:failed"],
         "{called:?}"
+    );
+
+    // A canary name someone else holds: the next release is refused, and told so.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let squatter: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "echo-canary"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "squatter"}},
+                 "template": {"metadata": {"labels": {"app": "squatter"}}, "spec": {"containers": [{"name": "x", "image": "x"}]}}}
+    }))
+    .expect("a Deployment");
+    deployments
+        .create(&Default::default(), &squatter)
+        .await
+        .expect("made by hand");
+    support::run(
+        scenario.repo.path(),
+        "git",
+        &["pull", "-q", "--rebase", "origin", "main"],
+    );
+    release("4.0");
+    let ops = eventually("the refusal told", WAIT, || async {
+        let ops = told("ops");
+        ops.last().is_some_and(|e| e == "refused").then_some(ops)
+    })
+    .await;
+    let expected = [
+        "started",
+        "step-passed",
+        "step-passed",
+        "promoted",
+        "started",
+        "step-passed",
+        "failed",
+        "refused",
+    ];
+    assert_eq!(ops, expected, "the default receiver hears every event once");
+    eventually("the subscribed receiver too", WAIT, || async {
+        (told("team") == expected).then_some(())
+    })
+    .await;
+    assert!(
+        told("other").is_empty(),
+        "a receiver neither default nor named hears nothing"
+    );
+    let calls = calls.lock().unwrap();
+    let refused = &calls
+        .calls
+        .iter()
+        .rev()
+        .find(|(p, b)| p == "receiver/ops" && b["event"] == "refused")
+        .expect("refused")
+        .1;
+    let cause = refused["facts"]["cause"].as_str().unwrap_or_default();
+    assert!(
+        cause.contains("echo-canary"),
+        "the cause names the taken name: {refused}"
     );
 }

@@ -223,9 +223,15 @@ pub struct SyncArgs {
     /// A receiver of release events (started, step passed, waiting for a
     /// promote, promoted, failed, aborted): `NAME=slack:URL`,
     /// `NAME=teams:URL` or `NAME=webhook:URL`, the URL or `@FILE` holding it
-    /// (a mounted Secret). Repeatable; every Rollout's events go to each.
+    /// (a mounted Secret). Repeatable; every Rollout's events go to each
+    /// unless --notify-default says otherwise.
     #[arg(long = "notify", value_name = "NAME=KIND:URL")]
     pub notify: Vec<String>,
+    /// The receivers told of every Rollout's releases (comma-separated);
+    /// the others only of those of Rollouts that name them (`spec.notify`).
+    /// Default: every receiver.
+    #[arg(long = "notify-default", value_delimiter = ',', value_name = "NAME")]
+    pub notify_default: Option<Vec<String>>,
     /// `NAME=FILE`: the file holding the secret a webhook receiver's bodies
     /// are signed with (HMAC-SHA256, `X-Gitcanary-Signature-256`).
     #[arg(long = "notify-secret", value_name = "NAME=FILE")]

@@ -327,8 +327,19 @@ fn notifier(
             "--notify-secret {name}: no --notify receiver has that name"
         )));
     }
-    tracing::info!(receivers = ?receivers, "release events go to these receivers");
-    Ok(Some(crate::notify::Notifier::start(receivers, hooks, metrics)))
+    let defaults = args.notify_default.clone().map(|names| names.into_iter().collect());
+    if let Some(unknown) = defaults
+        .iter()
+        .flatten()
+        .find(|name: &&String| !receivers.iter().any(|r| &r.name == *name))
+    {
+        return Err(Error::Usage(format!(
+            "--notify-default {unknown}: no --notify receiver has that name"
+        )));
+    }
+    tracing::info!(receivers = ?receivers, defaults = ?defaults, "release events go to these receivers");
+    let routes = crate::notify::Routes { receivers, defaults };
+    Ok(Some(crate::notify::Notifier::start(routes, hooks, metrics)))
 }
 
 /// `GITCANARY_WEBHOOK_SECRET` or the file named by `GITCANARY_WEBHOOK_SECRET_FILE`.

@@ -35,6 +35,8 @@ pub enum Kind {
     Promoted,
     Failed,
     Aborted,
+    /// A release refused before it started (its canary could not be made).
+    Refused,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Promoted => "promoted",
             Kind::Failed => "failed",
             Kind::Aborted => "aborted",
+            Kind::Refused => "refused",
         }
     }
 }
@@ -58,8 +61,9 @@ const SHOWN: usize = 300;
 /// is pending), so that the revert commit is in it.
 pub fn implied(namespace: &str, name: &str, spec: &RolloutSpec, status: &RolloutStatus) -> Vec<Event> {
     let id = status.rollout_id.as_str();
+    let refused = refusal(namespace, name, spec, status);
     if id.is_empty() {
-        return Vec::new();
+        return refused.into_iter().collect();
     }
     // Promote moves the release's commit to stable.
     let commit = if status.canary_commit.is_empty() {
@@ -122,7 +126,38 @@ pub fn implied(namespace: &str, name: &str, spec: &RolloutSpec, status: &Rollout
     if let Some((kind, text, facts)) = outcome(status, &release, &canary.message) {
         events.push(event(kind, "outcome".into(), text, facts));
     }
+    events.extend(refused);
     events
+}
+
+/// A release refused before it started: told once per commit and reason.
+/// Its key is under the last release's, which the status still names.
+fn refusal(namespace: &str, name: &str, spec: &RolloutSpec, status: &RolloutStatus) -> Option<Event> {
+    if status.refused_commit.is_empty() || status.phase != Phase::Failed {
+        return None;
+    }
+    let commit = &status.refused_commit;
+    let message = status.canary_status.as_ref().map_or("", |c| c.message.as_str());
+    let cause = bounded_line(message, SHOWN);
+    let started = status.step_history.first().map_or("", |r| r.started_at.as_str());
+    let reason = hex::encode(&<sha2::Sha256 as sha2::Digest>::digest(cause.as_bytes())[..6]);
+    Some(Event {
+        key: format!(
+            "{}refused-{commit}-{reason}",
+            release_key(namespace, name, &status.rollout_id, started)
+        ),
+        kind: Kind::Refused,
+        namespace: namespace.to_string(),
+        rollout: name.to_string(),
+        // The id the release would have had.
+        rollout_id: crate::rollout::plan::release_id(spec.rollout_id.as_deref(), commit),
+        commit: commit.clone(),
+        text: format!(
+            "{namespace}/{name}: the release of {} was refused; nothing changed",
+            short(commit)
+        ),
+        facts: vec![("commit", short(commit)), ("cause", cause)],
+    })
 }
 
 /// How a release ended, once it did and Git holds it: the write-back of
@@ -275,6 +310,49 @@ mod tests {
 
     fn kinds(events: &[Event]) -> Vec<&'static str> {
         events.iter().map(|e| e.kind.as_str()).collect()
+    }
+
+    #[test]
+    fn a_refused_release_is_told_once_per_commit_and_reason() {
+        let spec = spec(&[None]);
+        let mut status = RolloutStatus {
+            rollout_id: "r1".into(),
+            phase: Phase::Failed,
+            refused_commit: "abc1234def5678".into(),
+            canary_status: Some(CanaryStatus {
+                message: "the canary Service echo-canary would select no canary pod".into(),
+                ..CanaryStatus::default()
+            }),
+            ..RolloutStatus::default()
+        };
+        let events = implied("shop", "web", &spec, &status);
+        let refused: Vec<&Event> = events.iter().filter(|e| e.kind == Kind::Refused).collect();
+        assert_eq!(refused.len(), 1, "{events:?}");
+        assert_eq!(refused[0].rollout_id, "abc1234", "the id the release would have had");
+        assert!(
+            refused[0].key.starts_with("shop/web/r1@/refused-abc1234def5678-"),
+            "{}",
+            refused[0].key
+        );
+        assert_eq!(
+            refused[0].facts[1].1,
+            "the canary Service echo-canary would select no canary pod"
+        );
+        let again = implied("shop", "web", &spec, &status);
+        assert_eq!(again, events, "the same refusal, the same key");
+        status.canary_status.as_mut().unwrap().message = "another reason".into();
+        let other = implied("shop", "web", &spec, &status);
+        assert_ne!(
+            other.last().map(|e| &e.key),
+            Some(&refused[0].key),
+            "another reason is told"
+        );
+        status.refused_commit.clear();
+        assert!(
+            implied("shop", "web", &spec, &status)
+                .iter()
+                .all(|e| e.kind != Kind::Refused)
+        );
     }
 
     #[test]

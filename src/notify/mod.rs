@@ -113,6 +113,19 @@ pub fn parse_receiver(spec: &str, secrets: &BTreeMap<String, String>) -> Result<
     })
 }
 
+/// The receivers, and those told of every Rollout (`None`: all of them);
+/// the others are told of the Rollouts that name them (`spec.notify`).
+pub struct Routes {
+    pub receivers: Vec<Receiver>,
+    pub defaults: Option<BTreeSet<String>>,
+}
+
+/// Whether `receiver` is told of the releases of a Rollout that names
+/// `subscribed`: a Rollout adds receivers, never takes a default away.
+pub fn tells(defaults: Option<&BTreeSet<String>>, receiver: &str, subscribed: &[String]) -> bool {
+    defaults.is_none_or(|d| d.contains(receiver)) || subscribed.iter().any(|s| s == receiver)
+}
+
 /// Events waiting for one receiver at most; more are dropped and counted.
 const QUEUE: usize = 256;
 /// Tries of one delivery, and the waits between them (doubling).
@@ -133,6 +146,8 @@ struct Delivery {
 /// Rollout's outcomes.
 pub struct Notifier {
     queues: Vec<(String, mpsc::Sender<Delivery>)>,
+    /// Receivers told of every Rollout (`None`: all).
+    defaults: Option<BTreeSet<String>>,
     /// Per `--hook` name.
     hooks: BTreeMap<String, mpsc::Sender<Delivery>>,
     /// Per Rollout, the keys of the events told (or there when first seen).
@@ -143,7 +158,7 @@ pub struct Notifier {
 impl Notifier {
     /// Starts a delivery task per receiver and per hook endpoint.
     pub fn start(
-        receivers: Vec<Receiver>,
+        routes: Routes,
         hooks: BTreeMap<String, crate::plan::HookEndpoint>,
         metrics: Arc<Metrics>,
     ) -> Notifier {
@@ -153,6 +168,7 @@ impl Notifier {
             tokio::spawn(deliver(receiver, queue, client.clone(), metrics.clone()));
             send
         };
+        let Routes { receivers, defaults } = routes;
         let queues = receivers
             .into_iter()
             .map(|receiver| (receiver.name.clone(), start(receiver)))
@@ -171,6 +187,7 @@ impl Notifier {
             .collect();
         Notifier {
             queues,
+            defaults,
             hooks,
             told: Mutex::default(),
             metrics,
@@ -207,6 +224,9 @@ impl Notifier {
                     }
                 }
                 for (name, queue) in &self.queues {
+                    if !tells(self.defaults.as_ref(), name, &rollout.spec.notify) {
+                        continue;
+                    }
                     let delivery = Delivery {
                         event: event.clone(),
                         path: String::new(),
@@ -343,6 +363,18 @@ async fn post(client: &HttpClient, receiver: &Receiver, url: &str, event: &Event
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollout_adds_receivers_to_the_defaults_and_never_takes_one_away() {
+        let subscribed = ["team-a".to_string()];
+        assert!(tells(None, "ops", &[]), "no defaults given: every receiver");
+        let defaults = BTreeSet::from(["ops".to_string()]);
+        assert!(tells(Some(&defaults), "ops", &[]));
+        assert!(tells(Some(&defaults), "ops", &subscribed), "a default stays");
+        assert!(!tells(Some(&defaults), "team-a", &[]), "not a default, not named");
+        assert!(tells(Some(&defaults), "team-a", &subscribed));
+        assert!(!tells(Some(&defaults), "team-b", &subscribed));
+    }
 
     #[test]
     fn receivers_are_named_with_their_kind_and_a_url_from_the_line_or_a_file() {

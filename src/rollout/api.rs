@@ -54,6 +54,10 @@ pub struct RolloutSpec {
     /// Signed calls to the operator's endpoints at points of a release.
     #[serde(default, skip_serializing_if = "Hooks::is_empty")]
     pub hooks: Hooks,
+    /// Receivers (NAMEs of the agent's `--notify`) told of this Rollout's
+    /// releases besides those told of every Rollout (`--notify-default`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -273,6 +277,10 @@ pub struct RolloutStatus {
     /// cluster, a re-created Rollout): the file and the commit it was read at.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resumed_from_git: String,
+    /// The commit whose release was refused before it started (the
+    /// message says why); cleared when a release starts or Git is stable.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub refused_commit: String,
 }
 
 /// Which analysis a run is.

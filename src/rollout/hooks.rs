@@ -124,7 +124,7 @@ pub fn body(point: Point, rollout: &str, commit: &str, bindings: &Bindings, outc
     body
 }
 
-/// Problems of a Rollout's hooks, for validation.
+/// Problems of a Rollout's hooks and receivers, for validation.
 pub fn problems(spec: &RolloutSpec) -> Vec<String> {
     let points = [Point::PreRelease, Point::Step(0), Point::PrePromote, Point::PostRelease];
     let mut out = Vec::new();
@@ -151,6 +151,13 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
                 VARIABLES.join(", ")
             ));
         }
+    }
+    let receiver = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    for name in spec.notify.iter().filter(|n| !receiver(n)) {
+        out.push(format!(
+            "notify: {:?} is not the NAME of a --notify receiver (letters, digits, - and _)",
+            super::api::bounded_line(name, 80)
+        ));
     }
     if spec.hooks.step.is_some() && spec.strategy.canary.steps.is_empty() {
         out.push("hooks.step: the release has no steps to call it at".into());

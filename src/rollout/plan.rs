@@ -243,15 +243,6 @@ pub fn release_id(spec_rollout_id: Option<&str>, commit: &str) -> String {
     }
 }
 
-/// A Revision's name, or what stands for one not made yet.
-fn or_not_made(revision: &str) -> &str {
-    if revision.is_empty() {
-        "(not made yet)"
-    } else {
-        revision
-    }
-}
-
 /// Parses a percentage such as "10%" (or "10").
 pub fn parse_percent(text: &str) -> Result<u32, String> {
     let digits = text.trim().trim_end_matches('%').trim();
@@ -500,6 +491,7 @@ impl Planner<'_> {
                 self.note(Transition::Healthy);
             }
             self.status.phase = Phase::Healthy;
+            self.status.refused_commit.clear();
             self.status.failed_template_hash.clear();
             self.status.canary_template_hash.clear();
             self.status.stable_commit = if self.status.stable_commit.is_empty() {
@@ -523,6 +515,7 @@ impl Planner<'_> {
                 });
             }
             self.status.phase = Phase::Failed;
+            self.status.refused_commit = observed.commit.clone();
             self.canary().message = problem.clone();
             return Intent::steady(StableTemplate::Live);
         }
@@ -537,6 +530,7 @@ impl Planner<'_> {
         self.status.canary_revision.clear();
         self.status.rollout_id = release_id(self.spec.rollout_id.as_deref(), &observed.commit);
         self.status.failed_template_hash.clear();
+        self.status.refused_commit.clear();
         self.status.canary_status = Some(CanaryStatus {
             traffic: "0%".into(),
             ..CanaryStatus::default()

@@ -390,6 +390,15 @@ impl Planner<'_> {
     }
 }
 
+/// A Revision's name, or what stands for one not made yet.
+fn or_not_made(revision: &str) -> &str {
+    if revision.is_empty() {
+        "(not made yet)"
+    } else {
+        revision
+    }
+}
+
 /// Kruise's `failureThreshold`: how many of a step's `wanted` canary pods
 /// may stay unready (a count, or a share of them rounded up).
 pub(crate) fn tolerated_unready(wanted: i32, threshold: Option<&IntOrPercent>) -> i32 {

@@ -63,6 +63,7 @@ fn spec() -> RolloutSpec {
         rollout_id: None,
         analysis_templates: vec![],
         hooks: Default::default(),
+        notify: Vec::new(),
         strategy: Strategy {
             canary: CanaryStrategy {
                 steps: vec![
