@@ -486,6 +486,9 @@ pub(crate) fn hooks(args: &SourceArgs) -> Result<std::collections::BTreeMap<Stri
         if !args.hook.iter().any(|(hook, _)| hook == name) {
             return Err(Error::Usage(format!("--hook-secret {name}: no --hook has that name")));
         }
+        if secrets.contains_key(name) {
+            return Err(Error::Usage(format!("--hook-secret {name}: given twice")));
+        }
         let secret = std::fs::read(path)
             .map_err(|source| Error::Read {
                 path: path.to_string(),
@@ -502,6 +505,9 @@ pub(crate) fn hooks(args: &SourceArgs) -> Result<std::collections::BTreeMap<Stri
     }
     let mut hooks = std::collections::BTreeMap::new();
     for (name, url) in &args.hook {
+        if hooks.contains_key(name) {
+            return Err(Error::Usage(format!("--hook: two hooks are named {name}")));
+        }
         let secret = secrets.remove(name).ok_or_else(|| {
             Error::Usage(format!(
                 "--hook {name}: give --hook-secret {name}=FILE: a hook's calls are signed"
@@ -511,9 +517,7 @@ pub(crate) fn hooks(args: &SourceArgs) -> Result<std::collections::BTreeMap<Stri
             url: url.clone(),
             secret,
         };
-        if hooks.insert(name.clone(), endpoint).is_some() {
-            return Err(Error::Usage(format!("--hook: two hooks are named {name}")));
-        }
+        hooks.insert(name.clone(), endpoint);
     }
     Ok(hooks)
 }
@@ -651,6 +655,66 @@ pub fn convert(files: &[PathBuf], write: bool) -> Result<ExitCode, Error> {
 mod tests {
     use super::colour_wanted;
     use std::ffi::OsStr;
+
+    #[test]
+    fn every_hook_has_one_url_and_one_secret_from_a_file() {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            source: super::SourceArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (secret, empty) = (dir.path().join("secret"), dir.path().join("empty"));
+        std::fs::write(&secret, "k3y\n").unwrap();
+        std::fs::write(&empty, "\n").unwrap();
+        let (secret, empty) = (secret.display().to_string(), empty.display().to_string());
+        let hooks = |extra: &[String]| -> Result<usize, String> {
+            let line = ["gitcanary", "--repo", "r"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(extra.iter().cloned());
+            let line = <Line as clap::Parser>::try_parse_from(line).map_err(|e| e.to_string())?;
+            super::hooks(&line.source).map(|h| h.len()).map_err(|e| e.to_string())
+        };
+        let args = |pairs: &[(&str, &str)]| -> Vec<String> {
+            pairs
+                .iter()
+                .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
+                .collect()
+        };
+        let hook = ("--hook", "smoke=http://checks:8080");
+        let signed = format!("smoke={secret}");
+        assert_eq!(hooks(&args(&[hook, ("--hook-secret", &signed)])), Ok(1));
+        let refused = [
+            (args(&[hook]), "give --hook-secret smoke=FILE"),
+            (args(&[hook, ("--hook-secret", &format!("smoke={empty}"))]), "is empty"),
+            (
+                args(&[
+                    hook,
+                    ("--hook-secret", &signed),
+                    ("--hook-secret", &format!("other={secret}")),
+                ]),
+                "no --hook has that name",
+            ),
+            (
+                args(&[hook, ("--hook-secret", &signed), ("--hook-secret", &signed)]),
+                "given twice",
+            ),
+            (
+                args(&[hook, hook, ("--hook-secret", &signed)]),
+                "two hooks are named smoke",
+            ),
+            (
+                args(&[("--hook", "smoke=http://user:pw@checks")]),
+                "without credentials",
+            ),
+            (args(&[("--hook", "smoke=http://checks/?x=1")]), "query or fragment"),
+        ];
+        for (line, wanted) in refused {
+            let error = hooks(&line).unwrap_err();
+            assert!(error.contains(wanted), "{line:?}: {error}");
+        }
+    }
 
     #[test]
     fn colour_goes_only_to_a_terminal_and_never_against_no_color() {

@@ -314,7 +314,11 @@ async fn deliver(receiver: Receiver, mut queue: mpsc::Receiver<Delivery>, client
             Format::Teams => event::teams(&event),
             Format::Webhook | Format::Hook => event::webhook(&event),
         });
-        let url = format!("{}{path}", receiver.url.trim_end_matches('/'));
+        let url = if path.is_empty() {
+            receiver.url.clone()
+        } else {
+            format!("{}{path}", receiver.url.trim_end_matches('/'))
+        };
         let body = Bytes::from(body.to_string());
         let mut wait = FIRST_RETRY;
         let mut delivered = false;
