@@ -34,6 +34,9 @@ pub enum Outcome {
 /// One measurement round of a run (every metric of its template once).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
+    /// The release it was taken for ([`release`]): a newer commit seen in
+    /// the same sync starts a release these answers are not for.
+    pub release: String,
     pub run: String,
     pub template: String,
     pub outcome: Outcome,
@@ -417,6 +420,12 @@ pub fn is_server_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-')
+}
+
+/// Names one release of a Rollout: its id and commit (a Rollout may keep
+/// one `rolloutID` across releases).
+pub fn release(status: &RolloutStatus) -> String {
+    format!("{}@{}", status.rollout_id, status.canary_commit)
 }
 
 pub fn step_run(step: u32) -> String {

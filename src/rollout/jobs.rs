@@ -13,8 +13,12 @@ use serde_json::{Value, json};
 use super::analysis::{self, Bindings, Measurement, Outcome};
 use super::api::{AnalysisTemplate, JobCheck, Phase, RolloutSpec, RolloutStatus, bounded_line};
 
-/// The release a check's Job was made for.
+/// The release a check's Job was made for, as a person reads it.
 pub const ROLLOUT_ID_ANNOTATION: &str = "gitcanary.io/rollout-id";
+/// What a check's Job is: its release (id and commit) and a hash of its
+/// spec. A Job that differs is another release's, or of a JobSpec changed
+/// in Git since: deleted, then made anew (a Job's template is immutable).
+pub const CHECK_ANNOTATION: &str = "gitcanary.io/check";
 
 /// A template's Job, when its metric is one.
 pub fn job_of(template: &AnalysisTemplate) -> Option<&JobCheck> {
@@ -52,8 +56,8 @@ pub fn verdict(job: &Value) -> Option<(Outcome, String)> {
     Some((Outcome::Failed, format!("Job {name} failed: {reason}: {message}")))
 }
 
-fn release_of(job: &Value) -> Option<&str> {
-    job["metadata"]["annotations"][ROLLOUT_ID_ANNOTATION].as_str()
+fn check_of(job: &Value) -> Option<&str> {
+    job["metadata"]["annotations"][CHECK_ANNOTATION].as_str()
 }
 
 /// The check Jobs wanted for the release in `status` and the ones to
@@ -69,18 +73,25 @@ pub fn planned(
         .map(|(run, _)| run)
         .collect();
     let releasing = matches!(status.phase, Phase::Progressing | Phase::Paused | Phase::Promoting);
+    let release = analysis::release(status);
     let (mut wanted, mut unwanted) = (Vec::new(), Vec::new());
     for (run, template) in job_runs(spec) {
         let name = job_name(spec, &run);
         let existing = live.get(&("Job", name.clone()));
-        let this_release = existing.and_then(release_of) == Some(status.rollout_id.as_str());
-        if active.contains(&run) && (existing.is_none() || this_release) {
-            match job(&name, template, bindings) {
+        let made = job(&name, template, bindings, &release);
+        let same = made
+            .as_ref()
+            .is_ok_and(|job| existing.and_then(check_of) == check_of(job));
+        if active.contains(&run) && (existing.is_none() || same) {
+            match made {
                 Ok(job) => wanted.push(job),
                 Err(problem) => tracing::warn!(job = %name, %problem, "the check Job is not made"),
             }
             continue;
         }
+        let this_release = existing
+            .and_then(check_of)
+            .is_some_and(|check| check.starts_with(&format!("{release}/")));
         let failed = existing
             .and_then(verdict)
             .is_some_and(|(outcome, _)| outcome == Outcome::Failed);
@@ -93,17 +104,19 @@ pub fn planned(
 }
 
 /// A run's Job: the template's JobSpec with its variables filled in.
-fn job(name: &str, template: &AnalysisTemplate, bindings: &Bindings) -> Result<Value, String> {
+fn job(name: &str, template: &AnalysisTemplate, bindings: &Bindings, release: &str) -> Result<Value, String> {
     let check = job_of(template).ok_or("not a job template")?;
     let mut job_spec = check.spec.clone();
     fill(&mut job_spec, bindings)?;
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(job_spec.to_string().as_bytes());
+    let identity = format!("{release}/{}", hex::encode(&digest[..8]));
     Ok(json!({
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": name,
             "namespace": bindings.namespace,
-            "annotations": {ROLLOUT_ID_ANNOTATION: bindings.rollout_id},
+            "annotations": {ROLLOUT_ID_ANNOTATION: bindings.rollout_id, CHECK_ANNOTATION: identity},
         },
         "spec": job_spec,
     }))
@@ -120,25 +133,28 @@ fn fill(value: &mut Value, bindings: &Bindings) -> Result<(), String> {
     Ok(())
 }
 
-/// The measurement of a due job run: once, when this release's Job has
-/// ended; nothing while it runs.
+/// The measurement of a due job run: once, when the Job made for this
+/// release and this JobSpec has ended; nothing while it runs.
 pub fn measurement(
     spec: &RolloutSpec,
     status: &RolloutStatus,
-    run: &str,
-    template: &AnalysisTemplate,
+    (run, template): (&str, &AnalysisTemplate),
     live: &BTreeMap<(&'static str, String), Value>,
+    bindings: &Bindings,
 ) -> Option<Measurement> {
     let measured = status
         .analysis_runs
         .iter()
         .any(|r| r.name == run && r.rollout_id == status.rollout_id && r.successful + r.failed > 0);
-    let job = live.get(&("Job", job_name(spec, run)))?;
-    if measured || release_of(job) != Some(status.rollout_id.as_str()) {
+    let name = job_name(spec, run);
+    let job = live.get(&("Job", name.clone()))?;
+    let wanted = self::job(&name, template, bindings, &analysis::release(status)).ok()?;
+    if measured || check_of(job) != check_of(&wanted) {
         return None;
     }
     let (outcome, message) = verdict(job)?;
     Some(Measurement {
+        release: analysis::release(status),
         run: run.to_string(),
         template: template.name.clone(),
         outcome,
@@ -167,6 +183,21 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
         }
         if !check.spec.is_object() || !check.spec["template"].is_object() {
             out.push(format!("{at}: job.spec is a JobSpec, with a template"));
+        }
+        // A Job is judged once: a tolerated failure would hold the step for ever.
+        if template.failure_limit.is_some_and(|n| n > 0) || template.inconclusive_limit.is_some_and(|n| n > 0) {
+            out.push(format!(
+                "{at}: a job check takes no failureLimit or inconclusiveLimit: the Job's own backoffLimit retries it"
+            ));
+        }
+        if !check.spec["ttlSecondsAfterFinished"].is_null() {
+            out.push(format!(
+                "{at}: a check's Job takes no ttlSecondsAfterFinished: gitcanary deletes it, and reads it first"
+            ));
+        }
+        let restart = check.spec["template"]["spec"]["restartPolicy"].as_str();
+        if !matches!(restart, Some("Never" | "OnFailure")) {
+            out.push(format!("{at}: a Job's pods need restartPolicy Never or OnFailure"));
         }
         let mut unknown = Vec::new();
         strings(&check.spec, &mut |text| {
@@ -250,12 +281,17 @@ mod tests {
         }
     }
 
+    /// The Job made for release `rollout_id` of `spec()` at step 1, with a
+    /// condition when it has ended.
     fn live_job(rollout_id: &str, condition: Option<&str>) -> BTreeMap<(&'static str, String), Value> {
+        let status = at_step(rollout_id, Phase::Progressing);
+        let (mut made, _) = planned(&spec(), &status, &BTreeMap::new(), &bindings(rollout_id));
+        let mut job = made.remove(0);
         let conditions: Vec<Value> = condition
             .map(|c| json!({"type": c, "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}))
             .into_iter()
             .collect();
-        let job = json!({"metadata": {"name": "echo-canary-step-1", "annotations": {ROLLOUT_ID_ANNOTATION: rollout_id}}, "status": {"conditions": conditions}});
+        job["status"] = json!({"conditions": conditions});
         BTreeMap::from([(("Job", "echo-canary-step-1".to_string()), job)])
     }
 
@@ -306,6 +342,16 @@ mod tests {
         );
         let (_, unwanted) = planned(&spec, &ended, &live_job("r2", Some("Complete")), &bindings("r2"));
         assert_eq!(unwanted.len(), 1, "a passed step's Job goes");
+        // The JobSpec changed in Git mid-step: the Job made of the old one goes first.
+        let mut changed = spec.clone();
+        changed.analysis_templates[0].metrics[0].job.as_mut().unwrap().spec["backoffLimit"] = json!(2);
+        let (wanted, unwanted) = planned(
+            &changed,
+            &at_step("r2", Phase::Progressing),
+            &live_job("r2", None),
+            &bindings("r2"),
+        );
+        assert!(wanted.is_empty() && unwanted.len() == 1, "{wanted:?} {unwanted:?}");
     }
 
     #[test]
@@ -314,16 +360,35 @@ mod tests {
         let template = &spec.analysis_templates[0];
         let mut status = at_step("r2", Phase::Progressing);
         assert_eq!(
-            measurement(&spec, &status, "step-1", template, &live_job("r2", None)),
+            measurement(
+                &spec,
+                &status,
+                ("step-1", template),
+                &live_job("r2", None),
+                &bindings("r2")
+            ),
             None,
             "running"
         );
         assert_eq!(
-            measurement(&spec, &status, "step-1", template, &live_job("r1", Some("Complete"))),
+            measurement(
+                &spec,
+                &status,
+                ("step-1", template),
+                &live_job("r1", Some("Complete")),
+                &bindings("r2")
+            ),
             None,
             "another release's"
         );
-        let failed = measurement(&spec, &status, "step-1", template, &live_job("r2", Some("Failed"))).expect("ended");
+        let failed = measurement(
+            &spec,
+            &status,
+            ("step-1", template),
+            &live_job("r2", Some("Failed")),
+            &bindings("r2"),
+        )
+        .expect("ended");
         assert_eq!(failed.outcome, Outcome::Failed);
         assert!(failed.message.contains("BackoffLimitExceeded"), "{}", failed.message);
         status.analysis_runs = vec![AnalysisRun {
@@ -333,7 +398,13 @@ mod tests {
             ..AnalysisRun::default()
         }];
         assert_eq!(
-            measurement(&spec, &status, "step-1", template, &live_job("r2", Some("Failed"))),
+            measurement(
+                &spec,
+                &status,
+                ("step-1", template),
+                &live_job("r2", Some("Failed")),
+                &bindings("r2")
+            ),
             None,
             "once"
         );
@@ -349,7 +420,14 @@ mod tests {
         spec.strategy.canary.analysis = Some(StepAnalysis {
             template_ref: "smoke".into(),
         });
+        spec.analysis_templates[0].failure_limit = Some(1);
+        let job = &mut spec.analysis_templates[0].metrics[0].job.as_mut().unwrap().spec;
+        job["ttlSecondsAfterFinished"] = json!(0);
+        job["template"]["spec"]["restartPolicy"] = json!("Always");
         let problems = problems(&spec).join("\n");
+        assert!(problems.contains("no failureLimit"), "{problems}");
+        assert!(problems.contains("no ttlSecondsAfterFinished"), "{problems}");
+        assert!(problems.contains("restartPolicy Never or OnFailure"), "{problems}");
         assert!(
             problems.contains("takes no query, web or successCondition"),
             "{problems}"

@@ -342,10 +342,17 @@ async fn measure_due(
     let mut measurements = Vec::new();
     for (run, template) in analysis::due_runs(spec, status, now) {
         if super::jobs::job_of(template).is_some() {
-            measurements.extend(super::jobs::measurement(spec, status, &run, template, canary_live));
+            measurements.extend(super::jobs::measurement(
+                spec,
+                status,
+                (&run, template),
+                canary_live,
+                &bindings,
+            ));
             continue;
         }
-        let measurement = super::prometheus::measure(&run, template, &servers, &bindings).await;
+        let mut measurement = super::prometheus::measure(&run, template, &servers, &bindings).await;
+        measurement.release = analysis::release(status);
         info!(rollout_id = %status.rollout_id, run = %run, outcome = ?measurement.outcome, "analysis: {}", measurement.message);
         measurements.push(measurement);
     }
@@ -373,6 +380,7 @@ async fn measure_due(
         };
         info!(rollout_id = %status.rollout_id, hook = point.name(), outcome = ?outcome, "hook: {message}");
         measurements.push(analysis::Measurement {
+            release: analysis::release(status),
             run: point.run(),
             template: hook.name.clone(),
             outcome,

@@ -204,6 +204,7 @@ pub async fn measure(run: &str, template: &AnalysisTemplate, servers: &Servers, 
         Outcome::Successful
     };
     Measurement {
+        release: String::new(),
         run: run.to_string(),
         template: template.name.clone(),
         outcome,

@@ -47,9 +47,14 @@ impl Planner<'_> {
                 format!("{}: calling the {} hook {}", at(point, index), point.name(), hook.name)
             }
         };
-        if self.status.phase != Phase::Paused {
-            self.canary().message = message;
+        // Answered again after a pause: under way once more.
+        if self.status.phase == Phase::Paused {
+            self.status.phase = match point {
+                Point::PrePromote => Phase::Promoting,
+                _ => Phase::Progressing,
+            };
         }
+        self.canary().message = message;
         true
     }
 
@@ -65,6 +70,8 @@ impl Planner<'_> {
             .enumerate()
             .filter(|(_, r)| r.rollout_id == rollout_id)
             .filter_map(|(i, r)| Some((i, Point::of_run(&r.name)?)))
+            // A hook taken out of Git no longer holds the release.
+            .filter(|(_, point)| point.hook(&self.spec.hooks).is_some())
             .collect();
         for (i, point) in runs {
             let run = self.status.analysis_runs[i].clone();
@@ -86,7 +93,10 @@ impl Planner<'_> {
                     template,
                     by: by.clone(),
                 });
-                self.status.last_promote_signal = value;
+                // At a step that waits for a promote, the same promote passes its gate.
+                if !self.waits_for_promote(point) {
+                    self.status.last_promote_signal = value;
+                }
                 self.status.analysis_runs[i].skipped_by = by;
                 continue;
             }
@@ -113,6 +123,16 @@ impl Planner<'_> {
             return Some(self.release_intent(StableTemplate::Live, wanted, traffic));
         }
         None
+    }
+}
+
+impl Planner<'_> {
+    fn waits_for_promote(&self, point: Point) -> bool {
+        let Point::Step(index) = point else {
+            return false;
+        };
+        let pause = self.step_at(index).pause;
+        pause.is_some_and(|p| p.duration.is_none())
     }
 }
 

@@ -8,7 +8,8 @@ impl Planner<'_> {
     pub(super) fn record_measurements(&mut self) {
         let now = self.observed.now.to_string();
         let rollout_id = self.status.rollout_id.clone();
-        for measurement in &self.observed.measurements {
+        let release = analysis::release(&self.status);
+        for measurement in self.observed.measurements.iter().filter(|m| m.release == release) {
             let runs = &mut self.status.analysis_runs;
             let run = match runs
                 .iter()
@@ -109,6 +110,8 @@ impl Planner<'_> {
                 .map(|r| r.last_measured_at.clone());
             let wait = match last {
                 Some(last) => analysis::interval(template).saturating_sub(elapsed(&last, self.observed.now)),
+                // A Job's conditions are read every interval while it runs.
+                None if crate::rollout::jobs::job_of(template).is_some() => analysis::interval(template),
                 None => Duration::ZERO,
             };
             self.requeue_in(wait, RequeueReason::Analysis);

@@ -652,8 +652,15 @@ fn analysed_spec(background: bool) -> RolloutSpec {
     spec
 }
 
+/// The release `observed("v2", _)` starts.
+fn v2_release() -> String {
+    let commit = observed("v2", 0).commit;
+    format!("{}@{commit}", release_id(None, &commit))
+}
+
 fn measured(run: &str, outcome: Outcome) -> Measurement {
     Measurement {
+        release: v2_release(),
         run: run.into(),
         template: "errors".into(),
         outcome,
@@ -1227,6 +1234,7 @@ fn hooked_spec() -> RolloutSpec {
 
 fn answered(run: &str, outcome: Outcome) -> Measurement {
     Measurement {
+        release: v2_release(),
         run: run.into(),
         template: "smoke".into(),
         outcome,
@@ -1370,4 +1378,90 @@ fn a_hook_that_stops_answering_pauses_the_release_until_a_promote_passes_over_it
     answer(&mut run, &mut seen, 36, vec![]);
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
     assert_eq!(run.status.analysis_runs[0].skipped_by, "the CLI");
+}
+
+#[test]
+fn a_hook_taken_out_of_git_no_longer_holds_a_release_it_paused() {
+    let mut run = Run::with(hooked_spec());
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    for seconds in [2, 13, 24] {
+        answer(
+            &mut run,
+            &mut seen,
+            seconds,
+            vec![answered("hook-preRelease", Outcome::Inconclusive)],
+        );
+    }
+    assert_eq!(run.status.phase, Phase::Paused);
+    run.spec.hooks.pre_release = None;
+    answer(&mut run, &mut seen, 25, vec![]);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepTrafficRouting));
+}
+
+#[test]
+fn answers_taken_for_a_release_a_newer_commit_replaced_do_not_pass_the_new_one() {
+    let mut run = Run::with(hooked_spec());
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    // The sync that called v2's preRelease hook also sees v3.
+    let mut newer = observed("v3", 2);
+    newer.canary_ready = 1;
+    newer.measurements = vec![answered("hook-preRelease", Outcome::Successful)];
+    let plan = run.step(&newer);
+    assert_eq!(run.status.canary_commit, newer.commit, "v3's release started");
+    assert_eq!(
+        plan.intent.traffic, None,
+        "v3's own preRelease hook is still to be called"
+    );
+    assert!(
+        run.status.analysis_runs.iter().all(|r| r.successful == 0),
+        "{:?}",
+        run.status.analysis_runs
+    );
+}
+
+#[test]
+fn a_promote_at_a_gate_passes_a_step_hook_that_stopped_answering_and_the_gate() {
+    let mut spec = hooked_spec();
+    spec.hooks.pre_release = None;
+    spec.strategy.canary.steps[0] = step().traffic("10%").replicas(1).pause_until_promoted();
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    answer(&mut run, &mut seen, 6, vec![]);
+    for seconds in [7, 18, 29] {
+        answer(
+            &mut run,
+            &mut seen,
+            seconds,
+            vec![answered("hook-step-1", Outcome::Inconclusive)],
+        );
+    }
+    assert_eq!(run.state(), (Phase::Paused, 1, StepState::StepPaused));
+    seen.promote_signal = Some(run.token("carol"));
+    answer(&mut run, &mut seen, 30, vec![]);
+    assert_eq!(run.state().1, 2, "one promote passes the hook and the gate");
+    assert_eq!(run.status.step_history[0].passed_by, "promoted by carol");
+}
+
+#[test]
+fn a_running_check_job_is_looked_at_every_interval_not_at_once() {
+    let mut spec = analysed_spec(false);
+    spec.analysis_templates[0] = serde_json::from_value(serde_json::json!({
+        "name": "errors", "interval": 10,
+        "metrics": [{"name": "smoke", "job": {"spec": {"template": {"spec": {"restartPolicy": "Never"}}}}}]
+    }))
+    .expect("template");
+    let (mut run, mut seen) = release_at_analysis(spec);
+    assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
+    seen.now = at(6);
+    let plan = run.step(&seen);
+    assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(10)));
 }
