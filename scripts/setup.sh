@@ -25,6 +25,9 @@ have c++ || need+=(g++)
 [ -x /usr/lib/git-core/git-http-backend ] || need+=(git)
 # A real Prometheus for the analysis tests (started by the tests themselves).
 have prometheus || need+=(prometheus)
+# A real browser for the release page's tests (tests/dashboard.rs).
+have chromium || need+=(chromium)
+have chromedriver || need+=(chromium-driver)
 # git2's HTTPS transport links the system OpenSSL.
 pkg-config --exists openssl 2>/dev/null || need+=(libssl-dev)
 

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cli;
 pub mod cluster;
+pub mod dashboard;
 pub mod github;
 pub mod identity;
 pub mod lease;

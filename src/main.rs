@@ -98,6 +98,21 @@ enum Command {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+    /// Serve a page per release to keep open while it runs, and the list
+    /// of Rollouts (problems first); read-only, as the kubeconfig's identity.
+    Dashboard {
+        /// Where to listen; port 0 picks a free one (the URL is printed).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Only this namespace's Rollouts; default every namespace.
+        #[arg(short, long)]
+        namespace: Option<String>,
+        /// OWNER/REPO on GitHub: commits and promotion pull requests are linked.
+        #[arg(long)]
+        github_repo: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Print the Rollout CustomResourceDefinition.
     Crd,
     /// Rewrite Kruise Rollouts (rollouts.kruise.io v1alpha1, v1beta1) as
@@ -182,9 +197,16 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
             let listen = cli::Listen {
                 webhook: args.listen,
                 metrics: args.metrics_listen,
+                dashboard: args.dashboard_listen,
             };
             cli::run_agent(args.sync, Some(listen), Some(args.leader)).await
         }
+        Command::Dashboard {
+            listen,
+            namespace,
+            github_repo,
+            cluster,
+        } => cli::dashboard(&cluster, &listen, namespace, github_repo).await,
         Command::Crd => {
             print!("{}", gitcanary::rollout::api::crd_yaml());
             Ok(ExitCode::SUCCESS)

@@ -258,6 +258,10 @@ pub struct RunArgs {
     /// host reaches exposes only the webhook and the probes).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the dashboard (`gitcanary dashboard`'s pages, read-only, as
+    /// the agent's identity) here; off by default.
+    #[arg(long)]
+    pub dashboard_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub leader: LeaderArgs,
 }
@@ -561,6 +565,37 @@ pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {
 pub(crate) async fn fetch(source: std::sync::Arc<Source>, cluster: &Cluster) -> Result<crate::source::Revision, Error> {
     source.renderers().set_capabilities(cluster.capabilities().await);
     crate::blocking("fetching", move || source.fetch()).await?
+}
+
+/// `gitcanary dashboard`: serves until stopped; prints its URL once listening.
+pub async fn dashboard(
+    args: &ClusterArgs,
+    listen: &str,
+    namespace: Option<String>,
+    github_repo: Option<String>,
+) -> Result<ExitCode, Error> {
+    use std::io::Write;
+    if github_repo.as_deref().is_some_and(|r| r.split('/').count() != 2) {
+        return Err(Error::Usage("--github-repo: write OWNER/REPO".into()));
+    }
+    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| Error::Usage(format!("--listen {listen}: {e}")))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| Error::Usage(format!("--listen {listen}: {e}")))?;
+    println!("dashboard: http://{address}/");
+    let _ = std::io::stdout().flush();
+    let dashboard = crate::dashboard::Dashboard {
+        cluster,
+        namespace,
+        github_repo,
+    };
+    crate::dashboard::serve(listener, std::sync::Arc::new(dashboard))
+        .await
+        .map_err(|e| Error::Usage(format!("the dashboard stopped: {e}")))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {

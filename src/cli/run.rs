@@ -56,9 +56,7 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
     let cluster = connect(&args.source).await?;
     let revision = super::fetch(source.clone(), &cluster).await?;
-    let (mut revision, mut options) = (revision, options(&args.source));
-    options.web_checks = super::web_checks(&args.source)?;
-    options.hooks = super::hooks(&args.source)?;
+    let (mut revision, options) = (revision, endpoint_options(&args.source)?);
     validate_revision(&mut revision, &options);
     let memo = SyncMemo::default();
     let mut report = sync_validated(&cluster, &revision, &options, &memo, None).await?;
@@ -107,6 +105,8 @@ pub struct Listen {
     /// The webhook and the probes (and /metrics, unless `metrics` is set).
     pub webhook: SocketAddr,
     pub metrics: Option<SocketAddr>,
+    /// The read-only dashboard.
+    pub dashboard: Option<SocketAddr>,
 }
 
 /// Starts the webhook listener, and the metrics one when it has its own
@@ -129,6 +129,31 @@ async fn serve_listeners(listen: Listen, state: ServerState) -> Result<SocketAdd
         .map_err(bind_error(listen.webhook))
 }
 
+/// The options, with the web checks and hooks read from their files.
+fn endpoint_options(args: &SourceArgs) -> Result<crate::plan::SyncOptions, Error> {
+    let mut options = options(args);
+    options.web_checks = super::web_checks(args)?;
+    options.hooks = super::hooks(args)?;
+    Ok(options)
+}
+
+/// The agent's read-only dashboard, as the agent's identity.
+async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs) -> Result<(), Error> {
+    let dashboard = crate::dashboard::Dashboard {
+        cluster: super::connect(&args.source).await?,
+        namespace: None,
+        github_repo: args.github_repo.clone(),
+    };
+    let bound = crate::server::serve(addr, crate::dashboard::router(Arc::new(dashboard)))
+        .await
+        .map_err(|source| Error::Read {
+            path: format!("listen address {addr}"),
+            source,
+        })?;
+    tracing::info!(%bound, "dashboard listening");
+    Ok(())
+}
+
 pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<LeaderArgs>) -> Result<ExitCode, Error> {
     // Configuration first: a bad setting fails before anything connects.
     let secret = match listen {
@@ -138,9 +163,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
     let writeback = writeback_config(&args)?;
     let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
     let cluster = Arc::new(connect(&args.source).await?);
-    let mut options = options(&args.source);
-    options.web_checks = super::web_checks(&args.source)?;
-    options.hooks = super::hooks(&args.source)?;
+    let options = endpoint_options(&args.source)?;
     let ready = Arc::new(AtomicBool::new(false));
     let metrics = Arc::new(crate::telemetry::Metrics::default());
     let _ = metrics.kube_requests.set(cluster.requests.clone());
@@ -158,6 +181,9 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         };
         let bound = serve_listeners(listen, state).await?;
         tracing::info!(%bound, source = %source.describe(), "agent listening");
+        if let Some(addr) = listen.dashboard {
+            serve_dashboard(addr, &args).await?;
+        }
     }
     let agent = Agent {
         cluster,

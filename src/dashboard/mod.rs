@@ -1,0 +1,309 @@
+//! `gitcanary dashboard`: a page per release to keep open while it runs,
+//! and a list of every Rollout, problems first. Read-only, as the identity
+//! of the kubeconfig (so Kubernetes RBAC decides what it shows), and never
+//! more than `kubectl get` shows: Rollouts, their pods' names and
+//! readiness, Events. A release page follows the Rollout and its pods with
+//! watches and sends each newer rendering to the open page (server-sent
+//! events), so it changes without a reload and polls nothing.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams};
+use kube::runtime::watcher;
+use serde_json::Value;
+
+use crate::cluster::Cluster;
+use crate::rollout::api::Rollout;
+use crate::rollout::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
+
+pub mod page;
+
+use page::{BatchPod, EventLine, ReleaseView, RolloutRow};
+
+/// What the dashboard reads and how it links.
+pub struct Dashboard {
+    pub cluster: Cluster,
+    /// Only this namespace's Rollouts (`-n`); every namespace otherwise.
+    pub namespace: Option<String>,
+    /// `OWNER/REPO`: commits and promotion pull requests are linked.
+    pub github_repo: Option<String>,
+}
+
+type Shared = Arc<Dashboard>;
+
+/// The dashboard's routes.
+pub fn router(dashboard: Shared) -> Router {
+    Router::new()
+        .route("/", get(list_page))
+        .route("/rollouts/{namespace}/{name}", get(release_page))
+        .route("/rollouts/{namespace}/{name}/live", get(live))
+        .with_state(dashboard)
+}
+
+/// Serves until the listener fails.
+pub async fn serve(listener: tokio::net::TcpListener, dashboard: Shared) -> std::io::Result<()> {
+    axum::serve(listener, router(dashboard)).await
+}
+
+fn failed(what: &str, error: impl std::fmt::Display) -> Response {
+    let body = page::document(
+        "gitcanary",
+        &format!(
+            "<main><p>{}: {}</p></main>",
+            page::escape(what),
+            page::escape(&error.to_string())
+        ),
+        None,
+    );
+    (StatusCode::BAD_GATEWAY, Html(body)).into_response()
+}
+
+async fn list_page(State(dashboard): State<Shared>) -> Response {
+    let rollouts: Api<Rollout> = match &dashboard.namespace {
+        Some(namespace) => Api::namespaced(dashboard.cluster.client.clone(), namespace),
+        None => Api::all(dashboard.cluster.client.clone()),
+    };
+    let list = match rollouts.list(&ListParams::default()).await {
+        Ok(list) => list,
+        Err(error) => return failed("listing Rollouts", error),
+    };
+    let rows: Vec<RolloutRow> = list
+        .items
+        .into_iter()
+        .map(|r| RolloutRow {
+            namespace: r.metadata.namespace.clone().unwrap_or_default(),
+            name: r.metadata.name.clone().unwrap_or_default(),
+            created: r
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default(),
+            status: r.status.unwrap_or_default(),
+        })
+        .collect();
+    Html(page::document("Rollouts", &page::list(&rows), None)).into_response()
+}
+
+fn allowed(dashboard: &Dashboard, namespace: &str) -> bool {
+    dashboard.namespace.as_deref().is_none_or(|n| n == namespace)
+}
+
+async fn release_page(State(dashboard): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> Response {
+    if !allowed(&dashboard, &namespace) {
+        return (StatusCode::NOT_FOUND, "not a namespace this dashboard shows").into_response();
+    }
+    match view(&dashboard, &namespace, &name).await {
+        Ok(Some(view)) => {
+            let live = format!("/rollouts/{namespace}/{name}/live");
+            let title = format!("{namespace}/{name}");
+            Html(page::document(&title, &page::release(&view), Some(&live))).into_response()
+        }
+        Ok(None) => (StatusCode::NOT_FOUND, "no such Rollout").into_response(),
+        Err(error) => failed("reading the Rollout", error),
+    }
+}
+
+/// Everything the release page shows of one Rollout, read now.
+async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Option<ReleaseView>, kube::Error> {
+    let client = dashboard.cluster.client.clone();
+    let Some(rollout) = Api::<Rollout>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let status = rollout.status.clone().unwrap_or_default();
+    let workload = &rollout.spec.workload_ref;
+    let (stable, canary_name) = (
+        workload_value(
+            dashboard,
+            namespace,
+            &workload.api_version,
+            &workload.kind,
+            &workload.name,
+        )
+        .await,
+        rollout.spec.strategy.canary.canary_name(&workload.name),
+    );
+    let canary = workload_value(
+        dashboard,
+        namespace,
+        &workload.api_version,
+        &workload.kind,
+        &canary_name,
+    )
+    .await;
+    let pods = batch_pods(dashboard, namespace, stable.as_ref(), &status.rollout_id).await;
+    let events = rollout_events(dashboard, namespace, name).await;
+    Ok(Some(ReleaseView {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        stable_images: images(stable.as_ref()),
+        canary_images: images(canary.as_ref()),
+        spec: rollout.spec,
+        status,
+        pods,
+        events,
+        github_repo: dashboard.github_repo.clone(),
+    }))
+}
+
+async fn workload_value(
+    dashboard: &Dashboard,
+    namespace: &str,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Option<Value> {
+    let resolved = dashboard.cluster.resolve(api_version, kind).await?;
+    let api: Api<kube::api::DynamicObject> = dashboard.cluster.api(&resolved, Some(namespace));
+    let object = api.get_opt(name).await.ok()??;
+    serde_json::to_value(object).ok()
+}
+
+fn images(workload: Option<&Value>) -> Vec<String> {
+    workload
+        .and_then(|w| w["spec"]["template"]["spec"]["containers"].as_array())
+        .map(|c| {
+            c.iter()
+                .filter_map(|c| c["image"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The release's canary pods, by batch: the workload's pods labelled with
+/// the release's id and a batch.
+async fn batch_pods(
+    dashboard: &Dashboard,
+    namespace: &str,
+    workload: Option<&Value>,
+    rollout_id: &str,
+) -> Vec<BatchPod> {
+    if rollout_id.is_empty() {
+        return Vec::new();
+    }
+    let mut selector: Vec<String> = workload
+        .and_then(|w| w["spec"]["selector"]["matchLabels"].as_object())
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| Some(format!("{k}={}", v.as_str()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    selector.push(format!("{ROLLOUT_ID_LABEL}={rollout_id}"));
+    selector.push(BATCH_ID_LABEL.to_string());
+    let pods: Api<Pod> = Api::namespaced(dashboard.cluster.client.clone(), namespace);
+    let Ok(list) = pods.list(&ListParams::default().labels(&selector.join(","))).await else {
+        return Vec::new();
+    };
+    list.items
+        .into_iter()
+        .map(|pod| {
+            let status = pod.status.unwrap_or_default();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            BatchPod {
+                batch: pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(BATCH_ID_LABEL).cloned())
+                    .unwrap_or_default(),
+                name: pod.metadata.name.unwrap_or_default(),
+                ready,
+                restarts: status
+                    .container_statuses
+                    .iter()
+                    .flatten()
+                    .map(|c| c.restart_count)
+                    .sum(),
+            }
+        })
+        .collect()
+}
+
+async fn rollout_events(dashboard: &Dashboard, namespace: &str, name: &str) -> Vec<EventLine> {
+    let events: Api<Event> = Api::namespaced(dashboard.cluster.client.clone(), namespace);
+    let selector = format!("regarding.kind=Rollout,regarding.name={name}");
+    let Ok(list) = events.list(&ListParams::default().fields(&selector)).await else {
+        return Vec::new();
+    };
+    let mut lines: Vec<EventLine> = list
+        .items
+        .into_iter()
+        .map(|e| EventLine {
+            time: e
+                .event_time
+                .map(|t| t.0.to_string())
+                .or_else(|| e.metadata.creation_timestamp.map(|t| t.0.to_string()))
+                .unwrap_or_default(),
+            warning: e.type_.as_deref() == Some("Warning"),
+            reason: e.reason.unwrap_or_default(),
+            note: e.note.unwrap_or_default(),
+        })
+        .collect();
+    lines.sort_by(|a, b| a.time.cmp(&b.time));
+    lines
+}
+
+/// Newer renderings of a release page, each sent when a watch of the
+/// Rollout or of its namespace's batch pods saw a change and the page
+/// reads differently.
+async fn live(State(dashboard): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> Response {
+    if !allowed(&dashboard, &namespace) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    Sse::new(renderings(dashboard, namespace, name))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+fn renderings(dashboard: Shared, namespace: String, name: String) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let client = dashboard.cluster.client.clone();
+    let rollouts = watcher(
+        Api::<Rollout>::namespaced(client.clone(), &namespace),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .map(|_| ());
+    let pods = watcher(
+        Api::<Pod>::namespaced(client, &namespace),
+        watcher::Config::default().labels(BATCH_ID_LABEL),
+    )
+    .map(|_| ());
+    let changes = futures::stream::select(rollouts, pods);
+    let mut last = String::new();
+    changes
+        .then(move |()| {
+            let (dashboard, namespace, name) = (dashboard.clone(), namespace.clone(), name.clone());
+            async move {
+                match view(&dashboard, &namespace, &name).await {
+                    Ok(Some(view)) => Some(page::release(&view)),
+                    _ => None,
+                }
+            }
+        })
+        .filter_map(move |rendering| {
+            let fresh = rendering.filter(|r| *r != last);
+            if let Some(r) = &fresh {
+                last = r.clone();
+            }
+            futures::future::ready(fresh.map(|r| Ok(SseEvent::default().event("page").data(r))))
+        })
+}
