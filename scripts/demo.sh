@@ -116,11 +116,12 @@ for _ in $(seq 1 50); do curl -s -o /dev/null "http://127.0.0.1:$chat_port/" && 
 
 bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback; release events to the team's chat)"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dashboard_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 secret="demo-webhook-secret"
 GITCANARY_WEBHOOK_SECRET="$secret" GITCANARY_GITHUB_TOKEN="gitcanary-token" "$gitcanary" run \
   --repo "file://$work/apps.git" --prune --listen "127.0.0.1:$port" --poll-interval 300 \
   --cache-dir "$work/cache" --github-url "$github_url" --github-repo acme/apps \
-  --notify "team=slack:http://127.0.0.1:$chat_port/" >"$work/agent.log" 2>&1 &
+  --notify "team=slack:http://127.0.0.1:$chat_port/" --dashboard-listen "127.0.0.1:$dashboard_port" >"$work/agent.log" 2>&1 &
 agent_pid=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.2; done
 say "first sync done:"
@@ -198,6 +199,9 @@ say "stable still runs: $(image); the canary runs: $(k -n demo get deployment ec
 say "canary pods carry their release and batch:"
 k -n demo get pods -l gitcanary.io/rollout-id -L gitcanary.io/rollout-id,gitcanary.io/rollout-batch-id,version | sed 's/^/     /'
 "$gitcanary" status echoserver -n demo | sed 's/^/   /'
+release_page="http://127.0.0.1:$dashboard_port/rollouts/demo/echoserver"
+say "the release page, live while it waits (gitcanary dashboard; the agent serves it with --dashboard-listen): $release_page"
+say "  it reads: $(curl -s "$release_page" | python3 -c 'import html, re, sys; m = re.search(r"<p id=summary>(.*?)</p>", sys.stdin.read()); print(html.unescape(re.sub("<[^>]+>", "", m.group(1))) if m else "(no summary)")')"
 
 bold "The gate: gitcanary opened a promotion pull request"
 for _ in $(seq 1 50); do

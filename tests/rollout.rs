@@ -1128,3 +1128,40 @@ async fn get_rollout_watch_follows_a_release_to_its_end_and_exits_by_its_outcome
     assert_eq!(code, 1, "failed: {shown}{stderr}");
     assert!(shown.contains("not ready within 15s"), "{shown}");
 }
+
+#[tokio::test]
+async fn get_rollout_watch_on_a_terminal_redraws_each_step_in_place() {
+    let scenario = Scenario::new("ro-watch-tty").await;
+    let strategy =
+        "      steps:\n      - {replicas: 1, pause: {duration: 2}}\n      - {replicas: 2, pause: {duration: 2}}\n";
+    let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
+    App::new(&scenario.ns, "2.0", strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    eventually("a release running", WAIT, || async {
+        matches!(cluster.phase_and_step().await?.0, Phase::Progressing | Phase::Paused).then_some(())
+    })
+    .await;
+    // A pseudo-terminal, as a person's: `script` runs the watch on one.
+    let command = format!(
+        "{} get rollout echo -n {} --watch --kubeconfig {}",
+        env!("CARGO_BIN_EXE_gitcanary"),
+        scenario.ns,
+        support::kubeconfig().display()
+    );
+    let output = std::process::Command::new("script")
+        .args(["-qefc", &command, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("script runs the watch on a terminal");
+    let screen = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "promoted: {screen}");
+    let redraws: Vec<&str> = screen.split("\u{1b}[2J\u{1b}[H").skip(1).collect();
+    assert!(redraws.len() >= 2, "redrawn in place, not scrolled: {screen:?}");
+    let first_with = |text: &str| redraws.iter().position(|r| r.contains(text));
+    let (one, two) = (first_with("step 1/2"), first_with("step 2/2"));
+    assert!(
+        one.is_some() && two.is_some() && one < two,
+        "the screen showed step 1, then step 2: {screen:?}"
+    );
+    assert!(redraws.last().is_some_and(|r| r.contains("Healthy")), "{screen:?}");
+}
