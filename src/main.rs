@@ -110,6 +110,10 @@ enum Command {
         /// OWNER/REPO on GitHub: commits and promotion pull requests are linked.
         #[arg(long)]
         github_repo: Option<String>,
+        /// Promote and abort buttons on the release pages, sent as the
+        /// kubeconfig's identity (so Kubernetes RBAC decides).
+        #[arg(long)]
+        allow_actions: bool,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -205,8 +209,9 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
             listen,
             namespace,
             github_repo,
+            allow_actions,
             cluster,
-        } => cli::dashboard(&cluster, &listen, namespace, github_repo).await,
+        } => cli::dashboard(&cluster, &listen, namespace, github_repo, allow_actions).await,
         Command::Crd => {
             print!("{}", gitcanary::rollout::api::crd_yaml());
             Ok(ExitCode::SUCCESS)

@@ -172,6 +172,7 @@ fn dashboard(scenario: &Scenario) -> (Killed, String) {
             &scenario.ns,
             "--github-repo",
             "acme/apps",
+            "--allow-actions",
         ])
         .args(["--kubeconfig", &support::kubeconfig().display().to_string()])
         .stdout(Stdio::piped())
@@ -199,7 +200,7 @@ const STRATEGY: &str = "  strategy:
 ";
 
 #[tokio::test]
-async fn the_release_page_shows_a_paused_release_and_follows_a_promote_without_a_reload() {
+async fn the_release_page_shows_a_paused_release_follows_a_promote_live_and_aborts_by_its_button() {
     let scenario = Scenario::new("dashboard").await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let secret =
@@ -306,6 +307,64 @@ async fn the_release_page_shows_a_paused_release_and_follows_a_promote_without_a
         "changed without a reload"
     );
 
+    // The page's buttons: a post without its token, or for a step the
+    // release has left, sends nothing; the Abort button does.
+    eventually("2.0 promoted", WAIT, || async {
+        (state().await?.0 == Phase::Healthy).then_some(())
+    })
+    .await;
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, "3.0", STRATEGY);
+    let three = scenario.repo.commit_and_push("echo 3.0");
+    eventually("3.0 paused at step 2", WAIT, || async {
+        (state().await? == (Phase::Paused, 2)).then_some(())
+    })
+    .await;
+    let token = eventually("the page's buttons for 3.0", WAIT, || async {
+        let script = "const f=document.querySelector('#abort');return f?f.form.csrf.value+' '+f.form.commit.value:'';";
+        let found = browser.run(script).as_str().unwrap_or_default().to_string();
+        found
+            .ends_with(&three)
+            .then(|| found.split(' ').next().unwrap_or_default().to_string())
+    })
+    .await;
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let path = |action: &str| format!("/rollouts/{}/echo/{action}", scenario.ns);
+    assert_eq!(
+        post(address, &path("abort"), &format!("csrf=guess&commit={three}&step=2")),
+        403
+    );
+    assert_eq!(
+        post(
+            address,
+            &path("promote"),
+            &format!("csrf={token}&commit={three}&step=1")
+        ),
+        409,
+        "a stale page's promote"
+    );
+    let annotations = rollouts
+        .get("echo")
+        .await
+        .expect("the Rollout")
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key("gitcanary.io/abort")
+            && annotations
+                .get("gitcanary.io/promote")
+                .is_none_or(|p| !p.contains(&three[..7])),
+        "nothing sent: {annotations:?}"
+    );
+    browser.run("document.querySelector('#abort').click(); return true;");
+    let aborted = eventually("3.0 aborted from the page", WAIT, || async {
+        let status = rollouts.get_opt("echo").await.ok()??.status?;
+        let message = status.canary_status?.message;
+        message.contains("aborted by the dashboard").then_some(message)
+    })
+    .await;
+    assert!(aborted.contains("traffic is back on stable"), "{aborted}");
+
     // Nothing a page shows comes from a Secret: the CLI's dashboard's
     // pages, and the agent's (--dashboard-listen).
     let cli_dashboard = url.trim_start_matches("http://").trim_end_matches('/');
@@ -323,4 +382,12 @@ async fn the_release_page_shows_a_paused_release_and_follows_a_promote_without_a
             "{path} shows a Secret"
         );
     }
+}
+
+/// A form's post, as another page or a script would send it.
+fn post(address: &str, path: &str, form: &str) -> u16 {
+    let headers = [("Content-Type", "application/x-www-form-urlencoded")];
+    support::http(address, "POST", path, &headers, form.as_bytes())
+        .expect("the dashboard answers")
+        .0
 }

@@ -573,8 +573,13 @@ pub async fn dashboard(
     listen: &str,
     namespace: Option<String>,
     github_repo: Option<String>,
+    allow_actions: bool,
 ) -> Result<ExitCode, Error> {
     use std::io::Write;
+    let actions = match allow_actions {
+        true => Some(crate::dashboard::new_token().map_err(|e| Error::Usage(format!("a token for the forms: {e}")))?),
+        false => None,
+    };
     if github_repo.as_deref().is_some_and(|r| r.split('/').count() != 2) {
         return Err(Error::Usage("--github-repo: write OWNER/REPO".into()));
     }
@@ -591,6 +596,7 @@ pub async fn dashboard(
         cluster,
         namespace,
         github_repo,
+        actions,
     };
     crate::dashboard::serve(listener, std::sync::Arc::new(dashboard))
         .await

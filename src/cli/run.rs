@@ -143,6 +143,7 @@ async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs) -> Result<(), Error>
         cluster: super::connect(&args.source).await?,
         namespace: None,
         github_repo: args.github_repo.clone(),
+        actions: None,
     };
     let bound = crate::server::serve(addr, crate::dashboard::router(Arc::new(dashboard)))
         .await

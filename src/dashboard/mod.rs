@@ -4,7 +4,8 @@
 //! more than `kubectl get` shows: Rollouts, their pods' names and
 //! readiness, Events. A release page follows the Rollout and its pods with
 //! watches and sends each newer rendering to the open page (server-sent
-//! events), so it changes without a reload and polls nothing.
+//! events), so it changes without a reload and polls nothing. Promote and
+//! abort buttons only with `--allow-actions` (`actions.rs`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,7 +28,10 @@ use crate::cluster::Cluster;
 use crate::rollout::api::Rollout;
 use crate::rollout::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
 
+mod actions;
 pub mod page;
+
+pub use actions::new_token;
 
 use page::{BatchPod, EventLine, ReleaseView, RolloutRow};
 
@@ -38,6 +42,8 @@ pub struct Dashboard {
     pub namespace: Option<String>,
     /// `OWNER/REPO`: commits and promotion pull requests are linked.
     pub github_repo: Option<String>,
+    /// With `--allow-actions`: the token the pages' forms carry.
+    pub actions: Option<String>,
 }
 
 type Shared = Arc<Dashboard>;
@@ -48,6 +54,10 @@ pub fn router(dashboard: Shared) -> Router {
         .route("/", get(list_page))
         .route("/rollouts/{namespace}/{name}", get(release_page))
         .route("/rollouts/{namespace}/{name}/live", get(live))
+        .route(
+            "/rollouts/{namespace}/{name}/{action}",
+            axum::routing::post(actions::act),
+        )
         .with_state(dashboard)
 }
 
@@ -96,7 +106,7 @@ async fn list_page(State(dashboard): State<Shared>) -> Response {
     Html(page::document("Rollouts", &page::list(&rows), None)).into_response()
 }
 
-fn allowed(dashboard: &Dashboard, namespace: &str) -> bool {
+pub(crate) fn allowed(dashboard: &Dashboard, namespace: &str) -> bool {
     dashboard.namespace.as_deref().is_none_or(|n| n == namespace)
 }
 
@@ -157,6 +167,7 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
         pods,
         events,
         github_repo: dashboard.github_repo.clone(),
+        actions: dashboard.actions.clone(),
     }))
 }
 

@@ -48,6 +48,8 @@ pub struct ReleaseView {
     pub canary_images: Vec<String>,
     /// `OWNER/REPO` on GitHub: commits and the gate are linked.
     pub github_repo: Option<String>,
+    /// With actions allowed: the token their forms carry.
+    pub actions: Option<String>,
 }
 
 /// Text made safe for HTML, in an element or an attribute.
@@ -142,6 +144,7 @@ pub fn release(view: &ReleaseView) -> String {
         escape(&canary.traffic),
         escape(&canary.message),
     );
+    buttons(&mut out, view);
     timeline(&mut out, view);
     traffic_chart(&mut out, view);
     analysis(&mut out, status);
@@ -150,6 +153,35 @@ pub fn release(view: &ReleaseView) -> String {
     events(&mut out, &view.events);
     out.push_str("</main>");
     out
+}
+
+/// Promote (at a pause that waits for one) and abort (while a release
+/// runs), each naming the release and step this page shows.
+fn buttons(out: &mut String, view: &ReleaseView) {
+    let Some(token) = &view.actions else {
+        return;
+    };
+    let status = &view.status;
+    let running = matches!(status.phase, Phase::Progressing | Phase::Paused | Phase::Promoting);
+    if !running {
+        return;
+    }
+    let step = status.canary_status.as_ref().map_or(0, |c| c.current_step_index);
+    let form = |action: &str, label: &str| {
+        format!(
+            "<form method=post action=\"/rollouts/{}/{}/{action}\" style=\"display:inline\"><input type=hidden name=csrf value=\"{}\"><input type=hidden name=commit value=\"{}\"><input type=hidden name=step value={step}><button id={action}>{label}</button></form> ",
+            escape(&view.namespace),
+            escape(&view.name),
+            escape(token),
+            escape(&status.canary_commit)
+        )
+    };
+    out.push_str("<p id=actions>");
+    if crate::github::gate::waiting_step(&view.spec, status).is_some() {
+        out.push_str(&form("promote", "Promote"));
+    }
+    out.push_str(&form("abort", "Abort"));
+    out.push_str("</p>");
 }
 
 fn timeline(out: &mut String, view: &ReleaseView) {
