@@ -1163,5 +1163,9 @@ async fn get_rollout_watch_on_a_terminal_redraws_each_step_in_place() {
         one.is_some() && two.is_some() && one < two,
         "the screen showed step 1, then step 2: {screen:?}"
     );
+    assert!(
+        redraws.iter().any(|r| r.contains("batch 1: echo-canary-") && r.contains(" ready")),
+        "each batch's pods on the screen: {screen:?}"
+    );
     assert!(redraws.last().is_some_and(|r| r.contains("Healthy")), "{screen:?}");
 }

@@ -325,7 +325,13 @@ pub async fn status(
             let json = serde_json::to_string_pretty(&rollouts).unwrap_or_default() + "\n";
             (json.clone(), json)
         } else {
-            let text = crate::rollout::cli::render(&rollouts, jiff::Timestamp::now());
+            let mut pods = crate::rollout::model::BatchPods::new();
+            for rollout in rollouts.iter().filter(|r| releasing(r)) {
+                let (namespace, name) = key(rollout);
+                let found = crate::dashboard::release_pods(&cluster, rollout).await;
+                pods.insert((namespace.unwrap_or_default(), name.unwrap_or_default()), found);
+            }
+            let text = crate::rollout::cli::render(&rollouts, &pods, jiff::Timestamp::now());
             let changed = crate::rollout::cli::without_clock(&text);
             (text, changed)
         };

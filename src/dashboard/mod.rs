@@ -138,7 +138,7 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
     let workload = &rollout.spec.workload_ref;
     let (stable, canary_name) = (
         workload_value(
-            dashboard,
+            &dashboard.cluster,
             namespace,
             &workload.api_version,
             &workload.kind,
@@ -148,14 +148,14 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
         rollout.spec.strategy.canary.canary_name(&workload.name),
     );
     let canary = workload_value(
-        dashboard,
+        &dashboard.cluster,
         namespace,
         &workload.api_version,
         &workload.kind,
         &canary_name,
     )
     .await;
-    let pods = batch_pods(dashboard, namespace, stable.as_ref(), &status.rollout_id).await;
+    let pods = batch_pods(&dashboard.cluster, namespace, stable.as_ref(), &status.rollout_id).await;
     let events = rollout_events(dashboard, namespace, name).await;
     Ok(Some(ReleaseView {
         namespace: namespace.to_string(),
@@ -172,14 +172,14 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
 }
 
 async fn workload_value(
-    dashboard: &Dashboard,
+    cluster: &Cluster,
     namespace: &str,
     api_version: &str,
     kind: &str,
     name: &str,
 ) -> Option<Value> {
-    let resolved = dashboard.cluster.resolve(api_version, kind).await?;
-    let api: Api<kube::api::DynamicObject> = dashboard.cluster.api(&resolved, Some(namespace));
+    let resolved = cluster.resolve(api_version, kind).await?;
+    let api: Api<kube::api::DynamicObject> = cluster.api(&resolved, Some(namespace));
     let object = api.get_opt(name).await.ok()??;
     serde_json::to_value(object).ok()
 }
@@ -195,14 +195,25 @@ fn images(workload: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The canary pods of a Rollout's running release, by batch.
+pub async fn release_pods(cluster: &Cluster, rollout: &Rollout) -> Vec<BatchPod> {
+    let namespace = rollout.metadata.namespace.clone().unwrap_or_default();
+    let workload = &rollout.spec.workload_ref;
+    let rollout_id = rollout.status.as_ref().map_or("", |s| s.rollout_id.as_str());
+    let stable = workload_value(
+        cluster,
+        &namespace,
+        &workload.api_version,
+        &workload.kind,
+        &workload.name,
+    )
+    .await;
+    batch_pods(cluster, &namespace, stable.as_ref(), rollout_id).await
+}
+
 /// The release's canary pods, by batch: the workload's pods labelled with
 /// the release's id and a batch.
-async fn batch_pods(
-    dashboard: &Dashboard,
-    namespace: &str,
-    workload: Option<&Value>,
-    rollout_id: &str,
-) -> Vec<BatchPod> {
+async fn batch_pods(cluster: &Cluster, namespace: &str, workload: Option<&Value>, rollout_id: &str) -> Vec<BatchPod> {
     if rollout_id.is_empty() {
         return Vec::new();
     }
@@ -217,7 +228,7 @@ async fn batch_pods(
         .unwrap_or_default();
     selector.push(format!("{ROLLOUT_ID_LABEL}={rollout_id}"));
     selector.push(BATCH_ID_LABEL.to_string());
-    let pods: Api<Pod> = Api::namespaced(dashboard.cluster.client.clone(), namespace);
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
     let Ok(list) = pods.list(&ListParams::default().labels(&selector.join(","))).await else {
         return Vec::new();
     };

@@ -16,15 +16,7 @@ pub struct RolloutRow {
     pub created: String,
 }
 
-/// A pod of a batch of the release.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct BatchPod {
-    pub name: String,
-    /// The step whose batch made it (`gitcanary.io/rollout-batch-id`).
-    pub batch: String,
-    pub ready: bool,
-    pub restarts: i32,
-}
+pub use crate::rollout::model::BatchPod;
 
 /// An Event of the Rollout, newest last.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

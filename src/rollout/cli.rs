@@ -138,7 +138,7 @@ pub async fn list(cluster: &Cluster, namespace: Option<&str>, name: Option<&str>
 
 /// What a person reads in `gitcanary status`: phase, step, traffic, pods,
 /// commits, how long in the step and what it waits for.
-pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
+pub fn render(rollouts: &[Rollout], pods: &super::model::BatchPods, now: Timestamp) -> String {
     let mut out = String::new();
     if rollouts.is_empty() {
         out.push_str("no rollouts\n");
@@ -170,6 +170,7 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
                 let index = i as u32 + 1;
                 out.push_str(&step_line(index, step, index == canary.current_step_index));
             }
+            release_lines(&mut out, &status, pods.get(&(namespace.clone(), name.clone())));
         }
         if !status.stable_commit.is_empty() {
             out.push_str(&format!(
@@ -211,6 +212,41 @@ pub fn render(rollouts: &[Rollout], now: Timestamp) -> String {
         }
     }
     out
+}
+
+/// A running release's batches' pods and its analysis runs and hooks.
+fn release_lines(out: &mut String, status: &super::api::RolloutStatus, pods: Option<&Vec<super::model::BatchPod>>) {
+    let mut batches: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
+    for pod in pods.into_iter().flatten() {
+        let restarts = if pod.restarts > 0 {
+            format!(", {} restart(s)", pod.restarts)
+        } else {
+            String::new()
+        };
+        let ready = if pod.ready { "ready" } else { "not ready" };
+        batches
+            .entry(&pod.batch)
+            .or_default()
+            .push(format!("{} {ready}{restarts}", pod.name));
+    }
+    for (batch, pods) in batches {
+        out.push_str(&format!("  batch {batch}: {}\n", pods.join(", ")));
+    }
+    for run in status
+        .analysis_runs
+        .iter()
+        .filter(|r| r.rollout_id == status.rollout_id)
+    {
+        let last = if run.message.is_empty() {
+            String::new()
+        } else {
+            format!("; last: {}", super::api::bounded_line(&run.message, 120))
+        };
+        out.push_str(&format!(
+            "  {} ({}): {} successful, {} failed, {} inconclusive{last}\n",
+            run.name, run.template, run.successful, run.failed, run.inconclusive
+        ));
+    }
 }
 
 /// Whether the release `rollout_id` ended badly: its write-back is a

@@ -193,6 +193,19 @@ pub fn canary_object_names(spec: &RolloutSpec) -> Option<Vec<(&'static str, &'st
     Some(names)
 }
 
+/// A canary pod of a release, by the batch (step) that made it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchPod {
+    pub name: String,
+    /// The step whose batch made it (`gitcanary.io/rollout-batch-id`).
+    pub batch: String,
+    pub ready: bool,
+    pub restarts: i32,
+}
+
+/// The batch pods of releases, by Rollout (namespace, name).
+pub type BatchPods = BTreeMap<(String, String), Vec<BatchPod>>;
+
 /// What the agent wrote to Git for pending write-backs since their
 /// Rollouts' statuses were written, by (namespace, name): the next plan of
 /// each records it in the status (one writer of the status).
