@@ -259,7 +259,7 @@ async fn the_release_page_shows_a_paused_release_follows_a_promote_live_and_abor
         pods.contains("batch 1") && pods.contains("batch 2"),
         "each batch's pods: {pods}"
     );
-    assert!(pods.contains("ready"), "{pods}");
+    assert!(pods.contains("ready") && !pods.contains("not ready"), "{pods}");
     let gate = browser.run("const a=document.querySelector('#gate');return a?a.href:'';");
     let gate = gate.as_str().unwrap_or_default();
     assert!(
@@ -364,6 +364,52 @@ async fn the_release_page_shows_a_paused_release_follows_a_promote_live_and_abor
     })
     .await;
     assert!(aborted.contains("traffic is back on stable"), "{aborted}");
+
+    // A name rebound to 127.0.0.1 gets nothing; a page may not be framed.
+    let rebound = {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).expect("connects");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+            .expect("sent");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    };
+    assert!(rebound.starts_with("HTTP/1.1 421"), "another host's request: {rebound}");
+
+    // The list page: a failed Rollout first, whatever its name (echo is
+    // back on stable once its revert is synced).
+    eventually("3.0 reverted in Git and synced", WAIT, || async {
+        (state().await?.0 == Phase::Healthy).then_some(())
+    })
+    .await;
+    let broken: Rollout = serde_json::from_value(json!({
+        "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "zzz-broken"},
+        "spec": {"workloadRef": {"kind": "Deployment", "name": "gone"}, "strategy": {"canary": {"steps": []}}}
+    }))
+    .expect("a Rollout");
+    rollouts
+        .create(&Default::default(), &broken)
+        .await
+        .expect("a Rollout made by hand");
+    let failed = json!({"status": {"phase": "Failed", "canaryStatus": {
+        "canaryReadyReplicas": 0, "currentStepIndex": 1, "currentStepState": "StepUpgrade", "message": "broken on purpose"
+    }}});
+    rollouts
+        .patch_status(
+            "zzz-broken",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&failed),
+        )
+        .await
+        .expect("its status");
+    browser.open(&url);
+    let first = browser.text("tbody tr");
+    assert!(
+        first.starts_with(&format!("{}/zzz-broken", scenario.ns)) && first.contains("Failed"),
+        "first row: {first}"
+    );
 
     // Nothing a page shows comes from a Secret: the CLI's dashboard's
     // pages, and the agent's (--dashboard-listen).

@@ -1133,7 +1133,7 @@ async fn get_rollout_watch_follows_a_release_to_its_end_and_exits_by_its_outcome
 async fn get_rollout_watch_on_a_terminal_redraws_each_step_in_place() {
     let scenario = Scenario::new("ro-watch-tty").await;
     let strategy =
-        "      steps:\n      - {replicas: 1, pause: {duration: 2}}\n      - {replicas: 2, pause: {duration: 2}}\n";
+        "      steps:\n      - {replicas: 1, pause: {duration: 4}}\n      - {replicas: 2, pause: {duration: 2}}\n";
     let (_agent, cluster) = running_on_1_0(&scenario, strategy).await;
     App::new(&scenario.ns, "2.0", strategy).write(&scenario);
     scenario.repo.commit_and_push("echo 2.0");
@@ -1148,8 +1148,9 @@ async fn get_rollout_watch_on_a_terminal_redraws_each_step_in_place() {
         scenario.ns,
         support::kubeconfig().display()
     );
-    let output = std::process::Command::new("script")
-        .args(["-qefc", &command, "/dev/null"])
+    // Bounded: a release that never ends fails the test, not CI.
+    let output = std::process::Command::new("timeout")
+        .args(["120", "script", "-qefc", &command, "/dev/null"])
         .env("NO_COLOR", "1")
         .output()
         .expect("script runs the watch on a terminal");
@@ -1164,7 +1165,9 @@ async fn get_rollout_watch_on_a_terminal_redraws_each_step_in_place() {
         "the screen showed step 1, then step 2: {screen:?}"
     );
     assert!(
-        redraws.iter().any(|r| r.contains("batch 1: echo-canary-") && r.contains(" ready")),
+        redraws
+            .iter()
+            .any(|r| r.contains("batch 1: echo-canary-") && r.contains(" ready")),
         "each batch's pods on the screen: {screen:?}"
     );
     assert!(redraws.last().is_some_and(|r| r.contains("Healthy")), "{screen:?}");

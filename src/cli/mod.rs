@@ -1,8 +1,10 @@
 //! The subcommands, as the binary runs them: `main.rs` parses the command
 //! line and dispatches here, so tests and the binary run the same code.
 
+mod pages;
 mod run;
 
+pub use pages::dashboard;
 pub use run::{Listen, run_agent, sync_once};
 
 use std::net::SocketAddr;
@@ -571,43 +573,6 @@ pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {
 pub(crate) async fn fetch(source: std::sync::Arc<Source>, cluster: &Cluster) -> Result<crate::source::Revision, Error> {
     source.renderers().set_capabilities(cluster.capabilities().await);
     crate::blocking("fetching", move || source.fetch()).await?
-}
-
-/// `gitcanary dashboard`: serves until stopped; prints its URL once listening.
-pub async fn dashboard(
-    args: &ClusterArgs,
-    listen: &str,
-    namespace: Option<String>,
-    github_repo: Option<String>,
-    allow_actions: bool,
-) -> Result<ExitCode, Error> {
-    use std::io::Write;
-    let actions = match allow_actions {
-        true => Some(crate::dashboard::new_token().map_err(|e| Error::Usage(format!("a token for the forms: {e}")))?),
-        false => None,
-    };
-    if github_repo.as_deref().is_some_and(|r| r.split('/').count() != 2) {
-        return Err(Error::Usage("--github-repo: write OWNER/REPO".into()));
-    }
-    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| Error::Usage(format!("--listen {listen}: {e}")))?;
-    let address = listener
-        .local_addr()
-        .map_err(|e| Error::Usage(format!("--listen {listen}: {e}")))?;
-    println!("dashboard: http://{address}/");
-    let _ = std::io::stdout().flush();
-    let dashboard = crate::dashboard::Dashboard {
-        cluster,
-        namespace,
-        github_repo,
-        actions,
-    };
-    crate::dashboard::serve(listener, std::sync::Arc::new(dashboard))
-        .await
-        .map_err(|e| Error::Usage(format!("the dashboard stopped: {e}")))?;
-    Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) async fn connect(args: &SourceArgs) -> Result<Cluster, Error> {

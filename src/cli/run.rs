@@ -144,6 +144,8 @@ async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs) -> Result<(), Error>
         namespace: None,
         github_repo: args.github_repo.clone(),
         actions: None,
+        loopback: addr.ip().is_loopback(),
+        streams: Arc::new(tokio::sync::Semaphore::new(crate::dashboard::MAX_STREAMS)),
     };
     let bound = crate::server::serve(addr, crate::dashboard::router(Arc::new(dashboard)))
         .await

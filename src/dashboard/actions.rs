@@ -56,7 +56,7 @@ pub async fn act(
     let Some(token) = dashboard.actions.as_deref() else {
         return (StatusCode::NOT_FOUND, "this dashboard is read-only").into_response();
     };
-    if !super::allowed(&dashboard, &namespace) {
+    if !super::allowed(&dashboard, &namespace, &name) {
         return StatusCode::NOT_FOUND.into_response();
     }
     if !same(&decision.csrf, token) || !same_origin(&headers) {
@@ -85,7 +85,7 @@ pub async fn act(
                 page::escape(&error.to_string()),
                 page::escape(&page_url)
             );
-            (StatusCode::CONFLICT, Html(page::document("refused", &main, None))).into_response()
+            (StatusCode::CONFLICT, Html(page::document("refused", &main, false))).into_response()
         }
     }
 }

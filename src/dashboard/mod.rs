@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams};
@@ -44,20 +44,91 @@ pub struct Dashboard {
     pub github_repo: Option<String>,
     /// With `--allow-actions`: the token the pages' forms carry.
     pub actions: Option<String>,
+    /// Listening on a loopback address: only requests naming a loopback
+    /// host are served, so a name rebound to 127.0.0.1 reads nothing.
+    pub loopback: bool,
+    /// Live pages open at once.
+    pub streams: Arc<tokio::sync::Semaphore>,
 }
 
+/// Live pages open at once at most: each holds two watches.
+pub const MAX_STREAMS: usize = 32;
+
 type Shared = Arc<Dashboard>;
+
+/// Whether a `Host` header names this machine's loopback.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default(),
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1")
+}
+
+/// Refuses a request for another host (DNS rebinding) on a loopback
+/// listener; no page may be framed by another site, nor run a script
+/// but its own.
+async fn guard(
+    State(dashboard): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    if dashboard.loopback && !host.is_some_and(loopback_host) {
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard answers for localhost only",
+        )
+            .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert("x-frame-options", axum::http::HeaderValue::from_static("DENY"));
+    headers.insert(
+        "content-security-policy",
+        axum::http::HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    response
+}
+
+/// A namespace and name as Kubernetes spells them (DNS-1123): nothing
+/// else reaches the API server or a page.
+fn valid_names(namespace: &str, name: &str) -> bool {
+    let label = |s: &str, max: usize| {
+        (1..=max).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && !s.starts_with(['-', '.'])
+            && !s.ends_with(['-', '.'])
+    };
+    label(namespace, 63) && !namespace.contains('.') && label(name, 253)
+}
 
 /// The dashboard's routes.
 pub fn router(dashboard: Shared) -> Router {
     Router::new()
         .route("/", get(list_page))
+        .route(
+            "/live.js",
+            get(|| async {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "text/javascript")],
+                    page::LIVE_SCRIPT,
+                )
+            }),
+        )
         .route("/rollouts/{namespace}/{name}", get(release_page))
         .route("/rollouts/{namespace}/{name}/live", get(live))
         .route(
             "/rollouts/{namespace}/{name}/{action}",
             axum::routing::post(actions::act),
         )
+        .layer(axum::middleware::from_fn_with_state(dashboard.clone(), guard))
         .with_state(dashboard)
 }
 
@@ -74,7 +145,7 @@ fn failed(what: &str, error: impl std::fmt::Display) -> Response {
             page::escape(what),
             page::escape(&error.to_string())
         ),
-        None,
+        false,
     );
     (StatusCode::BAD_GATEWAY, Html(body)).into_response()
 }
@@ -103,22 +174,22 @@ async fn list_page(State(dashboard): State<Shared>) -> Response {
             status: r.status.unwrap_or_default(),
         })
         .collect();
-    Html(page::document("Rollouts", &page::list(&rows), None)).into_response()
+    Html(page::document("Rollouts", &page::list(&rows), false)).into_response()
 }
 
-pub(crate) fn allowed(dashboard: &Dashboard, namespace: &str) -> bool {
-    dashboard.namespace.as_deref().is_none_or(|n| n == namespace)
+/// A Rollout this dashboard may show: well named, in its namespace.
+pub(crate) fn allowed(dashboard: &Dashboard, namespace: &str, name: &str) -> bool {
+    valid_names(namespace, name) && dashboard.namespace.as_deref().is_none_or(|n| n == namespace)
 }
 
 async fn release_page(State(dashboard): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> Response {
-    if !allowed(&dashboard, &namespace) {
-        return (StatusCode::NOT_FOUND, "not a namespace this dashboard shows").into_response();
+    if !allowed(&dashboard, &namespace, &name) {
+        return (StatusCode::NOT_FOUND, "not a Rollout this dashboard shows").into_response();
     }
     match view(&dashboard, &namespace, &name).await {
         Ok(Some(view)) => {
-            let live = format!("/rollouts/{namespace}/{name}/live");
             let title = format!("{namespace}/{name}");
-            Html(page::document(&title, &page::release(&view), Some(&live))).into_response()
+            Html(page::document(&title, &page::release(&view), true)).into_response()
         }
         Ok(None) => (StatusCode::NOT_FOUND, "no such Rollout").into_response(),
         Err(error) => failed("reading the Rollout", error),
@@ -287,45 +358,103 @@ async fn rollout_events(dashboard: &Dashboard, namespace: &str, name: &str) -> V
 
 /// Newer renderings of a release page, each sent when a watch of the
 /// Rollout or of its namespace's batch pods saw a change and the page
-/// reads differently.
+/// reads differently; a burst of changes is rendered once.
 async fn live(State(dashboard): State<Shared>, Path((namespace, name)): Path<(String, String)>) -> Response {
-    if !allowed(&dashboard, &namespace) {
+    if !allowed(&dashboard, &namespace, &name) {
         return StatusCode::NOT_FOUND.into_response();
     }
-    Sse::new(renderings(dashboard, namespace, name))
+    let Ok(permit) = dashboard.streams.clone().try_acquire_owned() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "too many live pages open").into_response();
+    };
+    // One that cannot be read (absent, or RBAC says no) gets no watches.
+    if !matches!(view(&dashboard, &namespace, &name).await, Ok(Some(_))) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    Sse::new(renderings(dashboard, namespace, name, permit))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
 
-fn renderings(dashboard: Shared, namespace: String, name: String) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+/// Changes after one are gathered this long before the page is rendered.
+const SETTLE: Duration = Duration::from_millis(100);
+
+fn renderings(
+    dashboard: Shared,
+    namespace: String,
+    name: String,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    use kube::runtime::WatchStreamExt;
     let client = dashboard.cluster.client.clone();
     let rollouts = watcher(
         Api::<Rollout>::namespaced(client.clone(), &namespace),
         watcher::Config::default().fields(&format!("metadata.name={name}")),
     )
+    .default_backoff()
     .map(|_| ());
     let pods = watcher(
         Api::<Pod>::namespaced(client, &namespace),
         watcher::Config::default().labels(BATCH_ID_LABEL),
     )
+    .default_backoff()
     .map(|_| ());
-    let changes = futures::stream::select(rollouts, pods);
-    let mut last = String::new();
-    changes
-        .then(move |()| {
+    let changes = futures::stream::select(rollouts, pods).boxed();
+    futures::stream::unfold(
+        (changes, String::new(), permit),
+        move |(mut changes, mut last, permit)| {
             let (dashboard, namespace, name) = (dashboard.clone(), namespace.clone(), name.clone());
             async move {
-                match view(&dashboard, &namespace, &name).await {
-                    Ok(Some(view)) => Some(page::release(&view)),
-                    _ => None,
+                loop {
+                    changes.next().await?;
+                    tokio::time::sleep(SETTLE).await;
+                    while let Some(Some(())) = changes.next().now_or_never() {}
+                    let Ok(Some(view)) = view(&dashboard, &namespace, &name).await else {
+                        continue;
+                    };
+                    let rendering = page::release(&view);
+                    if rendering != last {
+                        last = rendering.clone();
+                        let event = SseEvent::default().event("page").data(rendering);
+                        return Some((Ok(event), (changes, last, permit)));
+                    }
                 }
             }
-        })
-        .filter_map(move |rendering| {
-            let fresh = rendering.filter(|r| *r != last);
-            if let Some(r) = &fresh {
-                last = r.clone();
-            }
-            futures::future::ready(fresh.map(|r| Ok(SseEvent::default().event("page").data(r))))
-        })
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_dashboard_answers_for_loopback_names_only() {
+        for host in ["localhost:8080", "127.0.0.1:8080", "[::1]:8080", "localhost"] {
+            assert!(loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example:80",
+            "",
+        ] {
+            assert!(!loopback_host(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn only_kubernetes_names_reach_the_api_server_or_a_page() {
+        assert!(valid_names("shop", "web"));
+        assert!(valid_names("shop", "web.v2"));
+        for (namespace, name) in [
+            ("shop", "web#</script><script>alert(1)</script>"),
+            ("shop", "Web"),
+            ("sh.op", "web"),
+            ("", "web"),
+            ("shop", "-web"),
+            ("shop", "web/x"),
+        ] {
+            assert!(!valid_names(namespace, name), "{namespace}/{name}");
+        }
+    }
 }

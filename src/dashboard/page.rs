@@ -64,13 +64,14 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:0 auto;max-wid
 table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid #999;padding:.3rem;text-align:left;vertical-align:top}\
 .table{overflow-x:auto}svg{max-width:100%;height:auto}#traffic-chart{max-width:32rem}.problem{font-weight:bold}code{word-break:break-all}";
 
-/// A whole page around `main`; `live` names the stream of newer renderings.
-pub fn document(title: &str, main: &str, live: Option<&str>) -> String {
-    let script = live.map_or(String::new(), |url| {
-        format!(
-            "<script>const live=new EventSource({url:?});live.addEventListener('page',e=>{{document.querySelector('main').outerHTML=e.data;}});</script>"
-        )
-    });
+/// The page's one script (served as `/live.js`, so the pages' policy
+/// runs no inline script): newer renderings come from the page's own
+/// address + `/live` and take the place of its `main`.
+pub const LIVE_SCRIPT: &str = "new EventSource(location.pathname+'/live').addEventListener('page',e=>{document.querySelector('main').outerHTML=e.data;});\n";
+
+/// A whole page around `main`, followed live when `live`.
+pub fn document(title: &str, main: &str, live: bool) -> String {
+    let script = if live { "<script src=/live.js></script>" } else { "" };
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{STYLE}</style></head><body>{main}{script}</body></html>",
         escape(title)
@@ -425,7 +426,7 @@ mod tests {
         assert!(!page.contains("<script>alert"), "{page}");
         assert!(!page.contains("<img"), "{page}");
         assert!(page.contains("&lt;script&gt;"));
-        let title = document("<x>", "", Some("/live"));
+        let title = document("<x>", "", true);
         assert!(title.contains("<title>&lt;x&gt;</title>"));
     }
 }

@@ -48,6 +48,30 @@ pub async fn send_signal_token(
     by: &str,
     decided_on: Option<DecidedOn<'_>>,
 ) -> Result<()> {
+    // The signal is written only onto the Rollout as it was checked: when
+    // the agent moved it on meanwhile, it is read and checked again.
+    for _ in 0..5 {
+        match send_if_unchanged(cluster, namespace, name, signal, by, decided_on).await {
+            Err(Error::Kube { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 409) => {
+                continue;
+            }
+            done => return done,
+        }
+    }
+    Err(Error::Usage(format!(
+        "rollout {namespace}/{name} kept changing while the {} was sent; nothing was sent, try again",
+        signal.verb()
+    )))
+}
+
+async fn send_if_unchanged(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    signal: Signal,
+    by: &str,
+    decided_on: Option<DecidedOn<'_>>,
+) -> Result<()> {
     let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     let rollout = api
         .get(name)
@@ -70,15 +94,14 @@ pub async fn send_signal_token(
             )));
         }
     }
-    annotate(
-        cluster,
-        namespace,
-        name,
-        annotation_of(signal),
-        &signal::token(&release, by),
-    )
-    .await
-    .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
+    let patch = json!({"metadata": {
+        "resourceVersion": rollout.metadata.resource_version,
+        "annotations": {annotation_of(signal): signal::token(&release, by)},
+    }});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))?;
+    Ok(())
 }
 
 /// Records the last pull-request comment whose command was handled, so that

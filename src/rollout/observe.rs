@@ -342,13 +342,7 @@ async fn measure_due(
     let mut measurements = Vec::new();
     for (run, template) in analysis::due_runs(spec, status, now) {
         if super::jobs::job_of(template).is_some() {
-            measurements.extend(super::jobs::measurement(
-                spec,
-                status,
-                (&run, template),
-                canary_live,
-                &bindings,
-            ));
+            measurements.extend(super::jobs::measurement(spec, status, (&run, template), canary_live));
             continue;
         }
         let mut measurement = super::prometheus::measure(&run, template, &servers, &bindings).await;
