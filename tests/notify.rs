@@ -347,14 +347,18 @@ async fn hooks_are_called_in_order_a_failing_pre_promote_reverts_and_receivers_h
             })
             .collect()
     };
-    let called = eventually("2.0's hooks, to its postRelease", WAIT, || async {
-        let called = hooks_of(id);
-        called
-            .iter()
-            .any(|(hook, _)| hook.starts_with("postRelease"))
-            .then_some(called)
-    })
-    .await;
+    // A release's hook calls, once its postRelease was told.
+    let to_the_end = |id: String| async move {
+        eventually("a release's hooks, to its postRelease", WAIT, || async {
+            let called = hooks_of(&id);
+            called
+                .iter()
+                .any(|(hook, _)| hook.starts_with("postRelease"))
+                .then_some(called)
+        })
+        .await
+    };
+    let called = to_the_end(id.to_string()).await;
     let names: Vec<&str> = called.iter().map(|(hook, _)| hook.as_str()).collect();
     assert_eq!(
         names,
@@ -401,14 +405,7 @@ async fn hooks_are_called_in_order_a_failing_pre_promote_reverts_and_receivers_h
         !revert.contains(&address.to_string()),
         "the endpoint stays out of Git: {revert}"
     );
-    let called = eventually("3.0's postRelease", WAIT, || async {
-        let called = hooks_of(&three[..7]);
-        called
-            .iter()
-            .any(|(hook, _)| hook.starts_with("postRelease"))
-            .then_some(called)
-    })
-    .await;
+    let called = to_the_end(three[..7].to_string()).await;
     let names: Vec<&str> = called.iter().map(|(hook, _)| hook.as_str()).collect();
     assert_eq!(
         names,
