@@ -557,8 +557,13 @@ async fn a_rate_limited_github_is_left_alone_until_its_reset() {
     let fake = GitHubFake::start().await;
     fake.carry("abc123", 5);
     let metrics = std::sync::Arc::new(gitcanary::telemetry::Metrics::default());
-    let github =
-        gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone()).expect("client");
+    let github = gitcanary::github::GitHub::new(
+        &fake.url,
+        gitcanary::github::Credentials::Token("ghp_test_token".into()),
+        "acme/apps",
+        metrics.clone(),
+    )
+    .expect("client");
     fake.rate_limit_next(1);
     let refused = github.carried_by("abc123").await.expect_err("rate limited");
     assert!(refused.to_string().contains("rate limit"), "{refused}");
@@ -586,8 +591,13 @@ async fn the_client_leaves_the_tokens_reserve_to_its_other_users_until_the_reset
     }
     fake.set_quota(5000, 12);
     let metrics = std::sync::Arc::new(gitcanary::telemetry::Metrics::default());
-    let mut github =
-        gitcanary::github::GitHub::new(&fake.url, "ghp_test_token", "acme/apps", metrics.clone()).expect("client");
+    let mut github = gitcanary::github::GitHub::new(
+        &fake.url,
+        gitcanary::github::Credentials::Token("ghp_test_token".into()),
+        "acme/apps",
+        metrics.clone(),
+    )
+    .expect("client");
     github.reserve = 10;
     github.carried_by("a1").await.expect("11 left after this one");
     // A conditional request answered 304 spends nothing, and is not stopped.
@@ -971,4 +981,309 @@ async fn a_gate_left_open_is_looked_at_less_and_less_often() {
     // answered 304, which GitHub does not count.
     assert!(counted <= 3, "in 50 s: {seen}");
     assert!(free >= looks * 6, "in 50 s: {seen}");
+}
+
+/// Signed in as a GitHub App: the agent finds its installation, mints
+/// tokens from the App's key and mints a new one before each expires (no
+/// request is refused for an expired one), reports as the App's bot, and
+/// never obeys a command the bot itself wrote.
+#[tokio::test]
+async fn a_github_app_signs_in_with_installation_tokens_renewed_before_they_expire() {
+    let scenario = Scenario::new("gh-app").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.install_app(support::github::FakeApp {
+        id: 4242,
+        slug: "gitcanary-test".into(),
+        public_pem: include_bytes!("support/github-app.test-key.pub.pem").to_vec(),
+        installation: 77,
+        // octocrab renews 30 s before expiry: a token lasts 10 s here.
+        token_lifetime: 40,
+    });
+    fake.grant("alice", "write");
+    fake.grant("gitcanary-test[bot]", "write");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let key = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/github-app.test-key.pem");
+    let args = [
+        "--github-url",
+        fake.url.as_str(),
+        "--github-repo",
+        "acme/apps",
+        "--github-app-id",
+        "4242",
+        "--github-app-key-file",
+        key,
+        "--github-poll",
+        "1",
+        "--github-poll-max",
+        "3",
+    ];
+    let _agent =
+        support::agent::AgentProcess::start_with(&scenario.repo, &scenario.ns, scenario.cache.path(), &args, &[]);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let comment = eventually("the release comment, by the App's bot", WAIT, || async {
+        fake.comments_on(7)
+            .into_iter()
+            .find(|(_, _, body)| body.contains("Waiting for promote"))
+    })
+    .await;
+    assert_eq!(comment.1, "gitcanary-test[bot]", "{comment:?}");
+    assert!(
+        fake.count("GET", "/repos/acme/apps/installation") >= 1,
+        "the installation was found"
+    );
+
+    // The bot's own words are never a command, though the bot may write.
+    fake.comment(7, "gitcanary-test[bot]", "/gitcanary promote");
+    comments_read(&fake, 7, 2).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    assert!(
+        !fake
+            .comments_on(7)
+            .iter()
+            .any(|(_, _, b)| b.starts_with("@gitcanary-test[bot]")),
+        "not even answered"
+    );
+
+    // Looking at the gate every 1 to 3 s outlives several tokens.
+    eventually("a third installation token", WAIT, || async {
+        (fake.installation_tokens() >= 3).then_some(())
+    })
+    .await;
+    fake.comment(7, "alice", "/gitcanary promote");
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    eventually("the success status, set by the App", WAIT, || async {
+        fake.statuses_for(&commit)
+            .iter()
+            .any(|(state, _, _)| state == "success")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(fake.bad_credentials(), 0, "no request went out with an expired token");
+    assert_eq!(fake.count("GET", "/user"), 0, "an installation is not a user");
+}
+
+/// Branch protection decides the gate's merge, as on GitHub: a writer's
+/// approval is not enough while CODEOWNERS names another owner of the
+/// gate file, nor the owner's while a required check is missing; the gate
+/// stays closed and says why, and merges once GitHub's rules are met.
+#[tokio::test]
+async fn branch_protection_holds_the_gate_until_a_code_owner_approves_and_its_checks_pass() {
+    let scenario = Scenario::new("gh-protect").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    fake.grant("olivia", "write");
+    fake.protect(support::github::Protection {
+        required_approvals: 1,
+        dismiss_stale_reviews: true,
+        require_code_owner_reviews: true,
+        required_checks: vec!["ci/gate".into()],
+        enforce_admins: true,
+    });
+    scenario
+        .repo
+        .write(".github/CODEOWNERS", "* @alice\n/.gitcanary/ @olivia\n");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = github_agent(&scenario, &fake.url);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let gate = promotion_pull(&fake, 1).await;
+    let said = |needle: &'static str| {
+        let fake = fake.clone();
+        async move {
+            eventually(&format!("the gate says {needle:?}"), WAIT, || async {
+                fake.comments_on(gate.number)
+                    .iter()
+                    .any(|(_, _, b)| b.contains("GitHub refused the merge") && b.contains(needle))
+                    .then_some(())
+            })
+            .await
+        }
+    };
+
+    fake.review(gate.number, "alice", "APPROVED");
+    said("Waiting on code owner review from olivia").await;
+    fake.review(gate.number, "olivia", "APPROVED");
+    said("Required status check").await;
+    reviews_read(&fake, gate.number, 1).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    assert!(
+        !fake
+            .pulls()
+            .iter()
+            .any(|p| p.number == gate.number && p.merged_by.is_some())
+    );
+
+    let head = scenario.git(&["rev-parse", &gate.head]);
+    fake.post_status(head.trim(), "ci/gate", "success");
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    let merged = fake
+        .pulls()
+        .into_iter()
+        .find(|p| p.number == gate.number)
+        .expect("the gate");
+    assert_eq!(merged.merged_by.as_deref(), Some("gitcanary[bot]"));
+}
+
+fn pull_with_reviews(reviews: &[(&str, &str, &str)]) -> FakePull {
+    let mut pull = GitHubFake::blank_pull(9, "gitcanary/promote/x", "main");
+    pull.reviews = reviews
+        .iter()
+        .enumerate()
+        .map(|(i, (user, state, commit))| (i as u64, user.to_string(), state.to_string(), commit.to_string()))
+        .collect();
+    pull
+}
+
+/// The fake's merge rule is GitHub's; each case fails when its rule goes.
+#[test]
+fn the_fakes_branch_protection_is_githubs() {
+    use support::github::{Data, Protection, merge_refusal};
+    let mut data = Data::default();
+    for (user, permission) in [
+        ("alice", "write"),
+        ("bob", "write"),
+        ("olivia", "write"),
+        ("root", "admin"),
+    ] {
+        data.permissions.insert(user.into(), permission.into());
+    }
+    data.permissions.insert("reader".into(), "read".into());
+    data.protection = Protection {
+        required_approvals: 2,
+        dismiss_stale_reviews: true,
+        ..Protection::default()
+    };
+    let refused = |data: &Data, reviews: &[(&str, &str, &str)], merger: &str| {
+        merge_refusal(
+            data,
+            &pull_with_reviews(reviews),
+            merger,
+            "head",
+            &["app/a.yaml".to_string()],
+            &[],
+        )
+    };
+    // Two writers on the head commit pass; a reader's approval never counts.
+    assert_eq!(
+        refused(
+            &data,
+            &[("alice", "APPROVED", "head"), ("bob", "APPROVED", "head")],
+            "alice"
+        ),
+        None
+    );
+    assert!(
+        refused(
+            &data,
+            &[("alice", "APPROVED", "head"), ("reader", "APPROVED", "head")],
+            "alice"
+        )
+        .is_some()
+    );
+    // One person's two approvals are one: the latest review of each counts.
+    assert!(
+        refused(
+            &data,
+            &[("alice", "APPROVED", "head"), ("alice", "APPROVED", "head")],
+            "alice"
+        )
+        .is_some()
+    );
+    // A later "changes requested" undoes an approval; a later comment does not.
+    let undone = [
+        ("alice", "APPROVED", "head"),
+        ("bob", "APPROVED", "head"),
+        ("bob", "CHANGES_REQUESTED", "head"),
+    ];
+    assert!(refused(&data, &undone, "alice").is_some());
+    let commented = [
+        ("alice", "APPROVED", "head"),
+        ("bob", "APPROVED", "head"),
+        ("bob", "COMMENTED", "head"),
+    ];
+    assert_eq!(refused(&data, &commented, "alice"), None);
+    // An approval of an earlier head is dismissed, unless the branch keeps them.
+    let stale = [("alice", "APPROVED", "old"), ("bob", "APPROVED", "head")];
+    assert!(refused(&data, &stale, "alice").is_some());
+    data.protection.dismiss_stale_reviews = false;
+    assert_eq!(refused(&data, &stale, "alice"), None);
+    // An admin bypasses the rules unless they are enforced on admins.
+    assert_eq!(refused(&data, &[], "root"), None);
+    data.protection.enforce_admins = true;
+    assert!(refused(&data, &[], "root").is_some());
+
+    // Code owners: the last matching line owns a path.
+    data.protection = Protection {
+        required_approvals: 1,
+        require_code_owner_reviews: true,
+        ..Protection::default()
+    };
+    let owners = vec![
+        ("*".to_string(), vec!["alice".to_string()]),
+        ("/.gitcanary/".to_string(), vec!["olivia".to_string()]),
+    ];
+    let gate_file = [".gitcanary/gates/ns/echo.yaml".to_string()];
+    let by = |reviewer: &str| {
+        merge_refusal(
+            &data,
+            &pull_with_reviews(&[(reviewer, "APPROVED", "head")]),
+            "bob",
+            "head",
+            &gate_file,
+            &owners,
+        )
+    };
+    assert_eq!(
+        by("alice").as_deref(),
+        Some("Waiting on code owner review from olivia.")
+    );
+    assert_eq!(by("olivia"), None);
+
+    // Required checks: the latest status of each context on the head.
+    data.protection = Protection {
+        required_checks: vec!["ci".into()],
+        ..Protection::default()
+    };
+    let merge = |data: &Data| merge_refusal(data, &pull_with_reviews(&[]), "bob", "head", &[], &[]);
+    assert!(merge(&data).is_some());
+    data.statuses
+        .push(("head".into(), "success".into(), "ci".into(), String::new()));
+    assert_eq!(merge(&data), None);
+    data.statuses
+        .push(("head".into(), "failure".into(), "ci".into(), String::new()));
+    assert!(merge(&data).is_some());
+    data.statuses
+        .push(("old".into(), "success".into(), "ci".into(), String::new()));
+    assert!(merge(&data).is_some(), "a check of another commit is not this one's");
+}
+
+#[test]
+fn codeowners_patterns_match_as_gitignore_does() {
+    use support::github::codeowners_match as owns;
+    assert!(owns("*", "a/b/c.yaml"));
+    assert!(owns("*.yaml", "a/b/c.yaml"));
+    assert!(!owns("*.yaml", "a/b/c.json"));
+    assert!(owns("/.gitcanary/", ".gitcanary/gates/x.yaml"));
+    assert!(!owns("/.gitcanary/", "apps/.gitcanary/x.yaml"), "anchored at the root");
+    assert!(owns("gates/", "deep/gates/x.yaml"), "unanchored: at any depth");
+    assert!(owns("apps/web", "apps/web/deploy.yaml"), "a directory's contents");
+    assert!(
+        !owns("apps/web", "other/apps/web/deploy.yaml"),
+        "an inner slash anchors"
+    );
+    assert!(owns("apps/*/rollout.yaml", "apps/web/rollout.yaml"));
+    assert!(
+        !owns("apps/*/rollout.yaml", "apps/web/x/rollout.yaml"),
+        "* stays in a segment"
+    );
+    assert!(owns("apps/**/rollout.yaml", "apps/web/x/rollout.yaml"));
 }

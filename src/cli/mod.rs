@@ -1,6 +1,7 @@
 //! The subcommands, as the binary runs them: `main.rs` parses the command
 //! line and dispatches here, so tests and the binary run the same code.
 
+mod github;
 mod pages;
 mod run;
 
@@ -20,6 +21,7 @@ use crate::rollout::cli::{Signal, send_signal};
 use crate::source::{Credentials, Source};
 use crate::sync::SyncOptions;
 use crate::{Error, manifest};
+pub use github::GitHubArgs;
 
 /// Where manifests may put objects.
 #[derive(Args, Clone)]
@@ -198,30 +200,8 @@ pub struct SyncArgs {
     /// by a key it lists for --git-author's email.
     #[arg(long, env = "GITCANARY_VERIFY_STATUS_SIGNERS")]
     pub verify_status_signers: Option<PathBuf>,
-    /// GitHub API URL (GitHub Enterprise: https://HOST/api/v3).
-    #[arg(long, env = "GITCANARY_GITHUB_URL", default_value = "https://api.github.com")]
-    pub github_url: String,
-    /// The repository on GitHub, owner/name; with GITCANARY_GITHUB_TOKEN (or _FILE) it turns on
-    /// pull-request comments, commit statuses and /gitcanary commands.
-    #[arg(long, env = "GITCANARY_GITHUB_REPO")]
-    pub github_repo: Option<String>,
-    /// Seconds between looks for `/gitcanary` commands and approvals while a
-    /// release waits at a pause with GitHub on; doubled after each look that
-    /// finds the release where it was, up to --github-poll-max. GitHub's
-    /// webhook events (issue_comment, pull_request_review, pull_request) are
-    /// acted on at once; this poll only catches a missed one.
-    #[arg(long, default_value_t = 15)]
-    pub github_poll: u64,
-    /// The longest wait between two such looks, in seconds.
-    #[arg(long, default_value_t = 120)]
-    pub github_poll_max: u64,
-    /// GitHub requests of each rate-limit window (5,000 an hour for a
-    /// token) left to the token's other users: once an answer says no more
-    /// remain, the agent makes no GitHub call until the window resets.
-    /// Releases go on; commands and approvals wait for the reset (or come
-    /// through `gitcanary promote`).
-    #[arg(long, default_value_t = 500)]
-    pub github_reserve: u64,
+    #[command(flatten)]
+    pub github: GitHubArgs,
     /// A receiver of release events (started, step passed, waiting for a
     /// promote, promoted, failed, aborted): `NAME=slack:URL`,
     /// `NAME=teams:URL` or `NAME=webhook:URL`, the URL or `@FILE` holding it
@@ -238,15 +218,6 @@ pub struct SyncArgs {
     /// are signed with (HMAC-SHA256, `X-Gitcanary-Signature-256`).
     #[arg(long = "notify-secret", value_name = "NAME=FILE")]
     pub notify_secret: Vec<String>,
-    /// Let the author of a change approve its own promotion pull request
-    /// (GitHub's own rule forbids it; off by default).
-    #[arg(long)]
-    pub gate_allow_self_approval: bool,
-    /// Bot accounts whose approvals, merges and commands pass a gate
-    /// (repeatable or comma-separated, e.g. --github-bot release-bot[bot]);
-    /// no other bot's count, and a bot never passes its own commits.
-    #[arg(long = "github-bot", visible_alias = "gate-bots", value_delimiter = ',')]
-    pub gate_bots: Vec<String>,
 }
 
 #[derive(Args)]

@@ -11,7 +11,6 @@ use super::{LeaderArgs, SourceArgs, SyncArgs, connect, open_source, options};
 use crate::Error;
 use crate::agent::{Agent, trigger_channel};
 use crate::cluster::ensure_namespace;
-use crate::github::GitHub;
 use crate::identity::signing::{Signer, Verifier};
 use crate::lease::{Leadership, LeaseConfig};
 use crate::report::{WritebackConfig, write_back};
@@ -142,7 +141,7 @@ async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs) -> Result<(), Error>
     let dashboard = crate::dashboard::Dashboard {
         cluster: super::connect(&args.source).await?,
         namespace: None,
-        github_repo: args.github_repo.clone(),
+        github_repo: args.github.github_repo.clone(),
         actions: None,
         loopback: addr.ip().is_loopback(),
         streams: Arc::new(tokio::sync::Semaphore::new(crate::dashboard::MAX_STREAMS)),
@@ -194,12 +193,12 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         options,
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
         command_poll: crate::agent::CommandPoll::new(
-            Duration::from_secs(args.github_poll.max(1)),
-            Duration::from_secs(args.github_poll_max.max(args.github_poll).max(1)),
+            Duration::from_secs(args.github.github_poll.max(1)),
+            Duration::from_secs(args.github.github_poll_max.max(args.github.github_poll).max(1)),
         ),
         ready,
         writeback: writeback.clone(),
-        github: github_client(&args, metrics.clone())?.map(Arc::new),
+        github: super::github::github_client(&args.github, metrics.clone())?.map(Arc::new),
         notifier: notifier(&args, metrics.clone())?.map(Arc::new),
         metrics,
         loaded: std::sync::Mutex::default(),
@@ -284,37 +283,6 @@ async fn terminate() {
             signal.recv().await;
         }
         Err(_) => std::future::pending().await,
-    }
-}
-
-fn github_client(args: &SyncArgs, metrics: Arc<crate::telemetry::Metrics>) -> Result<Option<GitHub>, Error> {
-    let Some(repo) = &args.github_repo else { return Ok(None) };
-    let token = match std::env::var("GITCANARY_GITHUB_TOKEN") {
-        Ok(token) => Some(token),
-        Err(_) => match std::env::var("GITCANARY_GITHUB_TOKEN_FILE") {
-            Ok(path) => Some(
-                std::fs::read_to_string(&path)
-                    .map_err(|source| Error::Read { path, source })?
-                    .trim_end()
-                    .to_string(),
-            ),
-            Err(_) => None,
-        },
-    };
-    match token {
-        Some(token) => {
-            let mut github = GitHub::new(&args.github_url, &token, repo, metrics)?;
-            github.reserve = args.github_reserve;
-            github.gate_policy = crate::github::GatePolicy {
-                allow_self_approval: args.gate_allow_self_approval,
-                bots: args.gate_bots.clone(),
-            };
-            Ok(Some(github))
-        }
-        None => {
-            tracing::warn!("--github-repo is set but no GITCANARY_GITHUB_TOKEN: GitHub reporting is off");
-            Ok(None)
-        }
     }
 }
 

@@ -19,6 +19,8 @@ pub use answers::{is_edited, is_writer, release_people};
 use budget::now_epoch;
 pub use budget::rate_limit_wait;
 pub use comment::{commit_status, defang, escape_inline, is_reportable, marker, parse_command, render_comment};
+pub use session::Credentials;
+use session::Session;
 
 mod answers;
 mod budget;
@@ -26,9 +28,10 @@ mod comment;
 mod etags;
 pub mod gate;
 pub mod judge;
+mod session;
 
 pub struct GitHub {
-    client: Octocrab,
+    session: Session,
     /// Where the API is; pagination links elsewhere are not followed.
     base: http::Uri,
     owner: String,
@@ -127,29 +130,26 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl GitHub {
     /// `repository` is `owner/name`; `base_url` is `https://api.github.com` or an Enterprise or test URL.
-    pub fn new(base_url: &str, token: &str, repository: &str, metrics: Arc<Metrics>) -> Result<GitHub> {
+    pub fn new(base_url: &str, credentials: Credentials, repository: &str, metrics: Arc<Metrics>) -> Result<GitHub> {
         let (owner, repo) = repository
             .split_once('/')
             .ok_or_else(|| Error::Usage(format!("--github-repo {repository:?} is not owner/name")))?;
-        let setup = |e: octocrab::Error| Error::GitHub {
-            context: "client".into(),
-            status: None,
-            message: e.to_string(),
-        };
-        let client = Octocrab::builder()
+        let builder = Octocrab::builder()
             .base_uri(base_url)
-            .map_err(setup)?
-            .personal_token(token.to_string())
+            .map_err(|e| Error::GitHub {
+                context: "client".into(),
+                status: None,
+                message: e.to_string(),
+            })?
             .set_connect_timeout(Some(CONNECT_TIMEOUT))
             .set_read_timeout(Some(REQUEST_TIMEOUT))
-            .set_write_timeout(Some(REQUEST_TIMEOUT))
-            .build()
-            .map_err(setup)?;
+            .set_write_timeout(Some(REQUEST_TIMEOUT));
+        let session = Session::new(builder, credentials)?;
         let base = base_url
             .parse()
             .map_err(|e: http::uri::InvalidUri| Error::Usage(format!("--github-url: {e}")))?;
         Ok(GitHub {
-            client,
+            session,
             base,
             owner: owner.to_string(),
             repo: repo.to_string(),
@@ -176,6 +176,9 @@ impl GitHub {
         let login = self
             .login
             .get_or_try_init(|| async {
+                if let Some(login) = self.session.app_login().await {
+                    return login;
+                }
                 let (me, _) = self
                     .request(Method::GET, "/user".to_string(), None, "the token's account")
                     .await?;
@@ -267,6 +270,10 @@ impl GitHub {
             let wait = until.saturating_duration_since(Instant::now()).as_secs();
             return Err(error(None, format!("rate limited ({why}); {wait} s more")));
         }
+        let client = self.session.client(&self.owner, &self.repo).await.inspect_err(|_| {
+            self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.github_calls.add(&endpoint, "error");
+        })?;
         let get = method == Method::GET;
         let remembered = get.then(|| self.etags.remembered(&uri)).flatten();
         let sent = match method {
@@ -278,12 +285,12 @@ impl GitHub {
                 {
                     headers.insert(http::header::IF_NONE_MATCH, value);
                 }
-                self.client._get_with_headers(uri.as_str(), Some(headers)).await
+                client._get_with_headers(uri.as_str(), Some(headers)).await
             }
-            Method::POST => self.client._post(uri.as_str(), body).await,
-            Method::PATCH => self.client._patch(uri.as_str(), body).await,
-            Method::PUT => self.client._put(uri.as_str(), body).await,
-            _ => self.client._delete(uri.as_str(), body).await,
+            Method::POST => client._post(uri.as_str(), body).await,
+            Method::PATCH => client._patch(uri.as_str(), body).await,
+            Method::PUT => client._put(uri.as_str(), body).await,
+            _ => client._delete(uri.as_str(), body).await,
         };
         let response = sent.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
@@ -300,7 +307,7 @@ impl GitHub {
             self.metrics.github_not_modified.fetch_add(1, Ordering::Relaxed);
             return Ok(answer.as_ref().clone());
         }
-        let text = self.client.body_to_string(response).await.map_err(|e| {
+        let text = client.body_to_string(response).await.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
             error(Some(status), e.to_string())
         })?;

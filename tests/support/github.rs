@@ -27,8 +27,8 @@ pub struct Data {
     pub requests: Vec<(String, String)>,
     /// Pull requests opened through the API.
     pub pull_requests: Vec<FakePull>,
-    /// Approving reviews a merge needs (branch protection).
-    pub required_approvals: usize,
+    /// The tracked branch's protection, as GitHub applies it to a merge.
+    pub protection: Protection,
     /// The next this many requests are refused as rate limited.
     pub rate_limited: usize,
     /// GitHub's rate limit, when set: every answer says what is left, each
@@ -49,7 +49,43 @@ pub struct Data {
     pub roles: BTreeMap<String, String>,
     /// Comment id -> when it was written.
     pub comment_times: BTreeMap<u64, String>,
+    /// The GitHub App installed on the repository's account, if one is.
+    pub app: Option<FakeApp>,
+    /// Installation tokens minted -> when each expires (epoch seconds).
+    pub installation_tokens: BTreeMap<String, u64>,
+    /// Requests refused for their credentials (401).
+    pub bad_credentials: usize,
     next_id: u64,
+}
+
+/// Branch protection of the branch pull requests merge into.
+#[derive(Clone, Debug, Default)]
+pub struct Protection {
+    /// Approving reviews a merge needs: the latest review of each reviewer
+    /// with write access counts, a later "changes requested" undoes it.
+    pub required_approvals: usize,
+    /// Approvals given on an earlier head commit no longer count.
+    pub dismiss_stale_reviews: bool,
+    /// A code owner (CODEOWNERS on the base branch) of every changed path
+    /// must approve.
+    pub require_code_owner_reviews: bool,
+    /// Commit status contexts that must be `success` on the head commit.
+    pub required_checks: Vec<String>,
+    /// Admins are held to the rules too; otherwise an admin's merge bypasses them.
+    pub enforce_admins: bool,
+}
+
+/// A GitHub App as GitHub knows it: requests signed with its key (a JWT)
+/// act as the App; its installation's tokens act as `slug[bot]`.
+#[derive(Clone, Debug)]
+pub struct FakeApp {
+    pub id: u64,
+    pub slug: String,
+    /// The App's public key (PEM), which its JWTs must verify against.
+    pub public_pem: Vec<u8>,
+    pub installation: u64,
+    /// How long a minted installation token lasts (GitHub: an hour).
+    pub token_lifetime: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -168,6 +204,9 @@ impl GitHubFake {
             .route("/repos/{owner}/{repo}/compare/{range}", get(compare))
             .route("/repos/{owner}/{repo}/commits/{sha}", get(get_commit))
             .route("/user", get(authenticated_user))
+            .route("/app", get(get_app))
+            .route("/repos/{owner}/{repo}/installation", get(repo_installation))
+            .route("/app/installations/{id}/access_tokens", post(mint_installation_token))
             .layer(axum::middleware::from_fn_with_state(data.clone(), record))
             .with_state(data.clone());
         let addr = super::serve_on_own_thread(app, "GitHub fake");
@@ -214,20 +253,30 @@ impl GitHubFake {
         data.next_id += 1;
         let number = data.next_id;
         data.pull_requests.push(FakePull {
+            title: title.into(),
+            author: author.into(),
+            head_owner: head_owner.into(),
+            ..GitHubFake::blank_pull(number, head, base)
+        });
+        number
+    }
+
+    /// An open pull request from `head` into `base` with nothing else said.
+    pub fn blank_pull(number: u64, head: &str, base: &str) -> FakePull {
+        FakePull {
             number,
             head: head.into(),
             base: base.into(),
-            title: title.into(),
+            title: String::new(),
             body: String::new(),
             open: true,
             merged_by: None,
             merge_commit: None,
             reviews: Vec::new(),
-            author: author.into(),
+            author: "carol".into(),
             closed_by: None,
-            head_owner: head_owner.into(),
-        });
-        number
+            head_owner: "acme".into(),
+        }
     }
 
     /// Closes a pull request unmerged, as `user` would in the web UI.
@@ -243,8 +292,28 @@ impl GitHubFake {
     }
 
     /// Merges a pull request as `user` would with the merge button.
+    /// `user` merges `pull` (GitHub's button): refused as GitHub would.
     pub fn merge_as(&self, pull: u64, user: &str) -> String {
-        merge_into_bare(&self.data, pull, user).expect("the merge succeeds")
+        self.try_merge_as(pull, user).expect("the merge succeeds")
+    }
+
+    pub fn try_merge_as(&self, pull: u64, user: &str) -> Result<String, String> {
+        merge_checked(&self.data, pull, user, None).map_err(|(status, message)| format!("{status}: {message}"))
+    }
+
+    /// A commit status, as CI would post it.
+    pub fn post_status(&self, sha: &str, context: &str, state: &str) {
+        self.data.lock().expect("lock").statuses.push((
+            sha.to_string(),
+            state.to_string(),
+            context.to_string(),
+            String::new(),
+        ));
+    }
+
+    /// Sets the tracked branch's protection.
+    pub fn protect(&self, protection: Protection) {
+        self.data.lock().expect("lock").protection = protection;
     }
 
     /// A rate-limit window of `limit` requests, `remaining` of them left,
@@ -274,6 +343,21 @@ impl GitHubFake {
         let mut data = self.data.lock().expect("lock");
         data.pulls.entry(sha.to_string()).or_default().push(pull);
         data.authors.insert(pull, author.to_string());
+    }
+
+    /// Installs a GitHub App on the repository's account.
+    pub fn install_app(&self, app: FakeApp) {
+        self.data.lock().expect("lock").app = Some(app);
+    }
+
+    /// Installation tokens minted so far.
+    pub fn installation_tokens(&self) -> usize {
+        self.data.lock().expect("lock").installation_tokens.len()
+    }
+
+    /// Requests refused for their credentials.
+    pub fn bad_credentials(&self) -> usize {
+        self.data.lock().expect("lock").bad_credentials
     }
 
     /// Requests with `token` act as `user` (for people using the API, as the demo does).
@@ -370,11 +454,16 @@ async fn record(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    let signed_as_app = is_app_endpoint(uri.path());
     {
         let mut data = data.lock().expect("lock");
         data.requests.push((method.to_string(), uri.path().to_string()));
-        let spent = data.quota.filter(|q| q.remaining == 0);
-        if data.rate_limited > 0 || spent.is_some() {
+        if let Err(refusal) = credentials_check(&data, uri.path(), request.headers()) {
+            data.bad_credentials += 1;
+            return *refusal;
+        }
+        let spent = data.quota.filter(|q| q.remaining == 0 && !signed_as_app);
+        if (data.rate_limited > 0 && !signed_as_app) || spent.is_some() {
             data.rate_limited = data.rate_limited.saturating_sub(1);
             let quota = spent.unwrap_or(Quota {
                 limit: 5000,
@@ -390,6 +479,10 @@ async fn record(
             )
                 .into_response();
         }
+    }
+    if signed_as_app {
+        // Signed as the App: not the installation's rate limit.
+        return next.run(request).await;
     }
     let if_none_match = request.headers().get("if-none-match").cloned();
     let answer = with_quota(&data, next.run(request).await);
@@ -441,15 +534,127 @@ fn fnv(bytes: &[u8]) -> u64 {
 
 /// The user a request acts as, from its token.
 fn caller(data: &Data, headers: &axum::http::HeaderMap) -> String {
-    let token = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_whitespace().nth(1))
-        .unwrap_or_default();
+    let token = bearer(headers);
+    if data.installation_tokens.contains_key(token)
+        && let Some(app) = &data.app
+    {
+        return format!("{}[bot]", app.slug);
+    }
     data.tokens
         .get(token)
         .cloned()
         .unwrap_or_else(|| "gitcanary[bot]".to_string())
+}
+
+fn bearer(headers: &axum::http::HeaderMap) -> &str {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_whitespace().nth(1))
+        .unwrap_or_default()
+}
+
+fn is_app_endpoint(path: &str) -> bool {
+    path == "/app" || path.starts_with("/app/") || path.ends_with("/installation")
+}
+
+/// GitHub's rules for an App's credentials: the App's endpoints take only
+/// a JWT signed with its key, issued by it, at most ten minutes long and
+/// not expired; a JWT opens nothing else; an installation token works until
+/// it expires; and an installation is not a user (`/user`).
+fn credentials_check(
+    data: &Data,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), Box<axum::response::Response>> {
+    let refuse = |status: StatusCode, message: &str| {
+        let body = Json(json!({"message": message, "documentation_url": "https://docs.github.com/rest"}));
+        Err(Box::new((status, body).into_response()))
+    };
+    let token = bearer(headers);
+    let is_jwt = token.split('.').count() == 3;
+    if is_app_endpoint(path) {
+        let Some(app) = &data.app else {
+            return refuse(StatusCode::NOT_FOUND, "Not Found");
+        };
+        return match verify_app_jwt(app, token) {
+            Ok(()) => Ok(()),
+            Err(why) => refuse(StatusCode::UNAUTHORIZED, &why),
+        };
+    }
+    if is_jwt {
+        return refuse(StatusCode::UNAUTHORIZED, "Bad credentials");
+    }
+    if let Some(expires) = data.installation_tokens.get(token) {
+        if *expires <= epoch() {
+            return refuse(StatusCode::UNAUTHORIZED, "Bad credentials");
+        }
+        if path == "/user" {
+            return refuse(StatusCode::FORBIDDEN, "Resource not accessible by integration");
+        }
+    } else if token.starts_with("ghs_") {
+        return refuse(StatusCode::UNAUTHORIZED, "Bad credentials");
+    }
+    Ok(())
+}
+
+fn verify_app_jwt(app: &FakeApp, token: &str) -> Result<(), String> {
+    let key = jsonwebtoken::DecodingKey::from_rsa_pem(&app.public_pem).map_err(|e| e.to_string())?;
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+    // `iss` is the App id as a number, which the crate does not see as a claim: checked below.
+    validation.set_required_spec_claims(&["exp", "iat"]);
+    validation.leeway = 0;
+    let claims = jsonwebtoken::decode::<Value>(token, &key, &validation)
+        .map_err(|e| format!("A JSON web token could not be decoded ({e})"))?
+        .claims;
+    let issuer = claims["iss"].as_u64().or_else(|| claims["iss"].as_str()?.parse().ok());
+    if issuer != Some(app.id) {
+        return Err("'Issuer' claim ('iss') must be the App's id".into());
+    }
+    let (iat, exp) = (claims["iat"].as_u64().unwrap_or(0), claims["exp"].as_u64().unwrap_or(0));
+    if exp.saturating_sub(iat) > 660 || exp > epoch() + 600 {
+        return Err("'Expiration time' claim ('exp') is too far in the future".into());
+    }
+    Ok(())
+}
+
+/// `GET /app`: the App the JWT is of.
+async fn get_app(State(data): State<Shared>) -> Json<Value> {
+    let data = data.lock().expect("lock");
+    let app = data.app.as_ref().expect("checked by credentials_check");
+    Json(
+        json!({"id": app.id, "slug": app.slug, "name": app.slug, "owner": user("acme"),
+        "permissions": {"pull_requests": "write", "statuses": "write", "contents": "write", "issues": "write"}}),
+    )
+}
+
+/// `GET /repos/{owner}/{repo}/installation`: the App's installation there.
+async fn repo_installation(State(data): State<Shared>) -> Json<Value> {
+    let data = data.lock().expect("lock");
+    let app = data.app.as_ref().expect("checked by credentials_check");
+    Json(json!({"id": app.installation, "app_id": app.id, "app_slug": app.slug,
+        "account": user("acme"), "target_type": "Organization"}))
+}
+
+/// `POST /app/installations/{id}/access_tokens`: a new installation token.
+async fn mint_installation_token(State(data): State<Shared>, Path(id): Path<u64>) -> axum::response::Response {
+    let mut data = data.lock().expect("lock");
+    let app = data.app.clone().expect("checked by credentials_check");
+    if id != app.installation {
+        return (StatusCode::NOT_FOUND, Json(json!({"message": "Not Found"}))).into_response();
+    }
+    let token = format!("ghs_{:036}", data.installation_tokens.len() + 1);
+    let expires = epoch() + app.token_lifetime;
+    data.installation_tokens.insert(token.clone(), expires);
+    let expires_at = jiff::Timestamp::from_second(expires as i64)
+        .expect("a time")
+        .to_string();
+    (
+        StatusCode::CREATED,
+        Json(json!({"token": token, "expires_at": expires_at,
+        "permissions": {"pull_requests": "write", "statuses": "write"}, "repository_selection": "all"})),
+    )
+        .into_response()
 }
 
 fn unprocessable(message: &str) -> axum::response::Response {
@@ -772,45 +977,206 @@ async fn merge_pull(
     Json(body): Json<Value>,
 ) -> axum::response::Response {
     let merger = caller(&data.lock().expect("lock"), &headers);
-    {
-        let guard = data.lock().expect("lock");
-        let Some(pull) = guard.pull_requests.iter().find(|p| p.number == number) else {
-            return StatusCode::NOT_FOUND.into_response();
-        };
-        let approvals = pull.reviews.iter().filter(|r| r.2 == "APPROVED").count();
-        let refusal = if !pull.open {
-            Some("Pull Request is not mergeable".to_string())
-        } else if approvals < guard.required_approvals {
-            Some(format!(
-                "At least {} approving reviews are required by reviewers with write access.",
-                guard.required_approvals
-            ))
-        } else if body["sha"]
-            .as_str()
-            .is_some_and(|sha| Some(sha.to_string()) != branch_sha(&guard, &pull.head))
-        {
-            return (
-                StatusCode::CONFLICT,
-                Json(json!({"message": "Head branch was modified. Review and try the merge again."})),
-            )
-                .into_response();
-        } else {
-            None
-        };
-        if let Some(message) = refusal {
-            return (
-                StatusCode::METHOD_NOT_ALLOWED,
-                Json(json!({"message": message, "documentation_url": "https://docs.github.com/rest/pulls/pulls#merge-a-pull-request"})),
-            )
-                .into_response();
-        }
-    }
-    match merge_into_bare(&data, number, &merger) {
+    match merge_checked(&data, number, &merger, body["sha"].as_str()) {
         Ok(sha) => {
             Json(json!({"sha": sha, "merged": true, "message": "Pull Request successfully merged"})).into_response()
         }
-        Err(message) => (StatusCode::METHOD_NOT_ALLOWED, Json(json!({"message": message}))).into_response(),
+        Err((status, message)) => (
+            status,
+            Json(json!({"message": message, "documentation_url": "https://docs.github.com/rest/pulls/pulls#merge-a-pull-request"})),
+        )
+            .into_response(),
     }
+}
+
+/// A merge as GitHub's API or button makes it: refused (with GitHub's
+/// status and message) when the pull request is closed, its head is not
+/// `sha`, `merger` may not write, or branch protection is not met.
+fn merge_checked(data: &Shared, number: u64, merger: &str, sha: Option<&str>) -> Result<String, (StatusCode, String)> {
+    {
+        let guard = data.lock().expect("lock");
+        let Some(pull) = guard.pull_requests.iter().find(|p| p.number == number) else {
+            return Err((StatusCode::NOT_FOUND, "Not Found".into()));
+        };
+        if !pull.open {
+            return Err((StatusCode::METHOD_NOT_ALLOWED, "Pull Request is not mergeable".into()));
+        }
+        let head = branch_sha(&guard, &pull.head).unwrap_or_default();
+        if sha.is_some_and(|sha| sha != head) {
+            return Err((
+                StatusCode::CONFLICT,
+                "Head branch was modified. Review and try the merge again.".into(),
+            ));
+        }
+        if !can_write(&guard, merger) {
+            return Err((
+                StatusCode::FORBIDDEN,
+                "Must have write access to merge pull requests.".into(),
+            ));
+        }
+        let changed = changed_files(&guard, pull);
+        let owners = guard
+            .bare
+            .as_ref()
+            .and_then(|bare| codeowners(bare, &pull.base))
+            .unwrap_or_default();
+        if let Some(message) = merge_refusal(&guard, pull, merger, &head, &changed, &owners) {
+            return Err((StatusCode::METHOD_NOT_ALLOWED, message));
+        }
+    }
+    merge_into_bare(data, number, merger).map_err(|message| (StatusCode::METHOD_NOT_ALLOWED, message))
+}
+
+/// Whether `login` may push to the repository (and so merge).
+fn can_write(data: &Data, login: &str) -> bool {
+    match data.permissions.get(login) {
+        Some(permission) => matches!(permission.as_str(), "admin" | "maintain" | "write"),
+        // The fake's default account and an installed App's bot write.
+        None => {
+            login == "gitcanary[bot]"
+                || data
+                    .app
+                    .as_ref()
+                    .is_some_and(|app| login == format!("{}[bot]", app.slug))
+        }
+    }
+}
+
+/// The paths a pull request changes (a rename's old path too).
+fn changed_files(data: &Data, pull: &FakePull) -> Vec<String> {
+    let Some(bare) = data.bare.as_ref() else {
+        return Vec::new();
+    };
+    let range = format!("refs/heads/{}...refs/heads/{}", pull.base, pull.head);
+    git_in(bare, &["diff", "--name-only", "--no-renames", &range])
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// CODEOWNERS of the base branch, where GitHub looks for it: (pattern, owners) in file order.
+fn codeowners(bare: &std::path::Path, base: &str) -> Option<Vec<(String, Vec<String>)>> {
+    let text = [".github/CODEOWNERS", "CODEOWNERS", "docs/CODEOWNERS"]
+        .iter()
+        .find_map(|path| git_in(bare, &["show", &format!("refs/heads/{base}:{path}")]).ok())?;
+    Some(
+        text.lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                let pattern = words.next()?.to_string();
+                let owners = words.map(|w| w.trim_start_matches('@').to_string()).collect();
+                Some((pattern, owners))
+            })
+            .collect(),
+    )
+}
+
+/// A CODEOWNERS pattern (gitignore's rules, as GitHub reads them): `*`
+/// within a path segment, `**` across them, a leading or inner `/` anchors
+/// it at the root, a trailing `/` means everything under a directory.
+pub fn codeowners_match(pattern: &str, path: &str) -> bool {
+    fn glob(pattern: &[u8], text: &[u8]) -> bool {
+        match (pattern.first(), text.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) if pattern.get(1) == Some(&b'*') => {
+                let rest = pattern[2..].strip_prefix(b"/").unwrap_or(&pattern[2..]);
+                (0..=text.len()).any(|i| glob(rest, &text[i..]))
+            }
+            (Some(b'*'), _) => (0..=text.len())
+                .take_while(|&i| i == 0 || text[i - 1] != b'/')
+                .any(|i| glob(&pattern[1..], &text[i..])),
+            (Some(p), Some(t)) if p == t => glob(&pattern[1..], &text[1..]),
+            _ => false,
+        }
+    }
+    let directory = pattern.ends_with('/');
+    let trimmed = pattern.trim_end_matches('/');
+    let anchored = trimmed.starts_with('/') || trimmed.trim_start_matches('/').contains('/');
+    let trimmed = trimmed.trim_start_matches('/');
+    let starts: Vec<usize> = if anchored {
+        vec![0]
+    } else {
+        std::iter::once(0)
+            .chain(path.match_indices('/').map(|(i, _)| i + 1))
+            .collect()
+    };
+    starts.into_iter().any(|start| {
+        let rest = &path[start..];
+        // The pattern names the path itself, or a directory holding it.
+        let whole = !directory && glob(trimmed.as_bytes(), rest.as_bytes());
+        let within = rest
+            .match_indices('/')
+            .any(|(i, _)| glob(trimmed.as_bytes(), &rest.as_bytes()[..i]));
+        whole || within
+    })
+}
+
+/// Why GitHub would refuse `merger`'s merge of `pull` at `head`, if it
+/// would: the protection's rules, unless an admin may bypass them.
+pub fn merge_refusal(
+    data: &Data,
+    pull: &FakePull,
+    merger: &str,
+    head: &str,
+    changed: &[String],
+    owners: &[(String, Vec<String>)],
+) -> Option<String> {
+    let rules = &data.protection;
+    if !rules.enforce_admins && data.permissions.get(merger).is_some_and(|p| p == "admin") {
+        return None;
+    }
+    // The latest review of each reviewer; a comment changes no verdict.
+    let mut latest: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+    for (_, user, state, commit) in &pull.reviews {
+        if state != "COMMENTED" {
+            latest.insert(user.as_str(), (state.as_str(), commit.as_str()));
+        }
+    }
+    let counts = |state: &str, commit: &str| state == "APPROVED" && (!rules.dismiss_stale_reviews || commit == head);
+    let approvers: Vec<&str> = latest
+        .iter()
+        .filter(|(user, (state, commit))| can_write(data, user) && counts(state, commit))
+        .map(|(user, _)| *user)
+        .collect();
+    if latest
+        .iter()
+        .any(|(user, (state, _))| *state == "CHANGES_REQUESTED" && can_write(data, user))
+    {
+        return Some("Changes were requested by a reviewer with write access.".into());
+    }
+    if approvers.len() < rules.required_approvals {
+        return Some(format!(
+            "At least {} approving review{} required by reviewers with write access.",
+            rules.required_approvals,
+            if rules.required_approvals == 1 { " is" } else { "s are" }
+        ));
+    }
+    if rules.require_code_owner_reviews {
+        for file in changed {
+            let owning = owners.iter().rev().find(|(pattern, _)| codeowners_match(pattern, file));
+            if let Some((_, people)) = owning
+                && !people.is_empty()
+                && !people.iter().any(|owner| approvers.contains(&owner.as_str()))
+            {
+                return Some(format!("Waiting on code owner review from {}.", people.join(", ")));
+            }
+        }
+    }
+    for check in &rules.required_checks {
+        let state = data
+            .statuses
+            .iter()
+            .rev()
+            .find(|(sha, _, context, _)| sha == head && context == check)
+            .map(|(_, state, _, _)| state.as_str());
+        if state != Some("success") {
+            return Some(format!("Required status check \"{check}\" is expected."));
+        }
+    }
+    None
 }
 
 /// Merges the pull request's head into its base in the bare repository, as
