@@ -1287,3 +1287,72 @@ fn codeowners_patterns_match_as_gitignore_does() {
     );
     assert!(owns("apps/**/rollout.yaml", "apps/web/x/rollout.yaml"));
 }
+
+/// GitHub's own events drive the gate: with the poll an hour away, a
+/// reader's command is answered and a writer's approval merges the gate,
+/// each on the event the fake delivers; the
+/// agent's own comments, delivered back to it, start no loop of looks.
+#[tokio::test]
+async fn githubs_events_pass_the_gate_with_no_poll_and_the_agents_own_comments_start_no_loop() {
+    let scenario = Scenario::new("gh-events").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant("alice", "write");
+    fake.grant("mallory", "read");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let args = [
+        "--github-url",
+        fake.url.as_str(),
+        "--github-repo",
+        "acme/apps",
+        "--github-poll",
+        "3600",
+        "--github-poll-max",
+        "3600",
+    ];
+    let agent = support::agent::AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &args,
+        &[
+            ("GITCANARY_GITHUB_TOKEN", "ghp_test_token"),
+            ("GITCANARY_WEBHOOK_SECRET", "events-secret"),
+        ],
+    );
+    fake.deliver_to(&format!("http://{}/webhook", agent.address().await), "events-secret");
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+    let gate = promotion_pull(&fake, 1).await;
+    let before = fake.counted();
+
+    fake.comment(gate.number, "mallory", "/gitcanary promote");
+    eventually("mallory is answered, on the event", WAIT, || async {
+        fake.comments_on(gate.number)
+            .iter()
+            .any(|(_, _, b)| b.starts_with("@mallory"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    fake.review(gate.number, "alice", "APPROVED");
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    let merged = fake
+        .pulls()
+        .into_iter()
+        .find(|p| p.number == gate.number)
+        .expect("the gate");
+    assert_eq!(merged.merged_by.as_deref(), Some("gitcanary[bot]"));
+    assert!(
+        fake.delivered() >= 4,
+        "comments, a review, a merge and its push were delivered"
+    );
+    let spent = fake.counted() - before;
+    assert!(
+        spent < 150,
+        "{spent} GitHub requests from the pause to the promote: the agent's own comments must not wake it again and again"
+    );
+}

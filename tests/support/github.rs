@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
@@ -37,6 +38,8 @@ pub struct Data {
     /// Conditional requests answered 304 Not Modified (GitHub counts none
     /// of them against the rate limit).
     pub not_modified: usize,
+    /// (method, path) of each request answered 304.
+    pub free: Vec<(String, String)>,
     /// The repository pull requests merge into.
     pub bare: Option<PathBuf>,
     /// API token -> user; any other token acts as `gitcanary[bot]`.
@@ -55,7 +58,89 @@ pub struct Data {
     pub installation_tokens: BTreeMap<String, u64>,
     /// Requests refused for their credentials (401).
     pub bad_credentials: usize,
+    /// The repository webhook events are delivered to, if one is set.
+    pub webhook: Option<Webhook>,
     next_id: u64,
+}
+
+/// A repository webhook: GitHub's events, signed with its secret, posted
+/// one at a time in the order they happened, by a thread of their own.
+pub struct Webhook {
+    queue: std::sync::mpsc::Sender<(String, Vec<u8>)>,
+    /// Deliveries the receiver answered with a 2xx.
+    pub delivered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The repository the fake plays.
+const OWNER: &str = "acme";
+const REPO: &str = "apps";
+
+fn repository_json() -> Value {
+    json!({"full_name": format!("{OWNER}/{REPO}"), "name": REPO, "owner": user(OWNER), "default_branch": "main"})
+}
+
+/// Queues event `event` with `payload` for the webhook, if one is set.
+fn emit(data: &Data, event: &str, mut payload: Value) {
+    let Some(webhook) = &data.webhook else { return };
+    payload["repository"] = repository_json();
+    let _ = webhook
+        .queue
+        .send((event.to_string(), serde_json::to_vec(&payload).expect("JSON")));
+}
+
+fn comment_event(action: &str, pull: u64, id: u64, login: &str, body: &str, at: &str) -> Value {
+    json!({"action": action,
+        "issue": {"number": pull, "pull_request": {"url": format!("https://api.github.example.test/repos/{OWNER}/{REPO}/pulls/{pull}")}},
+        "comment": comment_json(OWNER, REPO, pull, id, login, body, at), "sender": user(login)})
+}
+
+fn review_event(data: &Data, pull: &FakePull, id: u64, reviewer: &str, state: &str, commit: &str) -> Value {
+    json!({"action": "submitted",
+        "review": {"id": id, "user": user(reviewer), "state": state.to_lowercase(), "commit_id": commit},
+        "pull_request": pull_json(OWNER, REPO, pull, data), "sender": user(reviewer)})
+}
+
+fn pull_event(data: &Data, action: &str, pull: &FakePull, sender: &str) -> Value {
+    json!({"action": action, "number": pull.number, "pull_request": pull_json(OWNER, REPO, pull, data), "sender": user(sender)})
+}
+
+/// Posts each queued event to `url`, as GitHub's deliveries are made.
+fn deliver(
+    url: &str,
+    secret: &str,
+    queue: std::sync::mpsc::Receiver<(String, Vec<u8>)>,
+    delivered: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use hmac::Mac;
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("an http:// webhook URL");
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let address: std::net::SocketAddr = host.parse().expect("a HOST:PORT address");
+    for (number, (event, body)) in queue.into_iter().enumerate() {
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("any key");
+        mac.update(&body);
+        let signature = hex::encode(mac.finalize().into_bytes());
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: GitHub-Hookshot/fake\r\nContent-Type: application/json\r\n\
+             X-GitHub-Event: {event}\r\nX-GitHub-Delivery: fake-{}-{number}\r\nX-Hub-Signature-256: sha256={signature}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            std::process::id(),
+            body.len()
+        );
+        let sent = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(5)).and_then(|mut stream| {
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            stream.write_all(head.as_bytes())?;
+            stream.write_all(&body)?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer)?;
+            Ok(answer)
+        });
+        if sent.is_ok_and(|answer| answer.starts_with("HTTP/1.1 2")) {
+            delivered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// Branch protection of the branch pull requests merge into.
@@ -244,7 +329,14 @@ impl GitHubFake {
             .iter_mut()
             .find(|p| p.number == pull)
             .expect("the pull request exists");
-        pull.reviews.push((id, user.to_string(), state.to_string(), commit));
+        pull.reviews
+            .push((id, user.to_string(), state.to_string(), commit.clone()));
+        let pull = pull.clone();
+        emit(
+            &data,
+            "pull_request_review",
+            review_event(&data, &pull, id, user, state, &commit),
+        );
     }
 
     /// A pull request as if `author` opened it from `head_owner`'s `head`.
@@ -289,6 +381,8 @@ impl GitHubFake {
             .expect("the pull request exists");
         pull.open = false;
         pull.closed_by = Some(user.to_string());
+        let pull = pull.clone();
+        emit(&data, "pull_request", pull_event(&data, "closed", &pull, user));
     }
 
     /// Merges a pull request as `user` would with the merge button.
@@ -343,6 +437,25 @@ impl GitHubFake {
         let mut data = self.data.lock().expect("lock");
         data.pulls.entry(sha.to_string()).or_default().push(pull);
         data.authors.insert(pull, author.to_string());
+    }
+
+    /// Delivers GitHub's events from now on to `url` (a repository webhook
+    /// signed with `secret`): `issue_comment`, `pull_request_review`,
+    /// `pull_request` and `push` (a merge).
+    pub fn deliver_to(&self, url: &str, secret: &str) {
+        let (queue, events) = std::sync::mpsc::channel();
+        let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (url, secret, count) = (url.to_string(), secret.to_string(), delivered.clone());
+        std::thread::spawn(move || deliver(&url, &secret, events, count));
+        self.data.lock().expect("lock").webhook = Some(Webhook { queue, delivered });
+    }
+
+    /// Webhook deliveries answered with a 2xx.
+    pub fn delivered(&self) -> usize {
+        let data = self.data.lock().expect("lock");
+        data.webhook
+            .as_ref()
+            .map_or(0, |w| w.delivered.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Installs a GitHub App on the repository's account.
@@ -405,6 +518,11 @@ impl GitHubFake {
         let id = data.next_id;
         data.comments.push((pull, id, user.to_string(), body.to_string()));
         data.comment_times.insert(id, at.to_string());
+        emit(
+            &data,
+            "issue_comment",
+            comment_event("created", pull, id, user, body, at),
+        );
         id
     }
 
@@ -497,6 +615,7 @@ async fn record(
     if if_none_match.is_some_and(|v| v.as_bytes() == etag.as_bytes()) {
         let mut data = data.lock().expect("lock");
         data.not_modified += 1;
+        data.free.push((method.to_string(), uri.path().to_string()));
         // Free: the request spent none of the quota after all.
         let mut free = (StatusCode::NOT_MODIFIED, [("etag", etag)]).into_response();
         if let Some(quota) = data.quota.as_mut() {
@@ -824,6 +943,7 @@ async fn create_pull(
         head_owner: owner.clone(),
     };
     let answer = pull_json(&owner, &repo, &pull, &data);
+    emit(&data, "pull_request", pull_event(&data, "opened", &pull, &pull.author));
     data.pull_requests.push(pull);
     (StatusCode::CREATED, Json(answer)).into_response()
 }
@@ -865,7 +985,7 @@ async fn edit_pull(
     match body["state"].as_str() {
         Some("closed") if pull.merged_by.is_none() => {
             pull.open = false;
-            pull.closed_by = Some(editor);
+            pull.closed_by = Some(editor.clone());
         }
         Some("open") if pull.merged_by.is_none() => {
             pull.open = true;
@@ -874,6 +994,10 @@ async fn edit_pull(
         _ => {}
     }
     let pull = pull.clone();
+    if let Some(state) = body["state"].as_str() {
+        let action = if state == "closed" { "closed" } else { "reopened" };
+        emit(&data, "pull_request", pull_event(&data, action, &pull, &editor));
+    }
     Ok(Json(pull_json(&owner, &repo, &pull, &data)))
 }
 
@@ -1227,6 +1351,10 @@ fn merge_into_bare(data: &Shared, number: u64, by: &str) -> Result<String, Strin
         pull.open = false;
         pull.merged_by = Some(by.to_string());
         pull.merge_commit = Some(sha.clone());
+        let pull = pull.clone();
+        emit(&data, "pull_request", pull_event(&data, "closed", &pull, by));
+        let push = json!({"ref": format!("refs/heads/{}", pull.base), "after": sha, "sender": user(by), "pusher": {"name": by}});
+        emit(&data, "push", push);
     }
     Ok(sha)
 }
@@ -1309,6 +1437,11 @@ async fn create_comment(
     data.comments.push((pull, id, author.clone(), text.clone()));
     let at = now();
     data.comment_times.insert(id, at.clone());
+    emit(
+        &data,
+        "issue_comment",
+        comment_event("created", pull, id, &author, &text, &at),
+    );
     (
         StatusCode::CREATED,
         Json(comment_json(&owner, &repo, pull, id, &author, &text, &at)),
@@ -1351,6 +1484,12 @@ async fn create_review(
     }
     pull.reviews
         .push((id, reviewer.clone(), state.to_string(), commit.clone()));
+    let pull = pull.clone();
+    emit(
+        &data,
+        "pull_request_review",
+        review_event(&data, &pull, id, &reviewer, state, &commit),
+    );
     Json(
         json!({"id": id, "node_id": "PRR_kwDOA", "user": user(&reviewer), "body": body["body"], "state": state,
         "html_url": format!("https://github.example.test/{owner}/{repo}/pull/{number}#pullrequestreview-{id}"),
@@ -1392,6 +1531,11 @@ async fn edit_comment(
     comment.3 = body["body"].as_str().unwrap_or_default().to_string();
     let (pull, login, text) = (comment.0, comment.2.clone(), comment.3.clone());
     let at = data.comment_times.get(&id).cloned().unwrap_or_else(now);
+    emit(
+        &data,
+        "issue_comment",
+        comment_event("edited", pull, id, &login, &text, &at),
+    );
     Ok(Json(comment_json(&owner, &repo, pull, id, &login, &text, &at)))
 }
 
