@@ -966,6 +966,16 @@ async fn a_gate_left_open_is_looked_at_less_and_less_often() {
     fake.carry(&commit, 7);
     wait_for_phase(&scenario, Phase::Paused).await;
     let gate = promotion_pull(&fake, 1).await;
+    // The window starts once the report that opened the gate is over: it
+    // names the gate on the change and sets the status again.
+    eventually("the report that opened the gate ends", WAIT, || async {
+        let named = fake
+            .comments_on(7)
+            .iter()
+            .any(|(_, _, b)| b.contains(&format!("promotion pull request #{}", gate.number)));
+        (named && fake.count("POST", &format!("/statuses/{commit}")) >= 2).then_some(())
+    })
+    .await;
     // Each look reads the gate's reviews once.
     let reviews = format!("/pulls/{}/reviews", gate.number);
     let looks_before = fake.count("GET", &reviews);
@@ -1355,4 +1365,50 @@ async fn githubs_events_pass_the_gate_with_no_poll_and_the_agents_own_comments_s
         spent < 150,
         "{spent} GitHub requests from the pause to the promote: the agent's own comments must not wake it again and again"
     );
+}
+
+/// A burst past GitHub's secondary limit (a 429 or a 403 with
+/// `Retry-After`, the quota not spent) is answered by sending nothing until
+/// `Retry-After` has passed, then going on.
+#[tokio::test]
+async fn a_burst_past_githubs_secondary_limit_waits_as_retry_after_says() {
+    for status in [429, 403] {
+        let fake = GitHubFake::start().await;
+        fake.carry("b1", 5);
+        fake.set_quota(5000, 4000);
+        fake.secondary_limit(3, Duration::from_secs(2), status, 2);
+        let metrics = std::sync::Arc::new(gitcanary::telemetry::Metrics::default());
+        let github = gitcanary::github::GitHub::new(
+            &fake.url,
+            gitcanary::github::Credentials::Token("ghp_test_token".into()),
+            "acme/apps",
+            metrics.clone(),
+        )
+        .expect("client");
+        for _ in 0..3 {
+            github.carried_by("b1").await.expect("within the limit");
+        }
+        let refused = github.carried_by("b1").await.expect_err("past the limit");
+        assert!(refused.to_string().contains("secondary rate limit"), "{refused}");
+        let sent = fake.data.lock().unwrap().requests.len();
+        let quiet = github.carried_by("b1").await.expect_err("quiet until Retry-After");
+        assert!(quiet.to_string().contains("rate limited"), "{quiet}");
+        assert_eq!(fake.data.lock().unwrap().requests.len(), sent, "nothing sent meanwhile");
+        let started = std::time::Instant::now();
+        let pulls = eventually("Retry-After passes", Duration::from_secs(10), || async {
+            github.carried_by("b1").await.ok()
+        })
+        .await;
+        assert_eq!(pulls, vec![(5, "carol".to_string())]);
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "{status}: waited {:?}",
+            started.elapsed()
+        );
+        let text = metrics.render();
+        assert!(
+            text.contains("gitcanary_github_rate_limited_total 1"),
+            "{status}: {text}"
+        );
+    }
 }

@@ -58,6 +58,8 @@ pub struct Data {
     pub installation_tokens: BTreeMap<String, u64>,
     /// Requests refused for their credentials (401).
     pub bad_credentials: usize,
+    /// GitHub's secondary rate limit, when set: a burst past it is refused.
+    pub secondary: Option<SecondaryLimit>,
     /// The repository webhook events are delivered to, if one is set.
     pub webhook: Option<Webhook>,
     next_id: u64,
@@ -69,6 +71,42 @@ pub struct Webhook {
     queue: std::sync::mpsc::Sender<(String, Vec<u8>)>,
     /// Deliveries the receiver answered with a 2xx.
     pub delivered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A secondary rate limit: more than `max` requests within `per` are
+/// refused with `status` (403 or 429) and `Retry-After`, whatever the quota.
+#[derive(Clone, Debug)]
+pub struct SecondaryLimit {
+    pub max: usize,
+    pub per: Duration,
+    pub status: StatusCode,
+    pub retry_after: u64,
+    pub recent: std::collections::VecDeque<std::time::Instant>,
+}
+
+/// The answer to a request past the secondary limit, if it is one.
+fn past_secondary_limit(limit: &mut SecondaryLimit) -> Option<axum::response::Response> {
+    let now = std::time::Instant::now();
+    while limit
+        .recent
+        .front()
+        .is_some_and(|at| now.duration_since(*at) > limit.per)
+    {
+        limit.recent.pop_front();
+    }
+    if limit.recent.len() >= limit.max {
+        let message = "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.";
+        return Some(
+            (
+                limit.status,
+                [("retry-after", limit.retry_after.to_string())],
+                Json(json!({"message": message, "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"})),
+            )
+                .into_response(),
+        );
+    }
+    limit.recent.push_back(now);
+    None
 }
 
 /// The repository the fake plays.
@@ -424,6 +462,18 @@ impl GitHubFake {
         self.data.lock().expect("lock").quota
     }
 
+    /// More than `max` requests within `per` are refused with `status` and
+    /// `Retry-After: retry_after`, as GitHub's secondary limits are.
+    pub fn secondary_limit(&self, max: usize, per: Duration, status: u16, retry_after: u64) {
+        self.data.lock().expect("lock").secondary = Some(SecondaryLimit {
+            max,
+            per,
+            status: StatusCode::from_u16(status).expect("a status"),
+            retry_after,
+            recent: Default::default(),
+        });
+    }
+
     pub fn rate_limit_next(&self, requests: usize) {
         self.data.lock().expect("lock").rate_limited = requests;
     }
@@ -579,6 +629,9 @@ async fn record(
         if let Err(refusal) = credentials_check(&data, uri.path(), request.headers()) {
             data.bad_credentials += 1;
             return *refusal;
+        }
+        if let Some(refusal) = data.secondary.as_mut().and_then(past_secondary_limit) {
+            return refusal;
         }
         let spent = data.quota.filter(|q| q.remaining == 0 && !signed_as_app);
         if (data.rate_limited > 0 && !signed_as_app) || spent.is_some() {
@@ -1151,6 +1204,19 @@ fn merge_checked(data: &Shared, number: u64, merger: &str, sha: Option<&str>) ->
     merge_into_bare(data, number, merger).map_err(|message| (StatusCode::METHOD_NOT_ALLOWED, message))
 }
 
+/// Whether pull request `pull` brought commit `sha` in, as GitHub lists
+/// the pull requests of a commit: a merged one whose merge made `sha`
+/// reachable, an open one whose head holds `sha` and whose base does not.
+fn introduced(data: &Data, pull: &FakePull, sha: &str) -> bool {
+    let Some(bare) = data.bare.as_ref() else { return false };
+    let holds = |tip: &str| git_in(bare, &["merge-base", "--is-ancestor", sha, tip]).is_ok();
+    match (&pull.merge_commit, pull.open) {
+        (Some(merge), _) => holds(merge) && !holds(&format!("{merge}^1")),
+        (None, true) => holds(&format!("refs/heads/{}", pull.head)) && !holds(&format!("refs/heads/{}", pull.base)),
+        (None, false) => false,
+    }
+}
+
 /// Whether `login` may push to the repository (and so merge).
 fn can_write(data: &Data, login: &str) -> bool {
     match data.permissions.get(login) {
@@ -1375,20 +1441,8 @@ async fn pulls_for_commit(
     Path((owner, repo, sha)): Path<(String, String, String)>,
 ) -> Json<Value> {
     let data = data.lock().expect("lock");
-    let merged_here = data
-        .pull_requests
-        .iter()
-        .filter(|p| p.merge_commit.as_deref() == Some(sha.as_str()))
-        .map(|p| p.number);
-    let numbers: Vec<u64> = data
-        .pulls
-        .get(&sha)
-        .into_iter()
-        .flatten()
-        .copied()
-        .chain(merged_here)
-        .collect();
-    let pulls: Vec<Value> = numbers
+    let by_hand: Vec<u64> = data.pulls.get(&sha).cloned().unwrap_or_default();
+    let mut pulls: Vec<Value> = by_hand
         .iter()
         .map(|n| {
             json!({
@@ -1400,6 +1454,14 @@ async fn pulls_for_commit(
             })
         })
         .collect();
+    // The fake's own pull requests that brought the commit in.
+    pulls.extend(
+        data.pull_requests
+            .iter()
+            .filter(|p| !by_hand.contains(&p.number))
+            .filter(|p| p.merge_commit.as_deref() == Some(sha.as_str()) || introduced(&data, p, &sha))
+            .map(|p| pull_json(&owner, &repo, p, &data)),
+    );
     Json(Value::Array(pulls))
 }
 
