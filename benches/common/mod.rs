@@ -197,12 +197,27 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(cluster: &ControlPlane, repo: &str, instance: &str, cache: &Path, log: &Path) -> Agent {
+        Agent::start_with(cluster, repo, instance, cache, log, &[], &[])
+    }
+
+    /// As [`Agent::start`], with more arguments and environment.
+    pub fn start_with(
+        cluster: &ControlPlane,
+        repo: &str,
+        instance: &str,
+        cache: &Path,
+        log: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let port = free_port();
         let child = Command::new(GITCANARY)
             .args(["run", "--repo", repo, "--kubeconfig", &cluster.kubeconfig])
             .args(["--instance", instance, "--state-namespace", "gitcanary-bench"])
             .args(["--cache-dir", &cache.display().to_string(), "--poll-interval", "300"])
             .args(["--listen", &format!("127.0.0.1:{port}"), "--no-leader-election"])
+            .args(args)
+            .envs(env.iter().copied())
             .env("GITCANARY_WEBHOOK_SECRET", WEBHOOK_SECRET)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).expect("log"))
