@@ -232,17 +232,47 @@ async fn readyz(State(state): State<ServerState>) -> (StatusCode, &'static str) 
     }
 }
 
+/// A delivery's event, as a bounded metric label.
+fn event_label(headers: &HeaderMap) -> &'static str {
+    match headers.get("x-github-event").and_then(|v| v.to_str().ok()) {
+        Some("push") => "push",
+        Some("issue_comment") => "issue_comment",
+        Some("pull_request_review") => "pull_request_review",
+        Some("pull_request") => "pull_request",
+        Some("ping") => "ping",
+        _ => "other",
+    }
+}
+
+/// Answers a delivery and counts it: `acted` (it woke a sync or a look at
+/// the gates), `ignored`, `duplicate`, `malformed`, or `refused` (no valid
+/// signature: its event is not believed, so labelled `unverified`).
 async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
+    let (status, message) = webhook_answer(&state, &headers, &body);
+    let (event, outcome) = match status {
+        StatusCode::UNAUTHORIZED => ("unverified", "refused"),
+        StatusCode::ACCEPTED => (event_label(&headers), "acted"),
+        StatusCode::BAD_REQUEST => (event_label(&headers), "malformed"),
+        _ if message.starts_with("duplicate") => (event_label(&headers), "duplicate"),
+        _ => (event_label(&headers), "ignored"),
+    };
+    if status != StatusCode::NOT_FOUND {
+        state.metrics.webhook_deliveries.add(event, outcome);
+    }
+    (status, message)
+}
+
+fn webhook_answer(state: &ServerState, headers: &HeaderMap, body: &Bytes) -> (StatusCode, String) {
     let Some(secret) = &state.webhook_secret else {
         return (StatusCode::NOT_FOUND, "webhooks are not configured".into());
     };
     let signature = headers.get("x-hub-signature-256").and_then(|v| v.to_str().ok());
-    if !webhook::signature_is_valid(secret, &body, signature) {
+    if !webhook::signature_is_valid(secret, body, signature) {
         warn!("webhook refused: missing or wrong X-Hub-Signature-256");
         return (StatusCode::UNAUTHORIZED, "bad signature".into());
     }
     // Checked after the signature, so a forged delivery cannot burn an id.
-    if state.replayed(&headers) {
+    if state.replayed(headers) {
         info!("webhook: a delivery seen before; ignored");
         return (StatusCode::OK, "duplicate delivery ignored".into());
     }
@@ -252,7 +282,7 @@ async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, bo
         .unwrap_or_default();
     match event {
         "ping" => (StatusCode::OK, "pong".into()),
-        "push" => match PushEvent::parse(&body) {
+        "push" => match PushEvent::parse(body) {
             Ok(push) if push.is_for_branch(&state.branch) => {
                 info!(
                     commit = push.after.as_deref().unwrap_or_default(),
@@ -271,7 +301,7 @@ async fn github_webhook(State(state): State<ServerState>, headers: HeaderMap, bo
         // A comment or review may carry a `/gitcanary` command or an approval:
         // look at the open releases now rather than at the next poll.
         "issue_comment" | "pull_request_review" | "pull_request" => {
-            let Ok(payload) = serde_json::from_slice::<serde_json::Value>(&body) else {
+            let Ok(payload) = serde_json::from_slice::<serde_json::Value>(body) else {
                 return (StatusCode::BAD_REQUEST, format!("malformed {event} event"));
             };
             if !may_decide(event, &payload) {
@@ -399,6 +429,7 @@ mod tests {
     #[tokio::test]
     async fn a_signed_comment_event_wakes_the_agent_and_a_forged_one_does_not() {
         let (state, mut queue) = test_state();
+        let metrics = state.metrics.clone();
         let addr = serve("127.0.0.1:0".parse().expect("addr"), router(state, true))
             .await
             .expect("serves");
@@ -433,6 +464,17 @@ mod tests {
             post(addr, "issue_comment", junk, &webhook::sign(b"s3cret", junk)).await,
             400
         );
+        let text = metrics.render();
+        for line in [
+            "gitcanary_webhook_deliveries_total{event=\"unverified\",outcome=\"refused\"} 1",
+            "gitcanary_webhook_deliveries_total{event=\"issue_comment\",outcome=\"acted\"} 1",
+            "gitcanary_webhook_deliveries_total{event=\"issue_comment\",outcome=\"ignored\"} 1",
+            "gitcanary_webhook_deliveries_total{event=\"issue_comment\",outcome=\"malformed\"} 1",
+            "gitcanary_webhook_deliveries_total{event=\"pull_request_review\",outcome=\"acted\"} 1",
+            "gitcanary_webhook_deliveries_total{event=\"pull_request_review\",outcome=\"ignored\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 
     async fn closed_within(stream: &mut tokio::net::TcpStream, limit: std::time::Duration) -> bool {

@@ -100,6 +100,8 @@ pub struct Metrics {
     pub notifications: LabelledCounter,
     /// GitHub requests by endpoint shape and status (`304`, `error`, `refused`).
     pub github_calls: LabelledCounter,
+    /// Webhook deliveries by event and outcome.
+    pub webhook_deliveries: LabelledCounter,
     /// Kustomize and Helm runs in progress, as the source's renderers count them.
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
@@ -191,6 +193,12 @@ impl Metrics {
             "gitcanary_github_requests_total",
             "GitHub API requests by endpoint and status: an HTTP status (a 304 is free of the rate limit), error (no answer), refused (not sent: kept quiet for a rate limit or the reserve).",
             ("endpoint", "status"),
+        );
+        self.webhook_deliveries.render(
+            &mut out,
+            "gitcanary_webhook_deliveries_total",
+            "Webhook deliveries by event and outcome: acted (a sync or a look at the gates), ignored, duplicate (a delivery id seen before), malformed, refused (no valid signature; event unverified).",
+            ("event", "outcome"),
         );
         self.render_cluster(&mut out);
         out
