@@ -16,6 +16,7 @@ pub mod render;
 pub mod report;
 pub mod rollout;
 pub mod server;
+pub mod shards;
 pub mod source;
 pub mod sync;
 pub mod telemetry;

@@ -252,10 +252,15 @@ pub async fn sync_validated(
             .values()
             .filter(in_scope)
             .partition(|app| app.kinds().iter().any(|(_, kind)| plan::is_staged_first_kind(kind)));
-        let one = async |app: &App| -> Result<AppReport> {
+        let one = async |app: &App| -> Result<Option<AppReport>> {
+            // A shard lost since the sync began: its apps are another's now.
+            if options.fence.as_ref().is_some_and(|fence| !(fence.0)(&app.name)) {
+                tracing::warn!(app = %app.name, "this replica no longer holds the app's shard: nothing written for it");
+                return Ok(None);
+            }
             if let Some(report) = recalled.get(app.name.as_str()) {
                 tracing::debug!(app = %app.name, "app unchanged since the last sync: nothing it holds changed");
-                return Ok(report.clone());
+                return Ok(Some(report.clone()));
             }
             let observed = observed
                 .get_or_try_init(|| observe_revision(cluster, revision, options, memo))
@@ -270,16 +275,16 @@ pub async fn sync_validated(
                 (Some(inputs), Some(status)) => memo.remember(*inputs, status, &report),
                 _ => memo.forget(&app.name),
             }
-            Ok(report)
+            Ok(Some(report))
         };
         let mut reports = Vec::new();
         for app in first {
-            reports.push(one(app).await?);
+            reports.extend(one(app).await?);
         }
         // The other apps are independent of each other: a few at a time.
         let mut rest = stream::iter(rest).map(one).buffered(APP_CONCURRENCY);
         while let Some(report) = rest.next().await {
-            reports.push(report?);
+            reports.extend(report?);
         }
         memo.settle_written(&reports);
         let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();

@@ -102,6 +102,9 @@ pub struct Metrics {
     pub github_calls: LabelledCounter,
     /// Webhook deliveries by event and outcome.
     pub webhook_deliveries: LabelledCounter,
+    /// With `--shards`: for each shard, whether this replica holds it and
+    /// how many of the revision's apps it holds of it.
+    pub shards: Mutex<BTreeMap<u32, (bool, usize)>>,
     /// Kustomize and Helm runs in progress, as the source's renderers count them.
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
@@ -200,8 +203,48 @@ impl Metrics {
             "Webhook deliveries by event and outcome: acted (a sync or a look at the gates), ignored, duplicate (a delivery id seen before), malformed, refused (no valid signature; event unverified).",
             ("event", "outcome"),
         );
+        self.render_shards(&mut out);
         self.render_cluster(&mut out);
         out
+    }
+
+    /// What a replica holds of each shard, as of its last sync.
+    pub fn record_shards(&self, shards: &crate::shards::Shards, apps: &[&String]) {
+        let held = shards.held();
+        let mut table = self.shards.lock().unwrap_or_else(|e| e.into_inner());
+        table.clear();
+        for shard in 0..shards.count {
+            let holds = held.contains(&shard);
+            let count = if holds {
+                apps.iter()
+                    .filter(|app| crate::shards::shard_of(app, shards.count) == shard)
+                    .count()
+            } else {
+                0
+            };
+            table.insert(shard, (holds, count));
+        }
+    }
+
+    fn render_shards(&self, out: &mut String) {
+        let table = self.shards.lock().unwrap_or_else(|e| e.into_inner());
+        if table.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_shard_held Whether this replica holds the shard (1) or not (0).\n# TYPE gitcanary_shard_held gauge"
+        );
+        for (shard, (held, _)) in table.iter() {
+            let _ = writeln!(out, "gitcanary_shard_held{{shard=\"{shard}\"}} {}", u8::from(*held));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitcanary_shard_apps Apps of the shard this replica syncs (0 for a shard it does not hold).\n# TYPE gitcanary_shard_apps gauge"
+        );
+        for (shard, (_, apps)) in table.iter() {
+            let _ = writeln!(out, "gitcanary_shard_apps{{shard=\"{shard}\"}} {apps}");
+        }
     }
 
     /// The plain counters, in the order they are rendered: name, help, value.

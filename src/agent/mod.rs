@@ -57,6 +57,8 @@ pub enum Trigger {
     WrittenBack(BTreeSet<String>),
     /// The loader has read the source's head: sync it.
     Loaded,
+    /// This replica's shards changed: sync every app it holds now.
+    Shards,
 }
 
 impl Trigger {
@@ -74,6 +76,7 @@ impl Trigger {
             Trigger::Pushed => "pushed",
             Trigger::WrittenBack(_) => "written back",
             Trigger::Loaded => "loaded",
+            Trigger::Shards => "shards",
         }
     }
 
@@ -126,6 +129,8 @@ pub struct Agent {
     /// Apps earlier syncs found in order, answered again while nothing they
     /// hold changes (the watch caches tell).
     pub(crate) memo: SyncMemo,
+    /// With `--shards`: the shards this replica holds; it syncs only their apps.
+    pub shards: Option<Arc<crate::shards::Shards>>,
 }
 
 /// When a timer whose sync failed is tried again.
@@ -224,6 +229,9 @@ impl Agent {
                     continue;
                 };
                 let scope = scope::apps_of(&news, &owners);
+                let Some(scope) = self.within_shards(scope, &revision) else {
+                    continue;
+                };
                 let reasons: BTreeSet<&str> = news.iter().map(|t| t.reason()).collect();
                 debug!(?reasons, apps = ?scope, commit = %revision.commit, "sync triggered");
                 let sync_started = tokio::time::Instant::now();
@@ -256,6 +264,25 @@ impl Agent {
             () = reconcile => {}
             () = self.follow_source(&load_wanted, &triggers) => {}
         }
+    }
+
+    /// With shards, the apps of `scope` (every app, when `None`) whose shard
+    /// this replica holds, `None` when it holds none of them; without, `scope`.
+    fn within_shards(
+        &self,
+        scope: Option<BTreeSet<String>>,
+        revision: &crate::source::Revision,
+    ) -> Option<Option<BTreeSet<String>>> {
+        let Some(shards) = &self.shards else { return Some(scope) };
+        let apps: Vec<&String> = revision.manifests.apps.keys().collect();
+        self.metrics.record_shards(shards, &apps);
+        let held: BTreeSet<String> = apps
+            .into_iter()
+            .filter(|app| scope.as_ref().is_none_or(|scope| scope.contains(*app)))
+            .filter(|app| shards.holds_app(app))
+            .cloned()
+            .collect();
+        (!held.is_empty()).then_some(Some(held))
     }
 
     /// After a sync: metrics, the Git write-back, GitHub and the drift watches.

@@ -250,6 +250,12 @@ pub struct LeaderArgs {
     /// Who holds the Lease; default POD_NAME, else hostname-pid.
     #[arg(long)]
     pub leader_identity: Option<String>,
+    /// Share the apps among the agent's replicas: N shard Leases
+    /// (`gitcanary-shard-0` …) in the state namespace, each replica holding
+    /// about N / replicas of them and syncing only their apps (an app's
+    /// shard: FNV-1a of its name, modulo N). Replaces leader election.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<u32>,
 }
 
 pub async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Signal) -> Result<ExitCode, Error> {

@@ -203,6 +203,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         metrics,
         loaded: std::sync::Mutex::default(),
         memo: crate::sync::SyncMemo::default(),
+        shards: None,
     };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let signals = {
@@ -215,17 +216,10 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
             let _ = stop.send(true);
         })
     };
-    let leadership = match leader.filter(|l| !l.no_leader_election) {
-        Some(leader) => {
-            ensure_namespace(&agent.cluster, &args.source.state_namespace).await?;
-            let leadership = Leadership::new(&agent.cluster, lease_config(&args.source, &leader));
-            if !leadership.acquire(&mut stopped).await {
-                return Ok(ExitCode::SUCCESS);
-            }
-            tracing::info!(identity = %leadership.config().identity, "leading: this agent acts");
-            Some(leadership)
-        }
-        None => None,
+    let mut agent = agent;
+    let (leadership, shards) = match coordinate(&mut agent, &args.source, leader, &triggers, &mut stopped).await? {
+        Some(coordination) => coordination,
+        None => return Ok(ExitCode::SUCCESS),
     };
     let running = agent.run(triggers, queue, stopped.clone());
     tokio::pin!(running);
@@ -253,7 +247,72 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
     if let Some(leadership) = leadership {
         leadership.release().await;
     }
+    if let Some(shards) = shards {
+        shards.release_all().await;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How replicas of the agent share the work: the leader's Lease (one acts),
+/// `--shards` (each acts for its shards' apps), or neither. `None` when
+/// asked to stop while waiting for the Lease.
+async fn coordinate(
+    agent: &mut Agent,
+    source: &SourceArgs,
+    leader: Option<LeaderArgs>,
+    triggers: &tokio::sync::mpsc::Sender<crate::agent::Trigger>,
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<(Option<Leadership>, Option<Arc<crate::shards::Shards>>)>, Error> {
+    let Some(leader) = leader else {
+        return Ok(Some((None, None)));
+    };
+    if let Some(count) = leader.shards {
+        let shards = share(agent, source, &leader, count, triggers, stopped).await?;
+        return Ok(Some((None, Some(shards))));
+    }
+    if leader.no_leader_election {
+        return Ok(Some((None, None)));
+    }
+    ensure_namespace(&agent.cluster, &source.state_namespace).await?;
+    let leadership = Leadership::new(&agent.cluster, lease_config(source, &leader));
+    if !leadership.acquire(stopped).await {
+        return Ok(None);
+    }
+    tracing::info!(identity = %leadership.config().identity, "leading: this agent acts");
+    Ok(Some((Some(leadership), None)))
+}
+
+/// `--shards N`: this replica's shards, kept by a task of their own; the
+/// agent syncs only their apps and asks the shards before each app's writes.
+async fn share(
+    agent: &mut Agent,
+    source: &SourceArgs,
+    leader: &LeaderArgs,
+    count: u32,
+    triggers: &tokio::sync::mpsc::Sender<crate::agent::Trigger>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Arc<crate::shards::Shards>, Error> {
+    if count == 0 {
+        return Err(Error::Usage("--shards must be 1 or more".into()));
+    }
+    ensure_namespace(&agent.cluster, &source.state_namespace).await?;
+    let shards = Arc::new(crate::shards::Shards::new(
+        &agent.cluster,
+        count,
+        &lease_config(source, leader),
+    ));
+    tracing::info!(identity = %shards.identity, shards = count, "sharing the apps among replicas");
+    let fence = shards.clone();
+    agent.options.fence = Some(crate::plan::Fence(Arc::new(move |app: &str| fence.holds_app(app))));
+    agent.shards = Some(shards.clone());
+    let (keeper, triggers, mut stop) = (shards.clone(), triggers.clone(), stopped.clone());
+    tokio::spawn(async move {
+        let changed = || {
+            let _ = triggers.try_send(crate::agent::Trigger::Shards);
+        };
+        keeper.run(changed, &mut stop).await;
+    });
+    Ok(shards)
 }
 
 fn lease_config(source: &SourceArgs, leader: &LeaderArgs) -> LeaseConfig {

@@ -11,7 +11,7 @@ pub mod quantity;
 
 mod options;
 pub use health::{health_view, is_healthy};
-pub use options::{HookEndpoint, ServiceAccountRef, SyncOptions, WebEndpoint};
+pub use options::{Fence, HookEndpoint, ServiceAccountRef, SyncOptions, WebEndpoint};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

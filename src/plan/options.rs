@@ -62,6 +62,19 @@ pub struct SyncOptions {
     /// For apps `tenants` does not name (`--default-service-account`);
     /// `None`: those apps write as the agent.
     pub default_tenant: Option<ServiceAccountRef>,
+    /// With `--shards`: whether this replica may still write for an app,
+    /// asked just before each app's writes.
+    pub fence: Option<Fence>,
+}
+
+/// Whether this replica may write for an app now (its shard's Lease held).
+#[derive(Clone)]
+pub struct Fence(pub std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
+    }
 }
 
 impl SyncOptions {
@@ -149,6 +162,7 @@ impl Default for SyncOptions {
             adopt: false,
             tenants: BTreeMap::new(),
             default_tenant: None,
+            fence: None,
         }
     }
 }

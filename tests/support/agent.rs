@@ -185,6 +185,15 @@ impl AgentProcess {
         .await;
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the agent.
+    pub fn signal(&self, signal: &str) {
+        super::run(
+            Path::new("/"),
+            "kill",
+            &[&format!("-{signal}"), &self.child.id().to_string()],
+        );
+    }
+
     /// Whether the process still runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

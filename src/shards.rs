@@ -1,0 +1,262 @@
+//! Shards on Kubernetes Leases: with `--shards N`, replicas of one agent
+//! share its apps. Each app belongs to shard `fnv1a64(app name) mod N`; a
+//! replica syncs the apps of the shards whose Lease (`gitcanary-shard-K` in
+//! the state namespace) it holds. Each replica also renews a member Lease
+//! (`gitcanary-member-<identity>`) so the others know how many share the
+//! work: a replica takes free or expired shards up to its fair share
+//! (⌈N / replicas⌉) and gives back what it holds beyond it.
+//!
+//! Safety is the Lease's, as for the leader: another replica takes a shard
+//! only after seeing its record unchanged for a whole lease duration by its
+//! own clock, while the holder stops acting for the shard once it has not
+//! renewed for two thirds of one (`holds`, checked before each app's
+//! writes). A replica that was stopped wakes with its shards already out
+//! of date and writes nothing for them until it renews them.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::api::ListParams;
+use tracing::{info, warn};
+
+use crate::cluster::Cluster;
+use crate::lease::{Leadership, LeaseConfig};
+
+/// The shard an app belongs to: FNV-1a (64 bits) of its name, modulo the
+/// number of shards. Stable across versions and replicas: documented.
+pub fn shard_of(app: &str, shards: u32) -> u32 {
+    let hash = app.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (hash % u64::from(shards.max(1))) as u32
+}
+
+/// The most shards one of `replicas` replicas holds: ⌈shards / replicas⌉.
+pub fn fair_share(shards: u32, replicas: usize) -> usize {
+    (shards as usize).div_ceil(replicas.max(1))
+}
+
+/// Which shards to try to take (in order) and which to give back, for a
+/// replica holding `held` of `shards` when its fair share is `fair`. It
+/// starts looking at `start` (its own offset), so that replicas starting
+/// together do not all race for shard 0.
+pub fn rebalance(held: &BTreeSet<u32>, shards: u32, fair: usize, start: u32) -> (Vec<u32>, Vec<u32>) {
+    if held.len() > fair {
+        let give_back = held.iter().rev().take(held.len() - fair).copied().collect();
+        return (Vec::new(), give_back);
+    }
+    let take = (0..shards)
+        .map(|i| (start + i) % shards.max(1))
+        .filter(|shard| !held.contains(shard))
+        .collect();
+    (take, Vec::new())
+}
+
+pub const SHARD_LEASE_PREFIX: &str = "gitcanary-shard-";
+pub const MEMBER_LEASE_PREFIX: &str = "gitcanary-member-";
+
+pub struct Shards {
+    pub count: u32,
+    pub identity: String,
+    duration: Duration,
+    leases: Vec<Leadership>,
+    member: Leadership,
+    members: Api<Lease>,
+    /// For each shard: until when this replica may act for it.
+    acting_until: std::sync::Mutex<Vec<Option<Instant>>>,
+}
+
+impl Shards {
+    /// `template` names the namespace, identity and duration of every Lease.
+    pub fn new(cluster: &Cluster, count: u32, template: &LeaseConfig) -> Shards {
+        let lease = |name: String| {
+            Leadership::new(
+                cluster,
+                LeaseConfig {
+                    name,
+                    ..template.clone()
+                },
+            )
+        };
+        let count = count.max(1);
+        Shards {
+            count,
+            identity: template.identity.clone(),
+            duration: template.duration,
+            leases: (0..count).map(|k| lease(format!("{SHARD_LEASE_PREFIX}{k}"))).collect(),
+            member: lease(format!("{MEMBER_LEASE_PREFIX}{}", template.identity)),
+            members: Api::namespaced(cluster.client.clone(), &template.namespace),
+            acting_until: std::sync::Mutex::new(vec![None; count as usize]),
+        }
+    }
+
+    /// Whether this replica may act for `app` now.
+    pub fn holds_app(&self, app: &str) -> bool {
+        self.holds(shard_of(app, self.count))
+    }
+
+    pub fn holds(&self, shard: u32) -> bool {
+        let acting = self.acting_until.lock().unwrap_or_else(|e| e.into_inner());
+        acting
+            .get(shard as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// The shards this replica may act for now.
+    pub fn held(&self) -> BTreeSet<u32> {
+        (0..self.count).filter(|&shard| self.holds(shard)).collect()
+    }
+
+    /// Shards not renewed in time (this replica was stopped, or the API
+    /// server unreachable): acting for them has stopped; say so once.
+    fn forget_expired(&self) {
+        let mut acting = self.acting_until.lock().unwrap_or_else(|e| e.into_inner());
+        for (shard, until) in acting.iter_mut().enumerate() {
+            if until.is_some_and(|until| Instant::now() >= until) {
+                warn!(
+                    shard,
+                    "shards: this shard's Lease was not renewed in time; nothing is written for its apps until it is held again"
+                );
+                *until = None;
+            }
+        }
+    }
+
+    fn set(&self, shard: u32, until: Option<Instant>) {
+        let mut acting = self.acting_until.lock().unwrap_or_else(|e| e.into_inner());
+        acting[shard as usize] = until;
+    }
+
+    /// Replicas whose member Lease was renewed within two lease durations
+    /// (by the API server's clock and ours: only the share depends on it,
+    /// never safety).
+    async fn replicas(&self) -> usize {
+        let Ok(leases) = self.members.list(&ListParams::default()).await else {
+            return 1;
+        };
+        let now = jiff::Timestamp::now();
+        let window = jiff::SignedDuration::try_from(self.duration * 2).unwrap_or_default();
+        let live = leases
+            .items
+            .iter()
+            .filter(|lease| {
+                lease
+                    .metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(MEMBER_LEASE_PREFIX))
+            })
+            .filter(|lease| {
+                let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
+                renewed.is_some_and(|t| now.duration_since(t.0) < window)
+            })
+            .count();
+        live.max(1)
+    }
+
+    /// One round: renew the member Lease and the shards held, give back
+    /// what is beyond the fair share, take free ones up to it. Returns
+    /// whether the shards held changed.
+    pub async fn tick(&self) -> bool {
+        self.forget_expired();
+        let before = self.held();
+        if let Err(error) = self.member.try_acquire_or_renew().await {
+            warn!(%error, "shards: cannot renew this replica's member Lease");
+        }
+        let deadline = self.member.config().renew_deadline();
+        for shard in before.iter().copied() {
+            match self.leases[shard as usize].try_acquire_or_renew().await {
+                Ok((true, _)) => self.set(shard, Some(Instant::now() + deadline)),
+                Ok((false, holder)) => {
+                    warn!(shard, %holder, "shards: another replica took this shard; its apps are left to it");
+                    self.set(shard, None);
+                }
+                // Not renewed: acting stops when the deadline passes.
+                Err(error) => warn!(shard, %error, "shards: cannot renew a shard's Lease"),
+            }
+        }
+        let fair = fair_share(self.count, self.replicas().await);
+        let start = shard_of(&self.identity, self.count);
+        let (take, give_back) = rebalance(&self.held(), self.count, fair, start);
+        for shard in give_back {
+            self.set(shard, None);
+            self.leases[shard as usize].release().await;
+            info!(shard, fair, "shards: gave a shard back for another replica to take");
+        }
+        for shard in take {
+            if self.held().len() >= fair {
+                break;
+            }
+            if let Ok((true, _)) = self.leases[shard as usize].try_acquire_or_renew().await {
+                self.set(shard, Some(Instant::now() + deadline));
+                info!(shard, "shards: took a shard");
+            }
+        }
+        self.held() != before
+    }
+
+    /// Keeps the shards until `stop`; calls `changed` after a round that
+    /// changed what is held (and when a held shard's deadline passes).
+    pub async fn run(&self, changed: impl Fn(), stop: &mut tokio::sync::watch::Receiver<bool>) {
+        loop {
+            let held = self.held();
+            if self.tick().await || self.held() != held {
+                changed();
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                () = tokio::time::sleep(self.member.config().retry_period()) => {}
+            }
+        }
+    }
+
+    /// Gives every shard and the member Lease back (a clean shutdown).
+    pub async fn release_all(&self) {
+        for shard in self.held() {
+            self.set(shard, None);
+            self.leases[shard as usize].release().await;
+        }
+        self.member.release().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_apps_shard_is_stable_and_spreads_apps() {
+        // Documented values: a change of hash would move every app.
+        assert_eq!(shard_of("web", 6), shard_of("web", 6));
+        assert_eq!(shard_of("", 6), (0xcbf2_9ce4_8422_2325_u64 % 6) as u32);
+        let mut per_shard = [0; 6];
+        for i in 0..600 {
+            per_shard[shard_of(&format!("app-{i}"), 6) as usize] += 1;
+        }
+        assert!(per_shard.iter().all(|&n| (60..=140).contains(&n)), "{per_shard:?}");
+        assert_eq!(shard_of("anything", 1), 0);
+        assert_eq!(shard_of("anything", 0), 0, "no shards is one shard");
+    }
+
+    #[test]
+    fn the_fair_share_rounds_up_so_every_shard_has_room() {
+        assert_eq!(fair_share(6, 3), 2);
+        assert_eq!(fair_share(6, 4), 2);
+        assert_eq!(fair_share(6, 1), 6);
+        assert_eq!(fair_share(6, 0), 6);
+        assert_eq!(fair_share(1, 3), 1);
+    }
+
+    #[test]
+    fn a_replica_over_its_share_gives_back_its_highest_shards_and_one_under_it_looks_from_its_offset() {
+        let held: BTreeSet<u32> = [0, 2, 4, 5].into();
+        assert_eq!(rebalance(&held, 6, 2, 0), (vec![], vec![5, 4]));
+        assert_eq!(rebalance(&held, 6, 4, 0), (vec![1, 3], vec![]));
+        let none = BTreeSet::new();
+        assert_eq!(rebalance(&none, 6, 2, 4).0, vec![4, 5, 0, 1, 2, 3]);
+    }
+}

@@ -1,0 +1,182 @@
+//! Three replicas with `--shards 6` share twelve apps: each shard is held
+//! by one replica, two each; a replica killed loses its shards to the
+//! others within the lease duration and a change to one of its apps is
+//! applied by another; a replica stopped while its Leases expire writes
+//! nothing for their apps when it wakes.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use support::agent::{AgentProcess, Scenario};
+use support::eventually;
+
+const WAIT: Duration = Duration::from_secs(90);
+const APPS: usize = 12;
+const SHARDS: u32 = 6;
+
+fn write_apps(scenario: &Scenario, version: &str, only: Option<&str>) {
+    for i in 0..APPS {
+        let app = format!("app-{i:02}");
+        if only.is_some_and(|only| only != app) {
+            continue;
+        }
+        let ns = &scenario.ns;
+        scenario.repo.write(
+            &format!("{app}/cm.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {app}, namespace: {ns}}}\ndata: {{version: \"{version}\"}}\n"
+            ),
+        );
+    }
+}
+
+fn replica(scenario: &Scenario, identity: &str) -> AgentProcess {
+    let cache = scenario.cache.path().join(identity);
+    std::fs::create_dir_all(&cache).expect("a cache of its own");
+    AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        &cache,
+        &[
+            "--leader-identity",
+            identity,
+            "--lease-duration",
+            "4",
+            "--shards",
+            &SHARDS.to_string(),
+        ],
+        &[],
+    )
+}
+
+/// The shards each replica says it holds (from its `/metrics`).
+async fn held(replica: &AgentProcess) -> BTreeSet<u32> {
+    let names: Vec<String> = (0..SHARDS)
+        .map(|k| format!("gitcanary_shard_held{{shard=\"{k}\"}}"))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let values = replica.counters(&names).await;
+    (0..SHARDS).filter(|k| values[*k as usize] == 1).collect()
+}
+
+async fn apps(replica: &AgentProcess) -> u64 {
+    let mut total = 0;
+    for k in 0..SHARDS {
+        total += replica.counter(&format!("gitcanary_shard_apps{{shard=\"{k}\"}}")).await;
+    }
+    total
+}
+
+async fn version(scenario: &Scenario, app: &str) -> Option<String> {
+    let maps: Api<ConfigMap> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    maps.get_opt(app).await.ok().flatten()?.data?.get("version").cloned()
+}
+
+/// Waits until `replicas` hold every shard between them, each its fair share.
+async fn balanced(replicas: &[&AgentProcess]) -> Vec<BTreeSet<u32>> {
+    let fair = (SHARDS as usize).div_ceil(replicas.len());
+    eventually("the shards shared out", WAIT, || async {
+        let mut each = Vec::new();
+        for replica in replicas {
+            each.push(held(replica).await);
+        }
+        let all: BTreeSet<u32> = each.iter().flatten().copied().collect();
+        let disjoint = each.iter().map(BTreeSet::len).sum::<usize>() == all.len();
+        let fair_shares = each.iter().all(|h| h.len() <= fair);
+        (disjoint && fair_shares && all.len() == SHARDS as usize).then_some(each)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
+    let scenario = Scenario::new("shards").await;
+    write_apps(&scenario, "1", None);
+    scenario.repo.commit_and_push("twelve apps");
+    let a = replica(&scenario, "replica-a");
+    let mut b = replica(&scenario, "replica-b");
+    let c = replica(&scenario, "replica-c");
+    let shares = balanced(&[&a, &b, &c]).await;
+    for i in 0..APPS {
+        let app = format!("app-{i:02}");
+        eventually(&format!("{app} applied"), WAIT, || async {
+            (version(&scenario, &app).await.as_deref() == Some("1")).then_some(())
+        })
+        .await;
+    }
+    // Each replica syncs exactly the apps of its shards: twelve in all.
+    eventually("twelve apps counted once", WAIT, || async {
+        (apps(&a).await + apps(&b).await + apps(&c).await == APPS as u64).then_some(())
+    })
+    .await;
+
+    // b dies; an app of its shards changes: a or c applies it.
+    let of_b = (0..APPS)
+        .map(|i| format!("app-{i:02}"))
+        .find(|app| shares[1].contains(&gitcanary::shards::shard_of(app, SHARDS)))
+        .expect("b holds an app");
+    b.kill();
+    write_apps(&scenario, "2", Some(&of_b));
+    scenario.repo.commit_and_push("one of b's apps changes");
+    eventually(&format!("{of_b} applied by another replica"), WAIT, || async {
+        (version(&scenario, &of_b).await.as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    balanced(&[&a, &c]).await;
+}
+
+#[tokio::test]
+async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it_wakes() {
+    let scenario = Scenario::new("shards-stop").await;
+    write_apps(&scenario, "1", None);
+    scenario.repo.commit_and_push("twelve apps");
+    let a = replica(&scenario, "replica-a");
+    let c = replica(&scenario, "replica-c");
+    let shares = balanced(&[&a, &c]).await;
+    let of_a = (0..APPS)
+        .map(|i| format!("app-{i:02}"))
+        .find(|app| shares[0].contains(&gitcanary::shards::shard_of(app, SHARDS)))
+        .expect("a holds an app");
+    eventually("applied", WAIT, || async {
+        (version(&scenario, &of_a).await.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+
+    // a stops; c takes every shard once a's Leases expire, and applies a change.
+    a.signal("STOP");
+    eventually("c holds every shard", WAIT, || async {
+        (held(&c).await.len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    write_apps(&scenario, "2", Some(&of_a));
+    scenario.repo.commit_and_push("one of a's apps changes");
+    eventually("c applies it", WAIT, || async {
+        (version(&scenario, &of_a).await.as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    // a's revision is the old one: had it written for the app on waking,
+    // the app would be back at 1.
+    a.signal("CONT");
+    eventually("a wakes and knows its shards are out of date", WAIT, || async {
+        a.log_text().contains("was not renewed in time").then_some(())
+    })
+    .await;
+    // The shards are shared out again, and the app keeps Git's newest version.
+    balanced(&[&a, &c]).await;
+    a.wait_for_syncs(1).await;
+    c.wait_for_syncs(1).await;
+    assert_eq!(version(&scenario, &of_a).await.as_deref(), Some("2"));
+    let log = a.log_text();
+    let woke = log.find("was not renewed in time").expect("the wake");
+    let stale_write = log[woke..]
+        .lines()
+        .find(|line| line.contains(&format!("app{{app={of_a} ")) && line.contains("applied=1"));
+    assert_eq!(
+        stale_write, None,
+        "a wrote nothing for the app once awake: its Git is 2 already"
+    );
+}
