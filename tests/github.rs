@@ -1010,6 +1010,7 @@ async fn a_github_app_signs_in_with_installation_tokens_renewed_before_they_expi
         token_lifetime: 40,
     });
     fake.grant("alice", "write");
+    fake.grant("mallory", "read");
     fake.grant("gitcanary-test[bot]", "write");
     write_app(&scenario, "1.0");
     scenario.repo.commit_and_push("echo 1.0");
@@ -1047,16 +1048,29 @@ async fn a_github_app_signs_in_with_installation_tokens_renewed_before_they_expi
         "the installation was found"
     );
 
-    // The bot's own words are never a command, though the bot may write.
+    assert!(fake.count("GET", "/app") >= 1, "the App's own account was asked");
+    // Past a first page of comments (pages after the first are signed too),
+    // the bot's own words are never a command, though the bot may write,
+    // while a reader's are read and answered.
+    for i in 0..110 {
+        fake.comment(7, "dave", &format!("chatter {i}"));
+    }
     fake.comment(7, "gitcanary-test[bot]", "/gitcanary promote");
-    comments_read(&fake, 7, 2).await;
+    fake.comment(7, "mallory", "/gitcanary promote");
+    eventually("mallory is answered, from the second page", WAIT, || async {
+        fake.comments_on(7)
+            .iter()
+            .any(|(_, _, b)| b.starts_with("@mallory"))
+            .then_some(())
+    })
+    .await;
     assert_eq!(phase(&scenario).await, Some(Phase::Paused));
     assert!(
         !fake
             .comments_on(7)
             .iter()
             .any(|(_, _, b)| b.starts_with("@gitcanary-test[bot]")),
-        "not even answered"
+        "the bot is not even answered"
     );
 
     // Looking at the gate every 1 to 3 s outlives several tokens.
@@ -1215,6 +1229,10 @@ fn the_fakes_branch_protection_is_githubs() {
         ("bob", "CHANGES_REQUESTED", "head"),
     ];
     assert!(refused(&data, &undone, "alice").is_some());
+    // Where no review is required, an objection does not hold a merge.
+    data.protection.required_approvals = 0;
+    assert_eq!(refused(&data, &undone, "alice"), None);
+    data.protection.required_approvals = 2;
     let commented = [
         ("alice", "APPROVED", "head"),
         ("bob", "APPROVED", "head"),
@@ -1296,6 +1314,20 @@ fn codeowners_patterns_match_as_gitignore_does() {
         "* stays in a segment"
     );
     assert!(owns("apps/**/rollout.yaml", "apps/web/x/rollout.yaml"));
+    assert!(
+        owns("apps/**/rollout.yaml", "apps/rollout.yaml"),
+        "** is zero directories too"
+    );
+    assert!(
+        !owns("apps/**/rollout.yaml", "apps/xrollout.yaml"),
+        "** is whole directories"
+    );
+    assert!(owns("docs/*", "docs/guide.md"));
+    assert!(
+        !owns("docs/*", "docs/build-app/troubleshooting.md"),
+        "GitHub: not its subdirectories"
+    );
+    assert!(owns("docs/", "docs/build-app/troubleshooting.md"));
 }
 
 /// GitHub's own events drive the gate: with the poll an hour away, a

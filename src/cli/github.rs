@@ -61,7 +61,12 @@ pub struct GitHubArgs {
 /// The GitHub client `--github-repo` asks for, signed in with the App when
 /// `--github-app-id` is given, else with GITCANARY_GITHUB_TOKEN (or _FILE).
 pub fn github_client(args: &GitHubArgs, metrics: Arc<crate::telemetry::Metrics>) -> Result<Option<GitHub>, Error> {
-    let Some(repo) = &args.github_repo else { return Ok(None) };
+    let Some(repo) = &args.github_repo else {
+        if args.github_app_id.is_some() {
+            tracing::warn!("--github-app-id is set but --github-repo is not: GitHub reporting is off");
+        }
+        return Ok(None);
+    };
     let token = match std::env::var("GITCANARY_GITHUB_TOKEN") {
         Ok(token) => Some(token),
         Err(_) => match std::env::var("GITCANARY_GITHUB_TOKEN_FILE") {

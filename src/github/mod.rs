@@ -144,7 +144,7 @@ impl GitHub {
             .set_connect_timeout(Some(CONNECT_TIMEOUT))
             .set_read_timeout(Some(REQUEST_TIMEOUT))
             .set_write_timeout(Some(REQUEST_TIMEOUT));
-        let session = Session::new(builder, credentials)?;
+        let session = Session::new(builder, credentials, repo)?;
         let base = base_url
             .parse()
             .map_err(|e: http::uri::InvalidUri| Error::Usage(format!("--github-url: {e}")))?;
@@ -176,7 +176,7 @@ impl GitHub {
         let login = self
             .login
             .get_or_try_init(|| async {
-                if let Some(login) = self.session.app_login().await {
+                if let Some(login) = self.session.app_login(&self.metrics).await {
                     return login;
                 }
                 let (me, _) = self
@@ -270,10 +270,14 @@ impl GitHub {
             let wait = until.saturating_duration_since(Instant::now()).as_secs();
             return Err(error(None, format!("rate limited ({why}); {wait} s more")));
         }
-        let client = self.session.client(&self.owner, &self.repo).await.inspect_err(|_| {
-            self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
-            self.metrics.github_calls.add(&endpoint, "error");
-        })?;
+        let client = self
+            .session
+            .client(&self.owner, &self.repo, &self.metrics)
+            .await
+            .inspect_err(|_| {
+                self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
+                self.metrics.github_calls.add(&endpoint, "error");
+            })?;
         let get = method == Method::GET;
         let remembered = get.then(|| self.etags.remembered(&uri)).flatten();
         let sent = match method {
@@ -659,7 +663,11 @@ fn next_page(headers: &http::HeaderMap, base: &http::Uri) -> Option<String> {
             .then(|| target.trim().trim_start_matches('<').trim_end_matches('>').to_string())
     })?;
     let uri: http::Uri = next.parse().ok()?;
-    (uri.scheme() == base.scheme() && uri.authority() == base.authority()).then_some(next)
+    // Sent as a path, as the first page is: octocrab signs an App's (and
+    // an installation's) requests only when they name no other host.
+    (uri.scheme() == base.scheme() && uri.authority() == base.authority())
+        .then(|| uri.path_and_query().map(ToString::to_string))
+        .flatten()
 }
 
 fn array(value: &Value) -> &[Value] {

@@ -8,6 +8,7 @@ use octocrab::Octocrab;
 use octocrab::models::{AppId, InstallationId};
 use serde_json::Value;
 
+use crate::telemetry::Metrics;
 use crate::{Error, Result};
 
 /// What `--github-app-*` or the token give.
@@ -56,6 +57,7 @@ fn failed(context: &str, status: Option<u16>, message: String) -> Error {
 }
 
 impl Session {
+    /// `repo` is the one repository an installation's tokens are minted for.
     pub(super) fn new(
         builder: octocrab::OctocrabBuilder<
             octocrab::NoSvc,
@@ -64,6 +66,7 @@ impl Session {
             octocrab::NotLayerReady,
         >,
         credentials: Credentials,
+        repo: &str,
     ) -> Result<Session> {
         let setup = |e: octocrab::Error| failed("client", None, e.to_string());
         match credentials {
@@ -78,7 +81,7 @@ impl Session {
                 let app = builder.app(AppId(id), key).build().map_err(setup)?;
                 let client = tokio::sync::OnceCell::new();
                 if let Some(installation) = installation {
-                    let _ = client.set(app.installation(InstallationId(installation)).map_err(setup)?);
+                    let _ = client.set(installation_client(&app, installation, repo)?);
                 }
                 Ok(Session::App { app, client })
             }
@@ -86,14 +89,43 @@ impl Session {
     }
 }
 
-/// A `GET` signed as the App itself, its JSON answer.
-async fn app_get(app: &Octocrab, path: &str, context: &str) -> Result<Value> {
-    let response = app._get(path).await.map_err(|e| failed(context, None, e.to_string()))?;
-    let status = response.status().as_u16();
-    let text = app
-        .body_to_string(response)
+/// The client of the App's installation, its tokens good for `repo` alone
+/// (an installation may cover more repositories than gitcanary needs).
+fn installation_client(app: &Octocrab, id: u64, repo: &str) -> Result<Octocrab> {
+    app.installation_builder(InstallationId(id))
+        .repositories(vec![repo.to_string()])
+        .build()
+        .map_err(|e| failed("the GitHub App's installation", None, e.to_string()))
+}
+
+/// A `GET` signed as the App itself, its JSON answer: bounded in time and
+/// counted as every GitHub call is.
+async fn app_get(app: &Octocrab, path: &str, context: &str, metrics: &Metrics) -> Result<Value> {
+    let endpoint = if path.ends_with("/installation") {
+        "GET /repos/{owner}/{repo}/installation"
+    } else {
+        "GET /app"
+    };
+    let exchange = async {
+        let response = app._get(path).await.map_err(|e| failed(context, None, e.to_string()))?;
+        let status = response.status().as_u16();
+        let text = app
+            .body_to_string(response)
+            .await
+            .map_err(|e| failed(context, Some(status), e.to_string()))?;
+        Ok::<_, Error>((status, text))
+    };
+    let answer = tokio::time::timeout(APP_CALL_TIMEOUT, exchange)
         .await
-        .map_err(|e| failed(context, Some(status), e.to_string()))?;
+        .unwrap_or_else(|_| {
+            Err(failed(
+                context,
+                None,
+                format!("no answer within {} s", APP_CALL_TIMEOUT.as_secs()),
+            ))
+        });
+    let (status, text) = answer.inspect_err(|_| metrics.github_calls.add(endpoint, "error"))?;
+    metrics.github_calls.add(endpoint, &status.to_string());
     let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     if !(200..300).contains(&status) {
         let message = value["message"].as_str().unwrap_or("no message").to_string();
@@ -102,23 +134,26 @@ async fn app_get(app: &Octocrab, path: &str, context: &str) -> Result<Value> {
     Ok(value)
 }
 
+/// How long a call signed as the App may take in all (as any GitHub call).
+const APP_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 impl Session {
     /// The client repository calls go through: the token's, or the App's
     /// installation on `owner`'s account (found once, when not given).
-    pub(super) async fn client(&self, owner: &str, repo: &str) -> Result<&Octocrab> {
+    pub(super) async fn client(&self, owner: &str, repo: &str, metrics: &Metrics) -> Result<&Octocrab> {
         match self {
             Session::Token(client) => Ok(client),
             Session::App { app, client, .. } => {
                 client
                     .get_or_try_init(|| async {
                         let context = "the GitHub App's installation";
-                        let found = app_get(app, &format!("/repos/{owner}/{repo}/installation"), context).await?;
+                        let path = format!("/repos/{owner}/{repo}/installation");
+                        let found = app_get(app, &path, context, metrics).await?;
                         let id = found["id"]
                             .as_u64()
                             .ok_or_else(|| failed(context, None, "the answer names no installation id".into()))?;
                         tracing::info!(installation = id, "GitHub: signed in as the App's installation");
-                        app.installation(InstallationId(id))
-                            .map_err(|e| failed(context, None, e.to_string()))
+                        installation_client(app, id, repo)
                     })
                     .await
             }
@@ -127,10 +162,10 @@ impl Session {
 
     /// The App's own account (`slug[bot]`), when signed in as an App; its
     /// comments and commits are gitcanary's.
-    pub(super) async fn app_login(&self) -> Option<Result<String>> {
+    pub(super) async fn app_login(&self, metrics: &Metrics) -> Option<Result<String>> {
         let Session::App { app, .. } = self else { return None };
         let context = "the GitHub App";
-        Some(app_get(app, "/app", context).await.and_then(|found| {
+        Some(app_get(app, "/app", context, metrics).await.and_then(|found| {
             found["slug"]
                 .as_str()
                 .map(|slug| format!("{slug}[bot]"))
@@ -151,7 +186,7 @@ mod tests {
             key_pem: b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n".to_vec(),
             installation: Some(2),
         };
-        match Session::new(builder, credentials) {
+        match Session::new(builder, credentials, "apps") {
             Err(Error::Usage(message)) => assert!(message.contains("--github-app-key-file"), "{message}"),
             Err(other) => panic!("{other}"),
             Ok(_) => panic!("a bad key was taken"),

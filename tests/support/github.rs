@@ -156,7 +156,9 @@ fn deliver(
         .split_once('/')
         .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
     let address: std::net::SocketAddr = host.parse().expect("a HOST:PORT address");
-    for (number, (event, body)) in queue.into_iter().enumerate() {
+    static DELIVERIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    for (event, body) in queue {
+        let number = DELIVERIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("any key");
         mac.update(&body);
         let signature = hex::encode(mac.finalize().into_bytes());
@@ -757,6 +759,9 @@ fn credentials_check(
     if is_jwt {
         return refuse(StatusCode::UNAUTHORIZED, "Bad credentials");
     }
+    if token.is_empty() {
+        return refuse(StatusCode::UNAUTHORIZED, "Requires authentication");
+    }
     if let Some(expires) = data.installation_tokens.get(token) {
         if *expires <= epoch() {
             return refuse(StatusCode::UNAUTHORIZED, "Bad credentials");
@@ -784,7 +789,10 @@ fn verify_app_jwt(app: &FakeApp, token: &str) -> Result<(), String> {
         return Err("'Issuer' claim ('iss') must be the App's id".into());
     }
     let (iat, exp) = (claims["iat"].as_u64().unwrap_or(0), claims["exp"].as_u64().unwrap_or(0));
-    if exp.saturating_sub(iat) > 660 || exp > epoch() + 600 {
+    if iat > epoch() {
+        return Err("'Issued at' claim ('iat') must be an Integer representing a time in the past".into());
+    }
+    if exp > epoch() + 600 {
         return Err("'Expiration time' claim ('exp') is too far in the future".into());
     }
     Ok(())
@@ -1271,10 +1279,13 @@ pub fn codeowners_match(pattern: &str, path: &str) -> bool {
     fn glob(pattern: &[u8], text: &[u8]) -> bool {
         match (pattern.first(), text.first()) {
             (None, None) => true,
-            (Some(b'*'), _) if pattern.get(1) == Some(&b'*') => {
-                let rest = pattern[2..].strip_prefix(b"/").unwrap_or(&pattern[2..]);
-                (0..=text.len()).any(|i| glob(rest, &text[i..]))
-            }
+            // `**/` is any number of whole directories; a final `**`, anything.
+            (Some(b'*'), _) if pattern.get(1) == Some(&b'*') => match pattern[2..].strip_prefix(b"/") {
+                Some(rest) => {
+                    glob(rest, text) || (0..text.len()).any(|i| text[i] == b'/' && glob(rest, &text[i + 1..]))
+                }
+                None => true,
+            },
             (Some(b'*'), _) => (0..=text.len())
                 .take_while(|&i| i == 0 || text[i - 1] != b'/')
                 .any(|i| glob(&pattern[1..], &text[i..])),
@@ -1297,9 +1308,11 @@ pub fn codeowners_match(pattern: &str, path: &str) -> bool {
         let rest = &path[start..];
         // The pattern names the path itself, or a directory holding it.
         let whole = !directory && glob(trimmed.as_bytes(), rest.as_bytes());
-        let within = rest
-            .match_indices('/')
-            .any(|(i, _)| glob(trimmed.as_bytes(), &rest.as_bytes()[..i]));
+        // `docs/*` owns the files in docs, not those of its subdirectories.
+        let within = !trimmed.ends_with("/*")
+            && rest
+                .match_indices('/')
+                .any(|(i, _)| glob(trimmed.as_bytes(), &rest.as_bytes()[..i]));
         whole || within
     })
 }
@@ -1331,9 +1344,11 @@ pub fn merge_refusal(
         .filter(|(user, (state, commit))| can_write(data, user) && counts(state, commit))
         .map(|(user, _)| *user)
         .collect();
-    if latest
-        .iter()
-        .any(|(user, (state, _))| *state == "CHANGES_REQUESTED" && can_write(data, user))
+    // A writer's "changes requested" blocks only where reviews are required.
+    if rules.required_approvals > 0
+        && latest
+            .iter()
+            .any(|(user, (state, _))| *state == "CHANGES_REQUESTED" && can_write(data, user))
     {
         return Some("Changes were requested by a reviewer with write access.".into());
     }
