@@ -1,5 +1,5 @@
 //! The agent as `deploy/` installs it: it runs with the ServiceAccount's
-//! token and the RBAC of `deploy/rbac.yaml`, not as admin, and completes a
+//! token and the RBAC of `deploy/cluster-rbac/rbac.yaml`, not as admin, and completes a
 //! canary of the quickstart example; and that token reads no Secrets.
 
 mod support;
@@ -57,7 +57,7 @@ async fn apply_file(client: &Client, path: &Path) {
 /// The agent's identity as the cluster sees it: a kubeconfig holding a
 /// token of the `gitcanary` ServiceAccount, after `deploy/`'s RBAC is in place.
 async fn service_account_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
-    for file in ["base/namespace.yaml", "base/serviceaccount.yaml", "rbac.yaml"] {
+    for file in ["base/namespace.yaml", "base/serviceaccount.yaml", "cluster-rbac/rbac.yaml"] {
         apply_file(admin, &repo_root().join("deploy").join(file)).await;
     }
     token_kubeconfig(admin, "gitcanary", dir).await
@@ -221,6 +221,13 @@ async fn deploy_is_accepted_by_the_api_server_and_meets_the_restricted_pod_secur
         (
             "deploy/tenant-example",
             &["role.rbac.authorization.k8s.io/gitcanary-tenant "][..],
+        ),
+        (
+            "deploy/sharded",
+            &[
+                "clusterrole.rbac.authorization.k8s.io/gitcanary ",
+                "poddisruptionbudget.policy/gitcanary ",
+            ][..],
         ),
     ] {
         let output = std::process::Command::new(&kubectl)
