@@ -3,7 +3,9 @@
 //! local bare repository, and maps API tokens to users.
 //!
 //! cargo run --example github_fake -- BARE_REPO [USER=TOKEN:PERMISSION ...]
-//! Prints `GITHUB_URL=http://127.0.0.1:PORT` and serves until killed.
+//! Prints `GITHUB_URL=http://127.0.0.1:PORT` and serves until killed. With
+//! GITHUB_FAKE_WEBHOOK_URL and GITHUB_FAKE_WEBHOOK_SECRET it delivers
+//! GitHub's events there, signed, as a repository webhook does.
 
 #[allow(dead_code)]
 #[path = "../tests/support/github.rs"]
@@ -21,6 +23,12 @@ async fn main() {
         std::process::exit(2);
     };
     let fake = github::GitHubFake::start_for(std::path::Path::new(&bare)).await;
+    if let (Ok(url), Ok(secret)) = (
+        std::env::var("GITHUB_FAKE_WEBHOOK_URL"),
+        std::env::var("GITHUB_FAKE_WEBHOOK_SECRET"),
+    ) {
+        fake.deliver_to(&url, &secret);
+    }
     for grant in args {
         // EMAIL=LOGIN: commits of that email are that account's.
         if let Some((email, login)) = grant.split_once('=').filter(|(email, _)| email.contains('@')) {

@@ -82,12 +82,16 @@ git -C "$work/clone" push -q origin HEAD:main
 say "installed the Rollout CRD (gitcanary crd | kubectl apply -f -)"
 
 bold "Starting a GitHub API fake for acme/apps: alice and carol may write, bob may only read; alice's commits are hers"
-"$target_dir/debug/examples/github_fake" "$work/apps.git" alice=alice-token:write bob=bob-token:read carol=carol-token:write \
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+secret="demo-webhook-secret"
+# The repository's webhook: GitHub's events, signed, to the agent's /webhook.
+GITHUB_FAKE_WEBHOOK_URL="http://127.0.0.1:$port/webhook" GITHUB_FAKE_WEBHOOK_SECRET="$secret" \
+  "$target_dir/debug/examples/github_fake" "$work/apps.git" alice=alice-token:write bob=bob-token:read carol=carol-token:write \
   alice@example.test=alice >"$work/github.out" 2>&1 &
 github_pid=$!
 for _ in $(seq 1 100); do grep -q '^GITHUB_URL=' "$work/github.out" 2>/dev/null && break; sleep 0.1; done
 github_url=$(sed -n 's/^GITHUB_URL=//p' "$work/github.out")
-say "GitHub's REST API as octocrab sees it, at $github_url; its pull requests merge into the demo repository"
+say "GitHub's REST API as octocrab sees it, at $github_url; its pull requests merge into the demo repository, and its events (comments, reviews, merges, pushes) are delivered to the agent's webhook"
 api() { # TOKEN METHOD PATH [JSON]: a call to the GitHub API as a user would make it
   curl -s -X "$2" -H "Authorization: Bearer $1" -H 'Content-Type: application/json' \
     "$github_url/repos/acme/apps$3" ${4:+-d "$4"}
@@ -115,9 +119,7 @@ chat_pid=$!
 for _ in $(seq 1 50); do curl -s -o /dev/null "http://127.0.0.1:$chat_port/" && break; sleep 0.1; done
 
 bold "Starting the agent (webhook on 127.0.0.1, polling every 5 minutes as a fallback; release events to the team's chat)"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dashboard_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-secret="demo-webhook-secret"
 GITCANARY_WEBHOOK_SECRET="$secret" GITCANARY_GITHUB_TOKEN="gitcanary-token" "$gitcanary" run \
   --repo "file://$work/apps.git" --prune --listen "127.0.0.1:$port" --poll-interval 300 \
   --cache-dir "$work/cache" --github-url "$github_url" --github-repo acme/apps \
@@ -136,12 +138,6 @@ webhook() { # the signed push GitHub would send
   sig=$(printf '%s' "$body" | openssl dgst -sha256 -hmac "$secret" | sed 's/^.*= //')
   curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$port/webhook" \
     -H 'X-GitHub-Event: push' -H "X-Hub-Signature-256: sha256=$sig" -d "$body"
-}
-event() { # the signed event GitHub sends on a comment or review (the fake sends none): EVENT BODY
-  local body=$2 sig
-  sig=$(printf '%s' "$body" | openssl dgst -sha256 -hmac "$secret" | sed 's/^.*= //')
-  curl -s -o /dev/null -X POST "http://127.0.0.1:$port/webhook" \
-    -H "X-GitHub-Event: $1" -H "X-Hub-Signature-256: sha256=$sig" -d "$body"
 }
 image() { k -n demo get deployment echoserver -o jsonpath='{.spec.template.spec.containers[0].image}'; }
 
@@ -212,7 +208,6 @@ gate_branch=${gate#* }; gate=${gate%% *}
 say "#$gate from $gate_branch; it writes:"
 git -C "$work/apps.git" show "$gate_branch:.gitcanary/gates/demo/echoserver.yaml" | head -6 | sed 's/^/     /'
 api bob-token POST "/issues/$gate/comments" '{"body": "/gitcanary promote"}' >/dev/null
-event issue_comment '{"action": "created", "comment": {"body": "/gitcanary promote"}}'
 say "bob (read access) comments /gitcanary promote; gitcanary answers:"
 for _ in $(seq 1 50); do
   reply=$(api alice-token GET "/issues/$gate/comments" | json '"".join(c["body"] for c in d if c["body"].startswith("@bob"))')
@@ -221,12 +216,10 @@ done
 say "  \"$reply\""
 say "and the release still waits: $(rollout_line)"
 api alice-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
-event pull_request_review "{\"action\": \"submitted\", \"pull_request\": {\"head\": {\"ref\": \"$gate_branch\"}}}"
 say "alice approves #$gate too, but she wrote the change: her approval does not count, and the release still waits"
 sleep 4
 say "$(rollout_line)"
 api carol-token POST "/pulls/$gate/reviews" '{"event": "APPROVE"}' >/dev/null
-event pull_request_review "{\"action\": \"submitted\", \"pull_request\": {\"head\": {\"ref\": \"$gate_branch\"}}}"
 say "carol (write access, who wrote none of the change) approves #$gate: gitcanary merges it and goes on"
 follow_until Healthy
 say "#$gate merged by: $(api alice-token GET "/pulls/$gate" | json 'd["merged_by"]["login"]')"

@@ -1392,6 +1392,15 @@ async fn githubs_events_pass_the_gate_with_no_poll_and_the_agents_own_comments_s
         fake.delivered() >= 4,
         "comments, a review, a merge and its push were delivered"
     );
+    let answers = fake
+        .comments_on(gate.number)
+        .into_iter()
+        .filter(|(_, _, b)| b.starts_with("@mallory"))
+        .count();
+    assert_eq!(
+        answers, 1,
+        "each command is answered once, however many events wake a look"
+    );
     let spent = fake.counted() - before;
     assert!(
         spent < 150,

@@ -48,6 +48,10 @@ pub struct GitHub {
     pub gate_policy: GatePolicy,
     /// The last answer of each `GET`, for conditional requests.
     etags: etags::Etags,
+    /// The newest command comment this process handled, by Rollout
+    /// (`namespace/name`): a look that starts from a status read before the
+    /// last look's record landed (events come fast) acts on none twice.
+    handled: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 /// Whose approving reviews pass a promotion pull request, besides writers.
@@ -159,7 +163,21 @@ impl GitHub {
             login: tokio::sync::OnceCell::new(),
             gate_policy: GatePolicy::default(),
             etags: etags::Etags::default(),
+            handled: std::sync::Mutex::default(),
         })
+    }
+
+    /// The newest command comment handled for `rollout`: the one its
+    /// status records, or a newer one this process handled since.
+    pub fn handled_since(&self, rollout: &str, recorded: u64) -> u64 {
+        let handled = self.handled.lock().unwrap_or_else(|e| e.into_inner());
+        handled.get(rollout).copied().unwrap_or(0).max(recorded)
+    }
+
+    pub fn note_handled(&self, rollout: &str, last: u64) {
+        let mut handled = self.handled.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = handled.entry(rollout.to_string()).or_default();
+        *entry = (*entry).max(last);
     }
 
     pub fn owner(&self) -> &str {

@@ -252,7 +252,9 @@ async fn handle_commands(
     pulls: &[u64],
     authors: &[String],
 ) -> bool {
-    let mut last = rollout.last_command_comment;
+    let key = format!("{}/{}", rollout.namespace, rollout.name);
+    let handled = github.handled_since(&key, rollout.last_command_comment);
+    let mut last = handled;
     let mut signalled = false;
     // A command written before this release began is not for it.
     let began = rollout
@@ -261,7 +263,7 @@ async fn handle_commands(
         .first()
         .and_then(|step| step.started_at.parse::<jiff::Timestamp>().ok());
     for pull in pulls {
-        let commands = match github.commands(*pull, rollout.last_command_comment, began).await {
+        let commands = match github.commands(*pull, handled, began).await {
             Ok(commands) => commands,
             Err(error) => {
                 warn!(%error, pull, "GitHub: cannot read commands");
@@ -314,6 +316,7 @@ async fn handle_commands(
             }
         }
     }
+    github.note_handled(&key, last);
     if last > rollout.last_command_comment
         && let Err(error) = record_last_comment(cluster, &rollout.namespace, &rollout.name, last).await
     {
