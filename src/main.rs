@@ -39,6 +39,13 @@ struct RolloutsView {
     /// was aborted.
     #[arg(short, long)]
     watch: bool,
+    /// The agent's state namespace: with `--shards`, which replica holds
+    /// each shard and each Rollout's app is shown from its Leases.
+    #[arg(long, default_value = "gitcanary-system")]
+    state_namespace: String,
+    /// The agent's instance name, whose app statuses name each app.
+    #[arg(long, default_value = gitcanary::DEFAULT_INSTANCE)]
+    instance: String,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -236,9 +243,18 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
                 namespace,
                 output,
                 watch,
+                state_namespace,
+                instance,
                 cluster,
             } = view;
-            cli::status(&cluster, namespace.as_deref(), name.as_deref(), &output, watch).await
+            let view = cli::StatusView {
+                namespace: namespace.as_deref(),
+                name: name.as_deref(),
+                output: &output,
+                watch,
+                agent: (&state_namespace, &instance),
+            };
+            cli::status(&cluster, view).await
         }
     }
 }

@@ -13,7 +13,7 @@
 //! writes). A replica that was stopped wakes with its shards already out
 //! of date and writes nothing for them until it renews them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -224,6 +224,86 @@ impl Shards {
     }
 }
 
+/// Who holds the shards of the agent whose state is in `namespace`, for
+/// `gitcanary status`: `None` when no shard Lease is there (or it cannot be
+/// read). `rollouts` (`namespace/name`) are each named with their app.
+pub async fn describe(cluster: &Cluster, namespace: &str, instance: &str, rollouts: &[String]) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), namespace);
+    let listed = leases.list(&ListParams::default()).await.ok()?;
+    let mut holders = BTreeMap::new();
+    for lease in &listed.items {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        let Some(index) = name
+            .strip_prefix(SHARD_LEASE_PREFIX)
+            .and_then(|k| k.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .unwrap_or_default();
+        holders.insert(index, holder);
+    }
+    let count = holders.keys().max()? + 1;
+    let statuses = crate::cluster::AppStatus::load_all(cluster, namespace, instance)
+        .await
+        .unwrap_or_default();
+    let governed: Vec<(String, String)> = statuses
+        .values()
+        .flat_map(|status| {
+            status
+                .inventory
+                .iter()
+                .filter(|entry| entry.kind == crate::rollout::api::KIND)
+                .map(|entry| {
+                    let key = format!("{}/{}", entry.namespace.as_deref().unwrap_or_default(), entry.name);
+                    (key, status.app.clone())
+                })
+        })
+        .filter(|(key, _)| rollouts.contains(key))
+        .collect();
+    let apps: Vec<&String> = statuses.keys().collect();
+    Some(render(namespace, count, &holders, &apps, &governed))
+}
+
+/// The shards by replica (with how many of `apps` each syncs), then each
+/// governed Rollout with its app, shard and replica. Pure.
+fn render(
+    namespace: &str,
+    count: u32,
+    holders: &BTreeMap<u32, String>,
+    apps: &[&String],
+    governed: &[(String, String)],
+) -> String {
+    use std::fmt::Write;
+    let holder = |shard: u32| {
+        holders
+            .get(&shard)
+            .filter(|h| !h.is_empty())
+            .cloned()
+            .unwrap_or_else(|| "(nobody)".to_string())
+    };
+    let mut by_replica: BTreeMap<String, (Vec<u32>, usize)> = BTreeMap::new();
+    for shard in 0..count {
+        by_replica.entry(holder(shard)).or_default().0.push(shard);
+    }
+    for app in apps {
+        by_replica.entry(holder(shard_of(app, count))).or_default().1 += 1;
+    }
+    let mut out = format!("\nShards: {count}, Leases in {namespace}\n");
+    for (replica, (shards, apps)) in &by_replica {
+        let shards: Vec<String> = shards.iter().map(u32::to_string).collect();
+        let _ = writeln!(out, "  {replica:<24} shards {:<12} apps {apps}", shards.join(","));
+    }
+    for (rollout, app) in governed {
+        let shard = shard_of(app, count);
+        let _ = writeln!(out, "  {rollout}: app {app}, shard {shard}, held by {}", holder(shard));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +320,37 @@ mod tests {
         assert!(per_shard.iter().all(|&n| (60..=140).contains(&n)), "{per_shard:?}");
         assert_eq!(shard_of("anything", 1), 0);
         assert_eq!(shard_of("anything", 0), 0, "no shards is one shard");
+    }
+
+    #[test]
+    fn status_names_each_replicas_shards_and_apps_and_each_rollouts_holder() {
+        let holders = BTreeMap::from([(0, "a".to_string()), (1, "b".to_string()), (2, String::new())]);
+        let (web, shop) = ("web".to_string(), "shop".to_string());
+        let text = render(
+            "gitcanary-system",
+            3,
+            &holders,
+            &[&web, &shop],
+            &[("demo/echo".into(), "web".into())],
+        );
+        let web_shard = shard_of("web", 3);
+        let web_holder = ["a", "b", "(nobody)"][web_shard as usize];
+        assert!(text.contains("Shards: 3, Leases in gitcanary-system"), "{text}");
+        assert!(
+            text.contains(&format!("demo/echo: app web, shard {web_shard}, held by {web_holder}")),
+            "{text}"
+        );
+        for replica in ["a ", "b ", "(nobody) "] {
+            assert!(
+                text.lines().any(|l| l.trim_start().starts_with(replica)),
+                "{replica} in {text}"
+            );
+        }
+        let apps: usize = text
+            .lines()
+            .filter_map(|l| l.split("apps ").nth(1)?.trim().parse::<usize>().ok())
+            .sum();
+        assert_eq!(apps, 2, "{text}");
     }
 
     #[test]

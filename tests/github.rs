@@ -1453,3 +1453,38 @@ async fn a_burst_past_githubs_secondary_limit_waits_as_retry_after_says() {
         );
     }
 }
+
+/// A custom repository role counts by the base permission GitHub gives it
+/// (`permission`), whatever its name (`role_name`): a release manager role
+/// on write may promote, a triage role on read may not.
+#[tokio::test]
+async fn a_custom_role_counts_by_its_base_permission_not_its_name() {
+    let scenario = Scenario::new("gh-roles").await;
+    let fake = GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.grant_role("rita", "write", "release-manager");
+    fake.grant_role("tom", "read", "triage-plus");
+    write_app(&scenario, "1.0");
+    scenario.repo.commit_and_push("echo 1.0");
+    let _agent = github_agent(&scenario, &fake.url);
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    write_app(&scenario, "2.0");
+    let commit = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&commit, 7);
+    wait_for_phase(&scenario, Phase::Paused).await;
+
+    fake.comment(7, "tom", "/gitcanary promote");
+    eventually("tom is told he needs write", WAIT, || async {
+        fake.comments_on(7)
+            .iter()
+            .any(|(_, _, b)| b.starts_with("@tom") && b.contains("needs write"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    fake.comment(7, "rita", "/gitcanary promote");
+    wait_for_phase(&scenario, Phase::Healthy).await;
+    assert!(
+        !fake.comments_on(7).iter().any(|(_, _, b)| b.starts_with("@rita")),
+        "rita's command was taken, not answered"
+    );
+}

@@ -57,7 +57,11 @@ async fn apply_file(client: &Client, path: &Path) {
 /// The agent's identity as the cluster sees it: a kubeconfig holding a
 /// token of the `gitcanary` ServiceAccount, after `deploy/`'s RBAC is in place.
 async fn service_account_kubeconfig(admin: &Client, dir: &Path) -> PathBuf {
-    for file in ["base/namespace.yaml", "base/serviceaccount.yaml", "cluster-rbac/rbac.yaml"] {
+    for file in [
+        "base/namespace.yaml",
+        "base/serviceaccount.yaml",
+        "cluster-rbac/rbac.yaml",
+    ] {
         apply_file(admin, &repo_root().join("deploy").join(file)).await;
     }
     token_kubeconfig(admin, "gitcanary", dir).await

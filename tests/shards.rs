@@ -113,6 +113,31 @@ async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
         (apps(&a).await + apps(&b).await + apps(&c).await == APPS as u64).then_some(())
     })
     .await;
+    // `gitcanary status` names each replica's shards and how many apps it syncs.
+    let instance = format!("e2e-{}", scenario.ns);
+    let (code, status, stderr) =
+        scenario.run_cli(&["status", "--state-namespace", &scenario.ns, "--instance", &instance]);
+    assert_eq!(code, 0, "{stderr}");
+    for (replica, held) in [
+        ("replica-a", &shares[0]),
+        ("replica-b", &shares[1]),
+        ("replica-c", &shares[2]),
+    ] {
+        let shards: Vec<String> = held.iter().map(u32::to_string).collect();
+        let line = status
+            .lines()
+            .find(|l| l.trim_start().starts_with(replica))
+            .unwrap_or_default();
+        assert!(
+            line.contains(&format!("shards {}", shards.join(","))),
+            "{replica}: {status}"
+        );
+    }
+    let counted: usize = status
+        .lines()
+        .filter_map(|l| l.split("apps ").nth(1)?.trim().parse::<usize>().ok())
+        .sum();
+    assert_eq!(counted, APPS, "{status}");
 
     // b dies; an app of its shards changes: a or c applies it.
     let of_b = (0..APPS)

@@ -270,13 +270,24 @@ pub async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Sig
 /// every release it saw running has ended: redrawn in place on a terminal,
 /// a new block only when something but the clock changed when piped; the
 /// exit code is then 1 when one of them failed or was aborted.
-pub async fn status(
-    args: &ClusterArgs,
-    namespace: Option<&str>,
-    name: Option<&str>,
-    output: &str,
-    watch: bool,
-) -> Result<ExitCode, Error> {
+/// What `gitcanary status` shows.
+pub struct StatusView<'a> {
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub output: &'a str,
+    pub watch: bool,
+    /// The agent's state namespace and instance (for its shards).
+    pub agent: (&'a str, &'a str),
+}
+
+pub async fn status(args: &ClusterArgs, view: StatusView<'_>) -> Result<ExitCode, Error> {
+    let StatusView {
+        namespace,
+        name,
+        output,
+        watch,
+        agent,
+    } = view;
     use crate::rollout::api::Phase;
     use std::io::Write;
     let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
@@ -310,7 +321,17 @@ pub async fn status(
                 let found = crate::dashboard::release_pods(&cluster, rollout).await;
                 pods.insert((namespace.unwrap_or_default(), name.unwrap_or_default()), found);
             }
-            let text = crate::rollout::cli::render(&rollouts, &pods, jiff::Timestamp::now());
+            let mut text = crate::rollout::cli::render(&rollouts, &pods, jiff::Timestamp::now());
+            let listed: Vec<String> = rollouts
+                .iter()
+                .map(|r| {
+                    let (ns, name) = key(r);
+                    format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())
+                })
+                .collect();
+            text += &crate::shards::describe(&cluster, agent.0, agent.1, &listed)
+                .await
+                .unwrap_or_default();
             let changed = crate::rollout::cli::without_clock(&text);
             (text, changed)
         };
