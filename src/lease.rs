@@ -101,23 +101,7 @@ impl Leadership {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().unwrap_or_default();
-        let record = format!(
-            "{holder}@{}",
-            spec.renew_time.as_ref().map(|t| t.0.to_string()).unwrap_or_default()
-        );
-        let held_for = {
-            let mut observed = self.observed.lock().unwrap_or_else(|e| e.into_inner());
-            match observed.as_ref() {
-                Some((seen, since)) if *seen == record => since.elapsed(),
-                _ => {
-                    *observed = Some((record, Instant::now()));
-                    Duration::ZERO
-                }
-            }
-        };
-        let lease_duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(duration_seconds).max(1) as u64);
-        let free = holder.is_empty() || held_for >= lease_duration;
+        let (holder, free) = self.judge(&spec);
         if holder != *me && !free {
             return Ok((false, holder));
         }
@@ -151,6 +135,47 @@ impl Leadership {
         }
     }
 
+    /// Whether the lease is free for this agent to take (no holder, or a
+    /// record unchanged for a whole lease duration by this agent's clock),
+    /// without writing anything; the look counts towards that duration.
+    pub async fn observe(&self) -> Result<bool> {
+        let Some(lease) = self
+            .api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(lease_error("reading the lease"))?
+        else {
+            return Ok(true);
+        };
+        let (holder, free) = self.judge(&lease.spec.unwrap_or_default());
+        Ok(free || holder == self.config.identity)
+    }
+
+    /// Who holds the lease, and whether it is free: no holder, or a record
+    /// (holder and renew time) this agent has seen unchanged for a whole
+    /// lease duration by its own clock. Each call counts as a look.
+    fn judge(&self, spec: &LeaseSpec) -> (String, bool) {
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let record = format!(
+            "{holder}@{}",
+            spec.renew_time.as_ref().map(|t| t.0.to_string()).unwrap_or_default()
+        );
+        let held_for = {
+            let mut observed = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+            match observed.as_ref() {
+                Some((seen, since)) if *seen == record => since.elapsed(),
+                _ => {
+                    *observed = Some((record, Instant::now()));
+                    Duration::ZERO
+                }
+            }
+        };
+        let default = self.config.duration.as_secs().max(1) as i32;
+        let lease_duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(default).max(1) as u64);
+        let free = holder.is_empty() || held_for >= lease_duration;
+        (holder, free)
+    }
+
     /// Waits until this agent holds the lease; `false` when asked to stop first.
     pub async fn acquire(&self, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
         let mut last_holder = String::new();
@@ -178,8 +203,11 @@ impl Leadership {
         let mut last_renewed = Instant::now();
         loop {
             tokio::time::sleep(self.config.retry_period()).await;
+            // Counted from before the request: an answer read late must not
+            // stretch the deadline past what a successor allows.
+            let asked = Instant::now();
             match self.try_acquire_or_renew().await {
-                Ok((true, _)) => last_renewed = Instant::now(),
+                Ok((true, _)) => last_renewed = asked,
                 Ok((false, holder)) => {
                     warn!(%holder, "the lease was taken by another agent");
                     return;

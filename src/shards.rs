@@ -1,17 +1,19 @@
 //! Shards on Kubernetes Leases: with `--shards N`, replicas of one agent
 //! share its apps. Each app belongs to shard `fnv1a64(app name) mod N`; a
-//! replica syncs the apps of the shards whose Lease (`gitcanary-shard-K` in
-//! the state namespace) it holds. Each replica also renews a member Lease
-//! (`gitcanary-member-<identity>`) so the others know how many share the
-//! work: a replica takes free or expired shards up to its fair share
-//! (⌈N / replicas⌉) and gives back what it holds beyond it.
+//! replica syncs the apps of the shards whose Lease (`<instance>-shard-K`
+//! in the state namespace) it holds. Each replica also renews a member
+//! Lease (`<instance>-member-<identity>`) so the others know how many share
+//! the work: a replica takes free or expired shards, one a round, up to its
+//! fair share (⌈N / replicas⌉), and stops renewing what it holds beyond it.
 //!
 //! Safety is the Lease's, as for the leader: another replica takes a shard
 //! only after seeing its record unchanged for a whole lease duration by its
 //! own clock, while the holder stops acting for the shard once it has not
-//! renewed for two thirds of one (`holds`, checked before each app's
-//! writes). A replica that was stopped wakes with its shards already out
-//! of date and writes nothing for them until it renews them.
+//! renewed for two thirds of one, counted from before its last renewal was
+//! sent (`holds`, asked before each app's sync and again before its status
+//! is recorded). A replica that was stopped wakes with its shards out of
+//! date and starts nothing for their apps; a request it had already sent
+//! when it was stopped cannot be called back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::ListParams;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cluster::Cluster;
 use crate::lease::{Leadership, LeaseConfig};
@@ -54,9 +56,6 @@ pub fn rebalance(held: &BTreeSet<u32>, shards: u32, fair: usize, start: u32) -> 
     (take, Vec::new())
 }
 
-pub const SHARD_LEASE_PREFIX: &str = "gitcanary-shard-";
-pub const MEMBER_LEASE_PREFIX: &str = "gitcanary-member-";
-
 pub struct Shards {
     pub count: u32,
     pub identity: String,
@@ -64,13 +63,25 @@ pub struct Shards {
     leases: Vec<Leadership>,
     member: Leadership,
     members: Api<Lease>,
+    /// `<instance>-member-`: the member Leases of this agent's replicas.
+    member_prefix: String,
     /// For each shard: until when this replica may act for it.
     acting_until: std::sync::Mutex<Vec<Option<Instant>>>,
+    /// Each member Lease's record (holder and renew time) and when this
+    /// replica saw it change: liveness by its own clock, not the writer's.
+    members_seen: std::sync::Mutex<std::collections::HashMap<String, (String, Instant)>>,
+    /// The replicas counted last (kept when the list fails).
+    replicas: std::sync::atomic::AtomicUsize,
+}
+
+/// The Lease of shard `k` of agent `instance`.
+pub fn shard_lease(instance: &str, k: u32) -> String {
+    format!("{instance}-shard-{k}")
 }
 
 impl Shards {
     /// `template` names the namespace, identity and duration of every Lease.
-    pub fn new(cluster: &Cluster, count: u32, template: &LeaseConfig) -> Shards {
+    pub fn new(cluster: &Cluster, instance: &str, count: u32, template: &LeaseConfig) -> Shards {
         let lease = |name: String| {
             Leadership::new(
                 cluster,
@@ -81,14 +92,18 @@ impl Shards {
             )
         };
         let count = count.max(1);
+        let member_prefix = format!("{instance}-member-");
         Shards {
             count,
             identity: template.identity.clone(),
             duration: template.duration,
-            leases: (0..count).map(|k| lease(format!("{SHARD_LEASE_PREFIX}{k}"))).collect(),
-            member: lease(format!("{MEMBER_LEASE_PREFIX}{}", template.identity)),
+            leases: (0..count).map(|k| lease(shard_lease(instance, k))).collect(),
+            member: lease(format!("{member_prefix}{}", template.identity)),
             members: Api::namespaced(cluster.client.clone(), &template.namespace),
+            member_prefix,
             acting_until: std::sync::Mutex::new(vec![None; count as usize]),
+            members_seen: std::sync::Mutex::default(),
+            replicas: std::sync::atomic::AtomicUsize::new(1),
         }
     }
 
@@ -131,46 +146,53 @@ impl Shards {
         acting[shard as usize] = until;
     }
 
-    /// Replicas whose member Lease was renewed within two lease durations
-    /// (by the API server's clock and ours: only the share depends on it,
-    /// never safety).
+    /// This agent's replicas that hold their member Lease and renewed it
+    /// within a lease duration, as this replica's clock saw the records
+    /// change (itself included).
     async fn replicas(&self) -> usize {
+        use std::sync::atomic::Ordering;
         let Ok(leases) = self.members.list(&ListParams::default()).await else {
-            return 1;
+            return self.replicas.load(Ordering::Relaxed);
         };
-        let now = jiff::Timestamp::now();
-        let window = jiff::SignedDuration::try_from(self.duration * 2).unwrap_or_default();
-        let live = leases
-            .items
-            .iter()
-            .filter(|lease| {
-                lease
-                    .metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(MEMBER_LEASE_PREFIX))
-            })
-            .filter(|lease| {
-                let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
-                renewed.is_some_and(|t| now.duration_since(t.0) < window)
-            })
-            .count();
-        live.max(1)
+        let mut seen = self.members_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut live = 1;
+        for lease in &leases.items {
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            let spec = lease.spec.clone().unwrap_or_default();
+            let holder = spec.holder_identity.unwrap_or_default();
+            if !name.starts_with(&self.member_prefix) || holder.is_empty() || holder == self.identity {
+                continue;
+            }
+            let record = format!("{holder}@{:?}", spec.renew_time.map(|t| t.0));
+            let entry = seen.entry(name).or_insert_with(|| (record.clone(), Instant::now()));
+            if entry.0 != record {
+                *entry = (record, Instant::now());
+            }
+            if entry.1.elapsed() < self.duration {
+                live += 1;
+            }
+        }
+        self.replicas.store(live, Ordering::Relaxed);
+        live
     }
 
-    /// One round: renew the member Lease and the shards held, give back
-    /// what is beyond the fair share, take free ones up to it. Returns
-    /// whether the shards held changed.
+    /// One round: renew the member Lease and the shards held; stop renewing
+    /// what is beyond the fair share (it expires for another replica to
+    /// take, so syncs already under way end first); take at most one free
+    /// shard while under the share. Returns whether the shards held changed.
     pub async fn tick(&self) -> bool {
         self.forget_expired();
         let before = self.held();
         if let Err(error) = self.member.try_acquire_or_renew().await {
-            warn!(%error, "shards: cannot renew this replica's member Lease");
+            debug!(%error, "shards: cannot renew this replica's member Lease");
         }
         let deadline = self.member.config().renew_deadline();
         for shard in before.iter().copied() {
+            // The deadline counts from before the request: an answer read
+            // late must not stretch it past what the others allow.
+            let asked = Instant::now();
             match self.leases[shard as usize].try_acquire_or_renew().await {
-                Ok((true, _)) => self.set(shard, Some(Instant::now() + deadline)),
+                Ok((true, _)) => self.set(shard, Some(asked + deadline)),
                 Ok((false, holder)) => {
                     warn!(shard, %holder, "shards: another replica took this shard; its apps are left to it");
                     self.set(shard, None);
@@ -184,16 +206,24 @@ impl Shards {
         let (take, give_back) = rebalance(&self.held(), self.count, fair, start);
         for shard in give_back {
             self.set(shard, None);
-            self.leases[shard as usize].release().await;
-            info!(shard, fair, "shards: gave a shard back for another replica to take");
+            info!(
+                shard,
+                fair, "shards: over this replica's share; no longer renewed, it expires for another to take"
+            );
         }
+        // Every other shard is looked at each round, so a dead replica's
+        // shards are known free a lease duration after its last renewal.
+        let mut took = false;
         for shard in take {
-            if self.held().len() >= fair {
-                break;
+            let free = self.leases[shard as usize].observe().await.unwrap_or(false);
+            if !free || took || self.held().len() >= fair {
+                continue;
             }
+            let asked = Instant::now();
             if let Ok((true, _)) = self.leases[shard as usize].try_acquire_or_renew().await {
-                self.set(shard, Some(Instant::now() + deadline));
+                self.set(shard, Some(asked + deadline));
                 info!(shard, "shards: took a shard");
+                took = true;
             }
         }
         self.held() != before
@@ -214,7 +244,8 @@ impl Shards {
         }
     }
 
-    /// Gives every shard and the member Lease back (a clean shutdown).
+    /// Gives every shard and the member Lease back (a clean shutdown, once
+    /// the agent's last sync has ended).
     pub async fn release_all(&self) {
         for shard in self.held() {
             self.set(shard, None);
@@ -233,10 +264,8 @@ pub async fn describe(cluster: &Cluster, namespace: &str, instance: &str, rollou
     let mut holders = BTreeMap::new();
     for lease in &listed.items {
         let name = lease.metadata.name.as_deref().unwrap_or_default();
-        let Some(index) = name
-            .strip_prefix(SHARD_LEASE_PREFIX)
-            .and_then(|k| k.parse::<u32>().ok())
-        else {
+        let prefix = format!("{instance}-shard-");
+        let Some(index) = name.strip_prefix(&prefix).and_then(|k| k.parse::<u32>().ok()) else {
             continue;
         };
         let holder = lease

@@ -320,6 +320,12 @@ async fn sync_one(
             previous_inventory,
         ),
     };
+    // A shard lost while the app synced: its new holder records the status.
+    if options.fence.as_ref().is_some_and(|fence| !(fence.0)(&app.name)) {
+        tracing::warn!(app = %app.name, "this replica lost the app's shard while syncing it: its status is left to the new holder");
+        report.duration = started.elapsed();
+        return Ok((report, None));
+    }
     let (status, wrote) = save_status(cluster, commit, &report, inventory, previous, options).await?;
     report.duration = started.elapsed();
     log_report(&report);

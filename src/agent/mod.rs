@@ -185,6 +185,7 @@ impl Agent {
                 self.source.clone(),
                 self.writeback.author.clone(),
                 triggers.clone(),
+                self.shards.clone(),
             )
         });
         let _ = triggers.try_send(Trigger::Start);
@@ -282,7 +283,12 @@ impl Agent {
             .filter(|app| shards.holds_app(app))
             .cloned()
             .collect();
-        (!held.is_empty()).then_some(Some(held))
+        if held.is_empty() {
+            // Nothing of this replica's to sync (yet): it is ready all the same.
+            self.ready.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(Some(held))
     }
 
     /// After a sync: metrics, the Git write-back, GitHub and the drift watches.
@@ -294,6 +300,7 @@ impl Agent {
         drift: &mut DriftWatch,
         github: Option<&GitHubTask>,
     ) {
+        let report = held_only(report, self.shards.as_deref());
         self.ready.store(true, Ordering::Relaxed);
         self.metrics.record_sync(&report);
         let written = write_back(&self.source, &self.writeback, &report).await;
@@ -328,6 +335,16 @@ impl Agent {
     }
 }
 
+/// The apps of `report` whose shard this replica still holds (all of them
+/// without shards): a shard lost during the sync takes its write-backs,
+/// notifications and GitHub reports with it.
+fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> SyncReport {
+    if let Some(shards) = shards {
+        report.apps.retain(|app| shards.holds_app(&app.app));
+    }
+    report
+}
+
 /// GitHub reporting in a task of its own, so that a slow or hanging GitHub
 /// delays the comment, never the release. It reports the latest sync, with
 /// every rollout that changed since the last report it finished.
@@ -346,6 +363,7 @@ impl GitHubTask {
         source: Arc<Source>,
         author: crate::writeback::Author,
         triggers: mpsc::Sender<Trigger>,
+        shards: Option<Arc<crate::shards::Shards>>,
     ) -> GitHubTask {
         let pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>> = Arc::default();
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -354,9 +372,11 @@ impl GitHubTask {
             async move {
                 loop {
                     wake.notified().await;
-                    let Some((mut report, look)) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                    let Some((report, look)) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
                         continue;
                     };
+                    // Reports merged while GitHub was slow may hold apps of a shard lost since.
+                    let mut report = held_only(report, shards.as_deref());
                     if !look {
                         // A sync for anything else (a Git poll, a drift) reports
                         // what moved; a release waiting at a gate is looked at on

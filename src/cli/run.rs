@@ -267,6 +267,11 @@ async fn coordinate(
         return Ok(Some((None, None)));
     };
     if let Some(count) = leader.shards {
+        if leader.no_leader_election {
+            return Err(Error::Usage(
+                "--shards and --no-leader-election: shards are held on Leases; give one".into(),
+            ));
+        }
         let shards = share(agent, source, &leader, count, triggers, stopped).await?;
         return Ok(Some((None, Some(shards))));
     }
@@ -298,6 +303,7 @@ async fn share(
     ensure_namespace(&agent.cluster, &source.state_namespace).await?;
     let shards = Arc::new(crate::shards::Shards::new(
         &agent.cluster,
+        &source.instance,
         count,
         &lease_config(source, leader),
     ));
