@@ -205,3 +205,96 @@ async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it
         "a wrote nothing for the app once awake: its Git is 2 already"
     );
 }
+
+/// A release under way on a replica that dies is finished by the replica
+/// that takes its shard: one release comment on the change's pull request
+/// and one promotion commit in Git, as when a leader dies.
+#[tokio::test]
+async fn a_release_on_a_killed_replicas_shard_is_finished_by_another_with_one_comment_and_one_commit() {
+    use gitcanary::rollout::api::{Phase, Rollout};
+    let scenario = Scenario::new("shards-release").await;
+    let fake = support::github::GitHubFake::start_for(&scenario.repo.bare).await;
+    let steps = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 6}}\n      - {replicas: 2, pause: {duration: 2}}\n";
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, "1.0", steps);
+    scenario.repo.commit_and_push("echo 1.0");
+    let start = |identity: &str| {
+        let cache = scenario.cache.path().join(identity);
+        std::fs::create_dir_all(&cache).expect("a cache of its own");
+        AgentProcess::start_with(
+            &scenario.repo,
+            &scenario.ns,
+            &cache,
+            &[
+                "--leader-identity",
+                identity,
+                "--lease-duration",
+                "4",
+                "--shards",
+                "2",
+                "--github-url",
+                &fake.url,
+                "--github-repo",
+                "acme/apps",
+            ],
+            &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+        )
+    };
+    let mut replicas = [start("replica-a"), start("replica-b")];
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let status = || async { rollouts.get_opt("echo").await.ok().flatten()?.status };
+    eventually("healthy on 1.0", WAIT, || async {
+        (status().await?.phase == Phase::Healthy).then_some(())
+    })
+    .await;
+    support::agent::write_echo_app(&scenario.repo, &scenario.ns, "2.0", steps);
+    let released = scenario.repo.commit_and_push("echo 2.0");
+    fake.carry(&released, 7);
+    eventually("the release runs", WAIT, || async {
+        let status = status().await?;
+        (status.phase == Phase::Progressing && status.canary_status?.current_step_index == 1).then_some(())
+    })
+    .await;
+    let shard = gitcanary::shards::shard_of("echo", 2);
+    let mut holder = None;
+    for (i, replica) in replicas.iter().enumerate() {
+        let held = replica
+            .counter(&format!("gitcanary_shard_held{{shard=\"{shard}\"}}"))
+            .await;
+        if held == 1 {
+            holder = Some(i);
+        }
+    }
+    let holder = holder.expect("a replica holds echo's shard");
+    replicas[holder].kill();
+    let finished = eventually("the other replica promotes 2.0", WAIT, || async {
+        let status = status().await?;
+        (status.phase == Phase::Healthy && status.stable_commit == released).then_some(status)
+    })
+    .await;
+    assert_eq!(finished.step_history.len(), 2, "{:?}", finished.step_history);
+    let id = &released[..7];
+    let (_, message) = scenario
+        .wait_for_commit("the promotion's status commit", |m| {
+            m.starts_with("promote(") && m.contains(id)
+        })
+        .await;
+    let promotions = scenario
+        .history()
+        .iter()
+        .filter(|(_, m)| m.starts_with("promote(") && m.contains(id))
+        .count();
+    assert_eq!(promotions, 1, "one promotion commit: {message}");
+    let comments = eventually("the release comment says Healthy", WAIT, || async {
+        let comments: Vec<_> = fake
+            .comments_on(7)
+            .into_iter()
+            .filter(|(_, _, b)| b.contains("<!-- gitcanary:release"))
+            .collect();
+        comments
+            .iter()
+            .any(|(_, _, b)| b.contains("**Healthy**"))
+            .then_some(comments)
+    })
+    .await;
+    assert_eq!(comments.len(), 1, "one release comment, edited by both replicas");
+}
