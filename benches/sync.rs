@@ -8,6 +8,7 @@
 //!   GITCANARY_BENCH_RELEASES=20                # releases measured
 //!   GITCANARY_BENCH_RENDERED=0                 # skip the rendered repository
 //!   GITCANARY_BENCH_AGENT_ONLY=1               # only the agent (no kubectl, no sync --once)
+//!   GITCANARY_BENCH_SHARD_REPLICAS=3           # and the largest size over 3 replicas, 6 shards
 //!
 //! Not a test: it asserts nothing and is not run by CI.
 
@@ -186,6 +187,7 @@ fn main() {
     let mut agent_rows = Vec::new();
     for (n, repo) in &agent_repos {
         eprintln!("bench: the agent on {n} objects");
+        let starting = Instant::now();
         let agent = Agent::start(
             &cluster,
             &repo.url(),
@@ -194,6 +196,10 @@ fn main() {
             // Outside the control plane's directory, so that it outlives a failed run.
             &std::env::temp_dir().join(format!("gitcanary-bench-agent-{n}.log")),
         );
+        agent_rows.push(format!(
+            "| agent first sync of {n} objects (start → ready) | {} |",
+            seconds(starting.elapsed())
+        ));
         // The steady state: a resync when nothing changed, from the agent's
         // own figures (sync time, requests), once its watches have listed.
         let metric = |name: &str| agent.metric(name);
@@ -249,6 +255,14 @@ fn main() {
             agent.peak_rss_mib()
         ));
         eprintln!("bench: so far\n{}", agent_rows.join("\n"));
+    }
+
+    let replicas: usize = std::env::var("GITCANARY_BENCH_SHARD_REPLICAS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if let Some((n, repo)) = agent_repos.last().filter(|_| replicas > 0) {
+        agent_rows.extend(bench_shards(&theirs_cluster, &work, *n, repo, replicas));
     }
 
     eprintln!("bench: {releases} releases");
@@ -469,4 +483,61 @@ fn bench_rendered(cluster: &ControlPlane, work: &Path) -> Vec<String> {
         ));
     }
     rows
+}
+
+/// The repository of `n` objects over `replicas` agents sharing `2 × replicas`
+/// shards, on a control plane of its own: the time until every app has been
+/// synced once (its status recorded), and each replica's peak memory.
+fn bench_shards(cluster: &ControlPlane, work: &Path, n: usize, repo: &Repo, replicas: usize) -> Vec<String> {
+    eprintln!("bench: {n} objects over {replicas} shard replicas");
+    let shards = (replicas * 2).to_string();
+    let apps = (n - 10) / 4 + 1;
+    let started = Instant::now();
+    let agents: Vec<Agent> = (0..replicas)
+        .map(|i| {
+            let identity = format!("replica-{i}");
+            Agent::start_with(
+                cluster,
+                &repo.url(),
+                "bench-shards",
+                &work.join(format!("cache-shards-{i}")),
+                &std::env::temp_dir().join(format!("gitcanary-bench-shard-{i}.log")),
+                &["--shards", &shards, "--leader-identity", &identity],
+                &[],
+            )
+        })
+        .collect();
+    let synced = || {
+        cluster
+            .kubectl(&[
+                "get",
+                "configmaps",
+                "-n",
+                "gitcanary-bench",
+                "-l",
+                "gitcanary.io/app-status=bench-shards",
+                "-o",
+                "name",
+            ])
+            .lines()
+            .count()
+    };
+    let done = loop {
+        if synced() >= apps {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3600),
+            "the replicas never synced every app"
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    };
+    let memory: Vec<String> = agents.iter().map(|a| format!("{:.0} MiB", a.peak_rss_mib())).collect();
+    vec![
+        format!(
+            "| {n} objects over {replicas} replicas, {shards} shards: every app synced once (start → last status) | {} |",
+            seconds(done)
+        ),
+        format!("| … each replica's peak RSS | {} |", memory.join(", ")),
+    ]
 }

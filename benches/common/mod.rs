@@ -215,7 +215,9 @@ impl Agent {
             .args(["run", "--repo", repo, "--kubeconfig", &cluster.kubeconfig])
             .args(["--instance", instance, "--state-namespace", "gitcanary-bench"])
             .args(["--cache-dir", &cache.display().to_string(), "--poll-interval", "300"])
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--no-leader-election"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            // Shards are held on Leases; one agent alone needs none.
+            .args((!args.contains(&"--shards")).then_some("--no-leader-election"))
             .args(args)
             .envs(env.iter().copied())
             .env("GITCANARY_WEBHOOK_SECRET", WEBHOOK_SECRET)
