@@ -255,7 +255,8 @@ pub async fn sync_validated(
         let one = async |app: &App| -> Result<Option<AppReport>> {
             // A shard lost since the sync began: its apps are another's now.
             if options.fence.as_ref().is_some_and(|fence| !(fence.0)(&app.name)) {
-                tracing::warn!(app = %app.name, "this replica no longer holds the app's shard: nothing written for it");
+                // Per app, and a lost shard may hold thousands: the shard's own loss is logged once.
+                tracing::debug!(app = %app.name, "this replica no longer holds the app's shard: nothing written for it");
                 return Ok(None);
             }
             if let Some(report) = recalled.get(app.name.as_str()) {

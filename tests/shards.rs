@@ -1,4 +1,4 @@
-//! Three replicas with `--shards 6` share twelve apps: each shard is held
+//! Three replicas with `--shards 6` share thirty apps: each shard is held
 //! by one replica, two each; a replica killed loses its shards to the
 //! others within the lease duration and a change to one of its apps is
 //! applied by another; a replica stopped while its Leases expire writes
@@ -15,7 +15,7 @@ use support::agent::{AgentProcess, Scenario};
 use support::eventually;
 
 const WAIT: Duration = Duration::from_secs(90);
-const APPS: usize = 12;
+const APPS: usize = 30;
 const SHARDS: u32 = 6;
 
 fn write_apps(scenario: &Scenario, version: &str, only: Option<&str>) {
@@ -35,22 +35,25 @@ fn write_apps(scenario: &Scenario, version: &str, only: Option<&str>) {
 }
 
 fn replica(scenario: &Scenario, identity: &str) -> AgentProcess {
+    replica_with(scenario, identity, SHARDS, &[], &[])
+}
+
+/// A replica of the scenario's agent with a cache of its own, `shards`
+/// shards and a 4 s lease, with more arguments and environment.
+fn replica_with(scenario: &Scenario, identity: &str, shards: u32, more: &[&str], env: &[(&str, &str)]) -> AgentProcess {
     let cache = scenario.cache.path().join(identity);
     std::fs::create_dir_all(&cache).expect("a cache of its own");
-    AgentProcess::start_with(
-        &scenario.repo,
-        &scenario.ns,
-        &cache,
-        &[
-            "--leader-identity",
-            identity,
-            "--lease-duration",
-            "4",
-            "--shards",
-            &SHARDS.to_string(),
-        ],
-        &[],
-    )
+    let shards = shards.to_string();
+    let mut args = vec![
+        "--leader-identity",
+        identity,
+        "--lease-duration",
+        "4",
+        "--shards",
+        &shards,
+    ];
+    args.extend_from_slice(more);
+    AgentProcess::start_with(&scenario.repo, &scenario.ns, &cache, &args, env)
 }
 
 /// The shards each replica says it holds (from its `/metrics`).
@@ -96,7 +99,7 @@ async fn balanced(replicas: &[&AgentProcess]) -> Vec<BTreeSet<u32>> {
 async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
     let scenario = Scenario::new("shards").await;
     write_apps(&scenario, "1", None);
-    scenario.repo.commit_and_push("twelve apps");
+    scenario.repo.commit_and_push("thirty apps");
     let a = replica(&scenario, "replica-a");
     let mut b = replica(&scenario, "replica-b");
     let c = replica(&scenario, "replica-c");
@@ -108,8 +111,8 @@ async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
         })
         .await;
     }
-    // Each replica syncs exactly the apps of its shards: twelve in all.
-    eventually("twelve apps counted once", WAIT, || async {
+    // Each replica syncs exactly the apps of its shards: thirty in all.
+    eventually("thirty apps counted once", WAIT, || async {
         (apps(&a).await + apps(&b).await + apps(&c).await == APPS as u64).then_some(())
     })
     .await;
@@ -158,7 +161,7 @@ async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
 async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it_wakes() {
     let scenario = Scenario::new("shards-stop").await;
     write_apps(&scenario, "1", None);
-    scenario.repo.commit_and_push("twelve apps");
+    scenario.repo.commit_and_push("thirty apps");
     let a = replica(&scenario, "replica-a");
     let c = replica(&scenario, "replica-c");
     let shares = balanced(&[&a, &c]).await;
@@ -218,24 +221,12 @@ async fn a_release_on_a_killed_replicas_shard_is_finished_by_another_with_one_co
     support::agent::write_echo_app(&scenario.repo, &scenario.ns, "1.0", steps);
     scenario.repo.commit_and_push("echo 1.0");
     let start = |identity: &str| {
-        let cache = scenario.cache.path().join(identity);
-        std::fs::create_dir_all(&cache).expect("a cache of its own");
-        AgentProcess::start_with(
-            &scenario.repo,
-            &scenario.ns,
-            &cache,
-            &[
-                "--leader-identity",
-                identity,
-                "--lease-duration",
-                "4",
-                "--shards",
-                "2",
-                "--github-url",
-                &fake.url,
-                "--github-repo",
-                "acme/apps",
-            ],
+        let github = ["--github-url", fake.url.as_str(), "--github-repo", "acme/apps"];
+        replica_with(
+            &scenario,
+            identity,
+            2,
+            &github,
             &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
         )
     };
