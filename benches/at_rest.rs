@@ -15,37 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn app(index: usize, tag: &str) -> String {
-    let ns = format!("rest-{index:03}");
-    format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{name: {ns}}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: echo, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: echo}}}}
-  template:
-    metadata: {{labels: {{app: echo}}}}
-    spec:
-      containers: [{{name: echo, image: registry.test/echo:{tag}}}]
----
-apiVersion: gitcanary.io/v1alpha1
-kind: Rollout
-metadata: {{name: echo, namespace: {ns}}}
-spec:
-  workloadRef: {{kind: Deployment, name: echo}}
-  strategy:
-    canary:
-      steps:
-      - {{replicas: 1, pause: {{}}}}
-"
-    )
-}
-
 fn main() {
     let count: usize = std::env::var("GITCANARY_BENCH_ROLLOUTS")
         .ok()
@@ -61,7 +30,7 @@ fn main() {
         for index in 0..count {
             let dir = repo.work.join(format!("app-{index:03}"));
             std::fs::create_dir_all(&dir).expect("mkdir");
-            std::fs::write(dir.join("app.yaml"), app(index, tag)).expect("write");
+            std::fs::write(dir.join("app.yaml"), paused_rollout_app("rest", index, tag)).expect("write");
         }
     };
     write_all("1");

@@ -26,37 +26,6 @@ use common::*;
 use github::GitHubFake;
 use serve::serve_on_own_thread;
 
-fn app(prefix: &str, index: usize, tag: &str) -> String {
-    let ns = format!("{prefix}-{index:03}");
-    format!(
-        "apiVersion: v1
-kind: Namespace
-metadata: {{name: {ns}}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: echo, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: echo}}}}
-  template:
-    metadata: {{labels: {{app: echo}}}}
-    spec:
-      containers: [{{name: echo, image: registry.test/echo:{tag}}}]
----
-apiVersion: gitcanary.io/v1alpha1
-kind: Rollout
-metadata: {{name: echo, namespace: {ns}}}
-spec:
-  workloadRef: {{kind: Deployment, name: echo}}
-  strategy:
-    canary:
-      steps:
-      - {{replicas: 1, pause: {{}}}}
-"
-    )
-}
-
 /// A request's endpoint: numbers, commits, ranges and branches as placeholders.
 fn endpoint(method: &str, path: &str) -> String {
     let shape: Vec<String> = path
@@ -128,7 +97,7 @@ fn main() {
         for index in 0..count {
             let dir = repo.work.join(format!("app-{index:03}"));
             std::fs::create_dir_all(&dir).expect("mkdir");
-            std::fs::write(dir.join("app.yaml"), app(prefix, index, "1")).expect("write");
+            std::fs::write(dir.join("app.yaml"), paused_rollout_app(prefix, index, "1")).expect("write");
         }
         let first = repo.commit_and_push("1");
         let args = ["--github-url", fake.url.as_str(), "--github-repo", "acme/apps"];
@@ -175,7 +144,7 @@ fn main() {
     for side in &sides {
         for index in 0..count {
             let file = side.repo.work.join(format!("app-{index:03}/app.yaml"));
-            std::fs::write(file, app(side.prefix, index, "2")).expect("write");
+            std::fs::write(file, paused_rollout_app(side.prefix, index, "2")).expect("write");
         }
         let second = side.repo.commit_and_push("2");
         side.fake.carry(&second, 7);

@@ -393,3 +393,36 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
 }
+
+/// App `index` of a bench of Rollouts paused at an indefinite step: a
+/// Namespace `<prefix>-NNN` with a Deployment on image `tag` and its Rollout.
+pub fn paused_rollout_app(prefix: &str, index: usize, tag: &str) -> String {
+    let ns = format!("{prefix}-{index:03}");
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: echo}}}}
+  template:
+    metadata: {{labels: {{app: echo}}}}
+    spec:
+      containers: [{{name: echo, image: registry.test/echo:{tag}}}]
+---
+apiVersion: gitcanary.io/v1alpha1
+kind: Rollout
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  workloadRef: {{kind: Deployment, name: echo}}
+  strategy:
+    canary:
+      steps:
+      - {{replicas: 1, pause: {{}}}}
+"
+    )
+}
