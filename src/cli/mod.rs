@@ -98,6 +98,29 @@ pub struct ClusterArgs {
     pub kubeconfig: Option<PathBuf>,
     #[arg(long)]
     pub context: Option<String>,
+    /// The cluster's name among those sharing the repository (the agent's
+    /// --cluster-name): promotion branches are linked under it.
+    #[arg(long, env = "GITCANARY_CLUSTER_NAME", value_parser = parse_cluster_name)]
+    pub cluster_name: Option<String>,
+}
+
+/// A `--cluster-name`: a DNS label, as it becomes one segment of paths and branches.
+fn parse_cluster_name(name: &str) -> Result<String, String> {
+    crate::rollout::record::Records::of_cluster(name).map(|_| name.to_string())
+}
+
+impl ClusterArgs {
+    /// Where the agent of this cluster keeps its records.
+    pub fn records(&self) -> crate::rollout::record::Records {
+        records_of(self.cluster_name.as_deref())
+    }
+}
+
+/// The records of the named cluster, or of the only one.
+pub fn records_of(cluster_name: Option<&str>) -> crate::rollout::record::Records {
+    cluster_name
+        .and_then(|name| crate::rollout::record::Records::of_cluster(name).ok())
+        .unwrap_or_default()
 }
 
 #[derive(Args, Clone)]
@@ -191,6 +214,12 @@ pub struct SyncArgs {
     /// Branch for promote status files; default the tracked branch.
     #[arg(long)]
     pub status_branch: Option<String>,
+    /// This cluster's name, when agents of several clusters share the
+    /// repository: status files (`.gitcanary/status/NAME/…`), gate files and
+    /// branches, commit statuses and trailers carry it, so no agent writes
+    /// or reads back another's. A DNS label.
+    #[arg(long, env = "GITCANARY_CLUSTER_NAME", value_parser = parse_cluster_name)]
+    pub cluster_name: Option<String>,
     /// SSH private key that signs gitcanary's commits (status files,
     /// reverts, gates) as Git's SSH signing does.
     #[arg(long, env = "GITCANARY_SIGN_STATUS_KEY")]

@@ -41,6 +41,7 @@ pub async fn dashboard(
         cluster,
         namespace,
         github_repo,
+        records: args.records(),
         actions,
         loopback: address.ip().is_loopback(),
         streams: std::sync::Arc::new(tokio::sync::Semaphore::new(crate::dashboard::MAX_STREAMS)),

@@ -48,11 +48,19 @@ fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
     })
 }
 
+/// The repository as the agent reads and writes it: whose status files it
+/// trusts, and where its own records are.
+fn agent_source(args: &SyncArgs, writeback: &WritebackConfig) -> Result<crate::source::Source, Error> {
+    Ok(open_source(&args.source)?
+        .with_record_writer(writeback.author.clone())
+        .with_records(super::records_of(args.cluster_name.as_deref())))
+}
+
 /// `gitcanary sync --once`: fetch, sync, write back, print a summary.
 /// Exits 0 when every app synced, 1 when one has problems.
 pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
     let writeback = writeback_config(&args)?;
-    let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
+    let source = Arc::new(agent_source(&args, &writeback)?);
     let cluster = connect(&args.source).await?;
     let revision = super::fetch(source.clone(), &cluster).await?;
     let (mut revision, options) = (revision, endpoint_options(&args.source)?);
@@ -142,6 +150,7 @@ async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs) -> Result<(), Error>
         cluster: super::connect(&args.source).await?,
         namespace: None,
         github_repo: args.github.github_repo.clone(),
+        records: super::records_of(args.cluster_name.as_deref()),
         actions: None,
         loopback: addr.ip().is_loopback(),
         streams: Arc::new(tokio::sync::Semaphore::new(crate::dashboard::MAX_STREAMS)),
@@ -163,7 +172,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         None => None,
     };
     let writeback = writeback_config(&args)?;
-    let source = Arc::new(open_source(&args.source)?.with_record_writer(writeback.author.clone()));
+    let source = Arc::new(agent_source(&args, &writeback)?);
     let cluster = Arc::new(connect(&args.source).await?);
     let options = endpoint_options(&args.source)?;
     let ready = Arc::new(AtomicBool::new(false));

@@ -42,6 +42,8 @@ pub struct Dashboard {
     pub namespace: Option<String>,
     /// `OWNER/REPO`: commits and promotion pull requests are linked.
     pub github_repo: Option<String>,
+    /// Where the agent of this cluster keeps its records (its gate branches).
+    pub records: crate::rollout::record::Records,
     /// With `--allow-actions`: the token the pages' forms carry.
     pub actions: Option<String>,
     /// Listening on a loopback address: only requests naming a loopback
@@ -238,6 +240,7 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
         pods,
         events,
         github_repo: dashboard.github_repo.clone(),
+        records: dashboard.records.clone(),
         actions: dashboard.actions.clone(),
     }))
 }

@@ -40,6 +40,8 @@ pub struct ReleaseView {
     pub canary_images: Vec<String>,
     /// `OWNER/REPO` on GitHub: commits and the gate are linked.
     pub github_repo: Option<String>,
+    /// Where the agent keeps its records: the gate's branch is named by it.
+    pub records: crate::rollout::record::Records,
     /// With actions allowed: the token their forms carry.
     pub actions: Option<String>,
 }
@@ -326,7 +328,9 @@ fn versions(out: &mut String, view: &ReleaseView) {
     );
     out.push_str("<h2>In Git</h2><ul id=git>");
     if let Some(gate) = crate::github::gate::waiting_step(&view.spec, status) {
-        let branch = crate::writeback::gate_branch(&view.namespace, &view.name, &status.rollout_id, gate);
+        let branch = view
+            .records
+            .gate_branch(&view.namespace, &view.name, &status.rollout_id, gate);
         let link = match repo {
             Some(repo) => format!(
                 "<a id=gate href=\"https://github.com/{}/pulls?q=is%3Apr+head%3A{}\">the promotion pull request</a>",

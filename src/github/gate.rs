@@ -10,16 +10,12 @@ use super::judge::{self, Evidence, GATE_COMMIT_MARKER, Gate, Judgement, Why, jud
 use super::{GitHub, PullRequest, escape_inline};
 use crate::rollout::api::{Phase, RolloutSpec, RolloutStatus, StepState};
 use crate::rollout::model::RolloutSummary;
-use crate::writeback::{GateFile, gate_branch, gate_path};
+use crate::rollout::record::Records;
+use crate::writeback::GateFile;
 use crate::{Error, Result};
 
 /// Prefix of every promotion branch.
 pub const BRANCH_PREFIX: &str = "gitcanary/promote/";
-
-/// Prefix of every promotion branch of one rollout.
-pub fn branch_prefix(namespace: &str, name: &str) -> String {
-    format!("{BRANCH_PREFIX}{namespace}/{name}/")
-}
 
 /// The step whose indefinite pause the rollout waits at, if any.
 pub fn waiting_step(spec: &RolloutSpec, status: &RolloutStatus) -> Option<u32> {
@@ -65,6 +61,8 @@ pub struct GateRequest<'a> {
     pub carried_by: &'a [u64],
     /// Their authors: they may not pass their own change's gate.
     pub authors: &'a [String],
+    /// This agent's cluster: the gate's branch and file carry it.
+    pub records: &'a Records,
 }
 
 /// The hidden line that names the release and step a gate is for: a pull
@@ -91,7 +89,7 @@ const MAX_BRANCH_TRIES: u32 = 5;
 
 impl GateRequest<'_> {
     pub fn branch(&self) -> String {
-        gate_branch(
+        self.records.gate_branch(
             &self.rollout.namespace,
             &self.rollout.name,
             &self.rollout.status.rollout_id,
@@ -122,7 +120,7 @@ impl GateRequest<'_> {
 
     /// The file the gate's commit writes, and the only one it may change.
     fn gate_path(&self) -> String {
-        gate_path(&self.rollout.namespace, &self.rollout.name)
+        self.records.gate_path(&self.rollout.namespace, &self.rollout.name)
     }
 
     fn body(&self, commit: &str) -> String {
@@ -392,8 +390,13 @@ async fn explain(github: &GitHub, number: u64, reason: &str, body: &str) {
 
 /// Closes this rollout's open promotion pull requests other than `keep`,
 /// saying why: the gate ended another way.
-pub async fn close_others(github: &GitHub, base: &str, rollout: &RolloutSummary, keep: Option<&str>) -> Result<()> {
-    let prefix = branch_prefix(&rollout.namespace, &rollout.name);
+pub async fn close_others(
+    github: &GitHub,
+    (base, records): (&str, &Records),
+    rollout: &RolloutSummary,
+    keep: Option<&str>,
+) -> Result<()> {
+    let prefix = records.gate_branch_prefix(&rollout.namespace, &rollout.name);
     for pull in github.open_pulls(base).await? {
         if !pull.head_ref.starts_with(&prefix) || Some(pull.head_ref.as_str()) == keep {
             continue;

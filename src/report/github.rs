@@ -35,6 +35,7 @@ impl GitHubReporter<'_> {
     pub async fn report(&self, report: &SyncReport) -> bool {
         let (github, cluster) = (self.github, self.cluster);
         let mut signalled = false;
+        let records = self.source.records();
         for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
             let status = &rollout.status;
             let commit = if status.canary_commit.is_empty() {
@@ -80,6 +81,7 @@ impl GitHubReporter<'_> {
                     base: &base,
                     carried_by: &pulls,
                     authors: &authors,
+                    records: &records,
                 };
                 gate_branch = Some(request.branch());
                 match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
@@ -104,12 +106,13 @@ impl GitHubReporter<'_> {
                     }
                 }
                 let (state, description) = github::commit_status(status);
-                let context = format!("gitcanary/{}/{}", rollout.namespace, rollout.name);
+                let context = records.status_context(&rollout.namespace, &rollout.name);
                 if let Err(error) = github.set_status(commit, &context, state, &description).await {
                     warn!(%error, "GitHub: the commit status waits for the next change");
                 }
                 if let Some(git) = self.source.git().filter(|_| authors_known)
-                    && let Err(error) = gate::close_others(github, git.branch(), rollout, gate_branch.as_deref()).await
+                    && let Err(error) =
+                        gate::close_others(github, (git.branch(), &records), rollout, gate_branch.as_deref()).await
                 {
                     warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
                 }

@@ -21,7 +21,7 @@ use super::model::find_in;
 use super::model::{RolloutObserved, Target};
 use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
 use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen, supported_features};
-use super::record::{History, Outcome as RecordOutcome, record_path};
+use super::record::{History, Outcome as RecordOutcome};
 use crate::cluster::Cluster;
 use crate::plan::desired::{canonical_hash, is_stored_as};
 use crate::plan::{Planned, Resolved, SyncOptions};
@@ -285,7 +285,7 @@ async fn resume_from_git(
         let Some(record) = history.record(&namespace, &name)? else {
             return Ok(None);
         };
-        let file = record_path(&namespace, &name);
+        let file = history.record_path(&namespace, &name);
         let template_at = |commit: &str| -> std::result::Result<Value, String> {
             let object = history
                 .object_at(commit, &app, &key, &default_namespace)?

@@ -1,4 +1,4 @@
-//! The status file, `.gitcanary/status/<namespace>/<name>.yaml`: the state
+//! The status file, `.gitcanary/status/[<cluster>/]<namespace>/<name>.yaml`: the state
 //! of record of a Rollout's releases. Written on promote and on a held
 //! failure, read back when a Rollout has no status (a rebuilt cluster, a
 //! re-created Rollout), with the same type.
@@ -56,8 +56,75 @@ pub struct StatusRecord {
     pub steps: Vec<StepRecord>,
 }
 
-pub fn record_path(namespace: &str, name: &str) -> String {
-    format!(".gitcanary/status/{namespace}/{name}.yaml")
+/// Where one agent keeps its records of a Rollout in Git and on GitHub.
+/// Agents of several clusters on one repository each name their cluster
+/// (`--cluster-name`), and every status file, gate file, gate branch, commit
+/// status and trailer then carries it: no agent writes, finds or closes
+/// another's. Without a name, the layout of a single cluster.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Records {
+    cluster: Option<String>,
+}
+
+impl Records {
+    /// Records of the named cluster; the name must be a DNS label, so that it
+    /// reads as one segment of every path and branch.
+    pub fn of_cluster(name: &str) -> Result<Records, String> {
+        let label = name.len() <= 63
+            && !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !name.starts_with('-')
+            && !name.ends_with('-');
+        if !label {
+            return Err(format!(
+                "cluster name {name:?} is not a DNS label (lower-case letters, digits and '-', at most 63)"
+            ));
+        }
+        Ok(Records {
+            cluster: Some(name.to_string()),
+        })
+    }
+
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// `namespace/name`, or `cluster/namespace/name`: the value of the
+    /// `Gitcanary-Rollout` trailer, and the tail of every path and branch.
+    /// Namespaces and names hold no `/`, so the two forms never meet.
+    pub fn rollout_key(&self, namespace: &str, name: &str) -> String {
+        match &self.cluster {
+            Some(cluster) => format!("{cluster}/{namespace}/{name}"),
+            None => format!("{namespace}/{name}"),
+        }
+    }
+
+    /// The status file: `.gitcanary/status/[<cluster>/]<namespace>/<name>.yaml`.
+    pub fn status_path(&self, namespace: &str, name: &str) -> String {
+        format!(".gitcanary/status/{}.yaml", self.rollout_key(namespace, name))
+    }
+
+    /// The file a promotion pull request's commit writes.
+    pub fn gate_path(&self, namespace: &str, name: &str) -> String {
+        format!(".gitcanary/gates/{}.yaml", self.rollout_key(namespace, name))
+    }
+
+    /// Prefix of every promotion branch of one Rollout.
+    pub fn gate_branch_prefix(&self, namespace: &str, name: &str) -> String {
+        format!("gitcanary/promote/{}/", self.rollout_key(namespace, name))
+    }
+
+    /// The branch of a promotion pull request: one per release and step.
+    pub fn gate_branch(&self, namespace: &str, name: &str, rollout_id: &str, step: u32) -> String {
+        format!("{}{rollout_id}-{step}", self.gate_branch_prefix(namespace, name))
+    }
+
+    /// The context of the Rollout's commit status.
+    pub fn status_context(&self, namespace: &str, name: &str) -> String {
+        format!("gitcanary/{}", self.rollout_key(namespace, name))
+    }
 }
 
 impl StatusRecord {
@@ -104,6 +171,8 @@ impl StatusRecord {
 pub trait History: Send + Sync + std::fmt::Debug {
     /// The Rollout's status file at the revision's head; `None` when there is none.
     fn record(&self, namespace: &str, name: &str) -> Result<Option<StatusRecord>, String>;
+    /// Where that file is.
+    fn record_path(&self, namespace: &str, name: &str) -> String;
     /// The object `key` of `app` as the app had it at `commit` (rendered, as
     /// the app is), for objects whose manifest names no namespace in
     /// `default_namespace`.
@@ -156,5 +225,34 @@ mod tests {
         assert!(problem(&yaml.replace("shop/web", "shop/other")).contains("shop/other"));
         assert!(problem(&format!("{yaml}color: blue\n")).contains("color"));
         assert!(problem(&yaml.replace(&"a".repeat(40), "main")).contains("stableCommit"));
+    }
+
+    #[test]
+    fn a_named_cluster_has_records_of_its_own() {
+        let single = Records::default();
+        let staging = Records::of_cluster("staging").expect("a DNS label");
+        let production = Records::of_cluster("production").expect("a DNS label");
+        assert_eq!(single.status_path("shop", "web"), ".gitcanary/status/shop/web.yaml");
+        assert_eq!(
+            staging.status_path("shop", "web"),
+            ".gitcanary/status/staging/shop/web.yaml"
+        );
+        assert_eq!(
+            staging.gate_path("shop", "web"),
+            ".gitcanary/gates/staging/shop/web.yaml"
+        );
+        assert_eq!(
+            staging.gate_branch("shop", "web", "abc1234", 2),
+            "gitcanary/promote/staging/shop/web/abc1234-2"
+        );
+        assert_eq!(staging.status_context("shop", "web"), "gitcanary/staging/shop/web");
+        assert_eq!(staging.rollout_key("shop", "web"), "staging/shop/web");
+        // No agent's branch starts with another's prefix.
+        let branch = staging.gate_branch("shop", "web", "abc1234", 2);
+        assert!(!branch.starts_with(&production.gate_branch_prefix("shop", "web")));
+        assert!(!branch.starts_with(&single.gate_branch_prefix("shop", "web")));
+        for bad in ["", "Staging", "a/b", "-a", "a-", &"a".repeat(64), "a.b"] {
+            assert!(Records::of_cluster(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

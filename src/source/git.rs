@@ -69,6 +69,8 @@ pub struct GitSource {
     /// gitcanary's commit identity: a status file counts only when its last
     /// change is a commit of this identity.
     pub(crate) record_writer: Arc<crate::identity::Author>,
+    /// Where this agent's status files, gates and trailers are.
+    pub(crate) records: Arc<crate::rollout::record::Records>,
     /// Fetches into the mirror one at a time: the loader's and a
     /// write-back's would otherwise race for the same refs' locks.
     fetching: Arc<std::sync::Mutex<()>>,
@@ -109,6 +111,7 @@ impl GitSource {
             credentials,
             renderers: Arc::default(),
             record_writer: Arc::default(),
+            records: Arc::default(),
             fetching: Arc::default(),
         }
     }
@@ -119,6 +122,11 @@ impl GitSource {
 
     pub fn branch(&self) -> &str {
         &self.branch
+    }
+
+    /// Where this agent's status files, gates and trailers are.
+    pub fn records(&self) -> &crate::rollout::record::Records {
+        &self.records
     }
 
     /// The sub-path of the repository that holds the apps ("" for the root).

@@ -8,7 +8,7 @@ use git2::Oid;
 use super::GitSource;
 use crate::identity::{Author, HOLDS_TRAILER, PROMOTES_TRAILER, ROLLOUT_TRAILER, carries_trailers, signature_problem};
 use crate::manifest::{MAX_FILE_BYTES, ObjectKey};
-use crate::rollout::record::{History, Outcome, StatusRecord, record_path};
+use crate::rollout::record::{History, Outcome, StatusRecord};
 
 /// First-parent commits searched for a status file's last change and its
 /// stable commit: past that, the record is not trusted.
@@ -47,13 +47,15 @@ fn newer_record(
 /// commit that last changed it (on the branch's first-parent history) must
 /// be gitcanary's own, carrying the trailers of the outcome it records, and
 /// its stable commit must be on that history. Anyone can commit a file; only
-/// gitcanary's write-back says which commit passed a release.
+/// gitcanary's write-back says which commit passed a release. `rollout` is
+/// the `Gitcanary-Rollout` trailer this agent writes for it (with its
+/// cluster's name), so one cluster's record never stands for another's.
 pub fn trust_problem(
     repo: &git2::Repository,
     head: &git2::Commit<'_>,
     path: &str,
     blob: Oid,
-    record: &StatusRecord,
+    (record, rollout): (&StatusRecord, &str),
     writer: &Author,
 ) -> Option<String> {
     let first_parents: Vec<git2::Commit<'_>> = std::iter::successors(Some(head.clone()), |c| c.parent(0).ok())
@@ -83,13 +85,13 @@ pub fn trust_problem(
             "its last change is more than {RECORD_HISTORY} commits back, or beyond the fetched history"
         ));
     }
-    let rollout = (ROLLOUT_TRAILER, record.rollout.clone());
+    let rollout_trailer = (ROLLOUT_TRAILER, rollout.to_string());
     let outcome = match record.outcome {
         Outcome::Promoted => (PROMOTES_TRAILER, record.stable_commit.clone()),
         Outcome::Failed => (HOLDS_TRAILER, record.failed_commit.clone()),
     };
     let short = crate::short_commit;
-    if !carries_trailers(changed_by, &[rollout, outcome.clone()], writer) {
+    if !carries_trailers(changed_by, &[rollout_trailer, outcome.clone()], writer) {
         return Some(format!(
             "commit {} that last changed it is not gitcanary's write-back ({} <{}>, with a {}: {} trailer)",
             short(&changed_by.id().to_string()),
@@ -99,7 +101,7 @@ pub fn trust_problem(
             short(&outcome.1)
         ));
     }
-    if let Some(newer) = newer_record(repo, head, changed_by, &record.rollout, writer) {
+    if let Some(newer) = newer_record(repo, head, changed_by, rollout, writer) {
         return Some(format!(
             "a newer record of gitcanary's ({}) is in the branch's history but not on its first parent: an older record was put back by a merge",
             short(&newer)
@@ -134,8 +136,12 @@ impl std::fmt::Debug for GitHistory {
 }
 
 impl History for GitHistory {
+    fn record_path(&self, namespace: &str, name: &str) -> String {
+        self.git.records.status_path(namespace, name)
+    }
+
     fn record(&self, namespace: &str, name: &str) -> Result<Option<StatusRecord>, String> {
-        let path = record_path(namespace, name);
+        let path = self.record_path(namespace, name);
         let repo = self.git.open_mirror().map_err(|e| e.to_string())?;
         let head = Oid::from_str(&self.head)
             .and_then(|oid| repo.find_commit(oid))
@@ -161,10 +167,18 @@ impl History for GitHistory {
         let head = repo
             .find_commit(Oid::from_str(&self.head).map_err(|e| e.message().to_string())?)
             .map_err(|e| format!("reading commit {}: {}", self.head, e.message()))?;
-        trust_problem(&repo, &head, &path, entry.id(), &record, &self.git.record_writer)
-            .map_or(Ok(Some(record)), |problem| {
-                Err(format!("{path} is not trusted: {problem}"))
-            })
+        let rollout = self.git.records.rollout_key(namespace, name);
+        trust_problem(
+            &repo,
+            &head,
+            &path,
+            entry.id(),
+            (&record, &rollout),
+            &self.git.record_writer,
+        )
+        .map_or(Ok(Some(record)), |problem| {
+            Err(format!("{path} is not trusted: {problem}"))
+        })
     }
 
     fn object_at(
@@ -201,6 +215,7 @@ impl History for GitHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::record::Records;
     use git2::{Repository, Signature};
 
     fn commit(repo: &Repository, who: &Author, files: &[(&str, &str)], parent: Option<Oid>, message: &str) -> Oid {
@@ -238,15 +253,25 @@ mod tests {
 
     /// Why the status file at `head` is not trusted, with `writer` as gitcanary's identity.
     fn problem_as(repo: &Repository, head: Oid, record: &StatusRecord, writer: &Author) -> Option<String> {
+        problem_of(repo, head, (record, "ns/web"), writer)
+    }
+
+    /// Why the status file at `head` is not trusted as the record of `rollout` (its trailer).
+    fn problem_of(
+        repo: &Repository,
+        head: Oid,
+        (record, rollout): (&StatusRecord, &str),
+        writer: &Author,
+    ) -> Option<String> {
         let head = repo.find_commit(head).expect("head");
-        let path = record_path("ns", "web");
+        let path = Records::default().status_path("ns", "web");
         let blob = head
             .tree()
             .expect("tree")
             .get_path(Path::new(&path))
             .expect("file")
             .id();
-        trust_problem(repo, &head, &path, blob, record, writer)
+        trust_problem(repo, &head, &path, blob, (record, rollout), writer)
     }
 
     #[test]
@@ -259,7 +284,7 @@ mod tests {
             email: "mallory@example.test".into(),
             ..Author::default()
         };
-        let path = record_path("ns", "web");
+        let path = Records::default().status_path("ns", "web");
         let released = commit(&repo, &mallory, &[("web/app.yaml", "v2")], None, "v2");
         let text = |stable: Oid| format!("rollout: ns/web\noutcome: promoted\nrolloutID: r\nstableCommit: {stable}\n");
         let trailers = |stable: Oid| format!("promote\n\n{ROLLOUT_TRAILER}: ns/web\n{PROMOTES_TRAILER}: {stable}\n");
@@ -276,6 +301,9 @@ mod tests {
             None,
             "gitcanary's record, later commits above"
         );
+        // Another cluster's agent writes its own trailer: this commit is not its record.
+        let why = problem_of(&repo, later, (&record(released), "production/ns/web"), &own).expect("other cluster");
+        assert!(why.contains("is not gitcanary's write-back"), "{why}");
 
         // The same record written by hand (trailers copied) counts for nothing.
         let forged = commit(
@@ -355,7 +383,7 @@ mod tests {
             verifier: Some(verifier),
             ..Author::default()
         };
-        let path = record_path("ns", "web");
+        let path = Records::default().status_path("ns", "web");
         let released = commit(&repo, &own, &[("web/app.yaml", "v2")], None, "v2");
         let text = format!("rollout: ns/web\noutcome: promoted\nrolloutID: r\nstableCommit: {released}\n");
         let message = format!("promote\n\n{ROLLOUT_TRAILER}: ns/web\n{PROMOTES_TRAILER}: {released}\n");

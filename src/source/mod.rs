@@ -94,6 +94,22 @@ impl Source {
         self
     }
 
+    /// The cluster this agent's records are of (`--cluster-name`).
+    pub fn with_records(mut self, records: crate::rollout::record::Records) -> Source {
+        if let Source::Git(git) = &mut self {
+            git.records = Arc::new(records);
+        }
+        self
+    }
+
+    /// Where this agent's status files, gates and trailers are.
+    pub fn records(&self) -> crate::rollout::record::Records {
+        match self {
+            Source::Git(git) => git.records().clone(),
+            Source::Dir { .. } => Default::default(),
+        }
+    }
+
     pub fn renderers(&self) -> &Renderers {
         match self {
             Source::Git(git) => &git.renderers,

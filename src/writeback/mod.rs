@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction};
 use crate::rollout::model::RolloutWork;
-use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRecord, record_path};
+use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRecord};
 use crate::source::{GitSource, redact_url};
 use crate::{Error, Result};
 
@@ -89,7 +89,7 @@ impl Writer<'_> {
 
     fn promote(&self, request: &Request) -> Result<Outcome> {
         let pending = &request.pending;
-        let key = format!("{}/{}", request.namespace, request.name);
+        let key = self.git.records().rollout_key(&request.namespace, &request.name);
         let record = StatusRecord {
             stable_commit: pending.canary_commit.clone(),
             previous_stable_commit: pending.stable_commit.clone(),
@@ -113,7 +113,7 @@ impl Writer<'_> {
     /// so a rebuilt cluster does not release the failed template again.
     fn hold(&self, request: &Request) -> Result<Outcome> {
         let pending = &request.pending;
-        let key = format!("{}/{}", request.namespace, request.name);
+        let key = self.git.records().rollout_key(&request.namespace, &request.name);
         let record = StatusRecord {
             stable_commit: pending.stable_commit.clone(),
             failed_commit: pending.canary_commit.clone(),
@@ -147,7 +147,7 @@ impl Writer<'_> {
             what: format!("status of {}", record.rollout),
             message,
         })?;
-        let path = record_path(&request.namespace, &request.name);
+        let path = self.git.records().status_path(&request.namespace, &request.name);
         let branch = self
             .status_branch
             .clone()
@@ -162,7 +162,7 @@ impl Writer<'_> {
 
     fn revert(&self, request: &Request) -> Result<Outcome> {
         let pending = &request.pending;
-        let key = format!("{}/{}", request.namespace, request.name);
+        let key = self.git.records().rollout_key(&request.namespace, &request.name);
         let trailers = [
             (ROLLOUT_TRAILER, key.clone()),
             (REVERTS_TRAILER, pending.canary_commit.clone()),
@@ -321,20 +321,10 @@ fn note_of(message: &str) -> String {
         .to_string()
 }
 
-/// The branch of a promotion pull request: one per release and step.
-pub fn gate_branch(namespace: &str, name: &str, rollout_id: &str, step: u32) -> String {
-    format!("gitcanary/promote/{namespace}/{name}/{rollout_id}-{step}")
-}
-
 /// The `Gitcanary-Gate` trailer's value on a gate commit: the release's
 /// rollout ID, the step and the full canary commit.
 pub fn gate_id(rollout_id: &str, step: u32, canary_commit: &str) -> String {
     format!("{}-{step} {canary_commit}", message_text(rollout_id))
-}
-
-/// The file a promotion pull request's commit writes.
-pub fn gate_path(namespace: &str, name: &str) -> String {
-    format!(".gitcanary/gates/{namespace}/{name}.yaml")
 }
 
 /// What a promotion pull request commits to its branch.
@@ -353,11 +343,12 @@ pub struct GateFile {
 }
 
 impl Writer<'_> {
-    /// Pushes the gate branch with `.gitcanary/gates/<namespace>/<name>.yaml`,
+    /// Pushes the gate branch with the gate file (`Records::gate_path`),
     /// started from the tracked branch; a branch that already holds it is left as is.
     pub fn open_gate(&self, branch: &str, gate: &GateFile) -> Result<Outcome> {
         let (namespace, name) = gate.rollout.split_once('/').unwrap_or(("", &gate.rollout));
-        let path = gate_path(namespace, name);
+        let records = self.git.records();
+        let (path, key) = (records.gate_path(namespace, name), records.rollout_key(namespace, name));
         let content = serde_saphyr::to_string(gate).map_err(|e| Error::Serialize {
             what: format!("gate of {}", gate.rollout),
             message: e.to_string(),
@@ -370,9 +361,9 @@ impl Writer<'_> {
             gate.rollout,
             message_text(&gate.rollout_id),
             gate.step,
-            gate.rollout
+            key
         );
-        let trailers = [(ROLLOUT_TRAILER, gate.rollout.clone()), (GATE_TRAILER, gate_id)];
+        let trailers = [(ROLLOUT_TRAILER, key.clone()), (GATE_TRAILER, gate_id)];
         self.commit_with_retry(branch, &trailers, |_, _| {
             Ok((
                 message.clone(),
