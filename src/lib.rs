@@ -20,6 +20,7 @@ pub mod shards;
 pub mod source;
 pub mod sync;
 pub mod telemetry;
+pub mod wave;
 pub mod writeback;
 
 /// The API group of gitcanary's own kinds.

@@ -12,6 +12,8 @@ pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
 pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
 pub const GATE_TRAILER: &str = "Gitcanary-Gate";
 pub const HOLDS_TRAILER: &str = "Gitcanary-Holds";
+/// On a wave commit: the environment it carries a release into, and the release's commit.
+pub const WAVE_TRAILER: &str = "Gitcanary-Wave";
 
 /// Who gitcanary's commits are by (`--git-author`), and how they are signed
 /// and checked.

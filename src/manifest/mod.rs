@@ -17,9 +17,10 @@ pub const ROOT_APP: &str = "root";
 /// An app directory's optional settings file (how it is rendered); never applied.
 pub const SETTINGS_FILE: &str = "gitcanary.yaml";
 
-/// Whether `path` is an app's settings file.
+/// Whether `path` is an app's settings file, or the repository's wave
+/// settings when the source path is its root.
 pub fn is_settings_file(path: &str) -> bool {
-    path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
+    path == SETTINGS_FILE || path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
 }
 
 /// One YAML document that holds a Kubernetes object.

@@ -8,7 +8,7 @@ mod capabilities;
 mod helm;
 mod kustomize;
 pub mod process;
-mod settings;
+pub(crate) mod settings;
 pub mod tree;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

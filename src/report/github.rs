@@ -36,7 +36,12 @@ impl GitHubReporter<'_> {
         let (github, cluster) = (self.github, self.cluster);
         let mut signalled = false;
         let records = self.source.records();
-        for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
+        let rollouts: Vec<(&String, &RolloutSummary)> = report
+            .apps
+            .iter()
+            .flat_map(|a| a.rollouts.iter().map(|r| (&a.app, r)))
+            .collect();
+        for (app, rollout) in rollouts {
             let status = &rollout.status;
             let commit = if status.canary_commit.is_empty() {
                 &status.stable_commit
@@ -115,6 +120,11 @@ impl GitHubReporter<'_> {
                         gate::close_others(github, (git.branch(), &records), rollout, gate_branch.as_deref()).await
                 {
                     warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
+                }
+                if let Some(request) = super::wave::wave_request(app, rollout)
+                    && let Err(error) = super::wave::follow(github, (self.source, self.author), request, status).await
+                {
+                    warn!(%error, "GitHub: the wave pull request waits for the next change");
                 }
             }
             if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {

@@ -4,6 +4,7 @@
 //! Rollout's status and Events by `rollout::engine`.
 
 pub mod github;
+pub mod wave;
 pub mod writeback;
 
 pub use github::GitHubReporter;

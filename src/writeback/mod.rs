@@ -200,7 +200,7 @@ impl Writer<'_> {
 
     /// Builds the commit on the branch head and pushes it; when the push
     /// loses a race, fetches and builds it again on the new head.
-    fn commit_with_retry<F>(&self, branch: &str, trailers: &[(&str, String)], changes: F) -> Result<Outcome>
+    pub(crate) fn commit_with_retry<F>(&self, branch: &str, trailers: &[(&str, String)], changes: F) -> Result<Outcome>
     where
         F: Fn(&Repository, &Commit<'_>) -> Result<(String, FileChanges)>,
     {

@@ -1,0 +1,321 @@
+//! The wave's pull request: when a release promotes in one environment,
+//! the pull request that carries its images into the next, with what the
+//! release proved here. One per release and environment (found again by its
+//! branch), a commit status on its head, and an older release's wave pull
+//! request closed as superseded. A failed release opens none.
+
+use std::sync::Arc;
+
+use tracing::{debug, info};
+
+use crate::github::{GitHub, escape_inline};
+use crate::rollout::api::{Phase, RolloutStatus, WritebackAction};
+use crate::rollout::model::RolloutSummary;
+use crate::source::Source;
+use crate::wave::push::{NoWave, WaveCommit, WaveRequest};
+use crate::wave::wave_branch_prefix;
+use crate::writeback::{Author, Writer};
+use crate::{Error, Result};
+
+/// The promote a wave follows: a Healthy release whose promote is in Git.
+pub fn wave_request(app: &str, rollout: &RolloutSummary) -> Option<WaveRequest> {
+    let status = &rollout.status;
+    let written = status.written_back.as_ref()?;
+    let promoted = status.phase == Phase::Healthy
+        && written.action == WritebackAction::Promote
+        && written.rollout_id == status.rollout_id
+        && !written.commit.is_empty()
+        && !status.stable_commit.is_empty();
+    promoted.then(|| WaveRequest {
+        namespace: rollout.namespace.clone(),
+        name: rollout.name.clone(),
+        app: app.to_string(),
+        rollout_id: status.rollout_id.clone(),
+        canary_commit: status.stable_commit.clone(),
+        promote_commit: written.commit.clone(),
+    })
+}
+
+/// Pushes the wave branch and opens its pull request, once.
+pub async fn follow(
+    github: &GitHub,
+    (source, author): (&Arc<Source>, &Author),
+    request: WaveRequest,
+    status: &RolloutStatus,
+) -> Result<()> {
+    let Some(git) = source.git() else {
+        return Ok(());
+    };
+    let base = git.branch().to_string();
+    let (source, author, job) = (source.clone(), author.clone(), request.clone());
+    let pushed = crate::blocking("pushing the wave branch", move || {
+        let git = source.git().expect("checked above");
+        let writer = Writer {
+            git,
+            author,
+            status_branch: None,
+        };
+        writer.push_wave(&job)
+    })
+    .await??;
+    let wave = match pushed {
+        Ok(wave) => wave,
+        Err(NoWave::NotInAWave) => {
+            debug!(rollout = %request.name, "no environment follows this one");
+            return Ok(());
+        }
+        Err(why) => {
+            info!(namespace = %request.namespace, rollout = %request.name, ?why, "no wave pull request: nothing to carry");
+            return Ok(());
+        }
+    };
+    let key = git.records().rollout_key(&request.namespace, &request.name);
+    let marker = wave_marker(&wave.to.name, &key, &request.canary_commit);
+    let own = github.login().await?.to_string();
+    let repository = github.repository();
+    let pull = match github
+        .pull_for_branch(&wave.branch)
+        .await?
+        .filter(|p| is_wave_pull(p, (&own, &repository, &base), &marker))
+    {
+        Some(pull) => pull,
+        None => {
+            let title = format!(
+                "Promote {}/{} to {}: release {}",
+                request.namespace, request.name, wave.to.name, request.rollout_id
+            );
+            let body = wave_body(&wave, &request, status, &marker);
+            match github.create_pull(&wave.branch, &base, &title, &body).await {
+                Ok(pull) => {
+                    info!(pull = pull.number, branch = %wave.branch, to = %wave.to.name, "wave pull request opened");
+                    pull
+                }
+                // An earlier life of this agent opened it meanwhile.
+                Err(Error::GitHub { status: Some(422), .. }) => github
+                    .pull_for_branch(&wave.branch)
+                    .await?
+                    .filter(|p| is_wave_pull(p, (&own, &repository, &base), &marker))
+                    .ok_or_else(|| Error::GitHub {
+                        context: "opening the wave pull request".into(),
+                        status: Some(422),
+                        message: format!(
+                            "refused, and no wave pull request of this release from {} exists",
+                            wave.branch
+                        ),
+                    })?,
+                Err(error) => return Err(error),
+            }
+        }
+    };
+    let description = format!("release {} promoted in {}", request.rollout_id, wave.from.name);
+    github
+        .set_status(
+            &wave.commit,
+            &format!("gitcanary/wave/{}", wave.to.name),
+            "success",
+            &description,
+        )
+        .await?;
+    supersede(github, (&base, &own), &wave_branch_prefix(&wave.to.name, &key), &pull).await
+}
+
+/// Whether a pull request is this release's wave: opened by gitcanary from
+/// this repository into the tracked branch, naming the release.
+fn is_wave_pull(pull: &crate::github::PullRequest, (own, repository, base): (&str, &str, &str), marker: &str) -> bool {
+    pull.author == own && pull.head_repo == repository && pull.base_ref == base && pull.body.contains(marker)
+}
+
+/// Closes this Rollout's older wave pull requests into the same environment,
+/// naming the newer one.
+async fn supersede(
+    github: &GitHub,
+    (base, own): (&str, &str),
+    prefix: &str,
+    newer: &crate::github::PullRequest,
+) -> Result<()> {
+    for pull in github.open_pulls(base).await? {
+        if pull.number == newer.number || pull.author != own || !pull.head_ref.starts_with(prefix) {
+            continue;
+        }
+        github
+            .reply(
+                pull.number,
+                &format!(
+                    "gitcanary closes this wave pull request: a newer release promoted since, carried by #{}.",
+                    newer.number
+                ),
+            )
+            .await?;
+        github.close_pull(pull.number).await?;
+        info!(
+            pull = pull.number,
+            newer = newer.number,
+            "older wave pull request closed"
+        );
+    }
+    Ok(())
+}
+
+/// The hidden line naming the environment and release a wave pull request is for.
+fn wave_marker(to: &str, rollout_key: &str, canary_commit: &str) -> String {
+    format!("<!-- gitcanary:wave {to} {rollout_key} {canary_commit} -->")
+}
+
+/// The wave pull request's body: what it carries, and what the release proved.
+pub fn wave_body(wave: &WaveCommit, request: &WaveRequest, status: &RolloutStatus, marker: &str) -> String {
+    let code = |text: &str| format!("`{}`", escape_inline(text).replace('`', "'"));
+    // Text from elsewhere: one line, and no markup (a marker of gitcanary's included).
+    let text = |text: &str| escape_inline(text).replace('<', "&lt;");
+    let mut body = format!(
+        "gitcanary carries release {} of {} from **{}** into **{}**: {}.\n\n",
+        code(&request.rollout_id),
+        code(&format!("{}/{}", request.namespace, request.name)),
+        wave.from.name,
+        wave.to.name,
+        wave.images.iter().map(|i| code(i)).collect::<Vec<_>>().join(", "),
+    );
+    body.push_str(&format!(
+        "### Proven in {}\n\n| Step | Started | Finished | Passed by |\n|---|---|---|---|\n",
+        wave.from.name
+    ));
+    for step in &status.step_history {
+        body.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            step.step,
+            text(&step.started_at),
+            text(&step.finished_at),
+            text(&step.passed_by)
+        ));
+    }
+    if !status.analysis_runs.is_empty() {
+        body.push_str("\nAnalysis:\n");
+        for run in &status.analysis_runs {
+            body.push_str(&format!(
+                "- {} {}: {} successful, {} failed, {} inconclusive; last: {}\n",
+                code(&run.name),
+                code(&run.template),
+                run.successful,
+                run.failed,
+                run.inconclusive,
+                text(&run.message)
+            ));
+        }
+    }
+    let approvers: Vec<String> = status
+        .step_history
+        .iter()
+        .filter_map(|s| s.passed_by.strip_prefix("promoted by "))
+        .map(text)
+        .collect();
+    if !approvers.is_empty() {
+        body.push_str(&format!("\nApproved by: {}\n", approvers.join(", ")));
+    }
+    body.push_str(&format!(
+        "\nRelease commit {}; promoted by gitcanary's commit {}.\n\nThis changes {}. Merging it starts {}'s own release, with its own steps and gates.\n\n{marker}\n",
+        code(&request.canary_commit),
+        code(&request.promote_commit),
+        wave.files.iter().map(|f| code(f)).collect::<Vec<_>>().join(", "),
+        wave.to.name,
+    ));
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::api::{AnalysisRun, StepRecord, WrittenBack};
+    use crate::wave::Environment;
+
+    fn promoted() -> RolloutSummary {
+        RolloutSummary {
+            namespace: "shop".into(),
+            name: "web".into(),
+            spec: Default::default(),
+            status: RolloutStatus {
+                phase: Phase::Healthy,
+                rollout_id: "abc1234".into(),
+                stable_commit: "c".repeat(40),
+                written_back: Some(WrittenBack {
+                    action: WritebackAction::Promote,
+                    rollout_id: "abc1234".into(),
+                    commit: "p".repeat(40),
+                    note: String::new(),
+                }),
+                ..Default::default()
+            },
+            changed: true,
+            last_command_comment: 0,
+        }
+    }
+
+    #[test]
+    fn only_a_promote_in_git_sends_a_release_on() {
+        let request = wave_request("web", &promoted()).expect("promoted");
+        assert_eq!(
+            (request.canary_commit.as_str(), request.promote_commit.as_str()),
+            (&*"c".repeat(40), &*"p".repeat(40))
+        );
+        let mut reverted = promoted();
+        reverted.status.written_back.as_mut().expect("set").action = WritebackAction::Revert;
+        assert!(
+            wave_request("web", &reverted).is_none(),
+            "a failed release opens nothing"
+        );
+        let mut earlier = promoted();
+        earlier.status.rollout_id = "def5678".into();
+        earlier.status.phase = Phase::Progressing;
+        assert!(wave_request("web", &earlier).is_none(), "a newer release under way");
+        let mut unwritten = promoted();
+        unwritten.status.written_back = None;
+        assert!(
+            wave_request("web", &unwritten).is_none(),
+            "the promote is not in Git yet"
+        );
+    }
+
+    #[test]
+    fn the_wave_body_tells_what_the_release_proved() {
+        let rollout = promoted();
+        let mut status = rollout.status.clone();
+        status.step_history = vec![StepRecord {
+            step: 1,
+            started_at: "2026-12-04T10:00:00Z".into(),
+            finished_at: "2026-12-04T10:05:00Z".into(),
+            passed_by: "promoted by carol".into(),
+        }];
+        status.analysis_runs = vec![AnalysisRun {
+            name: "step-1".into(),
+            template: "success-rate".into(),
+            successful: 3,
+            message: "success-rate 0.99 against >= 0.95 | <b>".into(),
+            ..Default::default()
+        }];
+        let env = |name: &str| Environment {
+            name: name.into(),
+            path: format!("envs/{name}"),
+            cluster: None,
+        };
+        let wave = WaveCommit {
+            from: env("staging"),
+            to: env("production"),
+            branch: "gitcanary/wave/production/shop/web/abc1234".into(),
+            commit: "w".repeat(40),
+            images: vec!["registry.test/web:1.1.0".into()],
+            files: vec!["envs/production/web/kustomization.yaml".into()],
+        };
+        let request = wave_request("web", &rollout).expect("promoted");
+        let body = wave_body(&wave, &request, &status, "<!-- m -->");
+        for part in [
+            "from **staging** into **production**: `registry.test/web:1.1.0`",
+            "| 1 | 2026-12-04T10:00:00Z | 2026-12-04T10:05:00Z | promoted by carol |",
+            "`step-1` `success-rate`: 3 successful, 0 failed, 0 inconclusive; last: success-rate 0.99",
+            "Approved by: carol",
+            &format!("promoted by gitcanary's commit `{}`", "p".repeat(40)),
+            "`envs/production/web/kustomization.yaml`",
+            "<!-- m -->",
+        ] {
+            assert!(body.contains(part), "{part:?} missing from\n{body}");
+        }
+        assert!(!body.contains("<b>"), "text from Prometheus is escaped:\n{body}");
+    }
+}

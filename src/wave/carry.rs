@@ -1,0 +1,374 @@
+//! Writing a release's images into the next environment's manifests, the
+//! way they are expressed there: a container's `image:` in plain YAML, an
+//! `images:` entry of a kustomization, a key of a Helm values file. Edits
+//! are made line by line, so comments, order and quoting stay as written.
+
+use super::HelmImageKeys;
+
+/// An image reference: its name, and its tag and digest when it has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageRef<'a> {
+    pub name: &'a str,
+    pub tag: Option<&'a str>,
+    pub digest: Option<&'a str>,
+}
+
+/// `registry:5000/team/app:1.2@sha256:…` → name, tag and digest; a `:` in
+/// the registry's host is not a tag.
+pub fn split_image(image: &str) -> ImageRef<'_> {
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
+    match rest[last_slash..].rfind(':') {
+        Some(colon) => ImageRef {
+            name: &rest[..last_slash + colon],
+            tag: Some(&rest[last_slash + colon + 1..]),
+            digest,
+        },
+        None => ImageRef {
+            name: rest,
+            tag: None,
+            digest,
+        },
+    }
+}
+
+/// A YAML line split around its scalar value: what comes before it, the
+/// value (unquoted), its quote, and what follows (a comment).
+struct Scalar<'a> {
+    before: &'a str,
+    value: &'a str,
+    quote: &'a str,
+    after: &'a str,
+}
+
+impl Scalar<'_> {
+    fn with(&self, value: &str) -> String {
+        format!("{}{q}{value}{q}{}", self.before, self.after, q = self.quote)
+    }
+}
+
+/// The value of `key: value` on `line` (after any `- ` list markers).
+fn scalar_of<'a>(line: &'a str, key: &str) -> Option<Scalar<'a>> {
+    let mut rest = line.trim_start();
+    while let Some(stripped) = rest.strip_prefix("- ") {
+        rest = stripped.trim_start();
+    }
+    let after_key = rest.strip_prefix(key)?.strip_prefix(':')?;
+    let value_at = line.len() - after_key.trim_start().len();
+    let text = &line[value_at..];
+    let (quote, inner_end) = match text.chars().next() {
+        Some(q @ ('"' | '\'')) => (&text[..1], text[1..].find(q).map(|i| i + 1)?),
+        _ => ("", text.find(" #").unwrap_or(text.len())),
+    };
+    let value = text[quote.len()..inner_end].trim_end();
+    if value.is_empty() {
+        return None;
+    }
+    let after_start = value_at + quote.len() + value.len() + quote.len();
+    Some(Scalar {
+        before: &line[..value_at],
+        value,
+        quote,
+        after: &line[after_start..],
+    })
+}
+
+fn lines_of(text: &str) -> Vec<String> {
+    text.lines().map(str::to_string).collect()
+}
+
+fn joined(lines: &[String], text: &str) -> String {
+    let mut out = lines.join("\n");
+    if text.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+/// The released image of the same name as `image`, when it differs.
+fn newer<'i>(image: &str, images: &'i [String]) -> Option<&'i String> {
+    let name = split_image(image).name;
+    images
+        .iter()
+        .find(|released| split_image(released).name == name && released.as_str() != image)
+}
+
+/// A plain manifest with every container `image:` of a released image's
+/// name set to the released one; `None` when nothing changes.
+pub fn carry_plain(text: &str, images: &[String]) -> Option<String> {
+    let mut lines = lines_of(text);
+    let mut changed = false;
+    for line in &mut lines {
+        if let Some(scalar) = scalar_of(line, "image")
+            && let Some(released) = newer(scalar.value, images)
+        {
+            *line = scalar.with(released);
+            changed = true;
+        }
+    }
+    changed.then(|| joined(&lines, text))
+}
+
+/// The entries of a kustomization's top-level `images:`: each entry's
+/// first and one-past-last line.
+fn image_entries(lines: &[String]) -> (Option<usize>, Vec<(usize, usize)>) {
+    let Some(key) = lines.iter().position(|l| l.trim_end() == "images:") else {
+        return (None, Vec::new());
+    };
+    let mut entries: Vec<(usize, usize)> = Vec::new();
+    let mut end = key + 1;
+    for (at, line) in lines.iter().enumerate().skip(key + 1) {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        if indent == 0 && !trimmed.starts_with("- ") {
+            break;
+        }
+        if trimmed.starts_with("- ") {
+            if let Some(last) = entries.last_mut() {
+                last.1 = at;
+            }
+            entries.push((at, at + 1));
+        } else if let Some(last) = entries.last_mut() {
+            last.1 = at + 1;
+        }
+        end = at + 1;
+    }
+    if let Some(last) = entries.last_mut() {
+        last.1 = last.1.max(end.min(lines.len()));
+    }
+    (Some(key), entries)
+}
+
+/// A kustomization whose `images:` entries for the released images name
+/// the released tag (and digest); an image it has no entry for gets one.
+/// `None` when nothing changes.
+pub fn carry_kustomization(text: &str, images: &[String]) -> Option<String> {
+    let mut lines = lines_of(text);
+    let before = lines.clone();
+    for image in images {
+        let released = split_image(image);
+        let (key, entries) = image_entries(&lines);
+        let entry = entries.into_iter().find(|&(start, end)| {
+            let field = |name: &str| {
+                lines[start..end]
+                    .iter()
+                    .find_map(|l| scalar_of(l, name).map(|s| s.value))
+            };
+            field("newName").or_else(|| field("name")) == Some(released.name)
+        });
+        match entry {
+            Some((start, end)) => set_entry(&mut lines, (start, end), released),
+            None => add_entry(&mut lines, key, released),
+        }
+    }
+    (lines != before).then(|| joined(&lines, text))
+}
+
+/// Sets an entry's `newTag` and `digest` to the released image's.
+fn set_entry(lines: &mut Vec<String>, (start, end): (usize, usize), released: ImageRef<'_>) {
+    let indent = lines[start].find("- ").map_or(2, |i| i + 2);
+    let mut end = end;
+    for (field, value) in [("newTag", released.tag), ("digest", released.digest)] {
+        let at = (start..end).find(|&i| scalar_of(&lines[i], field).is_some());
+        match (at, value) {
+            (Some(at), Some(value)) => {
+                let scalar = scalar_of(&lines[at], field).expect("found above");
+                lines[at] = scalar.with(value);
+            }
+            (Some(at), None) => {
+                lines.remove(at);
+                end -= 1;
+            }
+            (None, Some(value)) => {
+                lines.insert(end, format!("{}{field}: {value}", " ".repeat(indent)));
+                end += 1;
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+fn add_entry(lines: &mut Vec<String>, key: Option<usize>, released: ImageRef<'_>) {
+    let mut entry = vec![format!("- name: {}", released.name)];
+    entry.extend(released.tag.map(|tag| format!("  newTag: {tag}")));
+    entry.extend(released.digest.map(|digest| format!("  digest: {digest}")));
+    match key {
+        Some(key) => {
+            let (_, entries) = image_entries(lines);
+            let at = entries.last().map_or(key + 1, |&(_, end)| end);
+            for (offset, line) in entry.into_iter().enumerate() {
+                lines.insert(at + offset, line);
+            }
+        }
+        None => {
+            lines.push("images:".into());
+            lines.extend(entry);
+        }
+    }
+}
+
+/// The line holding the scalar at a dotted key of a values file, read by
+/// indentation (block mappings, as values files are written).
+fn values_line(lines: &[String], key: &str) -> Option<usize> {
+    let wanted: Vec<&str> = key.split('.').collect();
+    let mut path: Vec<(usize, &str)> = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with('-') {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        let Some((name, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        while path.last().is_some_and(|&(i, _)| i >= indent) {
+            path.pop();
+        }
+        path.push((indent, name.trim_matches(|c| c == '"' || c == '\'')));
+        if path.len() == wanted.len() && path.iter().map(|(_, n)| *n).eq(wanted.iter().copied()) {
+            return scalar_of(line, name).is_some().then_some(at);
+        }
+    }
+    None
+}
+
+/// A values file with each configured tag key set to its released image's
+/// tag; `None` when nothing changes.
+pub fn carry_values(text: &str, keys: &[HelmImageKeys], images: &[String]) -> Option<String> {
+    let mut lines = lines_of(text);
+    let mut changed = false;
+    for entry in keys {
+        let released = match &entry.repository {
+            Some(repository) => {
+                let at = values_line(&lines, repository)?;
+                let name = scalar_of(&lines[at], last_key(repository))?.value.to_string();
+                images.iter().map(|i| split_image(i)).find(|i| i.name == name)
+            }
+            None if images.len() == 1 => Some(split_image(&images[0])),
+            None => None,
+        };
+        let (Some(tag), Some(at)) = (released.and_then(|r| r.tag), values_line(&lines, &entry.tag)) else {
+            continue;
+        };
+        let scalar = scalar_of(&lines[at], last_key(&entry.tag)).expect("found by values_line");
+        if scalar.value != tag {
+            lines[at] = scalar.with(tag);
+            changed = true;
+        }
+    }
+    changed.then(|| joined(&lines, text))
+}
+
+fn last_key(dotted: &str) -> &str {
+    dotted.rsplit('.').next().unwrap_or(dotted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn released(images: &[&str]) -> Vec<String> {
+        images.iter().map(|i| i.to_string()).collect()
+    }
+
+    #[test]
+    fn an_image_reference_splits_into_name_tag_and_digest() {
+        let split = |s| {
+            let r = split_image(s);
+            (r.name, r.tag, r.digest)
+        };
+        assert_eq!(split("echo"), ("echo", None, None));
+        assert_eq!(
+            split("registry.test:5000/team/echo:1.2"),
+            ("registry.test:5000/team/echo", Some("1.2"), None)
+        );
+        assert_eq!(
+            split("registry.test:5000/echo"),
+            ("registry.test:5000/echo", None, None)
+        );
+        assert_eq!(split("echo:1@sha256:ab"), ("echo", Some("1"), Some("sha256:ab")));
+    }
+
+    #[test]
+    fn a_plain_manifest_takes_the_released_image_and_keeps_everything_else() {
+        let text = "spec:\n  containers:\n  - name: echo\n    image: \"registry.test/echo:1.0.0\"  # pinned\n  - image: registry.test/sidecar:3\n    name: sidecar\n";
+        let carried = carry_plain(text, &released(&["registry.test/echo:1.1.0"])).expect("changed");
+        assert_eq!(
+            carried,
+            "spec:\n  containers:\n  - name: echo\n    image: \"registry.test/echo:1.1.0\"  # pinned\n  - image: registry.test/sidecar:3\n    name: sidecar\n"
+        );
+        assert_eq!(
+            carry_plain(&carried, &released(&["registry.test/echo:1.1.0"])),
+            None,
+            "already there"
+        );
+        assert_eq!(
+            carry_plain(text, &released(&["registry.test/other:2"])),
+            None,
+            "not this app's"
+        );
+    }
+
+    #[test]
+    fn a_kustomization_entry_takes_the_released_tag() {
+        let text = "resources:\n- ../../base/shop\nimages:\n- name: registry.test/shop\n  newTag: 1.0.0 # production\n- name: registry.test/db\n  newTag: \"9\"\nnamePrefix: prod-\n";
+        let carried = carry_kustomization(text, &released(&["registry.test/shop:1.1.0"])).expect("changed");
+        assert_eq!(
+            carried,
+            "resources:\n- ../../base/shop\nimages:\n- name: registry.test/shop\n  newTag: 1.1.0 # production\n- name: registry.test/db\n  newTag: \"9\"\nnamePrefix: prod-\n"
+        );
+        // A renamed image matches by its new name; a digest replaces nothing it lacks.
+        let renamed = "images:\n- name: shop\n  newName: registry.test/shop\n  digest: sha256:old\n";
+        assert_eq!(
+            carry_kustomization(renamed, &released(&["registry.test/shop:2"])).expect("changed"),
+            "images:\n- name: shop\n  newName: registry.test/shop\n  newTag: 2\n"
+        );
+    }
+
+    #[test]
+    fn a_kustomization_without_an_entry_gets_one() {
+        let text = "resources:\n- ../../base/shop\n";
+        assert_eq!(
+            carry_kustomization(text, &released(&["registry.test/shop:1.1.0"])).expect("changed"),
+            "resources:\n- ../../base/shop\nimages:\n- name: registry.test/shop\n  newTag: 1.1.0\n"
+        );
+        let other = "images:\n- name: registry.test/db\n  newTag: \"9\"\nnamePrefix: prod-\n";
+        assert_eq!(
+            carry_kustomization(other, &released(&["registry.test/shop:1.1.0"])).expect("changed"),
+            "images:\n- name: registry.test/db\n  newTag: \"9\"\n- name: registry.test/shop\n  newTag: 1.1.0\nnamePrefix: prod-\n"
+        );
+    }
+
+    #[test]
+    fn a_values_file_takes_the_tag_at_the_named_key() {
+        let keys = [HelmImageKeys {
+            repository: Some("image.repository".into()),
+            tag: "image.tag".into(),
+        }];
+        let text = "replicas: 3\nimage:\n  repository: registry.test/web\n  tag: \"1.0.0\" # prod\nsidecar:\n  tag: \"1.0.0\"\n";
+        assert_eq!(
+            carry_values(text, &keys, &released(&["registry.test/web:1.1.0"])).expect("changed"),
+            "replicas: 3\nimage:\n  repository: registry.test/web\n  tag: \"1.1.0\" # prod\nsidecar:\n  tag: \"1.0.0\"\n"
+        );
+        assert_eq!(
+            carry_values(text, &keys, &released(&["registry.test/api:2"])),
+            None,
+            "another image"
+        );
+        let untold = [HelmImageKeys {
+            repository: None,
+            tag: "image.tag".into(),
+        }];
+        assert_eq!(
+            carry_values(text, &untold, &released(&["a:1", "b:2"])),
+            None,
+            "two images and no repository key: which one is not known"
+        );
+    }
+}
