@@ -1,0 +1,361 @@
+//! Environments in waves: two clusters (the shared control plane as
+//! staging, one of the test's own as production), each synced by its own
+//! agent (`--cluster-name`, `--path`) from one repository. A release
+//! promoted in staging opens the pull request that carries its images into
+//! production's manifests; merging it runs production's own release. A
+//! release that fails in staging reverts staging only and opens nothing.
+
+mod support;
+
+use std::time::Duration;
+
+use gitcanary::rollout::api::{Phase, Rollout};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use support::agent::{AgentProcess, Scenario};
+use support::eventually;
+use support::git_server::GitRepo;
+use support::github::{FakePull, GitHubFake};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+const WAVES: &str = "environments:\n- name: staging\n  path: staging\n  cluster: staging\n- name: production\n  path: production\n  cluster: production\n";
+
+const STEPS: &str = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 10s\n";
+
+/// A plain-YAML app `echo` of `env`, its container at `image`; `labels` are
+/// its pod template's.
+fn write_echo(repo: &GitRepo, env: &str, ns: &str, image: &str, labels: &str) {
+    repo.write(
+        &format!("{env}/echo/deployment.yaml"),
+        &format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: echo}}\n  template:\n    metadata:\n      labels: {{{labels}}}\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:{image} # the {env} release\n"
+        ),
+    );
+    repo.write(
+        &format!("{env}/echo/rollout.yaml"),
+        &format!(
+            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n{STEPS}"
+        ),
+    );
+}
+
+/// A Kustomize app `shop` of `env`: a base and the environment's overlay,
+/// whose `images:` entry names `tag`.
+fn write_shop(repo: &GitRepo, env: &str, ns: &str, tag: &str) {
+    repo.write(
+        &format!("{env}/shop/gitcanary.yaml"),
+        &format!("kustomize:\n  path: overlays/{env}\n"),
+    );
+    repo.write(
+        &format!("{env}/shop/base/kustomization.yaml"),
+        "resources: [deployment.yaml, rollout.yaml]\n",
+    );
+    repo.write(
+        &format!("{env}/shop/base/deployment.yaml"),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: shop\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: shop}\n  template:\n    metadata:\n      labels: {app: shop}\n    spec:\n      containers:\n      - name: shop\n        image: registry.test/shop:0\n",
+    );
+    repo.write(
+        &format!("{env}/shop/base/rollout.yaml"),
+        &format!(
+            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: shop\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: shop}}\n{STEPS}"
+        ),
+    );
+    repo.write(
+        &format!("{env}/shop/overlays/{env}/kustomization.yaml"),
+        &format!(
+            "namespace: {ns}\nresources: [../../base]\nimages:\n- name: registry.test/shop\n  newTag: \"{tag}\" # {env}\n"
+        ),
+    );
+}
+
+async fn rollout_phase(client: &Client, ns: &str, name: &str) -> Option<(Phase, String)> {
+    let status = Api::<Rollout>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()??
+        .status?;
+    Some((status.phase, status.stable_commit))
+}
+
+async fn image_of(client: &Client, ns: &str, name: &str) -> Option<String> {
+    let deployment = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ok()??;
+    deployment.spec?.template.spec?.containers.first()?.image.clone()
+}
+
+/// Waits until the Rollout `name` is Healthy with `commit` stable.
+async fn healthy_at(client: &Client, ns: &str, name: &str, commit: &str, place: &str) {
+    eventually(&format!("{place}: {name} promoted at {commit}"), WAIT, || async {
+        let (phase, stable) = rollout_phase(client, ns, name).await?;
+        (phase == Phase::Healthy && stable == commit).then_some(())
+    })
+    .await;
+}
+
+/// The wave pull request of `rollout`'s release into production.
+async fn wave_pull(fake: &GitHubFake, ns: &str, rollout: &str) -> FakePull {
+    let prefix = format!("gitcanary/wave/production/staging/{ns}/{rollout}/");
+    eventually(&format!("the wave pull request of {rollout}"), WAIT, || async {
+        fake.pulls().into_iter().find(|p| p.head.starts_with(&prefix) && p.open)
+    })
+    .await
+}
+
+/// The production cluster: a control plane of its own, the namespace, and
+/// its agent on `production/`.
+struct Production {
+    client: Client,
+    _agent: AgentProcess,
+    _cache: tempfile::TempDir,
+    _plane: support::DedicatedControlPlane,
+}
+
+impl Production {
+    async fn start(scenario: &Scenario, github: &str) -> Production {
+        let plane = support::DedicatedControlPlane::start();
+        let client = plane.client().await;
+        support::agent::install_rollout_crd_on(&client).await;
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(scenario.ns.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+        let cache = tempfile::tempdir().expect("cache");
+        let kubeconfig = plane.kubeconfig.display().to_string();
+        let agent = AgentProcess::start_with(
+            &scenario.repo,
+            &scenario.ns,
+            cache.path(),
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--path",
+                "production",
+                "--cluster-name",
+                "production",
+                "--github-url",
+                github,
+                "--github-repo",
+                "acme/apps",
+            ],
+            &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+        );
+        Production {
+            client,
+            _agent: agent,
+            _cache: cache,
+            _plane: plane,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_in_production() {
+    let scenario = Scenario::new("waves").await;
+    let (repo, ns) = (&scenario.repo, scenario.ns.as_str());
+    let fake = GitHubFake::start_for(&repo.bare).await;
+    fake.grant("dave", "write");
+    repo.write("gitcanary.yaml", WAVES);
+    for env in ["staging", "production"] {
+        write_echo(repo, env, ns, "1.0.0", "app: echo");
+        write_shop(repo, env, ns, "1.0.0");
+    }
+    let first = repo.commit_and_push("echo and shop 1.0.0 in staging and production");
+    let production = Production::start(&scenario, &fake.url).await;
+    let _staging = AgentProcess::start_with(
+        repo,
+        ns,
+        scenario.cache.path(),
+        &[
+            "--path",
+            "staging",
+            "--cluster-name",
+            "staging",
+            "--github-url",
+            &fake.url,
+            "--github-repo",
+            "acme/apps",
+        ],
+        &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
+    );
+    for name in ["echo", "shop"] {
+        healthy_at(&scenario.client, ns, name, &first, "staging").await;
+        healthy_at(&production.client, ns, name, &first, "production").await;
+    }
+
+    // 1.1.0 in staging only: staging's canaries run and promote.
+    write_echo(repo, "staging", ns, "1.1.0", "app: echo");
+    write_shop(repo, "staging", ns, "1.1.0");
+    let release = repo.commit_and_push("echo and shop 1.1.0 in staging");
+    for name in ["echo", "shop"] {
+        healthy_at(&scenario.client, ns, name, &release, "staging").await;
+    }
+
+    // One wave pull request each, carrying the images as production writes them.
+    let first_echo_wave = wave_pull(&fake, ns, "echo").await;
+    let echo_wave = &first_echo_wave;
+    let shop_wave = wave_pull(&fake, ns, "shop").await;
+    assert_eq!(echo_wave.author, "gitcanary[bot]");
+    assert!(
+        echo_wave
+            .body
+            .contains("from **staging** into **production**: `registry.test/echo:1.1.0`"),
+        "{}",
+        echo_wave.body
+    );
+    assert!(echo_wave.body.contains("| 1 |"), "the steps passed: {}", echo_wave.body);
+    assert!(
+        echo_wave.body.contains("pause of 1s") || echo_wave.body.contains("timer"),
+        "{}",
+        echo_wave.body
+    );
+    let promote = scenario
+        .history()
+        .into_iter()
+        .find(|(_, m)| m.contains(&format!("Gitcanary-Rollout: staging/{ns}/echo")) && m.starts_with("promote("))
+        .expect("staging's promote commit");
+    assert!(
+        echo_wave.body.contains(&promote.0),
+        "names the promote commit: {}",
+        echo_wave.body
+    );
+    let show = |branch: &str, path: &str| scenario.git(&["show", &format!("{branch}:{path}")]);
+    assert!(
+        show(
+            &shop_wave.head,
+            "production/shop/overlays/production/kustomization.yaml"
+        )
+        .contains("- name: registry.test/shop\n  newTag: \"1.1.0\" # production\n"),
+        "the overlay's images: entry takes the tag, its comment kept"
+    );
+    assert!(
+        show(&echo_wave.head, "production/echo/deployment.yaml")
+            .contains("image: registry.test/echo:1.1.0 # the production release")
+    );
+    assert!(
+        show(&echo_wave.head, "staging/echo/deployment.yaml").contains("echo:1.1.0"),
+        "staging is as it was"
+    );
+    let head = scenario.git(&["rev-parse", &echo_wave.head]).trim().to_string();
+    assert!(
+        fake.statuses_for(&head)
+            .iter()
+            .any(|(state, context, _)| context == "gitcanary/wave/production" && state == "success"),
+        "{:?}",
+        fake.statuses_for(&head)
+    );
+    // Production runs what it ran until the pull request merges.
+    assert_eq!(
+        image_of(&production.client, ns, "echo").await.as_deref(),
+        Some("registry.test/echo:1.0.0")
+    );
+
+    // A newer release of echo promoted in staging supersedes its wave.
+    write_echo(repo, "staging", ns, "1.1.1", "app: echo");
+    let newer = repo.commit_and_push("echo 1.1.1 in staging");
+    healthy_at(&scenario.client, ns, "echo", &newer, "staging").await;
+    let echo_wave = eventually("the newer wave pull request of echo", WAIT, || async {
+        let newer = wave_pull(&fake, ns, "echo").await;
+        (newer.number != first_echo_wave.number).then_some(newer)
+    })
+    .await;
+    assert!(
+        echo_wave.body.contains("`registry.test/echo:1.1.1`"),
+        "{}",
+        echo_wave.body
+    );
+    let closed = eventually("the older wave closed", WAIT, || async {
+        fake.pulls()
+            .into_iter()
+            .find(|p| p.number == first_echo_wave.number && !p.open)
+    })
+    .await;
+    assert!(
+        fake.comments_on(closed.number)
+            .iter()
+            .any(|(_, _, body)| body.contains(&format!("carried by #{}", echo_wave.number))),
+        "the closed one names the newer one"
+    );
+    assert!(shop_wave.open, "shop's wave is another Rollout's: it stays");
+
+    // Reviewed and merged as any pull request: production's own releases run.
+    for (name, wave) in [("echo", &echo_wave), ("shop", &shop_wave)] {
+        fake.review(wave.number, "dave", "APPROVED");
+        let merged = fake.merge_as(wave.number, "dave");
+        healthy_at(&production.client, ns, name, &merged, "production").await;
+    }
+    assert_eq!(
+        image_of(&production.client, ns, "echo").await.as_deref(),
+        Some("registry.test/echo:1.1.1")
+    );
+    assert_eq!(
+        image_of(&production.client, ns, "shop").await.as_deref(),
+        Some("registry.test/shop:1.1.0")
+    );
+    // Each cluster's status files, side by side.
+    for env in ["staging", "production"] {
+        for name in ["echo", "shop"] {
+            let record = show("main", &format!(".gitcanary/status/{env}/{ns}/{name}.yaml"));
+            assert!(record.contains("outcome: promoted"), "{env}: {record}");
+        }
+    }
+    assert!(
+        scenario
+            .try_git(&["show", &format!("main:.gitcanary/status/{ns}/echo.yaml")])
+            .is_none(),
+        "no record in the layout of a single cluster"
+    );
+    // Production is the last environment: no wave follows it.
+    assert!(
+        !fake
+            .pulls()
+            .iter()
+            .any(|p| p.head.starts_with("gitcanary/wave/production/production/"))
+    );
+
+    // A release that fails in staging reverts staging only and opens nothing.
+    write_echo(
+        repo,
+        "staging",
+        ns,
+        "1.2.0",
+        "app: echo, gitcanary.test/never-ready: \"true\"",
+    );
+    let failing = repo.commit_and_push("echo 1.2.0 in staging");
+    let (_, revert) = scenario
+        .wait_for_commit("staging's revert", |m| {
+            m.contains(&format!("Gitcanary-Reverts: {failing}"))
+        })
+        .await;
+    assert!(
+        revert.contains(&format!("Gitcanary-Rollout: staging/{ns}/echo")),
+        "{revert}"
+    );
+    assert!(show("main", "staging/echo/deployment.yaml").contains("echo:1.1.1"));
+    assert!(show("main", "production/echo/deployment.yaml").contains("echo:1.1.1"));
+    let short = &failing[..7];
+    assert!(
+        !fake.pulls().iter().any(|p| p.head.ends_with(&format!("/{short}"))),
+        "no wave of the failed release"
+    );
+    assert_eq!(
+        fake.pulls()
+            .iter()
+            .filter(|p| p.head.starts_with("gitcanary/wave/"))
+            .count(),
+        3,
+        "{:?}",
+        fake.pulls().iter().map(|p| &p.head).collect::<Vec<_>>()
+    );
+}
