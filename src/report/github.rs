@@ -121,17 +121,23 @@ impl GitHubReporter<'_> {
                 {
                     warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
                 }
-                if let Some(request) = super::wave::wave_request(app, rollout)
-                    && let Err(error) = super::wave::follow(github, (self.source, self.author), request, status).await
-                {
-                    warn!(%error, "GitHub: the wave pull request waits for the next change");
-                }
+                self.follow_wave(app, rollout).await;
             }
             if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {
                 signalled |= handle_commands(github, cluster, rollout, &command_pulls, &authors).await;
             }
         }
         signalled
+    }
+
+    /// A promote in Git opens the next environment's wave pull request.
+    async fn follow_wave(&self, app: &str, rollout: &RolloutSummary) {
+        if let Some(request) = super::wave::wave_request(app, rollout)
+            && let Err(error) =
+                super::wave::follow(self.github, (self.source, self.author), request, &rollout.status).await
+        {
+            warn!(%error, "GitHub: the wave pull request waits for the next change");
+        }
     }
 
     /// Pushes the gate branch; returns the commit pushed (or pushed before).
