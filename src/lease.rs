@@ -21,6 +21,9 @@ pub struct LeaseConfig {
     /// Who holds it: the pod name in a cluster.
     pub identity: String,
     pub duration: Duration,
+    /// Annotations the holder keeps on the Lease (a shard Lease says the
+    /// holder's shard count).
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl LeaseConfig {
@@ -83,6 +86,7 @@ impl Leadership {
                 metadata: ObjectMeta {
                     name: Some(self.config.name.clone()),
                     namespace: Some(self.config.namespace.clone()),
+                    annotations: Some(self.config.annotations.clone()).filter(|a| !a.is_empty()),
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
@@ -106,6 +110,10 @@ impl Leadership {
             return Ok((false, holder));
         }
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(holder != *me);
+        if !self.config.annotations.is_empty() {
+            let annotations = lease.metadata.annotations.get_or_insert_with(Default::default);
+            annotations.extend(self.config.annotations.clone());
+        }
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(me.clone()),
             lease_duration_seconds: Some(duration_seconds),

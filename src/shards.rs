@@ -65,6 +65,11 @@ pub struct Shards {
     members: Api<Lease>,
     /// `<instance>-member-`: the member Leases of this agent's replicas.
     member_prefix: String,
+    /// `<instance>-shard-` and `<instance>-leader`: Leases a replica of
+    /// another configuration may hold.
+    others: (String, String),
+    /// Why this replica holds no shard now, once said.
+    refused: std::sync::Mutex<Option<String>>,
     /// For each shard: until when this replica may act for it.
     acting_until: std::sync::Mutex<Vec<Option<Instant>>>,
     /// Each member Lease's record (holder and renew time) and when this
@@ -72,6 +77,64 @@ pub struct Shards {
     members_seen: std::sync::Mutex<std::collections::HashMap<String, (String, Instant)>>,
     /// The replicas counted last (kept when the list fails).
     replicas: std::sync::atomic::AtomicUsize,
+}
+
+/// On each shard Lease: its holder's `--shards`, so that replicas started
+/// with another count, which would map apps to shards otherwise, see it.
+pub const SHARDS_ANNOTATION: &str = "gitcanary.io/shards";
+
+/// A Lease of this agent's instance as a look saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeenLease {
+    pub name: String,
+    pub holder: String,
+    /// Renewed within a lease duration, by this replica's clock.
+    pub live: bool,
+    /// The holder's shard count (shard Leases).
+    pub shards: Option<u32>,
+    pub acquired: Option<jiff::Timestamp>,
+}
+
+/// Why this replica (`count` shards, `identity`) must hold no shard now:
+/// a live leader of the same instance without `--shards`, or a live shard
+/// Lease held with another count (or none said), taken before this
+/// replica's first shard, so replicas of two configurations never act for
+/// the same app. The configuration that held first keeps the work (a
+/// leader that came later waits, `wait_for_sharded_replicas`); of two that
+/// took theirs at the same moment, the smaller identity's.
+pub fn refusal(
+    (count, identity): (u32, &str),
+    (shard_prefix, leader): (&str, &str),
+    seen: &[SeenLease],
+) -> Option<String> {
+    let mine = |l: &&SeenLease| l.holder == identity && l.name.starts_with(shard_prefix);
+    let own_first = seen.iter().filter(mine).filter_map(|l| l.acquired).min();
+    let foreign = seen
+        .iter()
+        .filter(|l| l.live && !l.holder.is_empty() && l.holder != identity);
+    for lease in foreign {
+        let earlier = match (lease.acquired, own_first) {
+            (_, None) | (None, Some(_)) => true,
+            (Some(theirs), Some(mine)) => theirs < mine || (theirs == mine && lease.holder.as_str() < identity),
+        };
+        if lease.name == leader && earlier {
+            return Some(format!(
+                "{} leads this instance without --shards (Lease {}); shards wait until it is gone",
+                lease.holder, lease.name
+            ));
+        }
+        if !lease.name.starts_with(shard_prefix) || lease.shards == Some(count) {
+            continue;
+        }
+        if earlier {
+            let theirs = lease.shards.map_or("an unknown count".to_string(), |n| n.to_string());
+            return Some(format!(
+                "{} holds {} with --shards {theirs}, this replica has --shards {count}; it waits until no replica of the other count holds a shard",
+                lease.holder, lease.name
+            ));
+        }
+    }
+    None
 }
 
 /// The Lease of shard `k` of agent `instance`.
@@ -82,16 +145,17 @@ pub fn shard_lease(instance: &str, k: u32) -> String {
 impl Shards {
     /// `template` names the namespace, identity and duration of every Lease.
     pub fn new(cluster: &Cluster, instance: &str, count: u32, template: &LeaseConfig) -> Shards {
+        let count = count.max(1);
         let lease = |name: String| {
             Leadership::new(
                 cluster,
                 LeaseConfig {
                     name,
+                    annotations: std::collections::BTreeMap::from([(SHARDS_ANNOTATION.to_string(), count.to_string())]),
                     ..template.clone()
                 },
             )
         };
-        let count = count.max(1);
         let member_prefix = format!("{instance}-member-");
         Shards {
             count,
@@ -101,6 +165,8 @@ impl Shards {
             member: lease(format!("{member_prefix}{}", template.identity)),
             members: Api::namespaced(cluster.client.clone(), &template.namespace),
             member_prefix,
+            others: (format!("{instance}-shard-"), format!("{instance}-leader")),
+            refused: std::sync::Mutex::default(),
             acting_until: std::sync::Mutex::new(vec![None; count as usize]),
             members_seen: std::sync::Mutex::default(),
             replicas: std::sync::atomic::AtomicUsize::new(1),
@@ -148,32 +214,58 @@ impl Shards {
 
     /// This agent's replicas that hold their member Lease and renewed it
     /// within a lease duration, as this replica's clock saw the records
-    /// change (itself included).
-    async fn replicas(&self) -> usize {
+    /// change (itself included), and why this replica must hold no shard
+    /// now, if it must not (`refusal`).
+    async fn look(&self) -> (usize, Option<String>) {
         use std::sync::atomic::Ordering;
         let Ok(leases) = self.members.list(&ListParams::default()).await else {
-            return self.replicas.load(Ordering::Relaxed);
+            let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            return (self.replicas.load(Ordering::Relaxed), refused);
         };
         let mut seen = self.members_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (shard_prefix, leader) = (&self.others.0, &self.others.1);
         let mut live = 1;
+        let mut looked = Vec::new();
         for lease in &leases.items {
             let name = lease.metadata.name.clone().unwrap_or_default();
+            let ours = name.starts_with(&self.member_prefix) || name.starts_with(shard_prefix) || name == *leader;
             let spec = lease.spec.clone().unwrap_or_default();
-            let holder = spec.holder_identity.unwrap_or_default();
-            if !name.starts_with(&self.member_prefix) || holder.is_empty() || holder == self.identity {
+            let holder = spec.holder_identity.clone().unwrap_or_default();
+            if !ours || holder.is_empty() {
                 continue;
             }
             let record = format!("{holder}@{:?}", spec.renew_time.map(|t| t.0));
-            let entry = seen.entry(name).or_insert_with(|| (record.clone(), Instant::now()));
+            let entry = seen
+                .entry(name.clone())
+                .or_insert_with(|| (record.clone(), Instant::now()));
             if entry.0 != record {
                 *entry = (record, Instant::now());
             }
-            if entry.1.elapsed() < self.duration {
-                live += 1;
+            let fresh = entry.1.elapsed() < self.duration;
+            if name.starts_with(&self.member_prefix) {
+                live += usize::from(fresh && holder != self.identity);
+                continue;
             }
+            let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+            looked.push(SeenLease {
+                name,
+                holder,
+                live: fresh,
+                shards: annotations.get(SHARDS_ANNOTATION).and_then(|n| n.parse().ok()),
+                acquired: spec.acquire_time.map(|t| t.0),
+            });
         }
         self.replicas.store(live, Ordering::Relaxed);
-        live
+        let refused = refusal((self.count, &self.identity), (shard_prefix, leader), &looked);
+        let mut said = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused != *said {
+            match &refused {
+                Some(why) => warn!(%why, "shards: this replica holds no shard"),
+                None => info!("shards: no replica of another configuration holds a shard any more"),
+            }
+            said.clone_from(&refused);
+        }
+        (live, refused)
     }
 
     /// One round: renew the member Lease and the shards held; stop renewing
@@ -183,6 +275,16 @@ impl Shards {
     pub async fn tick(&self) -> bool {
         self.forget_expired();
         let before = self.held();
+        let (replicas, refused) = self.look().await;
+        if refused.is_some() {
+            // Acting stops now; the Leases are not renewed and expire. Not a
+            // member meanwhile, so the others' share does not leave room for it.
+            for shard in before.iter().copied() {
+                self.set(shard, None);
+            }
+            self.member.release().await;
+            return !before.is_empty();
+        }
         if let Err(error) = self.member.try_acquire_or_renew().await {
             debug!(%error, "shards: cannot renew this replica's member Lease");
         }
@@ -201,7 +303,7 @@ impl Shards {
                 Err(error) => warn!(shard, %error, "shards: cannot renew a shard's Lease"),
             }
         }
-        let fair = fair_share(self.count, self.replicas().await);
+        let fair = fair_share(self.count, replicas);
         let start = shard_of(&self.identity, self.count);
         let (take, give_back) = rebalance(&self.held(), self.count, fair, start);
         for shard in give_back {
@@ -252,6 +354,69 @@ impl Shards {
             self.leases[shard as usize].release().await;
         }
         self.member.release().await;
+    }
+}
+
+/// For an agent without `--shards` that took the leader Lease: waits,
+/// renewing it, while a replica of the same instance with `--shards` still
+/// holds a shard (its record changed within a lease duration, by this
+/// agent's clock), so the two never act at once. Sharded replicas stop at
+/// once when they see a live leader, and their shards then expire. `false`
+/// when asked to stop, or when the leader Lease is lost meanwhile.
+pub async fn wait_for_sharded_replicas(
+    cluster: &Cluster,
+    instance: &str,
+    leadership: &Leadership,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
+    let config = leadership.config();
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), &config.namespace);
+    let prefix = format!("{instance}-shard-");
+    let mut seen: std::collections::HashMap<String, (String, Instant)> = Default::default();
+    let mut said = false;
+    loop {
+        let held = match leases.list(&ListParams::default()).await {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.starts_with(&prefix)))
+                .filter_map(|l| {
+                    let spec = l.spec?;
+                    let holder = spec.holder_identity.filter(|h| !h.is_empty())?;
+                    Some((l.metadata.name?, format!("{holder}@{:?}", spec.renew_time.map(|t| t.0))))
+                })
+                .filter(|(name, record)| {
+                    let entry = seen
+                        .entry(name.clone())
+                        .or_insert_with(|| (record.clone(), Instant::now()));
+                    if entry.0 != *record {
+                        *entry = (record.clone(), Instant::now());
+                    }
+                    entry.1.elapsed() < config.duration
+                })
+                .count(),
+            Err(error) => {
+                warn!(%error, "cannot list the shard Leases; waiting before acting");
+                1
+            }
+        };
+        if held == 0 {
+            return true;
+        }
+        if !said {
+            warn!(
+                held,
+                "replicas of this instance with --shards hold shards; this leader waits until they expire"
+            );
+            said = true;
+        }
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return false,
+            () = tokio::time::sleep(config.retry_period()) => {}
+        }
+        if !matches!(leadership.try_acquire_or_renew().await, Ok((true, _))) {
+            return false;
+        }
     }
 }
 
@@ -398,5 +563,63 @@ mod tests {
         assert_eq!(rebalance(&held, 6, 4, 0), (vec![1, 3], vec![]));
         let none = BTreeSet::new();
         assert_eq!(rebalance(&none, 6, 2, 4).0, vec![4, 5, 0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn replicas_of_two_shard_counts_never_act_at_once_and_the_first_to_hold_keeps_its_shards() {
+        let at = |second: i64| Some(jiff::Timestamp::from_second(1_800_000_000 + second).expect("a time"));
+        let lease = |name: &str, holder: &str, shards: Option<u32>, acquired| SeenLease {
+            name: name.into(),
+            holder: holder.into(),
+            live: true,
+            shards,
+            acquired,
+        };
+        let names = ("gc-shard-", "gc-leader");
+        let refused = |count, me: &str, seen: &[SeenLease]| refusal((count, me), names, seen);
+        // Alone, or beside replicas of the same count: nothing to refuse.
+        assert_eq!(refused(6, "b", &[lease("gc-shard-0", "a", Some(6), at(0))]), None);
+        // A replica of another count held first: this one waits, whatever it holds since.
+        let older = lease("gc-shard-0", "a", Some(4), at(0));
+        let why = refused(6, "b", std::slice::from_ref(&older)).expect("refused");
+        assert!(
+            why.contains("a holds gc-shard-0 with --shards 4, this replica has --shards 6"),
+            "{why}"
+        );
+        assert!(refused(6, "b", &[older.clone(), lease("gc-shard-5", "b", Some(6), at(9))]).is_some());
+        // ...and that one, seeing this replica's later Lease, goes on.
+        assert_eq!(
+            refused(4, "a", &[older.clone(), lease("gc-shard-5", "b", Some(6), at(9))]),
+            None
+        );
+        // Taken at the same moment: the smaller identity keeps them.
+        let tie = [
+            lease("gc-shard-0", "a", Some(4), at(0)),
+            lease("gc-shard-1", "b", Some(6), at(0)),
+        ];
+        assert_eq!(
+            (refused(4, "a", &tie).is_some(), refused(6, "b", &tie).is_some()),
+            (false, true)
+        );
+        // A count not said (an older agent's Lease) is another count.
+        assert!(refused(6, "b", &[lease("gc-shard-0", "a", None, at(0))]).is_some());
+        // A Lease not renewed for a duration, another instance's, or a member's decides nothing.
+        let stale = SeenLease {
+            live: false,
+            ..older.clone()
+        };
+        assert_eq!(
+            refused(6, "b", &[stale, lease("other-shard-0", "a", Some(4), at(0))]),
+            None
+        );
+        // A live leader without --shards that led first: every sharded replica waits.
+        let leader = lease("gc-leader", "c", None, at(0));
+        let why = refused(6, "b", std::slice::from_ref(&leader)).expect("refused");
+        assert!(why.contains("c leads this instance without --shards"), "{why}");
+        // One that came after this replica's shards waits itself.
+        assert_eq!(
+            refused(6, "b", &[leader, lease("gc-shard-2", "b", Some(6), at(-5))]),
+            None
+        );
     }
 }

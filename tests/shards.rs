@@ -209,6 +209,57 @@ async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it
     );
 }
 
+/// Replicas started with another `--shards`, and an agent without it that
+/// came later, act for no app while the first configuration holds the
+/// shards: no app is ever mapped to two holders.
+#[tokio::test]
+async fn a_replica_of_another_shard_count_and_a_later_unsharded_leader_act_for_nothing() {
+    let scenario = Scenario::new("shard-counts").await;
+    write_apps(&scenario, "1", None);
+    scenario.repo.commit_and_push("thirty apps");
+    let a = replica(&scenario, "replica-a");
+    eventually("a holds every shard", WAIT, || async {
+        (held(&a).await.len() == SHARDS as usize).then_some(())
+    })
+    .await;
+    let b = replica_with(&scenario, "replica-b", 4, &[], &[]);
+    eventually("b says why it holds nothing", WAIT, || async {
+        let log = b.log_text();
+        (log.contains("replica-a holds e2e-") && log.contains("with --shards 6, this replica has --shards 4"))
+            .then_some(())
+    })
+    .await;
+    let cache = scenario.cache.path().join("replica-c");
+    std::fs::create_dir_all(&cache).expect("a cache of its own");
+    let c = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        &cache,
+        &["--leader-identity", "replica-c", "--lease-duration", "4"],
+        &[],
+    );
+    eventually("c, leading, waits for the sharded replicas", WAIT, || async {
+        c.log_text()
+            .contains("this leader waits until they expire")
+            .then_some(())
+    })
+    .await;
+    // A change of every app: a alone applies it, its share untouched by b.
+    write_apps(&scenario, "2", None);
+    scenario.repo.commit_and_push("every app changes");
+    for i in 0..APPS {
+        let app = format!("app-{i:02}");
+        eventually(&format!("{app} applied"), WAIT, || async {
+            (version(&scenario, &app).await.as_deref() == Some("2")).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(held(&a).await.len(), SHARDS as usize);
+    assert_eq!((held(&b).await, apps(&b).await), (BTreeSet::new(), 0));
+    assert_eq!(c.counter("gitcanary_apps_planned_total").await, 0, "c never led");
+    assert!(!c.log_text().contains("leading: this agent acts"));
+}
+
 /// A release under way on a replica that dies is finished by the replica
 /// that takes its shard: one release comment on the change's pull request
 /// and one promotion commit in Git, as when a leader dies.

@@ -289,8 +289,18 @@ async fn coordinate(
     }
     ensure_namespace(&agent.cluster, &source.state_namespace).await?;
     let leadership = Leadership::new(&agent.cluster, lease_config(source, &leader));
-    if !leadership.acquire(stopped).await {
-        return Ok(None);
+    // A leader acts only once no replica with --shards holds a shard.
+    loop {
+        if !leadership.acquire(stopped).await {
+            return Ok(None);
+        }
+        if crate::shards::wait_for_sharded_replicas(&agent.cluster, &source.instance, &leadership, stopped).await {
+            break;
+        }
+        if *stopped.borrow() {
+            leadership.release().await;
+            return Ok(None);
+        }
     }
     tracing::info!(identity = %leadership.config().identity, "leading: this agent acts");
     Ok(Some((Some(leadership), None)))
@@ -348,6 +358,7 @@ fn lease_config(source: &SourceArgs, leader: &LeaderArgs) -> LeaseConfig {
         name: format!("{}-leader", source.instance),
         identity,
         duration: Duration::from_secs(leader.lease_duration.max(3)),
+        annotations: Default::default(),
     }
 }
 
