@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use gitcanary::Error;
-use gitcanary::cli::{self, AllowedArgs, ClusterArgs, RenderArgs, RunArgs, SourceArgs, SyncArgs};
+use gitcanary::cli::{self, AllowedArgs, ClusterArgs, RenderArgs, RolloutsView, RunArgs, SourceArgs, SyncArgs};
 use gitcanary::rollout::cli::Signal;
 
 /// GitOps progressive delivery: canary releases driven by Git.
@@ -23,31 +23,6 @@ struct Cli {
 enum LogFormat {
     Text,
     Json,
-}
-
-/// What `status` and `get rollout` show.
-#[derive(clap::Args)]
-struct RolloutsView {
-    name: Option<String>,
-    #[arg(short, long)]
-    namespace: Option<String>,
-    /// Output: text or json.
-    #[arg(short, long, default_value = "text")]
-    output: String,
-    /// Follow until every release it saw running has ended (redrawn on a
-    /// terminal, a block per change when piped); exit 1 when one failed or
-    /// was aborted.
-    #[arg(short, long)]
-    watch: bool,
-    /// The agent's state namespace: with `--shards`, which replica holds
-    /// each shard and each Rollout's app is shown from its Leases.
-    #[arg(long, default_value = "gitcanary-system")]
-    state_namespace: String,
-    /// The agent's instance name, whose app statuses name each app.
-    #[arg(long, default_value = gitcanary::DEFAULT_INSTANCE)]
-    instance: String,
-    #[command(flatten)]
-    cluster: ClusterArgs,
 }
 
 #[derive(Subcommand)]
@@ -121,6 +96,8 @@ enum Command {
         /// kubeconfig's identity (so Kubernetes RBAC decides).
         #[arg(long)]
         allow_actions: bool,
+        #[command(flatten)]
+        environments: cli::EnvironmentsArgs,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -217,8 +194,9 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
             namespace,
             github_repo,
             allow_actions,
+            environments,
             cluster,
-        } => cli::dashboard(&cluster, &listen, namespace, github_repo, allow_actions).await,
+        } => cli::dashboard(&cluster, &listen, namespace, github_repo, (allow_actions, environments)).await,
         Command::Crd => {
             print!("{}", gitcanary::rollout::api::crd_yaml());
             Ok(ExitCode::SUCCESS)
@@ -237,24 +215,6 @@ async fn dispatch(command: Command) -> Result<ExitCode, Error> {
         Command::Status(view)
         | Command::Get {
             what: GetWhat::Rollout(view),
-        } => {
-            let RolloutsView {
-                name,
-                namespace,
-                output,
-                watch,
-                state_namespace,
-                instance,
-                cluster,
-            } = view;
-            let view = cli::StatusView {
-                namespace: namespace.as_deref(),
-                name: name.as_deref(),
-                output: &output,
-                watch,
-                agent: (&state_namespace, &instance),
-            };
-            cli::status(&cluster, view).await
-        }
+        } => cli::status(view).await,
     }
 }

@@ -316,6 +316,22 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
             .is_none(),
         "no record in the layout of a single cluster"
     );
+    // `gitcanary status` on staging's cluster tells where each release stands everywhere.
+    let url = repo.file_url();
+    let (code, text, stderr) = scenario.run_cli(&["status", "-n", ns, "--repo", &url, "--cluster-name", "staging"]);
+    assert_eq!(code, 0, "{stderr}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{ns}/echo  ")))
+        .unwrap_or_else(|| panic!("no environments line for echo:\n{text}"));
+    assert!(
+        line.contains("staging*: promoted ")
+            && line.contains("(registry.test/echo:1.1.1)")
+            && line.contains(" → production: promoted "),
+        "{line}"
+    );
+    assert_eq!(line.matches("(registry.test/echo:1.1.1)").count(), 2, "{line}");
+
     // Production is the last environment: no wave follows it.
     assert!(
         !fake
@@ -344,6 +360,15 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     );
     assert!(show("main", "staging/echo/deployment.yaml").contains("echo:1.1.1"));
     assert!(show("main", "production/echo/deployment.yaml").contains("echo:1.1.1"));
+    // The reporter has seen the failure (its commit status says so) before
+    // the absence of a wave is asserted.
+    eventually("the failure reported on its commit", WAIT, || async {
+        fake.statuses_for(&failing)
+            .iter()
+            .any(|(state, context, _)| state == "failure" && context == &format!("gitcanary/staging/{ns}/echo"))
+            .then_some(())
+    })
+    .await;
     let short = &failing[..7];
     assert!(
         !fake.pulls().iter().any(|p| p.head.ends_with(&format!("/{short}"))),

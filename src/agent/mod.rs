@@ -369,6 +369,7 @@ impl GitHubTask {
         let wake = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn({
             let (pending, wake) = (pending.clone(), wake.clone());
+            let waves = crate::report::wave::WaveRetries::default();
             async move {
                 loop {
                     wake.notified().await;
@@ -390,6 +391,7 @@ impl GitHubTask {
                         cluster: &cluster,
                         source: &source,
                         author: &author,
+                        waves: &waves,
                     };
                     if reporter.report(&report).await {
                         // A decision was handed to a rollout: act on it now.

@@ -4,9 +4,11 @@
 mod github;
 mod pages;
 mod run;
+mod status;
 
 pub use pages::dashboard;
 pub use run::{Listen, run_agent, sync_once};
+pub use status::{EnvironmentsArgs, RolloutsView, status};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -133,6 +135,12 @@ pub struct SourceArgs {
     /// Sub-directory of the repository that holds the apps.
     #[arg(long, env = "GITCANARY_PATH", default_value = "")]
     pub path: String,
+    /// This cluster's name, when agents of several clusters share the
+    /// repository: status files (`.gitcanary/status/NAME/…`), gate files and
+    /// branches, commit statuses and trailers carry it, so no agent writes
+    /// or reads back another's. A DNS label.
+    #[arg(long, env = "GITCANARY_CLUSTER_NAME", value_parser = parse_cluster_name)]
+    pub cluster_name: Option<String>,
     /// Delete managed objects that left Git.
     #[arg(long)]
     pub prune: bool,
@@ -214,12 +222,6 @@ pub struct SyncArgs {
     /// Branch for promote status files; default the tracked branch.
     #[arg(long)]
     pub status_branch: Option<String>,
-    /// This cluster's name, when agents of several clusters share the
-    /// repository: status files (`.gitcanary/status/NAME/…`), gate files and
-    /// branches, commit statuses and trailers carry it, so no agent writes
-    /// or reads back another's. A DNS label.
-    #[arg(long, env = "GITCANARY_CLUSTER_NAME", value_parser = parse_cluster_name)]
-    pub cluster_name: Option<String>,
     /// SSH private key that signs gitcanary's commits (status files,
     /// reverts, gates) as Git's SSH signing does.
     #[arg(long, env = "GITCANARY_SIGN_STATUS_KEY")]
@@ -293,113 +295,6 @@ pub async fn signal(args: &ClusterArgs, namespace: &str, name: &str, signal: Sig
     let verb = signal.verb();
     println!("rollout {namespace}/{name}: {verb} requested");
     Ok(ExitCode::SUCCESS)
-}
-
-/// `gitcanary status` and `gitcanary get rollout`. With `watch`, until
-/// every release it saw running has ended: redrawn in place on a terminal,
-/// a new block only when something but the clock changed when piped; the
-/// exit code is then 1 when one of them failed or was aborted.
-/// What `gitcanary status` shows.
-pub struct StatusView<'a> {
-    pub namespace: Option<&'a str>,
-    pub name: Option<&'a str>,
-    pub output: &'a str,
-    pub watch: bool,
-    /// The agent's state namespace and instance (for its shards).
-    pub agent: (&'a str, &'a str),
-}
-
-pub async fn status(args: &ClusterArgs, view: StatusView<'_>) -> Result<ExitCode, Error> {
-    let StatusView {
-        namespace,
-        name,
-        output,
-        watch,
-        agent,
-    } = view;
-    use crate::rollout::api::Phase;
-    use std::io::Write;
-    let cluster = Cluster::connect(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    // Each release seen running, by Rollout: its id, judged when it ends.
-    let mut watched = std::collections::BTreeMap::new();
-    let mut last_shown = String::new();
-    loop {
-        let rollouts = crate::rollout::cli::list(&cluster, namespace, name).await?;
-        let key = |r: &crate::rollout::api::Rollout| (r.metadata.namespace.clone(), r.metadata.name.clone());
-        let releasing = |r: &crate::rollout::api::Rollout| {
-            r.status
-                .as_ref()
-                .is_some_and(|s| matches!(s.phase, Phase::Progressing | Phase::Paused | Phase::Promoting))
-        };
-        for rollout in rollouts.iter().filter(|r| releasing(r)) {
-            let id = rollout
-                .status
-                .as_ref()
-                .map(|s| s.rollout_id.clone())
-                .unwrap_or_default();
-            watched.insert(key(rollout), id);
-        }
-        let (text, changed) = if output == "json" {
-            let json = serde_json::to_string_pretty(&rollouts).unwrap_or_default() + "\n";
-            (json.clone(), json)
-        } else {
-            let mut pods = crate::rollout::model::BatchPods::new();
-            for rollout in rollouts.iter().filter(|r| releasing(r)) {
-                let (namespace, name) = key(rollout);
-                let found = crate::dashboard::release_pods(&cluster, rollout).await;
-                pods.insert((namespace.unwrap_or_default(), name.unwrap_or_default()), found);
-            }
-            let mut text = crate::rollout::cli::render(&rollouts, &pods, jiff::Timestamp::now());
-            let listed: Vec<String> = rollouts
-                .iter()
-                .map(|r| {
-                    let (ns, name) = key(r);
-                    format!("{}/{}", ns.unwrap_or_default(), name.unwrap_or_default())
-                })
-                .collect();
-            text += &crate::shards::describe(&cluster, agent.0, agent.1, &listed)
-                .await
-                .unwrap_or_default();
-            let changed = crate::rollout::cli::without_clock(&text);
-            (text, changed)
-        };
-        let shown = if watch && terminal && output != "json" {
-            // Redraw in place: clear the screen, cursor home.
-            format!("\x1b[2J\x1b[H{text}")
-        } else if changed != last_shown {
-            if watch { format!("{text}\n") } else { text }
-        } else {
-            String::new()
-        };
-        let mut stdout = std::io::stdout().lock();
-        // A closed pipe (`| head`) ends the watch quietly.
-        if stdout
-            .write_all(shown.as_bytes())
-            .and_then(|()| stdout.flush())
-            .is_err()
-        {
-            return Ok(ExitCode::SUCCESS);
-        }
-        drop(stdout);
-        last_shown = changed;
-        if !watch || !rollouts.iter().any(releasing) {
-            let failed = rollouts.iter().any(|r| {
-                let id = watched.get(&key(r));
-                id.is_some_and(|id| {
-                    r.status
-                        .as_ref()
-                        .is_some_and(|s| crate::rollout::cli::release_failed(s, id))
-                })
-            });
-            return Ok(if watch && failed {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            });
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }
 
 pub fn validate(
@@ -593,7 +488,11 @@ pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {
     let renderers = args
         .render
         .renderers(&args.allowed.default_namespace, Some(cache.join("renders")));
-    Ok(Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)?.with_renderers(renderers))
+    Ok(
+        Source::open(&args.repo, &args.branch, &args.path, Credentials::from_env()?, &cache)?
+            .with_renderers(renderers)
+            .with_records(records_of(args.cluster_name.as_deref())),
+    )
 }
 
 /// Fetches the source's newest revision, rendered for the cluster.

@@ -12,7 +12,7 @@ pub async fn dashboard(
     listen: &str,
     namespace: Option<String>,
     github_repo: Option<String>,
-    allow_actions: bool,
+    (allow_actions, environments): (bool, super::EnvironmentsArgs),
 ) -> Result<ExitCode, Error> {
     use std::io::Write;
     let actions = match allow_actions {
@@ -42,6 +42,7 @@ pub async fn dashboard(
         namespace,
         github_repo,
         records: args.records(),
+        environments: environments.reader(args.records())?,
         actions,
         loopback: address.ip().is_loopback(),
         streams: std::sync::Arc::new(tokio::sync::Semaphore::new(crate::dashboard::MAX_STREAMS)),

@@ -51,9 +51,7 @@ fn writeback_config(args: &SyncArgs) -> Result<WritebackConfig, Error> {
 /// The repository as the agent reads and writes it: whose status files it
 /// trusts, and where its own records are.
 fn agent_source(args: &SyncArgs, writeback: &WritebackConfig) -> Result<crate::source::Source, Error> {
-    Ok(open_source(&args.source)?
-        .with_record_writer(writeback.author.clone())
-        .with_records(super::records_of(args.cluster_name.as_deref())))
+    Ok(open_source(&args.source)?.with_record_writer(writeback.author.clone()))
 }
 
 /// `gitcanary sync --once`: fetch, sync, write back, print a summary.
@@ -145,12 +143,22 @@ fn endpoint_options(args: &SourceArgs) -> Result<crate::plan::SyncOptions, Error
 }
 
 /// The agent's read-only dashboard, as the agent's identity.
-async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs) -> Result<(), Error> {
+async fn serve_dashboard(addr: SocketAddr, args: &SyncArgs, source: &crate::source::Source) -> Result<(), Error> {
+    let records = super::records_of(args.source.cluster_name.as_deref());
+    // The loader keeps the mirror fetched: the page reads what it synced.
+    let environments = source.git().map(|git| {
+        Arc::new(crate::wave::standing::StandingReader::new(
+            git.clone(),
+            records.clone(),
+            false,
+        ))
+    });
     let dashboard = crate::dashboard::Dashboard {
         cluster: super::connect(&args.source).await?,
         namespace: None,
         github_repo: args.github.github_repo.clone(),
-        records: super::records_of(args.cluster_name.as_deref()),
+        records,
+        environments,
         actions: None,
         loopback: addr.ip().is_loopback(),
         streams: Arc::new(tokio::sync::Semaphore::new(crate::dashboard::MAX_STREAMS)),
@@ -193,7 +201,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         let bound = serve_listeners(listen, state).await?;
         tracing::info!(%bound, source = %source.describe(), "agent listening");
         if let Some(addr) = listen.dashboard {
-            serve_dashboard(addr, &args).await?;
+            serve_dashboard(addr, &args, &source).await?;
         }
     }
     let agent = Agent {

@@ -44,6 +44,8 @@ pub struct Dashboard {
     pub github_repo: Option<String>,
     /// Where the agent of this cluster keeps its records (its gate branches).
     pub records: crate::rollout::record::Records,
+    /// The repository's records of every environment, when it is known.
+    pub environments: Option<Arc<crate::wave::standing::StandingReader>>,
     /// With `--allow-actions`: the token the pages' forms carry.
     pub actions: Option<String>,
     /// Listening on a loopback address: only requests naming a loopback
@@ -230,6 +232,7 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
     .await;
     let pods = batch_pods(&dashboard.cluster, namespace, stable.as_ref(), &status.rollout_id).await;
     let events = rollout_events(dashboard, namespace, name).await;
+    let environments = standings(dashboard, namespace, name).await;
     Ok(Some(ReleaseView {
         namespace: namespace.to_string(),
         name: name.to_string(),
@@ -241,8 +244,29 @@ async fn view(dashboard: &Dashboard, namespace: &str, name: &str) -> Result<Opti
         events,
         github_repo: dashboard.github_repo.clone(),
         records: dashboard.records.clone(),
+        environments,
         actions: dashboard.actions.clone(),
     }))
+}
+
+/// The Rollout's release in every environment; none when the repository
+/// is not known or cannot be read (logged).
+async fn standings(dashboard: &Dashboard, namespace: &str, name: &str) -> Vec<crate::wave::standing::Standing> {
+    let Some(reader) = dashboard.environments.clone() else {
+        return Vec::new();
+    };
+    let (namespace, name) = (namespace.to_string(), name.to_string());
+    let read = crate::blocking("reading the environments' records", move || {
+        reader.read(&namespace, &name)
+    })
+    .await;
+    match read.and_then(|read| read) {
+        Ok(standings) => standings,
+        Err(error) => {
+            tracing::warn!(%error, "the environments' records cannot be read");
+            Vec::new()
+        }
+    }
 }
 
 async fn workload_value(

@@ -42,6 +42,8 @@ pub struct ReleaseView {
     pub github_repo: Option<String>,
     /// Where the agent keeps its records: the gate's branch is named by it.
     pub records: crate::rollout::record::Records,
+    /// The Rollout's release in every environment of the waves, from Git.
+    pub environments: Vec<crate::wave::standing::Standing>,
     /// With actions allowed: the token their forms carry.
     pub actions: Option<String>,
 }
@@ -145,6 +147,7 @@ pub fn release(view: &ReleaseView) -> String {
     analysis(&mut out, status);
     batches(&mut out, &view.pods);
     versions(&mut out, view);
+    environments(&mut out, &view.environments);
     events(&mut out, &view.events);
     out.push_str("</main>");
     out
@@ -312,6 +315,24 @@ fn commit_link(repo: Option<&str>, commit: &str) -> String {
     }
 }
 
+/// Each environment in the waves' order, this cluster's marked.
+fn environments(out: &mut String, standings: &[crate::wave::standing::Standing]) {
+    if standings.is_empty() {
+        return;
+    }
+    out.push_str("<h2>Environments</h2><ol id=environments>");
+    for standing in standings {
+        let here = if standing.here { " (this cluster)" } else { "" };
+        let _ = write!(
+            out,
+            "<li><strong>{}</strong>{here}: {}</li>",
+            escape(&standing.environment),
+            escape(&standing.describe())
+        );
+    }
+    out.push_str("</ol>");
+}
+
 fn versions(out: &mut String, view: &ReleaseView) {
     let status = &view.status;
     let repo = view.github_repo.as_deref();
@@ -408,6 +429,37 @@ mod tests {
         assert!(
             at("c-failed") < at("b-paused") && at("b-paused") < at("a-healthy"),
             "{page}"
+        );
+    }
+
+    #[test]
+    fn the_release_page_tells_each_environment_in_order() {
+        use crate::wave::standing::Standing;
+        let view = ReleaseView {
+            namespace: "shop".into(),
+            name: "web".into(),
+            environments: vec![
+                Standing {
+                    environment: "staging".into(),
+                    here: true,
+                    record: Ok(None),
+                },
+                Standing {
+                    environment: "production".into(),
+                    here: false,
+                    record: Err("<b>forged</b>".into()),
+                },
+            ],
+            ..ReleaseView::default()
+        };
+        let page = release(&view);
+        assert!(
+            page.contains("<ol id=environments><li><strong>staging</strong> (this cluster): no release recorded</li><li><strong>production</strong>: record not trusted: &lt;b&gt;forged&lt;/b&gt;</li></ol>"),
+            "{page}"
+        );
+        assert!(
+            !release(&ReleaseView::default()).contains("id=environments"),
+            "no waves, no section"
         );
     }
 

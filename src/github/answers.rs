@@ -29,6 +29,12 @@ pub fn release_people(commits: &[Value], total: Option<u64>, own_email: &str) ->
     for commit in commits {
         let email = |role: &str| commit["commit"][role]["email"].as_str().unwrap_or_default().to_string();
         if !own_email.is_empty() && email("author") == own_email && email("committer") == own_email {
+            // A wave carries a release made elsewhere: its people count here too.
+            for login in wave_authors(commit["commit"]["message"].as_str().unwrap_or_default()) {
+                if !people.contains(&login) {
+                    people.push(login);
+                }
+            }
             continue;
         }
         for role in ["author", "committer"] {
@@ -44,6 +50,19 @@ pub fn release_people(commits: &[Value], total: Option<u64>, own_email: &str) ->
         }
     }
     Ok(people)
+}
+
+/// The logins a wave commit names as the people of the release it carries.
+fn wave_authors(message: &str) -> Vec<String> {
+    let prefix = format!("{}: ", crate::identity::WAVE_AUTHORS_TRAILER);
+    message
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix(&prefix))
+        .flat_map(|list| list.split(','))
+        .map(str::trim)
+        .filter(|login| !login.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Whether a comment was edited after it was written.
@@ -105,6 +124,19 @@ mod tests {
         );
         let error = release_people(&known, Some(300), "gitcanary@localhost").expect_err("a truncated compare");
         assert!(error.to_string().contains("listed 2 of its 300 commits"), "{error}");
+    }
+
+    #[test]
+    fn a_wave_brings_the_people_of_the_release_it_carries() {
+        let wave = json!({"sha": "e5", "author": null, "committer": null,
+            "commit": {"author": {"email": "gitcanary@localhost"}, "committer": {"email": "gitcanary@localhost"},
+                "message": "wave(staging/shop/web): carry release abc1234 into production\n\nGitcanary-Rollout: staging/shop/web\nGitcanary-Wave: production abc\nGitcanary-Wave-Authors: carol, erin\n"}});
+        let merge = json!({"sha": "f6", "author": {"login": "dave"}, "committer": {"login": "web-flow"},
+            "commit": {"author": {"email": "dave@example.test"}, "committer": {"email": "noreply@github.example.test"}}});
+        assert_eq!(
+            release_people(&[wave, merge], Some(2), "gitcanary@localhost").expect("known"),
+            ["carol", "erin", "dave", "web-flow"]
+        );
     }
 
     #[test]

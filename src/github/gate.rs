@@ -396,9 +396,9 @@ pub async fn close_others(
     rollout: &RolloutSummary,
     keep: Option<&str>,
 ) -> Result<()> {
-    let prefix = records.gate_branch_prefix(&rollout.namespace, &rollout.name);
     for pull in github.open_pulls(base).await? {
-        if !pull.head_ref.starts_with(&prefix) || Some(pull.head_ref.as_str()) == keep {
+        let ours = records.is_gate_branch_of(&pull.head_ref, &rollout.namespace, &rollout.name);
+        if !ours || Some(pull.head_ref.as_str()) == keep {
             continue;
         }
         let status = &rollout.status;

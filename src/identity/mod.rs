@@ -14,6 +14,9 @@ pub const GATE_TRAILER: &str = "Gitcanary-Gate";
 pub const HOLDS_TRAILER: &str = "Gitcanary-Holds";
 /// On a wave commit: the environment it carries a release into, and the release's commit.
 pub const WAVE_TRAILER: &str = "Gitcanary-Wave";
+/// On a wave commit: who wrote or committed the release it carries. They
+/// may not pass the next environment's gates, which see only the wave.
+pub const WAVE_AUTHORS_TRAILER: &str = "Gitcanary-Wave-Authors";
 
 /// Who gitcanary's commits are by (`--git-author`), and how they are signed
 /// and checked.

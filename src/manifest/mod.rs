@@ -17,8 +17,9 @@ pub const ROOT_APP: &str = "root";
 /// An app directory's optional settings file (how it is rendered); never applied.
 pub const SETTINGS_FILE: &str = "gitcanary.yaml";
 
-/// Whether `path` is an app's settings file, or the repository's wave
-/// settings when the source path is its root.
+/// Whether `path` (relative to the source path) is an app's settings file,
+/// or one directly in the source path: the repository's wave settings when
+/// the source path is its root, never a manifest in any case.
 pub fn is_settings_file(path: &str) -> bool {
     path == SETTINGS_FILE || path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
 }

@@ -24,6 +24,8 @@ pub struct GitHubReporter<'a> {
     pub source: &'a Arc<Source>,
     /// Author of the gate commits.
     pub author: &'a Author,
+    /// Wave pull requests still to open.
+    pub waves: &'a super::wave::WaveRetries,
 }
 
 impl GitHubReporter<'_> {
@@ -36,12 +38,9 @@ impl GitHubReporter<'_> {
         let (github, cluster) = (self.github, self.cluster);
         let mut signalled = false;
         let records = self.source.records();
-        let rollouts: Vec<(&String, &RolloutSummary)> = report
-            .apps
-            .iter()
-            .flat_map(|a| a.rollouts.iter().map(|r| (&a.app, r)))
-            .collect();
-        for (app, rollout) in rollouts {
+        // A promote in Git opens the next environment's wave pull request.
+        let promotes = super::wave::promotes(report);
+        for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
             let status = &rollout.status;
             let commit = if status.canary_commit.is_empty() {
                 &status.stable_commit
@@ -121,23 +120,13 @@ impl GitHubReporter<'_> {
                 {
                     warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
                 }
-                self.follow_wave(app, rollout).await;
             }
             if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {
                 signalled |= handle_commands(github, cluster, rollout, &command_pulls, &authors).await;
             }
         }
+        super::wave::follow_all(github, (self.source, self.author), promotes, self.waves).await;
         signalled
-    }
-
-    /// A promote in Git opens the next environment's wave pull request.
-    async fn follow_wave(&self, app: &str, rollout: &RolloutSummary) {
-        if let Some(request) = super::wave::wave_request(app, rollout)
-            && let Err(error) =
-                super::wave::follow(self.github, (self.source, self.author), request, &rollout.status).await
-        {
-            warn!(%error, "GitHub: the wave pull request waits for the next change");
-        }
     }
 
     /// Pushes the gate branch; returns the commit pushed (or pushed before).

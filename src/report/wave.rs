@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::github::{GitHub, escape_inline};
 use crate::rollout::api::{Phase, RolloutStatus, WritebackAction};
@@ -36,87 +36,181 @@ pub fn wave_request(app: &str, rollout: &RolloutSummary) -> Option<WaveRequest> 
     })
 }
 
+/// Waves whose pull request could not be opened yet (GitHub or Git down,
+/// a push refused): tried again with each later report, until done or
+/// replaced by a newer promote of the same Rollout.
+#[derive(Default)]
+pub struct WaveRetries(std::sync::Mutex<std::collections::BTreeMap<(String, String), (WaveRequest, RolloutStatus)>>);
+
+impl WaveRetries {
+    fn keep(&self, request: WaveRequest, status: &RolloutStatus) {
+        let key = (request.namespace.clone(), request.name.clone());
+        let mut waiting = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.insert(key, (request, status.clone()));
+    }
+
+    fn take(&self) -> Vec<(WaveRequest, RolloutStatus)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_values()
+            .collect()
+    }
+}
+
+/// Follows each promote of a report, and each one still waiting, with its
+/// wave; one that fails waits for the next report.
+pub async fn follow_all(
+    github: &GitHub,
+    (source, author): (&Arc<Source>, &Author),
+    promotes: Vec<(WaveRequest, RolloutStatus)>,
+    retries: &WaveRetries,
+) {
+    let mut all = retries.take();
+    for (request, status) in promotes {
+        all.retain(|(waiting, _)| (&waiting.namespace, &waiting.name) != (&request.namespace, &request.name));
+        all.push((request, status));
+    }
+    for (request, status) in all {
+        if let Err(error) = follow(github, (source, author), &request, &status).await {
+            warn!(%error, namespace = %request.namespace, rollout = %request.name, "GitHub: the wave pull request is tried again after the next sync");
+            retries.keep(request, &status);
+        }
+    }
+}
+
+/// The promotes of a report's changed Rollouts, each with its status.
+pub fn promotes(report: &crate::sync::SyncReport) -> Vec<(WaveRequest, RolloutStatus)> {
+    let rollouts = report
+        .apps
+        .iter()
+        .flat_map(|a| a.rollouts.iter().map(move |r| (&a.app, r)));
+    rollouts
+        .filter(|(_, r)| r.changed)
+        .filter_map(|(app, r)| Some((wave_request(app, r)?, r.status.clone())))
+        .collect()
+}
+
 /// Pushes the wave branch and opens its pull request, once.
 pub async fn follow(
     github: &GitHub,
     (source, author): (&Arc<Source>, &Author),
-    request: WaveRequest,
+    request: &WaveRequest,
     status: &RolloutStatus,
 ) -> Result<()> {
     let Some(git) = source.git() else {
         return Ok(());
     };
     let base = git.branch().to_string();
-    let (source, author, job) = (source.clone(), author.clone(), request.clone());
-    let pushed = crate::blocking("pushing the wave branch", move || {
-        let git = source.git().expect("checked above");
-        let writer = Writer {
-            git,
-            author,
-            status_branch: None,
-        };
-        writer.push_wave(&job)
-    })
-    .await??;
-    let wave = match pushed {
-        Ok(wave) => wave,
+    let (job, on, by) = (request.clone(), source.clone(), author.clone());
+    let plan = crate::blocking("reading the wave", move || writer(&on, by).plan_wave(&job)).await??;
+    let plan = match plan {
+        Ok(plan) => plan,
         Err(NoWave::NotInAWave) => {
             debug!(rollout = %request.name, "no environment follows this one");
             return Ok(());
         }
         Err(why) => {
-            info!(namespace = %request.namespace, rollout = %request.name, ?why, "no wave pull request: nothing to carry");
+            info!(namespace = %request.namespace, rollout = %request.name, ?why, "no wave pull request: no such app there");
             return Ok(());
         }
     };
+    // Who made the release may not pass the next environment's gates either.
+    let previous = Some(plan.previous_stable.as_str()).filter(|p| !p.is_empty());
+    let authors = github
+        .commit_people(previous, &request.canary_commit, &author.email)
+        .await?;
+    let (job, on, by, carried) = (request.clone(), source.clone(), author.clone(), plan.clone());
+    let pushed = crate::blocking("pushing the wave branch", move || {
+        writer(&on, by).push_wave(&job, &carried, &authors)
+    })
+    .await??;
     let key = git.records().rollout_key(&request.namespace, &request.name);
-    let marker = wave_marker(&wave.to.name, &key, &request.canary_commit);
     let own = github.login().await?.to_string();
-    let repository = github.repository();
-    let pull = match github
-        .pull_for_branch(&wave.branch)
-        .await?
-        .filter(|p| is_wave_pull(p, (&own, &repository, &base), &marker))
-    {
-        Some(pull) => pull,
-        None => {
-            let title = format!(
-                "Promote {}/{} to {}: release {}",
-                request.namespace, request.name, wave.to.name, request.rollout_id
+    let prefix = wave_branch_prefix(&plan.to.name, &key);
+    let wave = match pushed {
+        Ok(wave) => wave,
+        Err(why) => {
+            info!(namespace = %request.namespace, rollout = %request.name, ?why, "no wave pull request: nothing to carry");
+            let note = format!(
+                "release `{}` promoted since, and **{}** already asks for its images",
+                escape_inline(&request.rollout_id),
+                plan.to.name
             );
-            let body = wave_body(&wave, &request, status, &marker);
-            match github.create_pull(&wave.branch, &base, &title, &body).await {
-                Ok(pull) => {
-                    info!(pull = pull.number, branch = %wave.branch, to = %wave.to.name, "wave pull request opened");
-                    pull
-                }
-                // An earlier life of this agent opened it meanwhile.
-                Err(Error::GitHub { status: Some(422), .. }) => github
-                    .pull_for_branch(&wave.branch)
-                    .await?
-                    .filter(|p| is_wave_pull(p, (&own, &repository, &base), &marker))
-                    .ok_or_else(|| Error::GitHub {
-                        context: "opening the wave pull request".into(),
-                        status: Some(422),
-                        message: format!(
-                            "refused, and no wave pull request of this release from {} exists",
-                            wave.branch
-                        ),
-                    })?,
-                Err(error) => return Err(error),
-            }
+            return supersede(github, (&base, &own), &prefix, (None, &note)).await;
         }
     };
+    let marker = wave_marker(&wave.to.name, &key, &request.canary_commit);
+    let repository = github.repository();
+    let found = github
+        .pull_for_branch(&wave.branch)
+        .await?
+        .filter(|p| is_wave_pull(p, (&own, &repository, &base), &marker));
+    let pull = match found {
+        Some(pull) => pull,
+        None => open(github, (&wave, &base, &own), (request, &marker), status).await?,
+    };
+    let context = format!("gitcanary/wave/{}", wave.to.name);
+    if pull.open && pull.head_sha != wave.commit {
+        // Someone pushed onto the wave: its head is not what the release proved.
+        let description = format!(
+            "the head is not gitcanary's wave commit {}",
+            crate::short_commit(&wave.commit)
+        );
+        warn!(pull = pull.number, head = %pull.head_sha, "a wave pull request's head is not gitcanary's commit");
+        github
+            .set_status(&pull.head_sha, &context, "failure", &description)
+            .await?;
+    }
     let description = format!("release {} promoted in {}", request.rollout_id, wave.from.name);
     github
-        .set_status(
-            &wave.commit,
-            &format!("gitcanary/wave/{}", wave.to.name),
-            "success",
-            &description,
-        )
+        .set_status(&wave.commit, &context, "success", &description)
         .await?;
-    supersede(github, (&base, &own), &wave_branch_prefix(&wave.to.name, &key), &pull).await
+    let note = format!("a newer release promoted since, carried by #{}", pull.number);
+    supersede(github, (&base, &own), &prefix, (Some(pull.number), &note)).await
+}
+
+fn writer(source: &Arc<Source>, author: Author) -> Writer<'_> {
+    Writer {
+        git: source.git().expect("checked: a Git source"),
+        author,
+        status_branch: None,
+    }
+}
+
+/// Opens the wave's pull request; one an earlier life of the agent opened
+/// meanwhile is taken as it is.
+async fn open(
+    github: &GitHub,
+    (wave, base, own): (&WaveCommit, &str, &str),
+    (request, marker): (&WaveRequest, &str),
+    status: &RolloutStatus,
+) -> Result<crate::github::PullRequest> {
+    let title = format!(
+        "Promote {}/{} to {}: release {}",
+        request.namespace, request.name, wave.to.name, request.rollout_id
+    );
+    let body = wave_body(wave, request, status, marker);
+    match github.create_pull(&wave.branch, base, &title, &body).await {
+        Ok(pull) => {
+            info!(pull = pull.number, branch = %wave.branch, to = %wave.to.name, "wave pull request opened");
+            Ok(pull)
+        }
+        Err(Error::GitHub { status: Some(422), .. }) => {
+            let repository = github.repository();
+            github
+                .pull_for_branch(&wave.branch)
+                .await?
+                .filter(|p| is_wave_pull(p, (own, &repository, base), marker))
+                .ok_or_else(|| Error::GitHub {
+                    context: "opening the wave pull request".into(),
+                    status: Some(422),
+                    message: format!(
+                        "refused, and no wave pull request of this release from {} exists",
+                        wave.branch
+                    ),
+                })
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// Whether a pull request is this release's wave: opened by gitcanary from
@@ -125,33 +219,26 @@ fn is_wave_pull(pull: &crate::github::PullRequest, (own, repository, base): (&st
     pull.author == own && pull.head_repo == repository && pull.base_ref == base && pull.body.contains(marker)
 }
 
-/// Closes this Rollout's older wave pull requests into the same environment,
-/// naming the newer one.
+/// Closes this Rollout's other wave pull requests into the same
+/// environment (all but `keep`), saying why.
 async fn supersede(
     github: &GitHub,
     (base, own): (&str, &str),
     prefix: &str,
-    newer: &crate::github::PullRequest,
+    (keep, why): (Option<u64>, &str),
 ) -> Result<()> {
     for pull in github.open_pulls(base).await? {
-        if pull.number == newer.number || pull.author != own || !pull.head_ref.starts_with(prefix) {
+        if Some(pull.number) == keep
+            || pull.author != own
+            || !crate::rollout::record::right_under(&pull.head_ref, prefix)
+        {
             continue;
         }
         github
-            .reply(
-                pull.number,
-                &format!(
-                    "gitcanary closes this wave pull request: a newer release promoted since, carried by #{}.",
-                    newer.number
-                ),
-            )
+            .reply(pull.number, &format!("gitcanary closes this wave pull request: {why}."))
             .await?;
         github.close_pull(pull.number).await?;
-        info!(
-            pull = pull.number,
-            newer = newer.number,
-            "older wave pull request closed"
-        );
+        info!(pull = pull.number, "older wave pull request closed");
     }
     Ok(())
 }

@@ -56,6 +56,14 @@ pub struct StatusRecord {
     pub steps: Vec<StepRecord>,
 }
 
+/// Whether `branch` lies right under `prefix` (no further `/`): a branch of
+/// this Rollout, not of one whose key begins with its own.
+pub fn right_under(branch: &str, prefix: &str) -> bool {
+    branch
+        .strip_prefix(prefix)
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
+}
+
 /// Where one agent keeps its records of a Rollout in Git and on GitHub.
 /// Agents of several clusters on one repository each name their cluster
 /// (`--cluster-name`), and every status file, gate file, gate branch, commit
@@ -119,6 +127,13 @@ impl Records {
     /// The branch of a promotion pull request: one per release and step.
     pub fn gate_branch(&self, namespace: &str, name: &str, rollout_id: &str, step: u32) -> String {
         format!("{}{rollout_id}-{step}", self.gate_branch_prefix(namespace, name))
+    }
+
+    /// Whether `branch` is a promotion branch of this Rollout: right under
+    /// its prefix. An unnamed agent's Rollout `eu/shop` has the prefix of
+    /// cluster `eu`'s Rollout `shop/<name>`; the rest tells them apart.
+    pub fn is_gate_branch_of(&self, branch: &str, namespace: &str, name: &str) -> bool {
+        right_under(branch, &self.gate_branch_prefix(namespace, name))
     }
 
     /// The context of the Rollout's commit status.
@@ -247,10 +262,15 @@ mod tests {
         );
         assert_eq!(staging.status_context("shop", "web"), "gitcanary/staging/shop/web");
         assert_eq!(staging.rollout_key("shop", "web"), "staging/shop/web");
-        // No agent's branch starts with another's prefix.
+        // No agent takes another's branch for its own.
         let branch = staging.gate_branch("shop", "web", "abc1234", 2);
-        assert!(!branch.starts_with(&production.gate_branch_prefix("shop", "web")));
-        assert!(!branch.starts_with(&single.gate_branch_prefix("shop", "web")));
+        assert!(staging.is_gate_branch_of(&branch, "shop", "web"));
+        assert!(staging.is_gate_branch_of(&format!("{branch}-v2"), "shop", "web"));
+        assert!(!production.is_gate_branch_of(&branch, "shop", "web"));
+        assert!(!single.is_gate_branch_of(&branch, "shop", "web"));
+        // An unnamed agent's Rollout staging/shop shares the prefix of staging's shop/web.
+        assert!(branch.starts_with(&single.gate_branch_prefix("staging", "shop")));
+        assert!(!single.is_gate_branch_of(&branch, "staging", "shop"));
         for bad in ["", "Staging", "a/b", "-a", "a-", &"a".repeat(64), "a.b"] {
             assert!(Records::of_cluster(bad).is_err(), "{bad:?} accepted");
         }

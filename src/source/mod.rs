@@ -2,7 +2,7 @@
 //! development, a plain local directory.
 
 mod git;
-mod history;
+pub(crate) mod history;
 pub mod webhook;
 
 pub use git::{AppFiles, Credentials, GitSource, redact_url};

@@ -45,9 +45,33 @@ struct Scalar<'a> {
 }
 
 impl Scalar<'_> {
+    /// The line with `value` in place, quoted as before; an unquoted value
+    /// YAML would read as something else than a string (`1.10`, `true`) is
+    /// quoted, so the tag stays the tag.
     fn with(&self, value: &str) -> String {
-        format!("{}{q}{value}{q}{}", self.before, self.after, q = self.quote)
+        let quote = if self.quote.is_empty() && !reads_as_string(value) {
+            "\""
+        } else {
+            self.quote
+        };
+        format!("{}{quote}{value}{quote}{}", self.before, self.after)
     }
+}
+
+/// Whether YAML reads `value`, unquoted, as that very string.
+fn reads_as_string(value: &str) -> bool {
+    serde_saphyr::from_str::<serde_json::Value>(value).is_ok_and(|v| v.as_str() == Some(value))
+}
+
+/// Whether an image reference is one gitcanary writes into manifests:
+/// the characters of a reference (name, tag, digest) and nothing that
+/// could end a YAML scalar or start another key.
+pub fn is_image_reference(image: &str) -> bool {
+    !image.is_empty()
+        && image.len() <= 512
+        && image
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/' | b':' | b'@' | b'+'))
 }
 
 /// The value of `key: value` on `line` (after any `- ` list markers).
@@ -80,10 +104,12 @@ fn lines_of(text: &str) -> Vec<String> {
     text.lines().map(str::to_string).collect()
 }
 
+/// The lines written back with the file's own line ends.
 fn joined(lines: &[String], text: &str) -> String {
-    let mut out = lines.join("\n");
+    let newline = if text.contains("\r\n") { "\r\n" } else { "\n" };
+    let mut out = lines.join(newline);
     if text.ends_with('\n') {
-        out.push('\n');
+        out.push_str(newline);
     }
     out
 }
@@ -115,7 +141,11 @@ pub fn carry_plain(text: &str, images: &[String]) -> Option<String> {
 /// The entries of a kustomization's top-level `images:`: each entry's
 /// first and one-past-last line.
 fn image_entries(lines: &[String]) -> (Option<usize>, Vec<(usize, usize)>) {
-    let Some(key) = lines.iter().position(|l| l.trim_end() == "images:") else {
+    let is_key = |line: &String| {
+        line.strip_prefix("images:")
+            .is_some_and(|rest| rest.trim().is_empty() || rest.trim_start().starts_with('#'))
+    };
+    let Some(key) = lines.iter().position(is_key) else {
         return (None, Vec::new());
     };
     let mut entries: Vec<(usize, usize)> = Vec::new();
@@ -151,6 +181,12 @@ fn image_entries(lines: &[String]) -> (Option<usize>, Vec<(usize, usize)>) {
 pub fn carry_kustomization(text: &str, images: &[String]) -> Option<String> {
     let mut lines = lines_of(text);
     let before = lines.clone();
+    // An empty flow list becomes a block one, so entries can follow.
+    for line in &mut lines {
+        if line.split('#').next().is_some_and(|l| l.trim_end() == "images: []") {
+            *line = "images:".into();
+        }
+    }
     for image in images {
         let released = split_image(image);
         let (key, entries) = image_entries(&lines);
@@ -186,7 +222,10 @@ fn set_entry(lines: &mut Vec<String>, (start, end): (usize, usize), released: Im
                 end -= 1;
             }
             (None, Some(value)) => {
-                lines.insert(end, format!("{}{field}: {value}", " ".repeat(indent)));
+                lines.insert(
+                    end,
+                    format!("{}{field}: {}", " ".repeat(indent), quoted_if_needed(value)),
+                );
                 end += 1;
             }
             (None, None) => {}
@@ -194,13 +233,28 @@ fn set_entry(lines: &mut Vec<String>, (start, end): (usize, usize), released: Im
     }
 }
 
+fn quoted_if_needed(value: &str) -> String {
+    match reads_as_string(value) {
+        true => value.to_string(),
+        false => format!("\"{value}\""),
+    }
+}
+
 fn add_entry(lines: &mut Vec<String>, key: Option<usize>, released: ImageRef<'_>) {
-    let mut entry = vec![format!("- name: {}", released.name)];
-    entry.extend(released.tag.map(|tag| format!("  newTag: {tag}")));
-    entry.extend(released.digest.map(|digest| format!("  digest: {digest}")));
+    let (_, entries) = image_entries(lines);
+    // As indented as the entries already there.
+    let pad = entries.first().map_or(String::new(), |&(start, _)| {
+        lines[start][..lines[start].find('-').unwrap_or(0)].to_string()
+    });
+    let mut entry = vec![format!("{pad}- name: {}", released.name)];
+    entry.extend(
+        released
+            .tag
+            .map(|tag| format!("{pad}  newTag: {}", quoted_if_needed(tag))),
+    );
+    entry.extend(released.digest.map(|digest| format!("{pad}  digest: {digest}")));
     match key {
         Some(key) => {
-            let (_, entries) = image_entries(lines);
             let at = entries.last().map_or(key + 1, |&(_, end)| end);
             for (offset, line) in entry.into_iter().enumerate() {
                 lines.insert(at + offset, line);
@@ -214,8 +268,9 @@ fn add_entry(lines: &mut Vec<String>, key: Option<usize>, released: ImageRef<'_>
 }
 
 /// The line holding the scalar at a dotted key of a values file, read by
-/// indentation (block mappings, as values files are written).
-fn values_line(lines: &[String], key: &str) -> Option<usize> {
+/// indentation (block mappings, as values files are written), and the
+/// key as the file writes it (quoted or not).
+fn values_line(lines: &[String], key: &str) -> Option<(usize, String)> {
     let wanted: Vec<&str> = key.split('.').collect();
     let mut path: Vec<(usize, &str)> = Vec::new();
     for (at, line) in lines.iter().enumerate() {
@@ -232,7 +287,8 @@ fn values_line(lines: &[String], key: &str) -> Option<usize> {
         }
         path.push((indent, name.trim_matches(|c| c == '"' || c == '\'')));
         if path.len() == wanted.len() && path.iter().map(|(_, n)| *n).eq(wanted.iter().copied()) {
-            return scalar_of(line, name).is_some().then_some(at);
+            let written = name.trim_end();
+            return scalar_of(line, written).is_some().then(|| (at, written.to_string()));
         }
     }
     None
@@ -245,28 +301,24 @@ pub fn carry_values(text: &str, keys: &[HelmImageKeys], images: &[String]) -> Op
     let mut changed = false;
     for entry in keys {
         let released = match &entry.repository {
-            Some(repository) => {
-                let at = values_line(&lines, repository)?;
-                let name = scalar_of(&lines[at], last_key(repository))?.value.to_string();
-                images.iter().map(|i| split_image(i)).find(|i| i.name == name)
-            }
+            Some(repository) => values_line(&lines, repository)
+                .and_then(|(at, key)| scalar_of(&lines[at], &key).map(|s| s.value.to_string()))
+                .and_then(|name| images.iter().map(|i| split_image(i)).find(|i| i.name == name)),
             None if images.len() == 1 => Some(split_image(&images[0])),
             None => None,
         };
-        let (Some(tag), Some(at)) = (released.and_then(|r| r.tag), values_line(&lines, &entry.tag)) else {
+        let (Some(tag), Some((at, key))) = (released.and_then(|r| r.tag), values_line(&lines, &entry.tag)) else {
             continue;
         };
-        let scalar = scalar_of(&lines[at], last_key(&entry.tag)).expect("found by values_line");
+        let Some(scalar) = scalar_of(&lines[at], &key) else {
+            continue;
+        };
         if scalar.value != tag {
             lines[at] = scalar.with(tag);
             changed = true;
         }
     }
     changed.then(|| joined(&lines, text))
-}
-
-fn last_key(dotted: &str) -> &str {
-    dotted.rsplit('.').next().unwrap_or(dotted)
 }
 
 #[cfg(test)]
@@ -327,7 +379,7 @@ mod tests {
         let renamed = "images:\n- name: shop\n  newName: registry.test/shop\n  digest: sha256:old\n";
         assert_eq!(
             carry_kustomization(renamed, &released(&["registry.test/shop:2"])).expect("changed"),
-            "images:\n- name: shop\n  newName: registry.test/shop\n  newTag: 2\n"
+            "images:\n- name: shop\n  newName: registry.test/shop\n  newTag: \"2\"\n"
         );
     }
 
@@ -343,6 +395,82 @@ mod tests {
             carry_kustomization(other, &released(&["registry.test/shop:1.1.0"])).expect("changed"),
             "images:\n- name: registry.test/db\n  newTag: \"9\"\n- name: registry.test/shop\n  newTag: 1.1.0\nnamePrefix: prod-\n"
         );
+    }
+
+    #[test]
+    fn a_tag_yaml_would_read_as_a_number_is_quoted() {
+        let text = "images:\n- name: registry.test/shop\n  newTag: 1.0.0\n";
+        assert_eq!(
+            carry_kustomization(text, &released(&["registry.test/shop:1.10"])).expect("changed"),
+            "images:\n- name: registry.test/shop\n  newTag: \"1.10\"\n"
+        );
+        assert_eq!(
+            carry_kustomization("resources: []\n", &released(&["registry.test/shop:2"])).expect("changed"),
+            "resources: []\nimages:\n- name: registry.test/shop\n  newTag: \"2\"\n"
+        );
+        let keys = [HelmImageKeys {
+            repository: None,
+            tag: "image.tag".into(),
+        }];
+        assert_eq!(
+            carry_values("image:\n  tag: v1\n", &keys, &released(&["web:true"])).expect("changed"),
+            "image:\n  tag: \"true\"\n"
+        );
+    }
+
+    #[test]
+    fn odd_but_valid_files_keep_their_shape() {
+        // CRLF line ends stay.
+        let crlf = "images:\r\n- name: registry.test/shop\r\n  newTag: \"1\"\r\n";
+        assert_eq!(
+            carry_kustomization(crlf, &released(&["registry.test/shop:1.1.0"])).expect("changed"),
+            "images:\r\n- name: registry.test/shop\r\n  newTag: \"1.1.0\"\r\n"
+        );
+        // An indented list, a comment on the key, an empty flow list.
+        let indented = "images: # pinned\n  - name: registry.test/db\n    newTag: \"9\"\n";
+        assert_eq!(
+            carry_kustomization(indented, &released(&["registry.test/shop:2.0.1"])).expect("changed"),
+            "images: # pinned\n  - name: registry.test/db\n    newTag: \"9\"\n  - name: registry.test/shop\n    newTag: 2.0.1\n"
+        );
+        assert_eq!(
+            carry_kustomization("images: []\n", &released(&["registry.test/shop:2.0.1"])).expect("changed"),
+            "images:\n- name: registry.test/shop\n  newTag: 2.0.1\n"
+        );
+        // A values key written quoted, and a repository key the file lacks.
+        let keys = [
+            HelmImageKeys {
+                repository: Some("missing.repository".into()),
+                tag: "missing.tag".into(),
+            },
+            HelmImageKeys {
+                repository: Some("image.repository".into()),
+                tag: "image.tag".into(),
+            },
+        ];
+        assert_eq!(
+            carry_values(
+                "image:\n  \"repository\": web\n  \"tag\": v1\n",
+                &keys,
+                &released(&["web:v2"])
+            )
+            .expect("changed"),
+            "image:\n  \"repository\": web\n  \"tag\": v2\n"
+        );
+    }
+
+    #[test]
+    fn only_a_plain_image_reference_is_carried() {
+        assert!(is_image_reference("registry.test:5000/team/web:1.2@sha256:0123abcd"));
+        for bad in [
+            "",
+            "web:1\n  command: [sh]",
+            "web:1 # x",
+            "web:\"1\"",
+            "web:{1}",
+            "web: 1",
+        ] {
+            assert!(!is_image_reference(bad), "{bad:?}");
+        }
     }
 
     #[test]

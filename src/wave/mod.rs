@@ -8,6 +8,7 @@
 
 pub mod carry;
 pub mod push;
+pub mod standing;
 
 use serde::Deserialize;
 

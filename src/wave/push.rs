@@ -7,12 +7,12 @@ use std::path::Path;
 
 use git2::{Commit, Repository};
 
-use super::carry::{carry_kustomization, carry_plain, carry_values};
+use super::carry::{carry_kustomization, carry_plain, carry_values, is_image_reference};
 use super::{Environment, WAVES_FILE, Waves, wave_branch};
-use crate::identity::{ROLLOUT_TRAILER, WAVE_TRAILER};
+use crate::identity::{ROLLOUT_TRAILER, WAVE_AUTHORS_TRAILER, WAVE_TRAILER, carries_trailers, signature_problem};
 use crate::render::settings::{KUSTOMIZATION_FILES, Settings};
 use crate::rollout::record::StatusRecord;
-use crate::writeback::{Outcome, Writer, message_text};
+use crate::writeback::{MAX_ATTEMPTS, Writer, backoff, message_text, updated_tree};
 use crate::{Error, Result};
 
 /// A promote a wave may follow.
@@ -25,6 +25,21 @@ pub struct WaveRequest {
     pub canary_commit: String,
     /// gitcanary's promote commit: it holds the status file with the images.
     pub promote_commit: String,
+}
+
+/// What a wave carries where, read before anything is pushed: the wave
+/// settings and the next environment at the tracked branch's head, the
+/// images from the status file at the promote commit.
+#[derive(Debug, Clone)]
+pub struct WavePlan {
+    pub from: Environment,
+    pub to: Environment,
+    pub images: Vec<String>,
+    /// The commit that was stable before the release: its commits since
+    /// are the release's, and their people may not pass the next gates.
+    pub previous_stable: String,
+    dir: String,
+    carry: super::Carry,
 }
 
 /// A wave branch pushed (or found pushed before).
@@ -51,25 +66,25 @@ pub enum NoWave {
     NothingToCarry { to: String, dir: String },
 }
 
+/// Wave branch names tried in turn: a branch of the release's name that is
+/// not gitcanary's wave commit of this release is never built on.
+const MAX_BRANCH_TRIES: u32 = 5;
+
 impl Writer<'_> {
-    /// Pushes the wave branch of a promote into the next environment.
-    pub fn push_wave(&self, request: &WaveRequest) -> Result<std::result::Result<WaveCommit, NoWave>> {
+    /// Where a promote's wave goes and what it carries.
+    pub fn plan_wave(&self, request: &WaveRequest) -> Result<std::result::Result<WavePlan, NoWave>> {
         let repo = self.git.open_mirror()?;
-        let promoted = self.git.find_commit(&repo, &request.promote_commit)?;
-        let Some(waves) = read_waves(&repo, &promoted)? else {
+        let base = self.base_head(&repo)?;
+        let Some(waves) = read_waves(&repo, &base)? else {
             return Ok(Err(NoWave::NotInAWave));
         };
         let records = self.git.records();
-        let Some((from, to)) = waves.next_after(self.git.path(), records.cluster()) else {
+        let next = waves.next_after(self.git.path(), records.cluster());
+        let (Some((from, to)), false) = (next, request.app == crate::manifest::ROOT_APP) else {
             return Ok(Err(NoWave::NotInAWave));
         };
-        let record_path = records.status_path(&request.namespace, &request.name);
-        let images = read_file(&repo, &promoted, &record_path)?
-            .and_then(|text| StatusRecord::parse(&text, &request.namespace, &request.name).ok())
-            .map(|record| record.images)
-            .unwrap_or_default();
         let dir = format!("{}/{}", to.path.trim_matches('/'), request.app);
-        if promoted
+        if base
             .tree()
             .ok()
             .and_then(|t| t.get_path(Path::new(&dir)).ok())
@@ -80,41 +95,157 @@ impl Writer<'_> {
                 dir,
             }));
         }
-        let key = records.rollout_key(&request.namespace, &request.name);
-        let branch = wave_branch(&to.name, &key, &request.rollout_id);
-        let wave_id = format!("{} {}", to.name, request.canary_commit);
-        let message = format!(
-            "wave({key}): carry release {} into {}\n\nPromoted in {} ({}); merging this starts {}'s own release of {}.\n\n{ROLLOUT_TRAILER}: {key}\n{WAVE_TRAILER}: {wave_id}\n",
-            message_text(&request.rollout_id),
-            to.name,
-            from.name,
-            crate::short_commit(&request.promote_commit),
-            to.name,
-            message_text(&images.join(", ")),
-        );
-        let trailers = [(ROLLOUT_TRAILER, key.clone()), (WAVE_TRAILER, wave_id)];
-        let carry = &waves.carry;
-        let outcome = self.commit_with_retry(&branch, &trailers, |repo, head| {
-            Ok((message.clone(), carried_files(repo, head, &dir, carry, &images)?))
-        })?;
-        let commit = match outcome {
-            Outcome::Committed { commit, .. } | Outcome::AlreadyInGit { commit } => commit,
-            Outcome::NothingToChange => {
-                return Ok(Err(NoWave::NothingToCarry {
-                    to: to.name.clone(),
-                    dir,
-                }));
-            }
-        };
-        let files = changed_files(&repo, &commit)?;
-        Ok(Ok(WaveCommit {
+        let promoted = self.git.find_commit(&repo, &request.promote_commit)?;
+        let record_path = records.status_path(&request.namespace, &request.name);
+        let record = read_file(&repo, &promoted, &record_path)?
+            .and_then(|text| StatusRecord::parse(&text, &request.namespace, &request.name).ok());
+        let (images, previous_stable) = record.map(|r| (r.images, r.previous_stable_commit)).unwrap_or_default();
+        // Only what reads as an image reference is written into manifests.
+        let (images, odd): (Vec<String>, Vec<String>) = images.into_iter().partition(|i| is_image_reference(i));
+        if !odd.is_empty() {
+            tracing::warn!(?odd, "images that are not plain references are not carried");
+        }
+        Ok(Ok(WavePlan {
             from: from.clone(),
             to: to.clone(),
+            images,
+            previous_stable,
+            dir,
+            carry: waves.carry.clone(),
+        }))
+    }
+
+    /// Pushes the wave commit, built on the tracked branch's head, to the
+    /// first wave branch name that is free or already holds this release's
+    /// wave commit; `authors` are the release's people (a trailer).
+    pub fn push_wave(
+        &self,
+        request: &WaveRequest,
+        plan: &WavePlan,
+        authors: &[String],
+    ) -> Result<std::result::Result<WaveCommit, NoWave>> {
+        let key = self.git.records().rollout_key(&request.namespace, &request.name);
+        let first = wave_branch(&plan.to.name, &key, &request.rollout_id);
+        let wave_id = format!("{} {}", plan.to.name, request.canary_commit);
+        let trailers = [(ROLLOUT_TRAILER, key.clone()), (WAVE_TRAILER, wave_id.clone())];
+        let mut message = format!(
+            "wave({key}): carry release {} into {}\n\nPromoted in {} ({}); merging this starts {}'s own release of {}.\n\n{ROLLOUT_TRAILER}: {key}\n{WAVE_TRAILER}: {wave_id}\n",
+            message_text(&request.rollout_id),
+            plan.to.name,
+            plan.from.name,
+            crate::short_commit(&request.promote_commit),
+            plan.to.name,
+            message_text(&plan.images.join(", ")),
+        );
+        if !authors.is_empty() {
+            message.push_str(&format!(
+                "{WAVE_AUTHORS_TRAILER}: {}\n",
+                message_text(&authors.join(", "))
+            ));
+        }
+        let repo = self.git.open_mirror()?;
+        for attempt in 1..=MAX_ATTEMPTS {
+            let base = self.base_head(&repo)?;
+            let mut free = None;
+            for n in 1..=MAX_BRANCH_TRIES {
+                let branch = if n == 1 { first.clone() } else { format!("{first}-v{n}") };
+                match self.branch_tip(&repo, &branch) {
+                    None => {
+                        free = Some(branch);
+                        break;
+                    }
+                    Some(tip) if self.is_wave_commit(&repo, &tip, &base, &trailers) => {
+                        return self.pushed(&repo, plan, branch, tip.id().to_string()).map(Ok);
+                    }
+                    Some(_) => {
+                        tracing::warn!(%branch, "a wave branch gitcanary did not push for this release; not used")
+                    }
+                }
+            }
+            let Some(branch) = free else {
+                return Err(Error::PushRejected {
+                    target: format!(
+                        "every wave branch name from {first} on (taken by branches gitcanary did not push)"
+                    ),
+                    attempts: attempt,
+                });
+            };
+            let env_dir = plan.to.path.trim_matches('/');
+            let files = carried_files(&repo, &base, (env_dir, &plan.dir), &plan.carry, &plan.images)?;
+            let tree = updated_tree(&repo, &base, &files)?;
+            if files.is_empty() || tree == base.tree_id() {
+                return Ok(Err(NoWave::NothingToCarry {
+                    to: plan.to.name.clone(),
+                    dir: plan.dir.clone(),
+                }));
+            }
+            let tree = repo.find_tree(tree).map_err(Error::git("reading the new tree"))?;
+            let signature =
+                git2::Signature::now(&self.author.name, &self.author.email).map_err(Error::git("the commit author"))?;
+            let commit = self.create_commit(&repo, &signature, &message, &tree, &base)?;
+            // A branch made meanwhile by someone else rejects this push: never forced.
+            match self.push(&repo, commit, &branch) {
+                Ok(()) => return self.pushed(&repo, plan, branch, commit.to_string()).map(Ok),
+                Err(rejection) => {
+                    tracing::info!(attempt, %branch, reason = %rejection, "wave push rejected; looking again");
+                    std::thread::sleep(backoff(attempt));
+                }
+            }
+        }
+        Err(Error::PushRejected {
+            target: format!("wave branch {first}"),
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    fn pushed(&self, repo: &Repository, plan: &WavePlan, branch: String, commit: String) -> Result<WaveCommit> {
+        Ok(WaveCommit {
+            from: plan.from.clone(),
+            to: plan.to.clone(),
+            files: changed_files(repo, &commit)?,
             branch,
             commit,
-            images,
-            files,
-        }))
+            images: plan.images.clone(),
+        })
+    }
+
+    /// The tracked branch's head, fetched now.
+    fn base_head<'r>(&self, repo: &'r Repository) -> Result<Commit<'r>> {
+        let tracking = format!("refs/remotes/origin/{}", self.git.branch());
+        let refspec = format!("+refs/heads/{}:{tracking}", self.git.branch());
+        self.git.fetch_refs(repo, &[&refspec])?;
+        repo.find_reference(&tracking)
+            .and_then(|r| r.peel_to_commit())
+            .map_err(Error::git(format!("branch {} not found", self.git.branch())))
+    }
+
+    /// The remote branch's tip, fetched now; `None` when there is no such branch.
+    fn branch_tip<'r>(&self, repo: &'r Repository, branch: &str) -> Option<Commit<'r>> {
+        let tracking = format!("refs/gitcanary/waves/{branch}");
+        if let Ok(mut stale) = repo.find_reference(&tracking) {
+            let _ = stale.delete();
+        }
+        let refspec = format!("+refs/heads/{branch}:{tracking}");
+        self.git.fetch_refs(repo, &[&refspec]).ok()?;
+        repo.find_reference(&tracking).and_then(|r| r.peel_to_commit()).ok()
+    }
+
+    /// Whether `tip` is this release's wave commit: gitcanary's own, with
+    /// its trailers, on top of a commit of the tracked branch.
+    fn is_wave_commit(
+        &self,
+        repo: &Repository,
+        tip: &Commit<'_>,
+        base: &Commit<'_>,
+        trailers: &[(&str, String)],
+    ) -> bool {
+        let on_base = tip
+            .parent_id(0)
+            .is_ok_and(|parent| parent == base.id() || repo.graph_descendant_of(base.id(), parent).unwrap_or(false));
+        tip.parent_count() == 1
+            && on_base
+            && carries_trailers(tip, trailers, &self.author)
+            && signature_problem(repo, tip, &self.author).is_none()
     }
 }
 
@@ -186,7 +317,7 @@ fn normalize(path: &str) -> Option<String> {
 fn carried_files(
     repo: &Repository,
     head: &Commit<'_>,
-    dir: &str,
+    (env_dir, dir): (&str, &str),
     carry: &super::Carry,
     images: &[String],
 ) -> Result<Vec<(String, Option<Vec<u8>>)>> {
@@ -203,6 +334,11 @@ fn carried_files(
         .and_then(|k| k.path.as_deref())
         .and_then(|path| normalize(&format!("{dir}/{path}")))
         .unwrap_or_else(|| dir.to_string());
+    // What the app builds from another environment's directory is not this one's to change.
+    if !build_dir.starts_with(&format!("{env_dir}/")) {
+        tracing::warn!(%build_dir, env_dir, "the app builds outside its environment's directory; nothing is carried");
+        return Ok(Vec::new());
+    }
     let kustomization: Option<(String, String)> = KUSTOMIZATION_FILES.iter().find_map(|name| {
         let path = format!("{build_dir}/{name}");
         read_file(repo, head, &path).ok().flatten().map(|text| (path, text))

@@ -21,7 +21,7 @@ pub use crate::identity::{
 };
 
 /// Pushes tried before giving up until the next sync.
-const MAX_ATTEMPTS: u32 = 8;
+pub(crate) const MAX_ATTEMPTS: u32 = 8;
 /// Commits searched for an earlier identical write-back.
 const TRAILER_SEARCH_DEPTH: usize = 200;
 
@@ -76,7 +76,7 @@ pub struct Writer<'a> {
     pub status_branch: Option<String>,
 }
 
-type FileChanges = Vec<(String, Option<Vec<u8>>)>;
+pub(crate) type FileChanges = Vec<(String, Option<Vec<u8>>)>;
 
 impl Writer<'_> {
     pub fn write(&self, request: &Request) -> Result<Outcome> {
@@ -253,7 +253,7 @@ impl Writer<'_> {
     }
 
     /// The commit, signed when a key is given.
-    fn create_commit(
+    pub(crate) fn create_commit(
         &self,
         repo: &Repository,
         signature: &Signature<'_>,
@@ -281,7 +281,7 @@ impl Writer<'_> {
             .map_err(Error::git("creating the signed commit"))
     }
 
-    fn push(&self, repo: &Repository, commit: Oid, branch: &str) -> std::result::Result<(), String> {
+    pub(crate) fn push(&self, repo: &Repository, commit: Oid, branch: &str) -> std::result::Result<(), String> {
         let outgoing = "refs/gitcanary/outgoing";
         repo.reference(outgoing, commit, true, "gitcanary write-back")
             .map_err(|e| e.message().to_string())?;
@@ -426,7 +426,7 @@ pub fn message_text(text: &str) -> String {
 const MAX_MESSAGE_TEXT: usize = 300;
 
 /// Exponential backoff with jitter: 100 ms, 200 ms, … capped at 5 s.
-fn backoff(attempt: u32) -> Duration {
+pub(crate) fn backoff(attempt: u32) -> Duration {
     let base = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
     let jitter = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -454,7 +454,7 @@ fn find_by_trailers(
 }
 
 /// The head tree with the given files written (Some) or removed (None).
-fn updated_tree(repo: &Repository, head: &Commit<'_>, files: &FileChanges) -> Result<Oid> {
+pub(crate) fn updated_tree(repo: &Repository, head: &Commit<'_>, files: &FileChanges) -> Result<Oid> {
     let base = head.tree().map_err(Error::git("reading the head tree"))?;
     let mut update = git2::build::TreeUpdateBuilder::new();
     for (path, content) in files {
