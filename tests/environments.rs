@@ -231,6 +231,9 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
         echo_wave.body
     );
     let show = |branch: &str, path: &str| scenario.git(&["show", &format!("{branch}:{path}")]);
+    // Whoever made the release may not pass production's gates: the wave names them.
+    let wave_commit = scenario.git(&["log", "-1", "--format=%B", &echo_wave.head]);
+    assert!(wave_commit.contains("Gitcanary-Wave-Authors: carol"), "{wave_commit}");
     assert!(
         show(
             &shop_wave.head,
