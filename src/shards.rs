@@ -93,6 +93,19 @@ pub struct SeenLease {
     /// The holder's shard count (shard Leases).
     pub shards: Option<u32>,
     pub acquired: Option<jiff::Timestamp>,
+    /// A shard this process holds now (a Lease naming this identity from
+    /// before a restart is not).
+    pub held_here: bool,
+}
+
+/// The shard a Lease of `prefix` (`<instance>-shard-`) is for, if it is one:
+/// `<instance>-shard-<digits>`, not another instance's `<instance>-shard-x-…`.
+pub fn shard_of_lease(name: &str, prefix: &str) -> Option<u32> {
+    let rest = name.strip_prefix(prefix)?;
+    rest.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| rest.parse().ok())
+        .flatten()
 }
 
 /// Why this replica (`count` shards, `identity`) must hold no shard now:
@@ -107,8 +120,7 @@ pub fn refusal(
     (shard_prefix, leader): (&str, &str),
     seen: &[SeenLease],
 ) -> Option<String> {
-    let mine = |l: &&SeenLease| l.holder == identity && l.name.starts_with(shard_prefix);
-    let own_first = seen.iter().filter(mine).filter_map(|l| l.acquired).min();
+    let own_first = seen.iter().filter(|l| l.held_here).filter_map(|l| l.acquired).min();
     let foreign = seen
         .iter()
         .filter(|l| l.live && !l.holder.is_empty() && l.holder != identity);
@@ -123,7 +135,7 @@ pub fn refusal(
                 lease.holder, lease.name
             ));
         }
-        if !lease.name.starts_with(shard_prefix) || lease.shards == Some(count) {
+        if shard_of_lease(&lease.name, shard_prefix).is_none() || lease.shards == Some(count) {
             continue;
         }
         if earlier {
@@ -215,8 +227,8 @@ impl Shards {
     /// This agent's replicas that hold their member Lease and renewed it
     /// within a lease duration, as this replica's clock saw the records
     /// change (itself included), and why this replica must hold no shard
-    /// now, if it must not (`refusal`).
-    async fn look(&self) -> (usize, Option<String>) {
+    /// now, if it must not (`refusal`), holding `mine`.
+    async fn look(&self, mine: &BTreeSet<u32>) -> (usize, Option<String>) {
         use std::sync::atomic::Ordering;
         let Ok(leases) = self.members.list(&ListParams::default()).await else {
             let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -228,7 +240,8 @@ impl Shards {
         let mut looked = Vec::new();
         for lease in &leases.items {
             let name = lease.metadata.name.clone().unwrap_or_default();
-            let ours = name.starts_with(&self.member_prefix) || name.starts_with(shard_prefix) || name == *leader;
+            let shard = shard_of_lease(&name, shard_prefix);
+            let ours = name.starts_with(&self.member_prefix) || shard.is_some() || name == *leader;
             let spec = lease.spec.clone().unwrap_or_default();
             let holder = spec.holder_identity.clone().unwrap_or_default();
             if !ours || holder.is_empty() {
@@ -249,6 +262,7 @@ impl Shards {
             let annotations = lease.metadata.annotations.clone().unwrap_or_default();
             looked.push(SeenLease {
                 name,
+                held_here: holder == self.identity && shard.is_some_and(|k| mine.contains(&k)),
                 holder,
                 live: fresh,
                 shards: annotations.get(SHARDS_ANNOTATION).and_then(|n| n.parse().ok()),
@@ -275,7 +289,7 @@ impl Shards {
     pub async fn tick(&self) -> bool {
         self.forget_expired();
         let before = self.held();
-        let (replicas, refused) = self.look().await;
+        let (replicas, refused) = self.look(&before).await;
         if refused.is_some() {
             // Acting stops now; the Leases are not renewed and expire. Not a
             // member meanwhile, so the others' share does not leave room for it.
@@ -315,17 +329,29 @@ impl Shards {
         }
         // Every other shard is looked at each round, so a dead replica's
         // shards are known free a lease duration after its last renewal.
-        let mut took = false;
+        let mut taken = None;
         for shard in take {
             let free = self.leases[shard as usize].observe().await.unwrap_or(false);
-            if !free || took || self.held().len() >= fair {
+            if !free || taken.is_some() || self.held().len() >= fair {
                 continue;
             }
             let asked = Instant::now();
             if let Ok((true, _)) = self.leases[shard as usize].try_acquire_or_renew().await {
-                self.set(shard, Some(asked + deadline));
-                info!(shard, "shards: took a shard");
-                took = true;
+                taken = Some((shard, asked));
+            }
+        }
+        // Acting for a shard taken starts only once a look after the take
+        // finds no other configuration that held first (one may have taken
+        // its own meanwhile).
+        if let Some((shard, asked)) = taken {
+            let mut mine = self.held();
+            mine.insert(shard);
+            match self.look(&mine).await {
+                (_, None) => {
+                    self.set(shard, Some(asked + deadline));
+                    info!(shard, "shards: took a shard");
+                }
+                (_, Some(_)) => self.leases[shard as usize].release().await,
             }
         }
         self.held() != before
@@ -357,65 +383,80 @@ impl Shards {
     }
 }
 
-/// For an agent without `--shards` that took the leader Lease: waits,
-/// renewing it, while a replica of the same instance with `--shards` still
-/// holds a shard (its record changed within a lease duration, by this
-/// agent's clock), so the two never act at once. Sharded replicas stop at
-/// once when they see a live leader, and their shards then expire. `false`
-/// when asked to stop, or when the leader Lease is lost meanwhile.
-pub async fn wait_for_sharded_replicas(
-    cluster: &Cluster,
-    instance: &str,
-    leadership: &Leadership,
-    stop: &mut tokio::sync::watch::Receiver<bool>,
-) -> bool {
-    let config = leadership.config();
-    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), &config.namespace);
-    let prefix = format!("{instance}-shard-");
-    let mut seen: std::collections::HashMap<String, (String, Instant)> = Default::default();
-    let mut said = false;
-    loop {
-        let held = match leases.list(&ListParams::default()).await {
-            Ok(list) => list
-                .items
-                .into_iter()
-                .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.starts_with(&prefix)))
-                .filter_map(|l| {
-                    let spec = l.spec?;
-                    let holder = spec.holder_identity.filter(|h| !h.is_empty())?;
-                    Some((l.metadata.name?, format!("{holder}@{:?}", spec.renew_time.map(|t| t.0))))
-                })
-                .filter(|(name, record)| {
-                    let entry = seen
-                        .entry(name.clone())
-                        .or_insert_with(|| (record.clone(), Instant::now()));
-                    if entry.0 != *record {
-                        *entry = (record.clone(), Instant::now());
-                    }
-                    entry.1.elapsed() < config.duration
-                })
-                .count(),
+/// What an agent without `--shards` knows of the shard Leases of its
+/// instance: which a replica with `--shards` renewed within a lease
+/// duration, by this agent's clock. It waits for none before it takes the
+/// leader Lease, and looks once more after, so the two never act at once;
+/// sharded replicas stop at once when they see a leader that came first.
+pub struct ShardWatch {
+    leases: Api<Lease>,
+    prefix: String,
+    duration: Duration,
+    seen: std::collections::HashMap<String, (String, Instant)>,
+}
+
+impl ShardWatch {
+    pub fn new(cluster: &Cluster, instance: &str, leader: &LeaseConfig) -> ShardWatch {
+        ShardWatch {
+            leases: Api::namespaced(cluster.client.clone(), &leader.namespace),
+            prefix: format!("{instance}-shard-"),
+            duration: leader.duration,
+            seen: Default::default(),
+        }
+    }
+
+    /// The shard Leases renewed within a lease duration. Without the right
+    /// to list Leases (an agent deployed without shards), the first shard's
+    /// Lease stands for them, which every sharded replica set holds.
+    pub async fn live(&mut self) -> usize {
+        let leases = match self.leases.list(&ListParams::default()).await {
+            Ok(list) => list.items,
             Err(error) => {
-                warn!(%error, "cannot list the shard Leases; waiting before acting");
-                1
+                debug!(%error, "cannot list Leases; looking at the first shard's alone");
+                let first = format!("{}0", self.prefix);
+                self.leases.get_opt(&first).await.ok().flatten().into_iter().collect()
             }
         };
-        if held == 0 {
-            return true;
+        let mut live = 0;
+        for lease in leases {
+            let name = lease.metadata.name.unwrap_or_default();
+            let spec = lease.spec.unwrap_or_default();
+            let holder = spec.holder_identity.unwrap_or_default();
+            if shard_of_lease(&name, &self.prefix).is_none() || holder.is_empty() {
+                continue;
+            }
+            let record = format!("{holder}@{:?}", spec.renew_time.map(|t| t.0));
+            let entry = self
+                .seen
+                .entry(name)
+                .or_insert_with(|| (record.clone(), Instant::now()));
+            if entry.0 != record {
+                *entry = (record, Instant::now());
+            }
+            live += usize::from(entry.1.elapsed() < self.duration);
         }
-        if !said {
-            warn!(
-                held,
-                "replicas of this instance with --shards hold shards; this leader waits until they expire"
-            );
-            said = true;
-        }
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => return false,
-            () = tokio::time::sleep(config.retry_period()) => {}
-        }
-        if !matches!(leadership.try_acquire_or_renew().await, Ok((true, _))) {
-            return false;
+        live
+    }
+
+    /// Waits until no shard Lease is live; `false` when asked to stop first.
+    pub async fn wait_for_none(&mut self, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+        let mut said = false;
+        loop {
+            let held = self.live().await;
+            if held == 0 {
+                return true;
+            }
+            if !said {
+                warn!(
+                    held,
+                    "replicas of this instance with --shards hold shards; this agent leads only once they expire"
+                );
+                said = true;
+            }
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return false,
+                () = tokio::time::sleep(self.duration / 5) => {}
+            }
         }
     }
 }
@@ -574,6 +615,11 @@ mod tests {
             live: true,
             shards,
             acquired,
+            held_here: false,
+        };
+        let here = |lease: SeenLease| SeenLease {
+            held_here: true,
+            ..lease
         };
         let names = ("gc-shard-", "gc-leader");
         let refused = |count, me: &str, seen: &[SeenLease]| refusal((count, me), names, seen);
@@ -586,21 +632,17 @@ mod tests {
             why.contains("a holds gc-shard-0 with --shards 4, this replica has --shards 6"),
             "{why}"
         );
-        assert!(refused(6, "b", &[older.clone(), lease("gc-shard-5", "b", Some(6), at(9))]).is_some());
+        let later = lease("gc-shard-5", "b", Some(6), at(9));
+        assert!(refused(6, "b", &[older.clone(), here(later.clone())]).is_some());
         // ...and that one, seeing this replica's later Lease, goes on.
-        assert_eq!(
-            refused(4, "a", &[older.clone(), lease("gc-shard-5", "b", Some(6), at(9))]),
-            None
-        );
+        assert_eq!(refused(4, "a", &[here(older.clone()), later]), None);
         // Taken at the same moment: the smaller identity keeps them.
-        let tie = [
+        let (a, b) = (
             lease("gc-shard-0", "a", Some(4), at(0)),
             lease("gc-shard-1", "b", Some(6), at(0)),
-        ];
-        assert_eq!(
-            (refused(4, "a", &tie).is_some(), refused(6, "b", &tie).is_some()),
-            (false, true)
         );
+        assert_eq!(refused(4, "a", &[here(a.clone()), b.clone()]), None);
+        assert!(refused(6, "b", &[a, here(b)]).is_some());
         // A count not said (an older agent's Lease) is another count.
         assert!(refused(6, "b", &[lease("gc-shard-0", "a", None, at(0))]).is_some());
         // A Lease not renewed for a duration, another instance's, or a member's decides nothing.
@@ -617,9 +659,13 @@ mod tests {
         let why = refused(6, "b", std::slice::from_ref(&leader)).expect("refused");
         assert!(why.contains("c leads this instance without --shards"), "{why}");
         // One that came after this replica's shards waits itself.
-        assert_eq!(
-            refused(6, "b", &[leader, lease("gc-shard-2", "b", Some(6), at(-5))]),
-            None
-        );
+        let own = lease("gc-shard-2", "b", Some(6), at(-5));
+        assert_eq!(refused(6, "b", &[leader.clone(), here(own.clone())]), None);
+        // A Lease naming this identity from before a restart is not held here:
+        // the restarted replica does not claim its age.
+        assert!(refused(6, "b", &[leader, own]).is_some());
+        // Another instance whose name begins with this one's is not this one.
+        assert_eq!(shard_of_lease("gc-shard-12", "gc-shard-"), Some(12));
+        assert_eq!(shard_of_lease("gc-shard-x-shard-0", "gc-shard-"), None);
     }
 }

@@ -238,9 +238,9 @@ async fn a_replica_of_another_shard_count_and_a_later_unsharded_leader_act_for_n
         &["--leader-identity", "replica-c", "--lease-duration", "4"],
         &[],
     );
-    eventually("c, leading, waits for the sharded replicas", WAIT, || async {
+    eventually("c waits for the sharded replicas", WAIT, || async {
         c.log_text()
-            .contains("this leader waits until they expire")
+            .contains("this agent leads only once they expire")
             .then_some(())
     })
     .await;

@@ -378,6 +378,9 @@ impl GitHubTask {
                     };
                     // Reports merged while GitHub was slow may hold apps of a shard lost since.
                     let mut report = held_only(report, shards.as_deref());
+                    if let Some(shards) = shards.as_deref() {
+                        waves.retain_apps(|app| shards.holds_app(app));
+                    }
                     if !look {
                         // A sync for anything else (a Git poll, a drift) reports
                         // what moved; a release waiting at a gate is looked at on

@@ -297,18 +297,17 @@ async fn coordinate(
     }
     ensure_namespace(&agent.cluster, &source.state_namespace).await?;
     let leadership = Leadership::new(&agent.cluster, lease_config(source, &leader));
-    // A leader acts only once no replica with --shards holds a shard.
+    // A leader acts only once no replica with --shards holds a shard: it
+    // waits for none before taking the Lease, and looks again after.
+    let mut shards = crate::shards::ShardWatch::new(&agent.cluster, &source.instance, leadership.config());
     loop {
-        if !leadership.acquire(stopped).await {
+        if !shards.wait_for_none(stopped).await || !leadership.acquire(stopped).await {
             return Ok(None);
         }
-        if crate::shards::wait_for_sharded_replicas(&agent.cluster, &source.instance, &leadership, stopped).await {
+        if shards.live().await == 0 {
             break;
         }
-        if *stopped.borrow() {
-            leadership.release().await;
-            return Ok(None);
-        }
+        leadership.release().await;
     }
     tracing::info!(identity = %leadership.config().identity, "leading: this agent acts");
     Ok(Some((Some(leadership), None)))

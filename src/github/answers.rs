@@ -27,14 +27,16 @@ pub fn release_people(commits: &[Value], total: Option<u64>, own_email: &str) ->
     }
     let mut people = Vec::new();
     for commit in commits {
+        // A wave carries a release made elsewhere: its people count here too,
+        // from any commit (a squash or rebase merge rewrites the wave's), as
+        // the trailer can only add people who may not pass a gate.
+        for login in wave_authors(commit["commit"]["message"].as_str().unwrap_or_default()) {
+            if !people.contains(&login) {
+                people.push(login);
+            }
+        }
         let email = |role: &str| commit["commit"][role]["email"].as_str().unwrap_or_default().to_string();
         if !own_email.is_empty() && email("author") == own_email && email("committer") == own_email {
-            // A wave carries a release made elsewhere: its people count here too.
-            for login in wave_authors(commit["commit"]["message"].as_str().unwrap_or_default()) {
-                if !people.contains(&login) {
-                    people.push(login);
-                }
-            }
             continue;
         }
         for role in ["author", "committer"] {

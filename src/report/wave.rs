@@ -40,19 +40,37 @@ pub fn wave_request(app: &str, rollout: &RolloutSummary) -> Option<WaveRequest> 
 /// a push refused): tried again with each later report, until done or
 /// replaced by a newer promote of the same Rollout.
 #[derive(Default)]
-pub struct WaveRetries(std::sync::Mutex<std::collections::BTreeMap<(String, String), (WaveRequest, RolloutStatus)>>);
+pub struct WaveRetries(std::sync::Mutex<std::collections::BTreeMap<(String, String), Waiting>>);
+
+/// A wave still to open: the promote, and the tries so far.
+type Waiting = (WaveRequest, RolloutStatus, u32);
+
+/// Tries of one wave before it is given up (logged): a failure that lasts
+/// (every branch name taken, settings that do not parse) is not retried forever.
+const MAX_WAVE_TRIES: u32 = 10;
 
 impl WaveRetries {
-    fn keep(&self, request: WaveRequest, status: &RolloutStatus) {
+    fn keep(&self, (request, status, tries): Waiting) {
+        if tries >= MAX_WAVE_TRIES {
+            warn!(namespace = %request.namespace, rollout = %request.name, tries, "GitHub: the wave pull request is given up");
+            return;
+        }
         let key = (request.namespace.clone(), request.name.clone());
         let mut waiting = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        waiting.insert(key, (request, status.clone()));
+        waiting.insert(key, (request, status, tries));
     }
 
-    fn take(&self) -> Vec<(WaveRequest, RolloutStatus)> {
+    fn take(&self) -> Vec<Waiting> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
             .into_values()
             .collect()
+    }
+
+    /// Keeps only the waves of apps `holds` says this replica still syncs
+    /// (a shard lost meanwhile: its new holder follows the promote).
+    pub fn retain_apps(&self, holds: impl Fn(&str) -> bool) {
+        let mut waiting = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.retain(|_, (request, _, _)| holds(&request.app));
     }
 }
 
@@ -66,13 +84,14 @@ pub async fn follow_all(
 ) {
     let mut all = retries.take();
     for (request, status) in promotes {
-        all.retain(|(waiting, _)| (&waiting.namespace, &waiting.name) != (&request.namespace, &request.name));
-        all.push((request, status));
+        // A newer promote of the same Rollout replaces one still waiting.
+        all.retain(|(waiting, _, _)| (&waiting.namespace, &waiting.name) != (&request.namespace, &request.name));
+        all.push((request, status, 0));
     }
-    for (request, status) in all {
+    for (request, status, tries) in all {
         if let Err(error) = follow(github, (source, author), &request, &status).await {
             warn!(%error, namespace = %request.namespace, rollout = %request.name, "GitHub: the wave pull request is tried again after the next sync");
-            retries.keep(request, &status);
+            retries.keep((request, status, tries + 1));
         }
     }
 }
@@ -150,15 +169,29 @@ pub async fn follow(
     };
     let context = format!("gitcanary/wave/{}", wave.to.name);
     if pull.open && pull.head_sha != wave.commit {
-        // Someone pushed onto the wave: its head is not what the release proved.
+        // Someone pushed onto the wave: its head is not what the release
+        // proved. Said on that head, and the pull request is closed; the
+        // next try pushes the wave to another branch name.
         let description = format!(
             "the head is not gitcanary's wave commit {}",
             crate::short_commit(&wave.commit)
         );
-        warn!(pull = pull.number, head = %pull.head_sha, "a wave pull request's head is not gitcanary's commit");
+        warn!(pull = pull.number, head = %pull.head_sha, "a wave pull request's head is not gitcanary's commit; closed");
         github
             .set_status(&pull.head_sha, &context, "failure", &description)
             .await?;
+        let why = format!(
+            "gitcanary closes this wave pull request: commits were pushed onto it after gitcanary's {}, so it is not what {} proved. The wave is opened again from another branch.",
+            crate::short_commit(&wave.commit),
+            wave.from.name
+        );
+        github.reply(pull.number, &why).await?;
+        github.close_pull(pull.number).await?;
+        return Err(Error::GitHub {
+            context: "the wave pull request".into(),
+            status: None,
+            message: format!("{} holds commits gitcanary did not push", wave.branch),
+        });
     }
     let description = format!("release {} promoted in {}", request.rollout_id, wave.from.name);
     github

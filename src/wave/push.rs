@@ -74,6 +74,13 @@ impl Writer<'_> {
     /// Where a promote's wave goes and what it carries.
     pub fn plan_wave(&self, request: &WaveRequest) -> Result<std::result::Result<WavePlan, NoWave>> {
         let repo = self.git.open_mirror()?;
+        // Without wave settings in what the agent synced, no fetch at all.
+        let tracking = format!("refs/remotes/origin/{}", self.git.branch());
+        if let Ok(synced) = repo.find_reference(&tracking).and_then(|r| r.peel_to_commit())
+            && read_file(&repo, &synced, WAVES_FILE)?.is_none()
+        {
+            return Ok(Err(NoWave::NotInAWave));
+        }
         let base = self.base_head(&repo)?;
         let Some(waves) = read_waves(&repo, &base)? else {
             return Ok(Err(NoWave::NotInAWave));
