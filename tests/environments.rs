@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use gitcanary::rollout::api::{Phase, Rollout};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use support::agent::{AgentProcess, Scenario};
 use support::eventually;
 use support::git_server::GitRepo;
@@ -118,19 +117,7 @@ struct Production {
 impl Production {
     async fn start(scenario: &Scenario, github: &str) -> Production {
         let plane = support::DedicatedControlPlane::start();
-        let client = plane.client().await;
-        support::agent::install_rollout_crd_on(&client).await;
-        let namespace = Namespace {
-            metadata: kube::api::ObjectMeta {
-                name: Some(scenario.ns.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace");
+        let client = plane.with_namespace(&scenario.ns).await;
         let cache = tempfile::tempdir().expect("cache");
         let kubeconfig = plane.kubeconfig.display().to_string();
         let agent = AgentProcess::start_with(

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use gitcanary::rollout::api::{Phase, Rollout, StepState};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use support::agent::{AgentProcess, Scenario, write_echo_app};
 use support::eventually;
 
@@ -63,19 +62,7 @@ struct Rebuilt {
 impl Rebuilt {
     async fn start(scenario: &Scenario) -> Rebuilt {
         let plane = support::DedicatedControlPlane::start();
-        let client = plane.client().await;
-        support::agent::install_rollout_crd_on(&client).await;
-        let namespace = Namespace {
-            metadata: kube::api::ObjectMeta {
-                name: Some(scenario.ns.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace");
+        let client = plane.with_namespace(&scenario.ns).await;
         let cache = tempfile::tempdir().expect("cache");
         let kubeconfig = plane.kubeconfig.display().to_string();
         let agent = AgentProcess::start_with(

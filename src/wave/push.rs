@@ -303,21 +303,6 @@ fn yaml_files(repo: &Repository, commit: &Commit<'_>, dir: &str) -> Result<Vec<(
     Ok(files)
 }
 
-/// `a/b/../c` → `a/c`; `None` when it climbs out of the repository.
-fn normalize(path: &str) -> Option<String> {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop()?;
-            }
-            part => parts.push(part),
-        }
-    }
-    Some(parts.join("/"))
-}
-
 /// The app's files of the next environment with the images carried in, as
 /// the app expresses them: a kustomization's `images:` (of the directory it
 /// builds), the Helm values files it names, or its plain manifests.
@@ -339,7 +324,7 @@ fn carried_files(
         .kustomize
         .as_ref()
         .and_then(|k| k.path.as_deref())
-        .and_then(|path| normalize(&format!("{dir}/{path}")))
+        .and_then(|path| crate::render::tree::resolve(dir, path))
         .unwrap_or_else(|| dir.to_string());
     // What the app builds from another environment's directory is not this one's to change.
     if !build_dir.starts_with(&format!("{env_dir}/")) {
@@ -391,22 +376,4 @@ fn changed_files(repo: &Repository, commit: &str) -> Result<Vec<String>> {
         .deltas()
         .filter_map(|d| d.new_file().path().map(|p| p.to_string_lossy().into_owned()))
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_overlay_path_stays_inside_the_repository() {
-        assert_eq!(
-            normalize("envs/prod/shop/../../../bases/shop").as_deref(),
-            Some("bases/shop")
-        );
-        assert_eq!(
-            normalize("envs/prod/shop/./overlay").as_deref(),
-            Some("envs/prod/shop/overlay")
-        );
-        assert_eq!(normalize("envs/../../x"), None);
-    }
 }

@@ -219,6 +219,25 @@ impl DedicatedControlPlane {
         text
     }
 
+    /// A client of this plane, with the Rollout CRD installed and the
+    /// namespace `name` made: another cluster for an agent on the same repository.
+    pub async fn with_namespace(&self, name: &str) -> Client {
+        let client = self.client().await;
+        agent::install_rollout_crd_on(&client).await;
+        let namespace = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+        client
+    }
+
     pub async fn client(&self) -> Client {
         let file = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
         let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
