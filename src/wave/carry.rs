@@ -122,13 +122,17 @@ fn newer<'i>(image: &str, images: &'i [String]) -> Option<&'i String> {
         .find(|released| split_image(released).name == name && released.as_str() != image)
 }
 
-/// A plain manifest with every container `image:` of a released image's
-/// name set to the released one; `None` when nothing changes.
+/// A plain manifest with every container's `image:` of a released image's
+/// name set to the released one; `None` when nothing changes. Only an
+/// `image:` under a `containers`, `initContainers` or `ephemeralContainers`
+/// list counts: one in a ConfigMap's data or another field is left alone.
 pub fn carry_plain(text: &str, images: &[String]) -> Option<String> {
     let mut lines = lines_of(text);
     let mut changed = false;
-    for line in &mut lines {
-        if let Some(scalar) = scalar_of(line, "image")
+    let in_containers = container_lines(&lines);
+    for (line, container) in lines.iter_mut().zip(in_containers) {
+        if container
+            && let Some(scalar) = scalar_of(line, "image")
             && let Some(released) = newer(scalar.value, images)
         {
             *line = scalar.with(released);
@@ -136,6 +140,42 @@ pub fn carry_plain(text: &str, images: &[String]) -> Option<String> {
         }
     }
     changed.then(|| joined(&lines, text))
+}
+
+/// For each line, whether it lies within a list of containers, read by
+/// indentation: the keys above a line are those of lower indentation; a
+/// list item may sit at its list key's own indentation, as YAML allows.
+fn container_lines(lines: &[String]) -> Vec<bool> {
+    const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+    let mut keys: Vec<(usize, &str)> = Vec::new();
+    let mut within = Vec::with_capacity(lines.len());
+    for line in lines {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("---") {
+            keys.clear();
+        }
+        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with("---") {
+            within.push(false);
+            continue;
+        }
+        let dash = line.len() - trimmed.len();
+        let mut rest = trimmed;
+        while let Some(stripped) = rest.strip_prefix("- ") {
+            rest = stripped.trim_start();
+        }
+        let key_at = line.len() - rest.len();
+        if key_at == dash {
+            keys.retain(|&(indent, _)| indent < key_at);
+        } else {
+            // A list item: a key at the dash's own indentation is its list's.
+            keys.retain(|&(indent, _)| indent <= dash);
+        }
+        within.push(keys.iter().any(|(_, key)| CONTAINER_LISTS.contains(key)));
+        if let Some((key, _)) = rest.split_once(':') {
+            keys.push((key_at, key.trim()));
+        }
+    }
+    within
 }
 
 /// The entries of a kustomization's top-level `images:`: each entry's
@@ -364,6 +404,24 @@ mod tests {
             carry_plain(text, &released(&["registry.test/other:2"])),
             None,
             "not this app's"
+        );
+    }
+
+    #[test]
+    fn only_a_containers_image_is_carried() {
+        let text = "apiVersion: v1\nkind: ConfigMap\ndata:\n  image: registry.test/echo:1.0.0\n---\nkind: CronJob\nspec:\n  jobTemplate:\n    spec:\n      template:\n        spec:\n          initContainers:\n          - image: registry.test/echo:1.0.0\n          containers:\n          - name: a\n            image: registry.test/echo:1.0.0\n          volumes:\n          - name: v\n            image: registry.test/echo:1.0.0\n";
+        let carried = carry_plain(text, &released(&["registry.test/echo:1.1.0"])).expect("changed");
+        let changed: Vec<usize> = text
+            .lines()
+            .zip(carried.lines())
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .map(|(at, _)| at + 1)
+            .collect();
+        assert_eq!(
+            changed,
+            [13, 16],
+            "the init container's and the container's image only:\n{carried}"
         );
     }
 
