@@ -123,6 +123,42 @@ pub fn trust_problem(
     None
 }
 
+/// The status file of a Rollout at `head` under `records` (an agent's own,
+/// or another cluster's), read within the size limit and trusted only as
+/// gitcanary's write-back (`trust_problem`); `None` when there is none.
+pub(crate) fn read_record(
+    repo: &git2::Repository,
+    head: &git2::Commit<'_>,
+    (records, namespace, name): (&crate::rollout::record::Records, &str, &str),
+    writer: &Author,
+) -> Result<Option<StatusRecord>, String> {
+    let path = records.status_path(namespace, name);
+    let tree = head
+        .tree()
+        .map_err(|e| format!("reading commit {}: {}", head.id(), e.message()))?;
+    let Ok(entry) = tree.get_path(Path::new(&path)) else {
+        return Ok(None);
+    };
+    let (size, _) = repo
+        .odb()
+        .and_then(|odb| odb.read_header(entry.id()))
+        .map_err(|e| format!("{path}: {}", e.message()))?;
+    if size as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "{path} is {size} bytes, larger than the {MAX_FILE_BYTES}-byte limit"
+        ));
+    }
+    let blob = repo
+        .find_blob(entry.id())
+        .map_err(|e| format!("{path} is not a file: {}", e.message()))?;
+    let text = std::str::from_utf8(blob.content()).map_err(|_| format!("{path} is not UTF-8"))?;
+    let record = StatusRecord::parse(text, namespace, name).map_err(|e| format!("{path} cannot be read: {e}"))?;
+    let rollout = records.rollout_key(namespace, name);
+    trust_problem(repo, head, &path, entry.id(), (&record, &rollout), writer).map_or(Ok(Some(record)), |problem| {
+        Err(format!("{path} is not trusted: {problem}"))
+    })
+}
+
 pub struct GitHistory {
     pub(super) git: GitSource,
     /// The commit synced: where status files are read.
@@ -141,44 +177,16 @@ impl History for GitHistory {
     }
 
     fn record(&self, namespace: &str, name: &str) -> Result<Option<StatusRecord>, String> {
-        let path = self.record_path(namespace, name);
         let repo = self.git.open_mirror().map_err(|e| e.to_string())?;
         let head = Oid::from_str(&self.head)
             .and_then(|oid| repo.find_commit(oid))
-            .and_then(|commit| commit.tree())
             .map_err(|e| format!("reading commit {}: {}", self.head, e.message()))?;
-        let Ok(entry) = head.get_path(Path::new(&path)) else {
-            return Ok(None);
-        };
-        let (size, _) = repo
-            .odb()
-            .and_then(|odb| odb.read_header(entry.id()))
-            .map_err(|e| format!("{path}: {}", e.message()))?;
-        if size as u64 > MAX_FILE_BYTES {
-            return Err(format!(
-                "{path} is {size} bytes, larger than the {MAX_FILE_BYTES}-byte limit"
-            ));
-        }
-        let blob = repo
-            .find_blob(entry.id())
-            .map_err(|e| format!("{path} is not a file: {}", e.message()))?;
-        let text = std::str::from_utf8(blob.content()).map_err(|_| format!("{path} is not UTF-8"))?;
-        let record = StatusRecord::parse(text, namespace, name).map_err(|e| format!("{path} cannot be read: {e}"))?;
-        let head = repo
-            .find_commit(Oid::from_str(&self.head).map_err(|e| e.message().to_string())?)
-            .map_err(|e| format!("reading commit {}: {}", self.head, e.message()))?;
-        let rollout = self.git.records.rollout_key(namespace, name);
-        trust_problem(
+        read_record(
             &repo,
             &head,
-            &path,
-            entry.id(),
-            (&record, &rollout),
+            (&self.git.records, namespace, name),
             &self.git.record_writer,
         )
-        .map_or(Ok(Some(record)), |problem| {
-            Err(format!("{path} is not trusted: {problem}"))
-        })
     }
 
     fn object_at(

@@ -86,13 +86,13 @@ impl StandingReader {
             .find_reference(&reference)
             .and_then(|r| r.peel_to_commit())
             .map_err(Error::git(format!("branch {} not found", self.git.branch())))?;
-        let tree = head.tree().map_err(Error::git("reading a tree"))?;
-        let text = |path: &str| -> Option<(git2::Oid, String)> {
-            let entry = tree.get_path(Path::new(path)).ok()?;
-            let blob = repo.find_blob(entry.id()).ok()?;
-            Some((entry.id(), String::from_utf8_lossy(blob.content()).into_owned()))
-        };
-        let Some((_, waves)) = text(WAVES_FILE) else {
+        let waves = head
+            .tree()
+            .ok()
+            .and_then(|tree| tree.get_path(Path::new(WAVES_FILE)).ok())
+            .and_then(|entry| repo.find_blob(entry.id()).ok())
+            .map(|blob| String::from_utf8_lossy(blob.content()).into_owned());
+        let Some(waves) = waves else {
             return Ok(Vec::new());
         };
         let waves = Waves::parse(&waves).map_err(|message| Error::Serialize {
@@ -105,22 +105,11 @@ impl StandingReader {
                 .as_deref()
                 .and_then(|c| Records::of_cluster(c).ok())
                 .unwrap_or_default();
-            let path = records.status_path(namespace, name);
-            let record = match text(&path) {
-                None => Ok(None),
-                Some((blob, text)) => StatusRecord::parse(&text, namespace, name).and_then(|record| {
-                    let key = records.rollout_key(namespace, name);
-                    let writer = &self.git.record_writer;
-                    match crate::source::history::trust_problem(&repo, &head, &path, blob, (&record, &key), writer) {
-                        None => Ok(Some(record)),
-                        Some(problem) => Err(problem),
-                    }
-                }),
-            };
+            let writer = &self.git.record_writer;
             Standing {
                 environment: env.name.clone(),
                 here: env.cluster.is_some() && env.cluster.as_deref() == self.here.cluster(),
-                record,
+                record: crate::source::history::read_record(&repo, &head, (&records, namespace, name), writer),
             }
         });
         Ok(standings.collect())
