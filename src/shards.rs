@@ -74,7 +74,7 @@ pub struct Shards {
     acting_until: std::sync::Mutex<Vec<Option<Instant>>>,
     /// Each member Lease's record (holder and renew time) and when this
     /// replica saw it change: liveness by its own clock, not the writer's.
-    members_seen: std::sync::Mutex<std::collections::HashMap<String, (String, Instant)>>,
+    members_seen: std::sync::Mutex<Seen>,
     /// The replicas counted last (kept when the list fails).
     replicas: std::sync::atomic::AtomicUsize,
 }
@@ -147,6 +147,29 @@ pub fn refusal(
         }
     }
     None
+}
+
+/// Records last seen of Leases by name (holder and renew time), and when
+/// this agent saw each change.
+type Seen = std::collections::HashMap<String, (String, Instant)>;
+
+/// Whether the Lease `name`'s record (holder, renew time) changed within
+/// `duration` by this agent's clock: liveness without comparing another
+/// host's timestamps. The first look counts as a change.
+fn renewed_within(
+    seen: &mut Seen,
+    name: &str,
+    (holder, renewed): (&str, Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime>),
+    duration: Duration,
+) -> bool {
+    let record = format!("{holder}@{:?}", renewed.map(|t| t.0));
+    let entry = seen
+        .entry(name.to_string())
+        .or_insert_with(|| (record.clone(), Instant::now()));
+    if entry.0 != record {
+        *entry = (record, Instant::now());
+    }
+    entry.1.elapsed() < duration
 }
 
 /// The Lease of shard `k` of agent `instance`.
@@ -247,14 +270,7 @@ impl Shards {
             if !ours || holder.is_empty() {
                 continue;
             }
-            let record = format!("{holder}@{:?}", spec.renew_time.map(|t| t.0));
-            let entry = seen
-                .entry(name.clone())
-                .or_insert_with(|| (record.clone(), Instant::now()));
-            if entry.0 != record {
-                *entry = (record, Instant::now());
-            }
-            let fresh = entry.1.elapsed() < self.duration;
+            let fresh = renewed_within(&mut seen, &name, (&holder, spec.renew_time.as_ref()), self.duration);
             if name.starts_with(&self.member_prefix) {
                 live += usize::from(fresh && holder != self.identity);
                 continue;
@@ -392,7 +408,7 @@ pub struct ShardWatch {
     leases: Api<Lease>,
     prefix: String,
     duration: Duration,
-    seen: std::collections::HashMap<String, (String, Instant)>,
+    seen: Seen,
 }
 
 impl ShardWatch {
@@ -425,15 +441,8 @@ impl ShardWatch {
             if shard_of_lease(&name, &self.prefix).is_none() || holder.is_empty() {
                 continue;
             }
-            let record = format!("{holder}@{:?}", spec.renew_time.map(|t| t.0));
-            let entry = self
-                .seen
-                .entry(name)
-                .or_insert_with(|| (record.clone(), Instant::now()));
-            if entry.0 != record {
-                *entry = (record, Instant::now());
-            }
-            live += usize::from(entry.1.elapsed() < self.duration);
+            let renew = spec.renew_time.as_ref();
+            live += usize::from(renewed_within(&mut self.seen, &name, (&holder, renew), self.duration));
         }
         live
     }
