@@ -17,7 +17,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::cluster::observe::{self, resolve_manifest};
 use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, Writer, api_message, ensure_namespace};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
-use crate::plan::desired::{applies_as_is, is_subset};
+use crate::plan::desired::is_subset;
 use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
 use crate::rollout::model::RolloutWork;
@@ -31,9 +31,10 @@ pub use memo::SyncMemo;
 
 mod apply;
 mod diff;
+mod execute;
 mod memo;
 
-use apply::apply_app;
+use execute::{Executed, execute};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppResult {
@@ -314,8 +315,10 @@ async fn sync_one(
     let started = Instant::now();
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
     let (mut report, inventory) = match reconcile_app(cluster, app, commit, observed, previous, options).await {
-        Ok(Reconciled::Applied(report, inventory)) => (*report, inventory),
-        Ok(Reconciled::Refused(result, problems)) => (report_of(app, result, problems), previous_inventory),
+        Ok(Executed::Applied(report, inventory)) => (*report, inventory),
+        Ok(Executed::Refused(result, problems)) => (report_of(app, result, problems), previous_inventory),
+        // Not asked of `reconcile_app`; nothing was written.
+        Ok(Executed::Previewed(_, problems)) => (report_of(app, AppResult::Failed, problems), previous_inventory),
         Err(error) => (
             report_of(app, AppResult::Failed, vec![app_problem(app, error.to_string())]),
             previous_inventory,
@@ -331,14 +334,6 @@ async fn sync_one(
     report.duration = started.elapsed();
     log_report(&report);
     Ok((report, (!wrote).then_some(status)))
-}
-
-/// How an app's reconcile ended.
-enum Reconciled {
-    /// Applied (perhaps in part): the report and the inventory to record.
-    Applied(Box<AppReport>, Vec<InventoryEntry>),
-    /// Nothing applied (or all taken back): the app keeps the inventory it had.
-    Refused(AppResult, Vec<Problem>),
 }
 
 /// An app observed and planned, ready for the apply stage.
@@ -430,19 +425,21 @@ async fn reconcile_app(
     observed: &Observed,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
-) -> Result<Reconciled> {
+) -> Result<Executed> {
     let prepared = match observe_and_plan(cluster, app, commit, observed, previous, options, true).await? {
         Ok(prepared) => prepared,
-        Err(problems) => return Ok(Reconciled::Refused(AppResult::Invalid, problems)),
+        Err(problems) => return Ok(Executed::Refused(AppResult::Invalid, problems)),
     };
     let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-    apply_app(
-        &cluster.writer(options.tenant_of(&app.name)),
+    let writer = cluster.writer(options.tenant_of(&app.name));
+    execute(
+        &writer,
         app,
         prepared,
         &observed.live,
         previous_inventory,
         options,
+        Mode::Apply,
     )
     .await
 }

@@ -289,3 +289,103 @@ fn base64_of(value: &str) -> String {
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
 }
+
+#[tokio::test]
+async fn diff_meets_the_adoption_rule_and_lists_nothing_of_an_app_the_sync_would_refuse() {
+    let f = Fixture::new("diff-adopt").await;
+    let ns = f.ns.clone();
+    f.repo.write("web/own.yaml", &configmap(&ns, "own", "blue"));
+    f.repo.commit_and_push("first");
+    assert!(f.sync().await.is_clean());
+
+    // Someone's own object, exactly as Git now has it: a dry-run apply
+    // meets no conflict, but the sync may not take it over.
+    f.create_by_hand("theirs", "blue").await;
+    f.repo.write("web/theirs.yaml", &configmap(&ns, "theirs", "blue"));
+    f.repo.write("web/own.yaml", &configmap(&ns, "own", "red"));
+    f.repo
+        .commit_and_push("someone's object in Git, and a change beside it");
+
+    let (diffs, problems) = f.diff().await;
+    assert!(
+        diffs.is_empty(),
+        "the sync writes nothing of the app: {:?}",
+        listed(&diffs)
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.file == "web/theirs.yaml" && p.message.contains("does not manage it")),
+        "{problems:?}"
+    );
+    let report = f.sync().await;
+    assert_eq!(made(&report), listed(&diffs));
+    assert_eq!(report.app("web").expect("web").result, AppResult::Invalid);
+    assert_eq!(f.color("own").await.as_deref(), Some("blue"));
+}
+
+/// A ServiceAccount that may write ConfigMaps in `ns` but not delete them.
+async fn tenant_without_delete(client: &kube::Client, ns: &str) -> gitcanary::plan::ServiceAccountRef {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let create = PostParams::default();
+    let account = serde_json::from_value(serde_json::json!({"metadata": {"name": "keeper"}})).expect("an account");
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    accounts.create(&create, &account).await.expect("account");
+    let role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "keeper"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch"]}]
+    }))
+    .expect("a Role");
+    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+    roles.create(&create, &role).await.expect("role");
+    let binding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "keeper"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "keeper"},
+        "subjects": [{"kind": "ServiceAccount", "name": "keeper", "namespace": ns}]
+    }))
+    .expect("a RoleBinding");
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    bindings.create(&create, &binding).await.expect("binding");
+    gitcanary::plan::ServiceAccountRef {
+        namespace: ns.to_string(),
+        name: "keeper".to_string(),
+    }
+}
+
+#[tokio::test]
+async fn diff_runs_each_delete_dry_and_shows_the_refusal_the_prune_would_meet() {
+    let f = Fixture::new("diff-delete").await;
+    let ns = f.ns.clone();
+    let mut options = f.options(true);
+    options
+        .tenants
+        .insert("web".to_string(), tenant_without_delete(&f.client, &ns).await);
+    f.repo.write("web/kept.yaml", &configmap(&ns, "kept", "blue"));
+    f.repo.write("web/left.yaml", &configmap(&ns, "left", "blue"));
+    f.repo.commit_and_push("first");
+    let revision = f.revision().await;
+    assert!(
+        sync(&f.cluster, &revision, &options)
+            .await
+            .expect("sync runs")
+            .is_clean()
+    );
+
+    f.repo.remove("web/left.yaml");
+    f.repo.commit_and_push("left leaves Git");
+    let revision = f.revision().await;
+    let (diffs, problems, _) = diff(&f.cluster, &revision, &options).await.expect("diff runs");
+    assert!(listed(&diffs).deleted.is_empty(), "{:?}", listed(&diffs));
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.message.contains("deleting ConfigMap") && p.message.contains("forbidden")),
+        "{problems:?}"
+    );
+    let report = sync(&f.cluster, &revision, &options).await.expect("sync runs");
+    assert_eq!(made(&report), listed(&diffs));
+    assert_eq!(report.app("web").expect("web").result, AppResult::Failed);
+    assert_eq!(f.color("left").await.as_deref(), Some("blue"));
+}

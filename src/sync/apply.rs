@@ -1,35 +1,22 @@
-//! The apply stage of one app: the plan executed through the one write
-//! path, in order (the API server's check of every write first, canary
-//! objects, the app's objects staged by kind, the rollouts' reports,
-//! prune), and the take-back of a new app that failed.
+//! The apply stage of one app, once the executor's check passed: the plan
+//! applied through the one write path, in order (canary objects, the app's
+//! objects staged by kind, the rollouts' reports, prune), and the take-back
+//! of a new app that failed.
 
+use super::execute::Adoption;
 use super::*;
 
-/// The apply stage: executes the plan through the one write path.
-pub(super) async fn apply_app(
+/// Applies a plan the API server has checked (see `execute`).
+pub(super) async fn apply_checked(
     writer: &Writer<'_>,
     app: &App,
     prepared: Prepared<'_>,
     live: &LiveObjects,
-    previous: &[InventoryEntry],
+    adoption: &Adoption<'_>,
     options: &SyncOptions,
-) -> Result<Reconciled> {
+) -> Result<Executed> {
     let Prepared { mut plan, rollouts, .. } = prepared;
-    let adoption = Adoption {
-        started: jiff::Timestamp::now(),
-        previous,
-        adopt_all: options.adopt,
-    };
-    // The API server validates everything before anything is written, a
-    // fresh app's objects too: one of them may be someone else's object,
-    // which must be refused before gitcanary's fields are merged into it.
-    // (Objects in a namespace this revision creates cannot exist yet, and
-    // are not dry-run.)
-    let (problems, answers) = dry_run(writer, &plan, live, &adoption, options).await?;
-    if !problems.is_empty() {
-        return Ok(Reconciled::Refused(AppResult::Invalid, problems));
-    }
-    plan.settle(&answers, live);
+    let previous = adoption.previous;
     let mut failures = Vec::new();
     let mut report = report_of(app, AppResult::Synced, Vec::new());
     // Canary objects first, so that a route never names a canary Service that does not exist yet.
@@ -37,11 +24,11 @@ pub(super) async fn apply_app(
     // Canary routes no longer wanted go before anything else is written: an
     // abort's traffic is back on stable as soon as it can be.
     delete_canary_objects(writer, app, &rollouts, true, &mut report, &mut failures).await;
-    let applied = apply_objects(writer, &mut plan, live, &adoption, options, &mut failures).await?;
+    let applied = apply_objects(writer, &mut plan, live, adoption, options, &mut failures).await?;
     if plan.fresh && !failures.is_empty() {
         take_back(writer, &plan.objects, &applied.results, adoption.started).await;
         failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        return Ok(Reconciled::Refused(AppResult::Invalid, failures));
+        return Ok(Executed::Refused(AppResult::Invalid, failures));
     }
     report.unchanged = plan.objects.len() - applied.written.len();
     for &index in &applied.written {
@@ -70,7 +57,7 @@ pub(super) async fn apply_app(
         report.problems = failures;
         report.result = AppResult::Failed;
     }
-    Ok(Reconciled::Applied(Box::new(report), inventory))
+    Ok(Executed::Applied(Box::new(report), inventory))
 }
 
 /// The canary objects that differ from the cluster; returns those written.
@@ -291,22 +278,6 @@ pub(super) fn release_target(entry: &InventoryEntry) -> Value {
     object
 }
 
-/// What decides whether an object written as new may be taken over.
-struct Adoption<'a> {
-    /// When the sync began: an object created before is not gitcanary's new one.
-    started: jiff::Timestamp,
-    /// The app's inventory as the last sync left it.
-    previous: &'a [InventoryEntry],
-    /// `--adopt`: take over every existing object (a migration).
-    adopt_all: bool,
-}
-
-impl Adoption<'_> {
-    fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
-        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
-    }
-}
-
 /// Applies the objects at `indices`; each result goes to `results`, each
 /// refusal is returned. An object that already existed and that nothing
 /// asked to adopt is refused, and gitcanary's fields are taken back from it.
@@ -367,89 +338,6 @@ async fn release(writer: &Writer<'_>, resolved: &crate::plan::Resolved, object: 
     if let Err(error) = writer.apply(resolved, &empty, false, Mode::Apply).await {
         warn!(object = %object["metadata"]["name"], error = %api_message(&error), "could not take back gitcanary's fields");
     }
-}
-
-/// Namespaces (of the objects at `indices`) that exist now. Objects in a
-/// namespace this revision creates cannot be dry-run before it exists.
-async fn existing_namespaces(
-    cluster: &Cluster,
-    objects: &[Planned<'_>],
-    indices: &[usize],
-) -> Result<BTreeSet<String>> {
-    let mut checked: BTreeMap<String, bool> = BTreeMap::new();
-    let api: Api<Namespace> = Api::all(cluster.client.clone());
-    for &i in indices {
-        if let Some(ns) = objects[i].namespace()
-            && !checked.contains_key(ns)
-        {
-            let exists = api
-                .get_opt(ns)
-                .await
-                .map_err(Error::kube(format!("reading namespace {ns}")))?
-                .is_some();
-            checked.insert(ns.to_string(), exists);
-        }
-    }
-    Ok(checked
-        .into_iter()
-        .filter(|(_, exists)| *exists)
-        .map(|(ns, _)| ns)
-        .collect())
-}
-
-/// The pre-check: every write dry-run, so that the API server validates
-/// everything before anything is written. Returns the refusals, and the
-/// server's answer for each write of a live object (what it would store).
-async fn dry_run(
-    writer: &Writer<'_>,
-    plan: &AppPlan<'_>,
-    live: &LiveObjects,
-    adoption: &Adoption<'_>,
-    options: &SyncOptions,
-) -> Result<(Vec<Problem>, BTreeMap<usize, Value>)> {
-    let cluster = writer.cluster();
-    let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
-    let namespaces = existing_namespaces(cluster, &plan.objects, &indices).await?;
-    let checkable = indices
-        .into_iter()
-        .filter(|&i| plan.objects[i].namespace().is_none_or(|ns| namespaces.contains(ns)));
-    let outcomes = stream::iter(checkable.map(|i| async move {
-        let item = &plan.objects[i];
-        let ours = live.contains_key(&item.key);
-        let outcome = match writer.apply(&item.resolved, &item.desired, ours, Mode::DryRun).await {
-            Err(e) => Err(refused(item, &e)),
-            Ok(answer) if ours => Ok(Some(serde_json::to_value(answer).unwrap_or(Value::Null))),
-            Ok(answer) => match adoption.creation(item, &serde_json::to_value(answer).unwrap_or(Value::Null)) {
-                plan::Creation::Refused(message) => Err(item.manifest.problem(message)),
-                plan::Creation::Created | plan::Creation::Adopted => Ok(None),
-            },
-        };
-        (i, outcome)
-    }))
-    .buffer_unordered(options.concurrency.max(1))
-    .collect::<Vec<_>>()
-    .await;
-    let mut problems = Vec::new();
-    let mut answers = BTreeMap::new();
-    for (index, outcome) in outcomes {
-        match outcome {
-            Ok(Some(answer)) => {
-                answers.insert(index, answer);
-            }
-            Ok(None) => {}
-            Err(problem) => problems.push(problem),
-        }
-    }
-    problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-    Ok((problems, answers))
-}
-
-pub(super) fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
-    item.manifest.problem(format!(
-        "{} refused by the API server: {}",
-        item.key,
-        api_message(error)
-    ))
 }
 
 /// Takes back what this sync did to a fresh app that failed, newest first:
