@@ -23,7 +23,7 @@ use crate::rollout;
 use crate::rollout::model::RolloutWork;
 use crate::rollout::plan::Requeue;
 use crate::source::Revision;
-use crate::{Error, FIELD_MANAGER, Result, short_commit};
+use crate::{Error, Result, short_commit};
 
 pub use crate::plan::SyncOptions;
 pub use diff::diff;
@@ -367,10 +367,9 @@ async fn observe_and_plan<'a>(
     }
     let mut objects = resolved.objects;
     let autoscaled = plan::autoscaled::leave_replicas_to_autoscalers(&mut objects, &observed.live);
-    // Rollouts overlay the objects they govern before anything is compared.
-    let (rollouts, problems) = rollout::engine::prepare(
+    let rollouts_observed = rollout::observe::observe_rollouts(
         cluster,
-        &mut objects,
+        &objects,
         commit,
         observed.history.as_ref(),
         &observed.written_back,
@@ -378,6 +377,8 @@ async fn observe_and_plan<'a>(
         measure,
     )
     .await?;
+    // Rollouts overlay the objects they govern before anything is compared.
+    let (rollouts, problems) = rollout::desired::plan_rollouts(&mut objects, rollouts_observed, &options.instance);
     if !problems.is_empty() {
         return Ok(Err(problems));
     }

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::api::{API_VERSION, DEFAULT_CANARY_SUFFIX, GROUP, RolloutSpec, Strategy};
 use super::knative;
-use super::model::RolloutObserved;
 use super::model::{CanaryWrite, RolloutWork};
+use super::model::{RolloutObserved, RolloutsObserved};
 use super::model::{Target, find_in};
 use super::overlay::{self, WorkloadKind};
 use super::plan;
@@ -35,6 +35,41 @@ fn not_held(target: &Target, planned: &[Planned<'_>], kind: &str, name: &str) ->
         "trafficRoutings names {kind} {}/{name}, which this app does not hold",
         target.namespace
     ))
+}
+
+/// Plans every Rollout of an app, in the app's order, and overlays the
+/// app's objects each governs. Problems (a Rollout naming a workload the
+/// app does not hold, an unusable status file) keep the app from being
+/// applied, like any invalid manifest.
+pub(crate) fn plan_rollouts(
+    planned: &mut [Planned<'_>],
+    observed: RolloutsObserved,
+    instance: &str,
+) -> (Vec<RolloutWork>, Vec<Problem>) {
+    let mut work = Vec::new();
+    let mut problems = Vec::new();
+    for found in observed.0 {
+        let (target, observed) = match found {
+            Ok(found) => found,
+            Err(problem) => {
+                problems.push(problem);
+                continue;
+            }
+        };
+        if let Some(message) = &observed.record_problem {
+            let rollout = planned[target.index].manifest;
+            problems.push(rollout.problem(format!(
+                "Rollout {}/{}: it has no status, and its status file in Git cannot be used: {message}; nothing of the app is applied until the file is fixed or removed",
+                target.namespace, target.name
+            )));
+            continue;
+        }
+        match plan_rollout(planned, target, observed, instance) {
+            Ok(item) => work.push(item),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    (work, problems)
 }
 
 /// Plans one Rollout and overlays the app's objects it governs.
@@ -103,8 +138,8 @@ pub(crate) fn plan_rollout(
         owner: &owner,
     };
     let canary_writes = changes.writes(wanted).map_err(|problem| manifest.problem(problem))?;
-    let canary_deletions = if plan.intent.hold_canary {
-        Vec::new()
+    let (route_deletions, canary_deletions) = if plan.intent.hold_canary {
+        (Vec::new(), Vec::new())
     } else {
         changes.deletions(unwanted)
     };
@@ -125,6 +160,7 @@ pub(crate) fn plan_rollout(
         workload: spec.workload_ref.name.clone(),
         plan,
         canary_writes,
+        route_deletions,
         canary_deletions,
         revisions: observed.revisions,
         spec: target.spec,
@@ -421,16 +457,18 @@ impl CanaryObjects<'_> {
         Ok(writes)
     }
 
-    /// Deletes of the unwanted canary objects that exist and are this instance's.
-    /// Routes go first, then the Services they name, then the canary
-    /// workload: no request is ever routed to a canary that is gone.
-    fn deletions(&self, mut unwanted: Vec<(&'static str, &'static str, String)>) -> Vec<Deletion> {
+    /// Deletes of the unwanted canary objects that exist and are this
+    /// instance's: the routes (canary Ingresses), and the others. Routes go
+    /// first, before anything else is written; then the Services they named,
+    /// then the canary workload: no request is ever routed to a canary that
+    /// is gone.
+    fn deletions(&self, mut unwanted: Vec<(&'static str, &'static str, String)>) -> (Vec<Deletion>, Vec<Deletion>) {
         unwanted.sort_by_key(|(_, kind, _)| match *kind {
             "Ingress" => 0,
             "Service" => 1,
             _ => 2,
         });
-        unwanted
+        let deletions: Vec<Deletion> = unwanted
             .into_iter()
             .filter_map(|(api_version, kind, name)| {
                 let meta = self.ours(self.live(kind, &name)?)?;
@@ -442,7 +480,8 @@ impl CanaryObjects<'_> {
                     ..Deletion::of(api_version, self.key(api_version, kind, &name), &meta)
                 })
             })
-            .collect()
+            .collect();
+        deletions.into_iter().partition(|d| d.key.kind == "Ingress")
     }
 }
 
@@ -496,13 +535,18 @@ mod tests {
             owner: &owner,
         };
         // The order overlay_routes finds them in: the workload first.
-        let deletions = changes.deletions(vec![
+        let (routes, others) = changes.deletions(vec![
             ("apps/v1", "Deployment", "echo-canary".to_string()),
             ("v1", "Service", "echo-canary".to_string()),
             ("networking.k8s.io/v1", "Ingress", "echo-canary".to_string()),
         ]);
-        let kinds: Vec<&str> = deletions.iter().map(|d| d.key.kind.as_str()).collect();
-        assert_eq!(kinds, ["Ingress", "Service", "Deployment"]);
+        let kinds = |deletions: &[Deletion]| -> Vec<String> { deletions.iter().map(|d| d.key.kind.clone()).collect() };
+        assert_eq!(
+            kinds(&routes),
+            ["Ingress"],
+            "the route goes before anything else is written"
+        );
+        assert_eq!(kinds(&others), ["Service", "Deployment"]);
     }
 
     #[test]
@@ -527,12 +571,8 @@ mod tests {
             namespace: "shop",
             owner: &owner,
         };
-        assert!(
-            changes
-                .deletions(vec![("apps/v1", "Deployment", "web-canary".to_string())])
-                .is_empty(),
-            "never deleted"
-        );
+        let (routes, others) = changes.deletions(vec![("apps/v1", "Deployment", "web-canary".to_string())]);
+        assert!(routes.is_empty() && others.is_empty(), "never deleted");
         let problem = taken_canary_name("shop", &live, &owner, &Strategy::default()).expect("refused");
         assert!(
             problem.contains("it is an object of Git (other/deployment.yaml:1)")

@@ -1,22 +1,20 @@
-//! The rollout engine: each Rollout of an app is observed (`observe`),
-//! planned (`plan`, `desired`: pure, overlays on the app's objects and the
-//! canary objects to write or delete, all applied by the sync's one write
-//! path), then reported: pod batch labels, the Rollout's status and Events.
+//! The report stage of the rollout engine. An app's Rollouts are first all
+//! observed (`observe::observe_rollouts`), then planned together
+//! (`desired::plan_rollouts`: pure, overlays on the app's objects and the
+//! canary objects to write or delete, all applied by the sync's one
+//! executor); once the app is applied they are reported here: pod batch
+//! labels, the Rollout's status and Events.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
 use tracing::{Instrument, info, info_span, warn};
 
-use super::api::{API_VERSION, KIND, Rollout, RolloutStatus, annotation_of, is_rollout};
-use super::desired::plan_rollout;
-use super::model::{RolloutWork, Target, WrittenBacks};
-use super::observe::observe_rollout;
+use super::api::{API_VERSION, KIND, Rollout, RolloutStatus, annotation_of};
+use super::model::RolloutWork;
 use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
 use super::plan::Severity;
 use crate::cluster::Cluster;
-use crate::manifest::Problem;
-use crate::plan::{Planned, SyncOptions};
 use crate::{Error, FIELD_MANAGER, Result};
 
 /// Writes a Rollout's whole status with gitcanary's field manager.
@@ -33,53 +31,6 @@ pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status
         .await
         .map_err(Error::kube(format!("writing the status of Rollout {namespace}/{name}")))?;
     Ok(())
-}
-
-/// Observes and plans every Rollout of an app, and overlays the app's
-/// desired objects. Problems (a Rollout naming a workload the app does not
-/// hold) keep the app from being applied, like any invalid manifest.
-pub(crate) async fn prepare(
-    cluster: &Cluster,
-    planned: &mut [Planned<'_>],
-    commit: &str,
-    history: Option<&std::sync::Arc<dyn crate::rollout::record::History>>,
-    written: &WrittenBacks,
-    options: &SyncOptions,
-    measure: bool,
-) -> Result<(Vec<RolloutWork>, Vec<Problem>)> {
-    let mut work = Vec::new();
-    let mut problems = Vec::new();
-    let rollouts: Vec<usize> = (0..planned.len())
-        .filter(|&i| is_rollout(planned[i].manifest))
-        .collect();
-    for index in rollouts {
-        let target = match Target::find(planned, index) {
-            Ok(target) => target,
-            Err(problem) => {
-                problems.push(problem);
-                continue;
-            }
-        };
-        let span = info_span!("rollout", namespace = %target.namespace, rollout = %target.name);
-        let mut observed = observe_rollout(cluster, planned, &target, commit, history, options, measure)
-            .instrument(span)
-            .await?;
-        let key = (target.namespace.clone(), target.name.clone());
-        observed.planner.written_back = written.get(&key).cloned();
-        if let Some(message) = &observed.record_problem {
-            let rollout = planned[target.index].manifest;
-            problems.push(rollout.problem(format!(
-                "Rollout {}/{}: it has no status, and its status file in Git cannot be used: {message}; nothing of the app is applied until the file is fixed or removed",
-                target.namespace, target.name
-            )));
-            continue;
-        }
-        match plan_rollout(planned, target, observed, &options.instance) {
-            Ok(item) => work.push(item),
-            Err(problem) => problems.push(problem),
-        }
-    }
-    Ok((work, problems))
 }
 
 /// After the app is applied (and the canary objects no longer wanted are

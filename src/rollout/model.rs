@@ -73,6 +73,11 @@ pub(super) fn find_in(planned: &[Planned<'_>], group: &str, kind: &str, namespac
     })
 }
 
+/// An app's Rollouts as observe found them, before any is planned: each
+/// with its target and what was read, or the problem that keeps the app
+/// from being applied.
+pub(crate) struct RolloutsObserved(pub Vec<Result<(Target, RolloutObserved), Problem>>);
+
 /// Everything a Rollout's plan is made from that the cluster holds.
 pub(crate) struct RolloutObserved {
     /// What the planner reads (the selector check is added by `desired`).
@@ -118,7 +123,11 @@ pub struct RolloutWork {
     pub source: String,
     /// Canary objects to write before the app's objects (routes may name them).
     pub canary_writes: Vec<CanaryWrite>,
-    /// Canary objects of this instance to delete once the routes are back on stable.
+    /// Canary routes (canary Ingresses) of this instance to delete before
+    /// the app's objects are written: their share goes back on stable first.
+    pub route_deletions: Vec<Deletion>,
+    /// The other canary objects of this instance to delete once the routes
+    /// are back on stable: the Services they named, then the workload.
     pub canary_deletions: Vec<Deletion>,
     pub(crate) revisions: Revisions,
 }
@@ -151,12 +160,6 @@ impl RolloutWork {
             last_command_comment: self.last_command_comment,
         }
     }
-}
-
-/// A canary object that routes requests (a canary Ingress): deleting it
-/// puts its share back on stable.
-pub fn is_route(deletion: &Deletion) -> bool {
-    deletion.key.kind == "Ingress"
 }
 
 /// A rollout after a sync, for reporting.

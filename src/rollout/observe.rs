@@ -10,19 +10,21 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
-use tracing::info;
+use tracing::{Instrument, info, info_span};
 
 use super::analysis;
+use super::api::is_rollout;
 use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
 use super::api::{Phase, StepState};
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::knative;
 use super::model::find_in;
-use super::model::{RolloutObserved, Target};
+use super::model::{RolloutObserved, RolloutsObserved, Target, WrittenBacks};
 use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
 use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen, supported_features};
 use super::record::{History, Outcome as RecordOutcome};
 use crate::cluster::Cluster;
+use crate::manifest::Problem;
 use crate::plan::desired::{canonical_hash, is_stored_as};
 use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
@@ -35,6 +37,38 @@ const CANARY_KINDS: [(&str, &str); 4] = [
     ("networking.k8s.io/v1", "Ingress"),
     ("batch/v1", "Job"),
 ];
+
+/// Observes every Rollout of an app, all at once: nothing of them is
+/// planned until all are read (see `desired::plan_rollouts`). A write-back
+/// already done is handed to its Rollout's planner.
+pub(crate) async fn observe_rollouts(
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    commit: &str,
+    history: Option<&Arc<dyn History>>,
+    written: &WrittenBacks,
+    options: &SyncOptions,
+    measure: bool,
+) -> Result<RolloutsObserved> {
+    let targets = (0..planned.len())
+        .filter(|&i| is_rollout(planned[i].manifest))
+        .map(|index| Target::find(planned, index));
+    let reads = targets.map(async |target| -> Result<Result<(Target, RolloutObserved), Problem>> {
+        let target = match target {
+            Ok(target) => target,
+            Err(problem) => return Ok(Err(problem)),
+        };
+        let span = info_span!("rollout", namespace = %target.namespace, rollout = %target.name);
+        let mut observed = observe_rollout(cluster, planned, &target, commit, history, options, measure)
+            .instrument(span)
+            .await?;
+        let key = (target.namespace.clone(), target.name.clone());
+        observed.planner.written_back = written.get(&key).cloned();
+        Ok(Ok((target, observed)))
+    });
+    let found = futures::future::try_join_all(reads).await?;
+    Ok(RolloutsObserved(found))
+}
 
 pub(crate) async fn observe_rollout(
     cluster: &Cluster,

@@ -10,9 +10,9 @@ use jiff::{SignedDuration, Timestamp};
 use kube::api::{ApiResource, GroupVersionKind};
 
 use super::api::{RolloutStatus, is_rollout};
-use super::desired::plan_rollout;
-use super::model::RolloutObserved;
+use super::desired::plan_rollouts;
 use super::model::Target;
+use super::model::{RolloutObserved, RolloutsObserved};
 use super::plan::Observed;
 use super::plan::Revisions;
 use crate::manifest::{CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
@@ -130,8 +130,11 @@ fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Re
             gateways: able_gateways(&target.spec),
             record_problem: None,
         };
-        let work = plan_rollout(objects, target, observed, instance)?;
-        status = Some(work.plan.status);
+        let (work, problems) = plan_rollouts(objects, RolloutsObserved(vec![Ok((target, observed))]), instance);
+        if let Some(problem) = problems.into_iter().next() {
+            return Err(problem);
+        }
+        status = work.into_iter().next().map(|work| work.plan.status);
         now = now.saturating_add(SignedDuration::from_hours(1)).unwrap_or(now);
     }
     Ok(status.unwrap_or_default())

@@ -3,7 +3,6 @@
 //! objects staged by kind, the rollouts' reports, prune), and the take-back
 //! of a new app that failed.
 
-use super::execute::Adoption;
 use super::*;
 
 /// Applies a plan the API server has checked (see `execute`).
@@ -195,7 +194,7 @@ async fn finish_rollouts(
 }
 
 /// Deletes the rollouts' canary objects no longer wanted, in the order
-/// planned: the routes (`routes`), or all but the routes.
+/// planned: the routes (`routes`), or the others.
 async fn delete_canary_objects(
     writer: &Writer<'_>,
     app: &App,
@@ -205,10 +204,11 @@ async fn delete_canary_objects(
     failures: &mut Vec<Problem>,
 ) {
     for work in rollouts {
-        let chosen = work
-            .canary_deletions
-            .iter()
-            .filter(|d| rollout::model::is_route(d) == routes);
+        let chosen = if routes {
+            &work.route_deletions
+        } else {
+            &work.canary_deletions
+        };
         for deletion in chosen {
             match writer.delete(deletion, Mode::Apply).await {
                 Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
@@ -278,6 +278,22 @@ pub(super) fn release_target(entry: &InventoryEntry) -> Value {
     object
 }
 
+/// What decides whether an object written as new may be taken over.
+pub(super) struct Adoption<'a> {
+    /// When the sync began: an object created before is not gitcanary's new one.
+    pub started: jiff::Timestamp,
+    /// The app's inventory as the last sync left it.
+    pub previous: &'a [InventoryEntry],
+    /// `--adopt`: take over every existing object (a migration).
+    pub adopt_all: bool,
+}
+
+impl Adoption<'_> {
+    pub(super) fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
+        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
+    }
+}
+
 /// Applies the objects at `indices`; each result goes to `results`, each
 /// refusal is returned. An object that already existed and that nothing
 /// asked to adopt is refused, and gitcanary's fields are taken back from it.
@@ -345,19 +361,13 @@ async fn release(writer: &Writer<'_>, resolved: &crate::plan::Resolved, object: 
 /// created after the sync began), and from an object that someone else
 /// made it removes gitcanary's fields by applying an empty configuration.
 async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Value], started: jiff::Timestamp) {
-    let started_second = started.as_second();
     for (index, applied) in results.iter().enumerate().rev() {
         let Some(meta) = LiveMeta::of(applied) else {
             continue; // not applied by this sync
         };
-        let managers = applied["metadata"]["managedFields"].as_array().map_or(0, Vec::len);
-        let only_ours = managers == 1 && applied["metadata"]["managedFields"][0]["manager"] == FIELD_MANAGER;
-        let created = applied["metadata"]["creationTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-            .is_some_and(|t| t.as_second() >= started_second);
         let item = &objects[index];
-        if !only_ours || !created {
+        // The adoption rule's own test: someone else's, or older than the sync.
+        if plan::existed_before(applied, started).is_some() {
             release(writer, &item.resolved, &item.desired).await;
             continue;
         }

@@ -5,7 +5,7 @@
 //! dry run, so that a diff lists exactly what the sync would write or
 //! delete and the refusals it would meet.
 
-use super::apply::{apply_checked, release_target};
+use super::apply::{Adoption, apply_checked, release_target};
 use super::*;
 
 /// What executing an app's plan did, or would do.
@@ -50,22 +50,6 @@ pub(super) async fn execute(
     match mode {
         Mode::Apply => apply_checked(writer, app, prepared, live, &adoption, options).await,
         Mode::DryRun => Ok(preview(writer, &prepared, live, &answers).await),
-    }
-}
-
-/// What decides whether an object written as new may be taken over.
-pub(super) struct Adoption<'a> {
-    /// When the sync began: an object created before is not gitcanary's new one.
-    pub started: jiff::Timestamp,
-    /// The app's inventory as the last sync left it.
-    pub previous: &'a [InventoryEntry],
-    /// `--adopt`: take over every existing object (a migration).
-    pub adopt_all: bool,
-}
-
-impl Adoption<'_> {
-    pub(super) fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
-        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
     }
 }
 
@@ -223,7 +207,7 @@ async fn preview(
     let deletions = prepared
         .rollouts
         .iter()
-        .flat_map(|w| w.canary_deletions.iter())
+        .flat_map(|w| w.route_deletions.iter().chain(&w.canary_deletions))
         .chain(plan.prunes.iter());
     for deletion in deletions {
         match deletion_diff(writer, deletion).await {
