@@ -16,18 +16,100 @@ pub fn health_view(object: &Value) -> Value {
 
 /// Workloads are healthy when rolled out and available; other objects when present.
 pub fn is_healthy(object: &Value) -> bool {
-    let kind = object["kind"].as_str().unwrap_or_default();
-    if !matches!(kind, "Deployment" | "StatefulSet") {
-        return true;
+    WorkloadProgress::of(object).is_none_or(|progress| progress.is_available())
+}
+
+/// How far a Deployment's or StatefulSet's controller has rolled out its
+/// spec, as its status says. One reading for the app's health and for a
+/// Rollout's observe (its canary's ready pods, its stable rolled out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadProgress {
+    /// The controller has seen the latest spec (observedGeneration).
+    seen_latest: bool,
+    want: i64,
+    /// Pods of any spec.
+    replicas: i64,
+    /// Pods of the latest spec.
+    updated: i64,
+    /// Available pods (a Deployment), ready pods (a StatefulSet).
+    ready: i64,
+}
+
+impl WorkloadProgress {
+    /// None for a kind that is not a Deployment or a StatefulSet.
+    pub fn of(object: &Value) -> Option<WorkloadProgress> {
+        WorkloadProgress::of_kind(object, object["kind"].as_str()?)
     }
-    let status = &object["status"];
-    let want = object["spec"]["replicas"].as_i64().unwrap_or(1);
-    let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
-    let observed = status["observedGeneration"].as_i64().unwrap_or(0);
-    let updated = status["updatedReplicas"].as_i64().unwrap_or(0);
-    let ready = match kind {
-        "Deployment" => status["availableReplicas"].as_i64().unwrap_or(0),
-        _ => status["readyReplicas"].as_i64().unwrap_or(0),
-    };
-    observed >= generation && updated >= want && ready >= want
+
+    /// As [`WorkloadProgress::of`], for an object known to be of `kind`.
+    pub fn of_kind(object: &Value, kind: &str) -> Option<WorkloadProgress> {
+        let int = |value: &Value| value.as_i64().unwrap_or(0);
+        let status = &object["status"];
+        let ready = match kind {
+            "Deployment" => int(&status["availableReplicas"]),
+            "StatefulSet" => int(&status["readyReplicas"]),
+            _ => return None,
+        };
+        Some(WorkloadProgress {
+            seen_latest: int(&status["observedGeneration"]) >= int(&object["metadata"]["generation"]),
+            want: object["spec"]["replicas"].as_i64().unwrap_or(1),
+            replicas: int(&status["replicas"]),
+            updated: int(&status["updatedReplicas"]),
+            ready,
+        })
+    }
+
+    /// Every wanted pod runs the latest spec and is available (old ones may linger).
+    pub fn is_available(&self) -> bool {
+        self.seen_latest && self.updated >= self.want && self.ready >= self.want
+    }
+
+    /// As wanted, and no pod of an older spec is left.
+    pub fn is_complete(&self) -> bool {
+        self.seen_latest && self.updated == self.want && self.ready == self.want && self.replicas == self.want
+    }
+
+    /// Ready pods of the latest spec; none until the controller has seen it.
+    pub fn ready_of_latest(&self) -> i32 {
+        if !self.seen_latest {
+            return 0;
+        }
+        self.updated.min(self.ready) as i32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(generation: i64, observed: i64, want: i64, replicas: i64, updated: i64, available: i64) -> Value {
+        json!({"kind": "Deployment", "metadata": {"generation": generation}, "spec": {"replicas": want},
+            "status": {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated,
+                       "availableReplicas": available, "readyReplicas": 0}})
+    }
+
+    #[test]
+    fn a_surge_is_available_but_not_complete_and_an_unseen_spec_counts_no_pod() {
+        let surging = WorkloadProgress::of(&deployment(2, 2, 3, 4, 3, 3)).expect("a workload");
+        assert!(surging.is_available() && !surging.is_complete());
+        assert!(is_healthy(&deployment(2, 2, 3, 4, 3, 3)));
+        let done = WorkloadProgress::of(&deployment(2, 2, 3, 3, 3, 3)).expect("a workload");
+        assert!(done.is_complete());
+        let unseen = WorkloadProgress::of(&deployment(3, 2, 3, 3, 3, 3)).expect("a workload");
+        assert_eq!(unseen.ready_of_latest(), 0);
+        assert!(!unseen.is_available() && !unseen.is_complete() && !is_healthy(&deployment(3, 2, 3, 3, 3, 3)));
+        assert_eq!(
+            WorkloadProgress::of(&deployment(2, 2, 3, 3, 2, 3)).map(|p| p.ready_of_latest()),
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn a_statefulset_counts_ready_pods_and_other_kinds_are_healthy_when_present() {
+        let set = json!({"kind": "StatefulSet", "metadata": {"generation": 1}, "spec": {"replicas": 2},
+            "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 0}});
+        assert!(WorkloadProgress::of(&set).is_some_and(|p| p.is_complete()));
+        assert_eq!(WorkloadProgress::of(&json!({"kind": "ConfigMap"})), None);
+        assert!(is_healthy(&json!({"kind": "ConfigMap"})));
+    }
 }

@@ -10,7 +10,7 @@ mod health;
 pub mod quantity;
 
 mod options;
-pub use health::{health_view, is_healthy};
+pub use health::{WorkloadProgress, health_view, is_healthy};
 pub use options::{Fence, HookEndpoint, ServiceAccountRef, SyncOptions, WebEndpoint};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

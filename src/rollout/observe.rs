@@ -25,6 +25,7 @@ use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, SelfRout
 use super::record::{History, Outcome as RecordOutcome};
 use crate::cluster::Cluster;
 use crate::manifest::Problem;
+use crate::plan::WorkloadProgress;
 use crate::plan::desired::{canonical_hash, is_stored_as};
 use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
@@ -570,24 +571,10 @@ fn int(value: &Value) -> i64 {
     value.as_i64().unwrap_or(0)
 }
 
-/// Ready pods of the current template: counted only once the controller
-/// has seen the latest spec.
-fn ready_of_current(workload: &Value, ready_field: &str) -> i32 {
-    let status = &workload["status"];
-    if int(&status["observedGeneration"]) < int(&workload["metadata"]["generation"]) {
-        return 0;
-    }
-    int(&status["updatedReplicas"]).min(int(&status[ready_field])) as i32
-}
-
-fn rolled_out(workload: &Value, git_template: &Value, ready_field: &str) -> bool {
-    let want = workload["spec"]["replicas"].as_i64().unwrap_or(1);
-    let status = &workload["status"];
+/// The live workload runs Git's template, every wanted pod of it ready and none other left.
+fn rolled_out(workload: &Value, kind: &str, git_template: &Value) -> bool {
     is_stored_as(git_template, &workload["spec"]["template"])
-        && int(&status["observedGeneration"]) >= int(&workload["metadata"]["generation"])
-        && int(&status["updatedReplicas"]) == want
-        && int(&status[ready_field]) == want
-        && int(&status["replicas"]) == want
+        && WorkloadProgress::of_kind(workload, kind).is_some_and(|progress| progress.is_complete())
 }
 
 pub(super) async fn observe_deployment(
@@ -607,9 +594,10 @@ pub(super) async fn observe_deployment(
     if let Some(canary) = canary
         && canary["metadata"]["annotations"][CANARY_HASH_ANNOTATION].as_str() == Some(canary_hash.as_str())
     {
-        observed.canary_ready = ready_of_current(canary, "availableReplicas");
+        observed.canary_ready =
+            WorkloadProgress::of_kind(canary, "Deployment").map_or(0, |progress| progress.ready_of_latest());
     }
-    observed.stable_rolled_out = live.is_some_and(|l| rolled_out(l, git_template, "availableReplicas"));
+    observed.stable_rolled_out = live.is_some_and(|l| rolled_out(l, "Deployment", git_template));
     let replica_sets: Api<ReplicaSet> = Api::namespaced(cluster.client.clone(), namespace);
     let sets = replica_sets
         .list(&ListParams::default())
@@ -653,7 +641,7 @@ pub(super) async fn observe_statefulset(
     let status = &live["status"];
     let current = status["currentRevision"].as_str().unwrap_or_default().to_string();
     let update = status["updateRevision"].as_str().unwrap_or_default().to_string();
-    observed.stable_rolled_out = rolled_out(live, git_template, "readyReplicas") && current == update;
+    observed.stable_rolled_out = rolled_out(live, "StatefulSet", git_template) && current == update;
     // Once the controller has seen Git's template, its update revision is the canary.
     let seen_latest = int(&status["observedGeneration"]) >= int(&live["metadata"]["generation"]);
     let canary_revision = if seen_latest && is_stored_as(git_template, &live["spec"]["template"]) {
