@@ -492,9 +492,8 @@ fn pending_signal(rollout: &DynamicObject) -> bool {
     ]
     .into_iter()
     .any(|(annotation, acted_on)| {
-        annotations
-            .and_then(|a| a.get(annotation))
-            .is_some_and(|token| status[acted_on].as_str() != Some(token.as_str()))
+        let token = annotations.and_then(|a| a.get(annotation));
+        crate::rollout::signal::unspent(token, status[acted_on].as_str().unwrap_or_default()).is_some()
     })
 }
 
@@ -709,5 +708,10 @@ mod tests {
             json!({"phase": "Failed", "lastAbortSignal": "the CLI at 12:00"})
         )));
         assert!(!pending_signal(&rollout(json!({}), json!({"phase": "Paused"}))));
+        // The planner reads no signal in an empty annotation: nothing to wake for.
+        assert!(!pending_signal(&rollout(
+            json!({"gitcanary.io/abort": ""}),
+            json!({"phase": "Paused"})
+        )));
     }
 }

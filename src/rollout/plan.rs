@@ -592,17 +592,17 @@ impl Planner<'_> {
         Some(self.fail(cause))
     }
 
-    /// The signal's annotation value when it is new and names the running
-    /// release; the rest is left to `discard_unused_signals`.
     /// The signal's annotation value when it is one not acted on yet.
     fn new_signal(&self, kind: Signal) -> Option<&String> {
         let (value, last) = match kind {
             Signal::Promote => (&self.observed.promote_signal, &self.status.last_promote_signal),
             Signal::Abort => (&self.observed.abort_signal, &self.status.last_abort_signal),
         };
-        value.as_ref().filter(|v| *v != last)
+        signal::unspent(value.as_ref(), last)
     }
 
+    /// The signal's annotation value when it is new and names the running
+    /// release; the rest is left to `discard_unused_signals`.
     fn signal_for_this_release(&self, kind: Signal) -> Option<String> {
         let value = self.new_signal(kind)?;
         let running = signal::Release::running(&self.observed.rollout_uid, &self.status);

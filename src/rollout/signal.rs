@@ -87,6 +87,13 @@ pub fn parse(value: &str) -> Token {
     }
 }
 
+/// A signal's token (its annotation on the Rollout) that the status has not
+/// acted on yet: the agent wakes for it, the planner reads it. An empty
+/// annotation is no signal.
+pub fn unspent<'a>(token: Option<&'a String>, acted_on: &str) -> Option<&'a String> {
+    token.filter(|token| !token.is_empty() && token.as_str() != acted_on)
+}
+
 /// Whether the Rollout waits for this signal now: a promote only at an
 /// indefinite pause or an analysis paused as inconclusive, an abort only
 /// while a release runs. `Err` is the reason a person reads.
