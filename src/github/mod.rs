@@ -19,6 +19,7 @@ pub use answers::{is_edited, is_writer, release_people};
 use budget::now_epoch;
 pub use budget::rate_limit_wait;
 pub use comment::{commit_status, defang, escape_inline, is_reportable, marker, parse_command, render_comment};
+pub use judge::{Approval, GatePolicy, PullFile, PullRequest};
 pub use session::Credentials;
 use session::Session;
 
@@ -54,55 +55,12 @@ pub struct GitHub {
     handled: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
-/// Whose approving reviews pass a promotion pull request, besides writers.
-#[derive(Debug, Clone, Default)]
-pub struct GatePolicy {
-    /// The author of the change being released may approve its own gate
-    /// (GitHub does not let a pull request's author approve it).
-    pub allow_self_approval: bool,
-    /// Bot accounts whose approvals count (`name[bot]`); no other bot's do.
-    pub bots: Vec<String>,
-}
-
-/// An approving review, as the latest verdict of its reviewer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Approval {
-    pub user: String,
-    /// The head commit the approval was given on.
-    pub commit: String,
-    pub bot: bool,
-}
-
 /// One comment that holds a command.
 #[derive(Debug, Clone)]
 pub struct CommandComment {
     pub id: u64,
     pub user: String,
     pub command: Signal,
-}
-
-/// The fields of a pull request gitcanary reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PullRequest {
-    pub number: u64,
-    pub open: bool,
-    pub merged: bool,
-    pub head_ref: String,
-    pub head_sha: String,
-    /// `owner/name` of the repository the head branch is in.
-    pub head_repo: String,
-    pub base_ref: String,
-    pub author: String,
-    pub body: String,
-    /// Who merged it, when it is merged.
-    pub merged_by: Option<String>,
-}
-
-/// One entry of a pull request's file list; a rename names its old path too.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PullFile {
-    pub filename: String,
-    pub previous_filename: Option<String>,
 }
 
 impl PullRequest {

@@ -7,16 +7,9 @@ use git2::{Commit, Repository};
 
 pub mod signing;
 
-pub const ROLLOUT_TRAILER: &str = "Gitcanary-Rollout";
-pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
-pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
-pub const GATE_TRAILER: &str = "Gitcanary-Gate";
-pub const HOLDS_TRAILER: &str = "Gitcanary-Holds";
-/// On a wave commit: the environment it carries a release into, and the release's commit.
-pub const WAVE_TRAILER: &str = "Gitcanary-Wave";
-/// On a wave commit: who wrote or committed the release it carries. They
-/// may not pass the next environment's gates, which see only the wave.
-pub const WAVE_AUTHORS_TRAILER: &str = "Gitcanary-Wave-Authors";
+pub use crate::rollout::record::{
+    GATE_TRAILER, HOLDS_TRAILER, PROMOTES_TRAILER, REVERTS_TRAILER, ROLLOUT_TRAILER, WAVE_AUTHORS_TRAILER, WAVE_TRAILER,
+};
 
 /// Who gitcanary's commits are by (`--git-author`), and how they are signed
 /// and checked.

@@ -367,7 +367,7 @@ fn web_problems(web: &super::api::WebCheck) -> Vec<String> {
             super::api::bounded_line(&web.name, 80)
         ));
     }
-    problems.extend(super::web::path_problem(&web.path));
+    problems.extend(super::web_paths::path_problem(&web.path));
     let texts = std::iter::once(web.path.as_str()).chain(web.body.as_deref());
     for text in texts {
         if text.matches("{{").count() != text.matches("}}").count() {
@@ -387,7 +387,7 @@ fn web_problems(web: &super::api::WebCheck) -> Vec<String> {
             super::api::bounded_line(other, 20)
         )),
     }
-    if let Err(e) = super::web::parse_json_path(&web.json_path) {
+    if let Err(e) = super::web_paths::parse_json_path(&web.json_path) {
         problems.push(e);
     }
     problems

@@ -140,7 +140,7 @@ pub fn problems(spec: &RolloutSpec) -> Vec<String> {
             ));
         }
         if !hook.path.is_empty() {
-            out.extend(super::web::path_problem(&hook.path).map(|p| format!("{at}: {p}")));
+            out.extend(super::web_paths::path_problem(&hook.path).map(|p| format!("{at}: {p}")));
         }
         if hook.path.matches("{{").count() != hook.path.matches("}}").count() {
             out.push(format!("{at}: a `{{{{` without its `}}}}`"));

@@ -20,3 +20,4 @@ pub mod record;
 pub mod signal;
 pub mod validate;
 pub mod web;
+pub mod web_paths;

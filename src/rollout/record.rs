@@ -200,6 +200,33 @@ pub trait History: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<serde_json::Value>, String>;
 }
 
+// The trailers of gitcanary's commits: what each records.
+pub const ROLLOUT_TRAILER: &str = "Gitcanary-Rollout";
+pub const REVERTS_TRAILER: &str = "Gitcanary-Reverts";
+pub const PROMOTES_TRAILER: &str = "Gitcanary-Promotes";
+pub const GATE_TRAILER: &str = "Gitcanary-Gate";
+pub const HOLDS_TRAILER: &str = "Gitcanary-Holds";
+/// On a wave commit: the environment it carries a release into, and the release's commit.
+pub const WAVE_TRAILER: &str = "Gitcanary-Wave";
+/// On a wave commit: who wrote or committed the release it carries. They
+/// may not pass the next environment's gates, which see only the wave.
+pub const WAVE_AUTHORS_TRAILER: &str = "Gitcanary-Wave-Authors";
+
+/// The `Gitcanary-Gate` trailer's value on a gate commit: the release's
+/// rollout ID, the step and the full canary commit.
+pub fn gate_id(rollout_id: &str, step: u32, canary_commit: &str) -> String {
+    format!("{}-{step} {canary_commit}", message_text(rollout_id))
+}
+
+/// Text from a Rollout, Prometheus or file names, fit for a commit message:
+/// one line, so nothing in it can stand as a trailer of its own.
+pub fn message_text(text: &str) -> String {
+    crate::rollout::api::bounded_line(text, MAX_MESSAGE_TEXT)
+}
+
+/// Characters of outside text one place in a commit message may hold.
+const MAX_MESSAGE_TEXT: usize = 300;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::rollout::api::{PendingWriteback, RolloutStatus, StepRecord, WritebackAction};
 use crate::rollout::model::RolloutWork;
 use crate::rollout::record::{FORMAT_VERSION, Outcome as RecordOutcome, StatusRecord};
+pub use crate::rollout::record::{gate_id, message_text};
 use crate::source::{GitSource, redact_url};
 use crate::{Error, Result};
 
@@ -321,12 +322,6 @@ fn note_of(message: &str) -> String {
         .to_string()
 }
 
-/// The `Gitcanary-Gate` trailer's value on a gate commit: the release's
-/// rollout ID, the step and the full canary commit.
-pub fn gate_id(rollout_id: &str, step: u32, canary_commit: &str) -> String {
-    format!("{}-{step} {canary_commit}", message_text(rollout_id))
-}
-
 /// What a promotion pull request commits to its branch.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -415,15 +410,6 @@ fn release_name(rollout_id: &str, commit: &str) -> String {
         format!("release {rollout_id} of {}", crate::short_commit(commit))
     }
 }
-
-/// Text from a Rollout, Prometheus or file names, fit for a commit message:
-/// one line, so nothing in it can stand as a trailer of its own.
-pub fn message_text(text: &str) -> String {
-    crate::rollout::api::bounded_line(text, MAX_MESSAGE_TEXT)
-}
-
-/// Characters of outside text one place in a commit message may hold.
-const MAX_MESSAGE_TEXT: usize = 300;
 
 /// Exponential backoff with jitter: 100 ms, 200 ms, … capped at 5 s.
 pub(crate) fn backoff(attempt: u32) -> Duration {
