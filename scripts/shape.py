@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Checks the shape of src/: no import cycle among the files (modules) of
 any folder, no file over 700 lines before its tests, no function over 100
-lines. Prints each breach and exits 1 when there is one."""
+lines, and a pure planning core: the modules of PURE_CORE do no I/O (no
+async, no client, no file, process or network) and import nothing outside
+the core. Prints each breach and exits 1 when there is one."""
 
 import os
 import re
@@ -9,6 +11,34 @@ import sys
 
 MAX_FILE_LINES = 700
 MAX_FN_LINES = 100
+# The stage that decides: what to write, delete and report, from what was
+# observed. Everything in it is a pure function of its inputs.
+PURE_CORE = [
+    ("plan",),
+    ("manifest", "schema"),
+    ("rollout", "api"),
+    ("rollout", "model"),
+    ("rollout", "plan"),
+    ("rollout", "desired"),
+    ("rollout", "overlay"),
+    ("rollout", "knative"),
+    ("rollout", "signal"),
+    ("rollout", "analysis"),
+    ("rollout", "hooks"),
+    ("rollout", "jobs"),
+    ("rollout", "offline"),
+    ("rollout", "validate"),
+    ("rollout", "record"),
+    ("rollout", "web_paths"),
+    ("github", "judge"),
+    ("wave", "carry"),
+]
+# Folders whose own module (mod.rs) is in the core, but not all their files.
+PURE_FOLDER_MODULES = [("manifest",), ("wave",)]
+IO_WORDS = re.compile(
+    r"\basync\b|\.await\b|\btokio\b|\bkube::(?:Api|Client|api::Api)\b|\bkube::runtime\b"
+    r"|\breqwest\b|\bstd::fs\b|\bstd::process\b|\bstd::net\b|\bgit2\b"
+)
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 
 
@@ -96,6 +126,24 @@ def cycles(edges):
     return found
 
 
+def in_core(module):
+    return module in PURE_FOLDER_MODULES or any(module[: len(core)] == core for core in PURE_CORE)
+
+
+def impure(files, modules):
+    for path, code in sorted(files.items()):
+        current = module_of(path)
+        if not in_core(current):
+            continue
+        shown = os.path.relpath(path, os.path.join(SRC, ".."))
+        words = sorted(set(IO_WORDS.findall(re.sub(r"//[^\n]*", "", code))))
+        if words:
+            yield f"{shown}: in the pure core, but does I/O ({', '.join(words)})"
+        for target in sorted(imports(path, code, modules)):
+            if not in_core(target):
+                yield f"{shown}: in the pure core, but imports {'/'.join(target)}"
+
+
 def long_functions(code):
     lines = code.split("\n")
     for i, line in enumerate(lines):
@@ -125,6 +173,7 @@ def main():
                     sibling_edges.setdefault(current[: depth + 1], set()).add(target[: depth + 1])
     for component in cycles(sibling_edges):
         breaches.append("import cycle: " + " <-> ".join("/".join(m) or "src" for m in component))
+    breaches.extend(impure(files, modules))
     for path, code in sorted(files.items()):
         shown = os.path.relpath(path, os.path.join(SRC, ".."))
         count = code.count("\n")
