@@ -32,6 +32,7 @@ PURE_CORE = [
     ("rollout", "web_paths"),
     ("github", "judge"),
     ("wave", "carry"),
+    ("sync", "planner"),
 ]
 # Folders whose own module (mod.rs) is in the core, but not all their files.
 PURE_FOLDER_MODULES = [("manifest",), ("wave",)]

@@ -1,9 +1,11 @@
 //! One sync: make the cluster match a revision, app by app, each in four
-//! stages: observe (`cluster::observe` and the rollout engine's reads), plan
-//! (`plan::plan_app`, pure), apply (`cluster::apply`, the one write path) and
-//! report (the app's status, logs; rollouts' status and Events). `diff` is
-//! the same observe and plan, applied as a dry run. An app with a problem is
-//! not applied at all; the others go on.
+//! stages: observe (`observe_app`: the app's objects resolved, its Rollouts
+//! read, what left Git looked up, into one `AppObserved`), plan
+//! (`planner::plan`, pure), execute (`execute`, the one executor, through
+//! `cluster::Writer`) and report (the app's status, logs; Rollouts' status
+//! and Events, written last). `diff` is the same observe and plan, executed
+//! as a dry run. An app with a problem is not applied at all; the others go
+//! on.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use crate::cluster::observe::{self, resolve_manifest};
 use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, Writer, api_message, ensure_namespace};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
 use crate::plan::desired::is_subset;
-use crate::plan::{self, AppInputs, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
+use crate::plan::{self, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
 use crate::rollout::model::RolloutWork;
 use crate::rollout::plan::Requeue;
@@ -33,8 +35,10 @@ mod apply;
 mod diff;
 mod execute;
 mod memo;
+mod planner;
 
 use execute::{Executed, execute};
+use planner::{AppObserved, PlanContext, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppResult {
@@ -336,24 +340,43 @@ async fn sync_one(
     Ok((report, (!wrote).then_some(status)))
 }
 
-/// An app observed and planned, ready for the apply stage.
-struct Prepared<'a> {
-    plan: AppPlan<'a>,
-    rollouts: Vec<RolloutWork>,
-    /// Workloads whose replica count is an autoscaler's, not Git's.
-    autoscaled: Vec<plan::autoscaled::LeftToAutoscaler>,
-}
-
-/// Observe and plan: everything decided, nothing written.
+/// Observe, then plan: everything decided, nothing written.
 async fn observe_and_plan<'a>(
     cluster: &Cluster,
     app: &'a App,
     commit: &str,
     observed: &Observed,
-    previous: Option<&AppStatus>,
-    options: &SyncOptions,
+    previous: Option<&'a AppStatus>,
+    options: &'a SyncOptions,
     measure: bool,
 ) -> Result<std::result::Result<Prepared<'a>, Vec<Problem>>> {
+    let app_observed = match observe_app(cluster, app, commit, observed, previous, options, measure).await? {
+        Ok(app_observed) => app_observed,
+        Err(problems) => return Ok(Err(problems)),
+    };
+    let context = PlanContext {
+        live: &observed.live,
+        revision: &observed.revision,
+        instance: &options.instance,
+        default_namespace: &options.allowed.default_namespace,
+        prune: options.prune,
+    };
+    Ok(planner::plan(app_observed, &context))
+}
+
+/// The observe stage of one app: its objects resolved against the
+/// cluster's kinds, its Rollouts read, and what left Git looked up. An app
+/// whose manifests cannot be resolved, or would land where it may not, is
+/// refused here: there is nothing to observe for it.
+async fn observe_app<'a>(
+    cluster: &Cluster,
+    app: &'a App,
+    commit: &str,
+    observed: &Observed,
+    previous: Option<&'a AppStatus>,
+    options: &SyncOptions,
+    measure: bool,
+) -> Result<std::result::Result<AppObserved<'a>, Vec<Problem>>> {
     if !app.problems.is_empty() {
         return Ok(Err(app.problems.clone()));
     }
@@ -361,15 +384,13 @@ async fn observe_and_plan<'a>(
     if !resolved.problems.is_empty() {
         return Ok(Err(resolved.problems));
     }
-    let problems = plan::landing_problems(&resolved.objects, &options.allowed);
+    let problems = crate::plan::landing_problems(&resolved.objects, &options.allowed);
     if !problems.is_empty() {
         return Ok(Err(problems));
     }
-    let mut objects = resolved.objects;
-    let autoscaled = plan::autoscaled::leave_replicas_to_autoscalers(&mut objects, &observed.live);
-    let rollouts_observed = rollout::observe::observe_rollouts(
+    let rollouts = rollout::observe::observe_rollouts(
         cluster,
-        &objects,
+        &resolved.objects,
         commit,
         observed.history.as_ref(),
         &observed.written_back,
@@ -377,45 +398,27 @@ async fn observe_and_plan<'a>(
         measure,
     )
     .await?;
-    // Rollouts overlay the objects they govern before anything is compared.
-    let (rollouts, problems) = rollout::desired::plan_rollouts(&mut objects, rollouts_observed, &options.instance);
-    if !problems.is_empty() {
-        return Ok(Err(problems));
-    }
     let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
     let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
     let left_git = if options.prune && unreadable.is_none() {
-        observe::left_git(
-            cluster,
-            &plan::left_git(
-                &objects,
-                &resolved.pending,
-                inventory,
-                &options.allowed.default_namespace,
-            ),
-        )
-        .await
+        let entries = crate::plan::left_git(
+            &resolved.objects,
+            &resolved.pending,
+            inventory,
+            &options.allowed.default_namespace,
+        );
+        observe::left_git(cluster, &entries).await
     } else {
         BTreeMap::new()
     };
-    let plan = plan::plan_app(AppInputs {
+    Ok(Ok(AppObserved {
         app: &app.name,
-        objects,
+        objects: resolved.objects,
         pending: resolved.pending,
-        live: &observed.live,
-        previous: inventory,
-        left_git: &left_git,
-        revision: &observed.revision,
-        unreadable_inventory: unreadable.map(|u| u.error.as_str()),
-        has_rollouts: !rollouts.is_empty(),
-        instance: &options.instance,
-        default_namespace: &options.allowed.default_namespace,
-        prune: options.prune,
-    });
-    Ok(Ok(Prepared {
-        plan,
         rollouts,
-        autoscaled,
+        left_git,
+        inventory,
+        unreadable_inventory: unreadable.map(|u| u.error.as_str()),
     }))
 }
 

@@ -84,6 +84,8 @@ pub(crate) fn plan_rollout(
     let git_workload = planned[target.workload].desired.clone();
     let status = observed.previous.clone().unwrap_or_default();
     let mut seen = observed.planner;
+    // The workload's replicas as this sync writes them (an autoscaler's count may stand for Git's).
+    seen.replicas = git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32;
 
     // The canary Service check, before any canary pod exists.
     let rollout_id = if status.rollout_id.is_empty() {

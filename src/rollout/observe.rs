@@ -107,13 +107,7 @@ pub(crate) async fn observe_rollout(
     let workload = planned[target.workload].manifest;
     let git_template = workload.object["spec"]["template"].clone();
     let status = previous.clone().unwrap_or_default();
-    let mut observed = first_look(
-        &planned[target.workload].desired,
-        &git_template,
-        live.as_ref(),
-        live_rollout.as_ref(),
-        commit,
-    );
+    let mut observed = first_look(&git_template, live.as_ref(), live_rollout.as_ref(), commit);
 
     let default_namespace = &options.allowed.default_namespace;
     let (record_problem, recorded_template) =
@@ -173,13 +167,7 @@ pub(crate) async fn observe_rollout(
 /// What the Rollout and its workload say before the workload's own
 /// revisions are read: Git's template against the live one, the replicas
 /// Git asks for, and the signals on the Rollout.
-fn first_look(
-    git_workload: &Value,
-    git_template: &Value,
-    live: Option<&Value>,
-    live_rollout: Option<&Rollout>,
-    commit: &str,
-) -> Observed {
+fn first_look(git_template: &Value, live: Option<&Value>, live_rollout: Option<&Rollout>, commit: &str) -> Observed {
     let annotation = |key: &str| live_rollout.and_then(|r| r.metadata.annotations.as_ref()?.get(key).cloned());
     Observed {
         commit: commit.to_string(),
@@ -191,7 +179,6 @@ fn first_look(
                 .map(str::to_string)
         }),
         git_matches_live: live.is_some_and(|l| is_stored_as(git_template, &l["spec"]["template"])),
-        replicas: git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32,
         promote_signal: annotation(PROMOTE_ANNOTATION),
         abort_signal: annotation(ABORT_ANNOTATION),
         rollout_uid: live_rollout.and_then(|r| r.metadata.uid.clone()).unwrap_or_default(),
