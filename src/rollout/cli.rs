@@ -1,7 +1,7 @@
 //! What `gitcanary promote`, `abort` and `status` do.
 
 use jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, describe_matches};
@@ -98,10 +98,9 @@ async fn send_if_unchanged(
         "resourceVersion": rollout.metadata.resource_version,
         "annotations": {annotation_of(signal): signal::token(&release, by)},
     }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+    merge_into_rollout(cluster, namespace, name, &patch)
         .await
-        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))?;
-    Ok(())
+        .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
 }
 
 /// Records the last pull-request comment whose command was handled, so that
@@ -115,9 +114,28 @@ pub async fn record_last_comment(cluster: &Cluster, namespace: &str, name: &str,
 }
 
 async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, value: &str) -> Result<(), kube::Error> {
-    let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
-    let patch = json!({"metadata": {"annotations": {key: value}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    merge_into_rollout(
+        cluster,
+        namespace,
+        name,
+        &json!({"metadata": {"annotations": {key: value}}}),
+    )
+    .await
+}
+
+/// A merge patch of a Rollout through the one write path (its deadline,
+/// its record of the agent's own writes), as the agent.
+async fn merge_into_rollout(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    let resolved = cluster.served(super::api::API_VERSION, super::api::KIND).await?;
+    cluster
+        .writer(None)
+        .merge(&resolved, Some(namespace), name, patch)
+        .await?;
     Ok(())
 }
 
