@@ -388,16 +388,16 @@ async fn observe_app<'a>(
     if !problems.is_empty() {
         return Ok(Err(problems));
     }
-    let rollouts = rollout::observe::observe_rollouts(
+    let reads = rollout::observe::RolloutReads {
         cluster,
-        &resolved.objects,
         commit,
-        observed.history.as_ref(),
-        &observed.written_back,
+        history: observed.history.as_ref(),
+        written: &observed.written_back,
+        live: &observed.live,
         options,
         measure,
-    )
-    .await?;
+    };
+    let rollouts = rollout::observe::observe_rollouts(&resolved.objects, &reads).await?;
     let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
     let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
     let left_git = if options.prune && unreadable.is_none() {
