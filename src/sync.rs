@@ -388,16 +388,16 @@ async fn observe_app<'a>(
     if !problems.is_empty() {
         return Ok(Err(problems));
     }
-    let reads = rollout::observe::RolloutReads {
+    let rollouts = rollout::observe::observe_rollouts(
         cluster,
+        &resolved.objects,
         commit,
-        history: observed.history.as_ref(),
-        written: &observed.written_back,
-        live: &observed.live,
+        observed.history.as_ref(),
+        &observed.written_back,
         options,
         measure,
-    };
-    let rollouts = rollout::observe::observe_rollouts(&resolved.objects, &reads).await?;
+    )
+    .await?;
     let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
     let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
     let left_git = if options.prune && unreadable.is_none() {

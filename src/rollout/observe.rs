@@ -27,7 +27,7 @@ use crate::cluster::Cluster;
 use crate::manifest::Problem;
 use crate::plan::WorkloadProgress;
 use crate::plan::desired::{canonical_hash, is_stored_as};
-use crate::plan::{LiveObjects, Planned, Resolved, SyncOptions};
+use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -39,92 +39,60 @@ const CANARY_KINDS: [(&str, &str); 4] = [
     ("batch/v1", "Job"),
 ];
 
-/// What every Rollout of an app is observed with.
-pub(crate) struct RolloutReads<'a> {
-    pub cluster: &'a Cluster,
-    /// The app's commit.
-    pub commit: &'a str,
-    pub history: Option<&'a Arc<dyn History>>,
-    /// Write-backs already done, handed to their Rollouts' planners.
-    pub written: &'a WrittenBacks,
-    /// The sync's live objects (from the watch caches while they are
-    /// current): a Rollout and its workload are read there, not asked for.
-    pub live: &'a LiveObjects,
-    pub options: &'a SyncOptions,
-    /// Query the analysis runs that are due (not in `gitcanary diff`).
-    pub measure: bool,
-}
-
 /// Observes every Rollout of an app, all at once: nothing of them is
-/// planned until all are read (see `desired::plan_rollouts`).
-pub(crate) async fn observe_rollouts(planned: &[Planned<'_>], reads: &RolloutReads<'_>) -> Result<RolloutsObserved> {
+/// planned until all are read (see `desired::plan_rollouts`). A write-back
+/// already done is handed to its Rollout's planner.
+pub(crate) async fn observe_rollouts(
+    cluster: &Cluster,
+    planned: &[Planned<'_>],
+    commit: &str,
+    history: Option<&Arc<dyn History>>,
+    written: &WrittenBacks,
+    options: &SyncOptions,
+    measure: bool,
+) -> Result<RolloutsObserved> {
     let targets = (0..planned.len())
         .filter(|&i| is_rollout(planned[i].manifest))
         .map(|index| Target::find(planned, index));
-    let each = targets.map(async |target| -> Result<Result<(Target, RolloutObserved), Problem>> {
+    let reads = targets.map(async |target| -> Result<Result<(Target, RolloutObserved), Problem>> {
         let target = match target {
             Ok(target) => target,
             Err(problem) => return Ok(Err(problem)),
         };
         let span = info_span!("rollout", namespace = %target.namespace, rollout = %target.name);
-        let mut observed = observe_rollout(planned, &target, reads).instrument(span).await?;
+        let mut observed = observe_rollout(cluster, planned, &target, commit, history, options, measure)
+            .instrument(span)
+            .await?;
         let key = (target.namespace.clone(), target.name.clone());
-        observed.planner.written_back = reads.written.get(&key).cloned();
+        observed.planner.written_back = written.get(&key).cloned();
         Ok(Ok((target, observed)))
     });
-    let found = futures::future::try_join_all(each).await?;
+    let found = futures::future::try_join_all(reads).await?;
     Ok(RolloutsObserved(found))
 }
 
-/// The Rollout as the sync's live objects hold it, else as the API server answers.
-async fn read_rollout(
+pub(crate) async fn observe_rollout(
     cluster: &Cluster,
-    cached: Option<Value>,
-    namespace: &str,
-    name: &str,
-) -> std::result::Result<Option<Rollout>, kube::Error> {
-    if let Some(rollout) = cached.and_then(|value| serde_json::from_value(value).ok()) {
-        return Ok(Some(rollout));
-    }
-    Api::<Rollout>::namespaced(cluster.client.clone(), namespace)
-        .get_opt(name)
-        .await
-}
-
-async fn observe_rollout(
     planned: &[Planned<'_>],
     target: &Target,
-    reads: &RolloutReads<'_>,
+    commit: &str,
+    history: Option<&Arc<dyn History>>,
+    options: &SyncOptions,
+    measure: bool,
 ) -> Result<RolloutObserved> {
-    let RolloutReads {
-        cluster,
-        commit,
-        history,
-        options,
-        measure,
-        ..
-    } = *reads;
     let (namespace, name, spec) = (&target.namespace, &target.name, &target.spec);
     let workload_ref = &spec.workload_ref;
-    let workload = async {
-        match reads.live.get(&planned[target.workload].key) {
-            Some(cached) => Ok(Some(cached)),
-            None => {
-                get_value(
-                    cluster,
-                    &workload_ref.api_version,
-                    &workload_ref.kind,
-                    namespace,
-                    &workload_ref.name,
-                )
-                .await
-            }
-        }
-    };
+    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     // Independent reads, sent together: an abort waits on all of them.
     let (live_rollout, live, canary_live) = futures::join!(
-        read_rollout(cluster, reads.live.get(&planned[target.index].key), namespace, name),
-        workload,
+        rollouts.get_opt(name),
+        get_value(
+            cluster,
+            &workload_ref.api_version,
+            &workload_ref.kind,
+            namespace,
+            &workload_ref.name,
+        ),
         observe_canary_objects(cluster, spec, namespace),
     );
     let live_rollout = live_rollout.map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
