@@ -134,6 +134,22 @@ pub fn existed_before(answer: &Value, started: jiff::Timestamp) -> Option<Vec<St
     (created_before || !managers.is_empty()).then_some(managers)
 }
 
+/// Whether an object the API server answered for was made by this sync
+/// and is gitcanary's alone: one field manager, gitcanary, and created at
+/// or after the sync began. Only such an object is deleted when a new app
+/// is taken back; one that fails any of it (no timestamp, no manager, a
+/// second entry) is released instead. It fails closed where the adoption
+/// rule's [`existed_before`] need not: a delete cannot be undone.
+pub fn made_by_this_sync(answer: &Value, started: jiff::Timestamp) -> bool {
+    let fields = answer["metadata"]["managedFields"].as_array();
+    let only_ours = fields.is_some_and(|fields| fields.len() == 1 && fields[0]["manager"] == crate::FIELD_MANAGER);
+    let created = answer["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .is_some_and(|t| t.as_second() >= started.as_second());
+    only_ours && created
+}
+
 /// How an object written as new turned out, decided from the API server's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Creation {

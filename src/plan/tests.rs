@@ -432,6 +432,46 @@ fn answer(created_at: &str, managers: &[&str]) -> Value {
 }
 
 #[test]
+fn a_take_back_deletes_only_what_this_sync_made_alone() {
+    let started: jiff::Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+    let answer = |created: Option<&str>, managers: &[&str]| {
+        let fields: Vec<Value> = managers.iter().map(|m| json!({"manager": m})).collect();
+        let mut answer = json!({"metadata": {"managedFields": fields}});
+        if let Some(created) = created {
+            answer["metadata"]["creationTimestamp"] = json!(created);
+        }
+        answer
+    };
+    assert!(made_by_this_sync(
+        &answer(Some("2026-12-01T10:00:01Z"), &["gitcanary"]),
+        started
+    ));
+    assert!(
+        !made_by_this_sync(&answer(Some("2026-12-01T09:59:59Z"), &["gitcanary"]), started),
+        "older"
+    );
+    assert!(
+        !made_by_this_sync(&answer(None, &["gitcanary"]), started),
+        "no timestamp"
+    );
+    assert!(
+        !made_by_this_sync(&answer(Some("2026-12-01T10:00:01Z"), &[]), started),
+        "no manager"
+    );
+    assert!(
+        !made_by_this_sync(
+            &answer(Some("2026-12-01T10:00:01Z"), &["gitcanary", "gitcanary"]),
+            started
+        ),
+        "a second entry, even in gitcanary's name"
+    );
+    assert!(!made_by_this_sync(
+        &answer(Some("2026-12-01T10:00:01Z"), &["kubectl"]),
+        started
+    ));
+}
+
+#[test]
 fn an_object_that_already_existed_is_adopted_only_when_asked() {
     let started: jiff::Timestamp = "2026-12-01T10:00:00Z".parse().expect("a time");
     let fresh = answer("2026-12-01T10:00:00Z", &["gitcanary"]);

@@ -1,7 +1,8 @@
-//! The apply stage of one app, once the executor's check passed: the plan
-//! applied through the one write path, in order (canary objects, the app's
-//! objects staged by kind, the rollouts' reports, prune), and the take-back
-//! of a new app that failed.
+//! The apply mode of the executor, once its check passed: the plan applied
+//! through the one write path, in order (canary objects, canary routes no
+//! longer wanted deleted, the app's objects staged by kind, the other
+//! canary objects deleted, prune, then the Rollouts' reports), and the
+//! take-back of a new app that failed.
 
 use super::*;
 
@@ -366,8 +367,7 @@ async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Valu
             continue; // not applied by this sync
         };
         let item = &objects[index];
-        // The adoption rule's own test: someone else's, or older than the sync.
-        if plan::existed_before(applied, started).is_some() {
+        if !plan::made_by_this_sync(applied, started) {
             release(writer, &item.resolved, &item.desired).await;
             continue;
         }
