@@ -708,10 +708,12 @@ mod tests {
             json!({"phase": "Failed", "lastAbortSignal": "the CLI at 12:00"})
         )));
         assert!(!pending_signal(&rollout(json!({}), json!({"phase": "Paused"}))));
-        // The planner reads no signal in an empty annotation: nothing to wake for.
+        // As the planner reads it: an empty annotation is new only once a token was acted on.
         assert!(!pending_signal(&rollout(
             json!({"gitcanary.io/abort": ""}),
             json!({"phase": "Paused"})
         )));
+        let spent = json!({"phase": "Failed", "lastAbortSignal": "the CLI at 12:00"});
+        assert!(pending_signal(&rollout(json!({"gitcanary.io/abort": ""}), spent)));
     }
 }

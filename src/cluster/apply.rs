@@ -143,6 +143,20 @@ impl<'c> Writer<'c> {
         Ok(patched)
     }
 
+    /// A merge patch whose watch event must wake the agent as anyone's
+    /// would (a promote or abort handed to a Rollout): with the write's
+    /// deadline, but not recorded as the agent's own write.
+    pub async fn merge_as_news(
+        &self,
+        resolved: &Resolved,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<DynamicObject, kube::Error> {
+        let api = self.api(resolved, namespace);
+        within_write_timeout(api.patch(name, &PatchParams::default(), &Patch::Merge(patch))).await
+    }
+
     /// Remembers a write, so that its own watch event wakes nothing; only
     /// for a kind a watch follows in that namespace: a pod's batch label,
     /// which no watch delivers, is not remembered forever.

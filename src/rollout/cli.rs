@@ -123,8 +123,9 @@ async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, val
     .await
 }
 
-/// A merge patch of a Rollout through the one write path (its deadline,
-/// its record of the agent's own writes), as the agent.
+/// A merge patch of a Rollout through the one write path (its deadline),
+/// as the agent. Its watch event wakes the agent's sync at once, as a
+/// signal sent from the command line does: not recorded as its own write.
 async fn merge_into_rollout(
     cluster: &Cluster,
     namespace: &str,
@@ -134,7 +135,7 @@ async fn merge_into_rollout(
     let resolved = cluster.served(super::api::API_VERSION, super::api::KIND).await?;
     cluster
         .writer(None)
-        .merge(&resolved, Some(namespace), name, patch)
+        .merge_as_news(&resolved, Some(namespace), name, patch)
         .await?;
     Ok(())
 }

@@ -88,10 +88,9 @@ pub fn parse(value: &str) -> Token {
 }
 
 /// A signal's token (its annotation on the Rollout) that the status has not
-/// acted on yet: the agent wakes for it, the planner reads it. An empty
-/// annotation is no signal.
+/// acted on yet: the agent wakes for it, the planner reads it.
 pub fn unspent<'a>(token: Option<&'a String>, acted_on: &str) -> Option<&'a String> {
-    token.filter(|token| !token.is_empty() && token.as_str() != acted_on)
+    token.filter(|token| token.as_str() != acted_on)
 }
 
 /// Whether the Rollout waits for this signal now: a promote only at an
