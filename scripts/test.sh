@@ -29,7 +29,7 @@ tests/testenv/gateway.sh >/dev/null
 step "cargo fmt --check"
 cargo fmt --check
 
-step "the shape of src/: no import cycle, no file over 700 lines, no function over 100"
+step "the shape of src/: no import cycle, no file over 700 lines, no function over 100, a pure planning core"
 scripts/shape.py
 
 step "cargo clippy"

@@ -355,6 +355,7 @@ async fn observe_and_plan<'a>(
         Err(problems) => return Ok(Err(problems)),
     };
     let context = PlanContext {
+        allowed: &options.allowed,
         live: &observed.live,
         revision: &observed.revision,
         instance: &options.instance,
@@ -366,8 +367,8 @@ async fn observe_and_plan<'a>(
 
 /// The observe stage of one app: its objects resolved against the
 /// cluster's kinds, its Rollouts read, and what left Git looked up. An app
-/// whose manifests cannot be resolved, or would land where it may not, is
-/// refused here: there is nothing to observe for it.
+/// whose manifests cannot be resolved is refused here: there is nothing to
+/// observe for it.
 async fn observe_app<'a>(
     cluster: &Cluster,
     app: &'a App,
@@ -383,10 +384,6 @@ async fn observe_app<'a>(
     let resolved = observe::resolve_app(cluster, app, &observed.crd_kinds, options).await;
     if !resolved.problems.is_empty() {
         return Ok(Err(resolved.problems));
-    }
-    let problems = crate::plan::landing_problems(&resolved.objects, &options.allowed);
-    if !problems.is_empty() {
-        return Ok(Err(problems));
     }
     let rollouts = rollout::observe::observe_rollouts(
         cluster,

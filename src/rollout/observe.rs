@@ -67,8 +67,10 @@ pub(crate) async fn observe_rollouts(
         observed.planner.written_back = written.get(&key).cloned();
         Ok(Ok((target, observed)))
     });
-    let found = futures::future::try_join_all(reads).await?;
-    Ok(RolloutsObserved(found))
+    // Every read runs to its end, even when another fails: a hook call
+    // already sent is not dropped half way.
+    let found = futures::future::join_all(reads).await;
+    Ok(RolloutsObserved(found.into_iter().collect::<Result<_>>()?))
 }
 
 pub(crate) async fn observe_rollout(
@@ -165,8 +167,8 @@ pub(crate) async fn observe_rollout(
 }
 
 /// What the Rollout and its workload say before the workload's own
-/// revisions are read: Git's template against the live one, the replicas
-/// Git asks for, and the signals on the Rollout.
+/// revisions are read: Git's template against the live one, and the
+/// signals on the Rollout. (The replicas are the planner's to read.)
 fn first_look(git_template: &Value, live: Option<&Value>, live_rollout: Option<&Rollout>, commit: &str) -> Observed {
     let annotation = |key: &str| live_rollout.and_then(|r| r.metadata.annotations.as_ref()?.get(key).cloned());
     Observed {

@@ -31,7 +31,8 @@ pub struct Observed {
     pub workload_stable_hash: Option<String>,
     /// Git's template already equals the live one (a workload being adopted).
     pub git_matches_live: bool,
-    /// Replicas of the workload as Git has them.
+    /// Replicas of the workload as this sync writes them: Git's, or the
+    /// autoscaler's count where one decides them.
     pub replicas: i32,
     /// Ready canary pods of the current canary template.
     pub canary_ready: i32,
