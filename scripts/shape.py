@@ -36,9 +36,16 @@ PURE_CORE = [
 ]
 # Folders whose own module (mod.rs) is in the core, but not all their files.
 PURE_FOLDER_MODULES = [("manifest",), ("wave",)]
+# I/O written inline, in any file of the core.
 IO_WORDS = re.compile(
-    r"\basync\b|\.await\b|\btokio\b|\bkube::(?:Api|Client|api::Api)\b|\bkube::runtime\b"
-    r"|\breqwest\b|\bstd::fs\b|\bstd::process\b|\bstd::net\b|\bgit2\b"
+    r"\basync\b|\.await\b|\btokio::|\bkube::(?:Api|Client|api::Api)\b|\bkube::runtime\b"
+    r"|\breqwest::|\bstd::fs\b|\bstd::process\b|\bstd::net\b|\bstd::env\b|\bgit2::|\bhyper|\boctocrab::"
+    r"|\bTimestamp::now\(|\bSystemTime::now\(|\bInstant::now\("
+)
+# I/O brought in by a `use` (braces expanded): what each path may not start with.
+IO_PATHS = (
+    "tokio", "reqwest", "git2", "hyper", "hyper_util", "octocrab", "kube::runtime", "kube::Api", "kube::Client",
+    "kube::api::Api", "std::fs", "std::process", "std::net", "std::env",
 )
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 
@@ -81,15 +88,51 @@ def resolve(current, segments, modules):
     return None
 
 
+def split_top(text):
+    """The comma-separated parts of `text`, braces kept whole."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def expand(tree):
+    """`a::{b, c::{d, self}}` as the paths it names: a::b, a::c::d, a::c."""
+    tree = re.sub(r"\s+", "", tree)
+    i = tree.find("{")
+    if i < 0:
+        yield tree
+        return
+    prefix = tree[:i]
+    for part in split_top(tree[i + 1 : tree.rfind("}")]):
+        for rest in expand(part):
+            yield prefix.rstrip(":") if rest == "self" else prefix + rest
+
+
+def use_paths(code):
+    """Every path a `use` names, braces expanded, `as` renames dropped."""
+    for m in re.finditer(r"\buse\s+([^;]+);", code):
+        for path in expand(re.sub(r"\s+as\s+\w+", "", m.group(1))):
+            yield path
+
+
 def imports(path, code, modules):
     current = module_of(path)
     code = re.sub(r"//[^\n]*", "", code)
     found = set()
     for m in re.finditer(r"\b((?:crate|super|self)(?:::\w+)+)", code):
         found.add(resolve(current, m.group(1).split("::"), modules))
-    for m in re.finditer(r"use (crate|super|self)::\{([^;]*)\};", code, re.S):
-        for item in re.findall(r"(\w+)", m.group(2)):
-            found.add(resolve(current, [m.group(1), item], modules))
+    for used in use_paths(code):
+        segments = used.split("::")
+        if segments[0] in ("crate", "super", "self"):
+            found.add(resolve(current, segments, modules))
     found.discard(None)
     found.discard(current)
     return found
@@ -127,6 +170,10 @@ def cycles(edges):
     return found
 
 
+def is_io_path(path):
+    return path == "crate::blocking" or any(path == io or path.startswith(io + "::") for io in IO_PATHS)
+
+
 def in_core(module):
     return module in PURE_FOLDER_MODULES or any(module[: len(core)] == core for core in PURE_CORE)
 
@@ -137,9 +184,12 @@ def impure(files, modules):
         if not in_core(current):
             continue
         shown = os.path.relpath(path, os.path.join(SRC, ".."))
-        words = sorted(set(IO_WORDS.findall(re.sub(r"//[^\n]*", "", code))))
+        code = re.sub(r"//[^\n]*", "", code)
+        words = set(IO_WORDS.findall(code))
+        words.update(p for p in use_paths(code) if is_io_path(p))
+        words.update(re.findall(r"\bcrate::blocking\b", code))
         if words:
-            yield f"{shown}: in the pure core, but does I/O ({', '.join(words)})"
+            yield f"{shown}: in the pure core, but does I/O ({', '.join(sorted(words))})"
         for target in sorted(imports(path, code, modules)):
             if not in_core(target):
                 yield f"{shown}: in the pure core, but imports {'/'.join(target)}"
