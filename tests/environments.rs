@@ -321,6 +321,31 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
         "{line}"
     );
     assert_eq!(line.matches("(registry.test/echo:1.1.1)").count(), 2, "{line}");
+    // Read as agents that verify their records would: the unsigned ones are not trusted.
+    let keys = tempfile::tempdir().expect("keys");
+    let (_, allowed) = support::signing_key(keys.path(), "verifier");
+    let (code, text, stderr) = scenario.run_cli(&[
+        "status",
+        "-n",
+        ns,
+        "--repo",
+        &url,
+        "--cluster-name",
+        "staging",
+        "--verify-status-signers",
+        &allowed,
+    ]);
+    assert_eq!(code, 0, "{stderr}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{ns}/echo  ")))
+        .unwrap_or_else(|| panic!("no environments line for echo:\n{text}"));
+    assert!(
+        line.contains("staging*: record not trusted: ")
+            && line.contains(" → production: record not trusted: ")
+            && !line.contains("promoted "),
+        "{line}"
+    );
 
     // Production is the last environment: no wave follows it.
     assert!(

@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
 use kube::api::{Api, DeleteParams};
 use support::agent::{AgentProcess, Scenario, write_echo_app};
-use support::eventually;
+use support::{eventually, signing_key};
 
 const WAIT: Duration = Duration::from_secs(90);
 const PAUSED: &str = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {}}\n";
@@ -280,22 +280,6 @@ async fn a_hand_edited_status_file_naming_an_unmerged_commit_is_not_trusted() {
         Some("registry.test/echo:evil"),
         "the forged stable commit is never run"
     );
-}
-
-/// An ed25519 key and an allowed-signers file naming it for gitcanary's
-/// default commit identity.
-fn signing_key(dir: &std::path::Path, name: &str) -> (String, String) {
-    let key = dir.join(name);
-    let status = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .status()
-        .expect("ssh-keygen runs");
-    assert!(status.success());
-    let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
-    let allowed = dir.join(format!("{name}.allowed"));
-    std::fs::write(&allowed, format!("gitcanary@localhost {public}")).expect("allowed signers");
-    (key.display().to_string(), allowed.display().to_string())
 }
 
 #[tokio::test]

@@ -54,6 +54,12 @@ pub struct EnvironmentsArgs {
     /// records count.
     #[arg(long, default_value = "gitcanary <gitcanary@localhost>")]
     pub git_author: String,
+    /// Allowed-signers file (as `run --verify-status-signers`): a record
+    /// counts only when signed by a key it lists for --git-author's email.
+    /// The agents that verify their records should be read with it: without
+    /// it, anyone who can push may write a record in the author's name.
+    #[arg(long, env = "GITCANARY_VERIFY_STATUS_SIGNERS")]
+    pub verify_status_signers: Option<std::path::PathBuf>,
 }
 
 impl EnvironmentsArgs {
@@ -66,7 +72,18 @@ impl EnvironmentsArgs {
             .map(std::path::PathBuf::from)
             .unwrap_or_else(std::env::temp_dir)
             .join(".cache/gitcanary");
-        let author = crate::identity::Author::parse(&self.git_author).map_err(Error::Usage)?;
+        let mut author = crate::identity::Author::parse(&self.git_author).map_err(Error::Usage)?;
+        if let Some(allowed) = &self.verify_status_signers {
+            if !allowed.is_file() {
+                return Err(Error::Usage(format!(
+                    "--verify-status-signers {}: no such file",
+                    allowed.display()
+                )));
+            }
+            author.verifier = Some(crate::identity::signing::Verifier {
+                allowed_signers: allowed.clone(),
+            });
+        }
         let source =
             crate::source::Source::open(repo, &self.branch, "", crate::source::Credentials::from_env()?, &cache)?
                 .with_record_writer(author);

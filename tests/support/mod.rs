@@ -276,3 +276,19 @@ impl BlackHole {
         BlackHole { addr }
     }
 }
+
+/// An ed25519 key and an allowed-signers file naming it for gitcanary's
+/// default commit identity.
+pub fn signing_key(dir: &std::path::Path, name: &str) -> (String, String) {
+    let key = dir.join(name);
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen runs");
+    assert!(status.success());
+    let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
+    let allowed = dir.join(format!("{name}.allowed"));
+    std::fs::write(&allowed, format!("gitcanary@localhost {public}")).expect("allowed signers");
+    (key.display().to_string(), allowed.display().to_string())
+}
