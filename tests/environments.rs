@@ -308,12 +308,17 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     );
     // `gitcanary status` on staging's cluster tells where each release stands everywhere.
     let url = repo.file_url();
-    let (code, text, stderr) = scenario.run_cli(&["status", "-n", ns, "--repo", &url, "--cluster-name", "staging"]);
-    assert_eq!(code, 0, "{stderr}");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("{ns}/echo  ")))
-        .unwrap_or_else(|| panic!("no environments line for echo:\n{text}"));
+    let echo_line = |more: &[&str]| {
+        let mut args = vec!["status", "-n", ns, "--repo", &url, "--cluster-name", "staging"];
+        args.extend_from_slice(more);
+        let (code, text, stderr) = scenario.run_cli(&args);
+        assert_eq!(code, 0, "{stderr}");
+        text.lines()
+            .find(|l| l.starts_with(&format!("{ns}/echo  ")))
+            .unwrap_or_else(|| panic!("no environments line for echo:\n{text}"))
+            .to_string()
+    };
+    let line = echo_line(&[]);
     assert!(
         line.contains("staging*: promoted ")
             && line.contains("(registry.test/echo:1.1.1)")
@@ -324,22 +329,7 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     // Read as agents that verify their records would: the unsigned ones are not trusted.
     let keys = tempfile::tempdir().expect("keys");
     let (_, allowed) = support::signing_key(keys.path(), "verifier");
-    let (code, text, stderr) = scenario.run_cli(&[
-        "status",
-        "-n",
-        ns,
-        "--repo",
-        &url,
-        "--cluster-name",
-        "staging",
-        "--verify-status-signers",
-        &allowed,
-    ]);
-    assert_eq!(code, 0, "{stderr}");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&format!("{ns}/echo  ")))
-        .unwrap_or_else(|| panic!("no environments line for echo:\n{text}"));
+    let line = echo_line(&["--verify-status-signers", &allowed]);
     assert!(
         line.contains("staging*: record not trusted: ")
             && line.contains(" → production: record not trusted: ")

@@ -137,8 +137,7 @@ impl<'c> Writer<'c> {
         name: &str,
         patch: &Value,
     ) -> Result<DynamicObject, kube::Error> {
-        let api = self.api(resolved, namespace);
-        let patched = within_write_timeout(api.patch(name, &PatchParams::default(), &Patch::Merge(patch))).await?;
+        let patched = self.merge_as_news(resolved, namespace, name, patch).await?;
         self.recorded(resolved, &patched);
         Ok(patched)
     }
