@@ -355,7 +355,6 @@ async fn observe_and_plan<'a>(
         Err(problems) => return Ok(Err(problems)),
     };
     let context = PlanContext {
-        allowed: &options.allowed,
         live: &observed.live,
         revision: &observed.revision,
         instance: &options.instance,
@@ -367,8 +366,8 @@ async fn observe_and_plan<'a>(
 
 /// The observe stage of one app: its objects resolved against the
 /// cluster's kinds, its Rollouts read, and what left Git looked up. An app
-/// whose manifests cannot be resolved is refused here: there is nothing to
-/// observe for it.
+/// whose manifests cannot be resolved, or would land where the agent may
+/// not write, is refused here, before anything of it is read.
 async fn observe_app<'a>(
     cluster: &Cluster,
     app: &'a App,
@@ -384,6 +383,12 @@ async fn observe_app<'a>(
     let resolved = observe::resolve_app(cluster, app, &observed.crd_kinds, options).await;
     if !resolved.problems.is_empty() {
         return Ok(Err(resolved.problems));
+    }
+    // Pure, but first: nothing of an app that would land where the agent may
+    // not write is read there (Rollouts, pods, analysis, hooks).
+    let problems = crate::plan::landing_problems(&resolved.objects, &options.allowed);
+    if !problems.is_empty() {
+        return Ok(Err(problems));
     }
     let rollouts = rollout::observe::observe_rollouts(
         cluster,

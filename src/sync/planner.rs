@@ -1,16 +1,15 @@
 //! The plan stage of one app, pure: from what observe gathered of the app
 //! (its resolved objects, its Rollouts, what left Git), everything the
-//! executor does is decided here, with no request: where the objects may
-//! land, replicas left to autoscalers, each Rollout's plan and overlays,
-//! then the app's writes, prunes and releases.
+//! executor does is decided here, with no request: replicas left to
+//! autoscalers, each Rollout's plan and overlays, then the app's writes,
+//! prunes and releases. (Where the objects may land is checked before
+//! observe reads anything of the app: see `sync::observe_app`.)
 
 use std::collections::BTreeMap;
 
-use crate::manifest::{Allowed, Manifest, ObjectKey, Problem};
+use crate::manifest::{Manifest, ObjectKey, Problem};
 use crate::plan::autoscaled::{LeftToAutoscaler, leave_replicas_to_autoscalers};
-use crate::plan::{
-    AppInputs, AppPlan, InventoryEntry, LeftGit, LiveObjects, Planned, RevisionKeys, landing_problems, plan_app,
-};
+use crate::plan::{AppInputs, AppPlan, InventoryEntry, LeftGit, LiveObjects, Planned, RevisionKeys, plan_app};
 use crate::rollout::desired::plan_rollouts;
 use crate::rollout::model::{RolloutWork, RolloutsObserved};
 
@@ -33,8 +32,6 @@ pub(crate) struct AppObserved<'a> {
 /// What every app's plan shares: the live objects of the revision's kinds,
 /// the revision's keys, and the agent's settings that decide.
 pub(crate) struct PlanContext<'a> {
-    /// Where the agent may write (`--namespaces`, `--cluster-kinds`).
-    pub allowed: &'a Allowed,
     pub live: &'a LiveObjects,
     pub revision: &'a RevisionKeys,
     pub instance: &'a str,
@@ -61,11 +58,6 @@ pub(crate) fn plan<'a>(observed: AppObserved<'a>, context: &PlanContext<'_>) -> 
         inventory,
         unreadable_inventory,
     } = observed;
-    // An object that would land where the agent may not write refuses the app.
-    let problems = landing_problems(&objects, context.allowed);
-    if !problems.is_empty() {
-        return Err(problems);
-    }
     let autoscaled = leave_replicas_to_autoscalers(&mut objects, context.live);
     // Rollouts overlay the objects they govern before anything is compared.
     let (rollouts, problems) = plan_rollouts(&mut objects, rollouts, context.instance);
