@@ -113,14 +113,15 @@ pub async fn record_last_comment(cluster: &Cluster, namespace: &str, name: &str,
         )))
 }
 
+/// An annotation of the agent's own bookkeeping: its watch event wakes nothing.
 async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, value: &str) -> Result<(), kube::Error> {
-    merge_into_rollout(
-        cluster,
-        namespace,
-        name,
-        &json!({"metadata": {"annotations": {key: value}}}),
-    )
-    .await
+    let resolved = cluster.served(super::api::API_VERSION, super::api::KIND).await?;
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    cluster
+        .writer(None)
+        .merge(&resolved, Some(namespace), name, &patch)
+        .await?;
+    Ok(())
 }
 
 /// A merge patch of a Rollout through the one write path (its deadline),
