@@ -40,12 +40,14 @@ PURE_FOLDER_MODULES = [("manifest",), ("wave",)]
 IO_WORDS = re.compile(
     r"\basync\b|\.await\b|\btokio::|\bkube::(?:Api|Client|api::Api)\b|\bkube::runtime\b"
     r"|\breqwest::|\bstd::fs\b|\bstd::process\b|\bstd::net\b|\bstd::env\b|\bgit2::|\bhyper|\boctocrab::"
-    r"|\bTimestamp::now\(|\bSystemTime::now\(|\bInstant::now\("
+    r"|\bTimestamp::now\(|\bSystemTime::now\(|\bInstant::now\(|\bZoned::now\(|\bUNIX_EPOCH\.elapsed\("
+    r"|\bstd::thread\b|\bstd::os\b|\bstd::io::std(?:in|out|err)\b|\bblock_on\b|\bprintln!|\beprintln!"
+    r"|\.read_dir\(|\.exists\(\)|\.is_file\(\)|\.is_dir\(\)|\.metadata\(\)"
 )
 # I/O brought in by a `use` (braces expanded): what each path may not start with.
 IO_PATHS = (
     "tokio", "reqwest", "git2", "hyper", "hyper_util", "octocrab", "kube::runtime", "kube::Api", "kube::Client",
-    "kube::api::Api", "std::fs", "std::process", "std::net", "std::env",
+    "kube::api::Api", "std::fs", "std::process", "std::net", "std::env", "std::thread", "std::os",
 )
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 
@@ -171,7 +173,9 @@ def cycles(edges):
 
 
 def is_io_path(path):
-    return path == "crate::blocking" or any(path == io or path.startswith(io + "::") for io in IO_PATHS)
+    if path in ("crate::blocking", "kube::*", "kube::api::*"):
+        return True
+    return any(path == io or path.startswith(io + "::") for io in IO_PATHS)
 
 
 def in_core(module):
