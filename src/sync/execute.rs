@@ -210,7 +210,7 @@ async fn preview(
         .flat_map(|w| w.route_deletions.iter().chain(&w.canary_deletions))
         .chain(plan.prunes.iter());
     for deletion in deletions {
-        match deletion_diff(writer, deletion).await {
+        match deletion_diff(writer, deletion, live).await {
             Ok(diff) => diffs.extend(diff),
             Err(error) => problems.push(Problem {
                 file: String::new(),
@@ -256,22 +256,30 @@ async fn release_diffs(
 /// A delete the sync would make, dry-run with its preconditions and shown
 /// with the object it removes; none when the sync would find the object
 /// gone or changed (it then keeps it).
-async fn deletion_diff(writer: &Writer<'_>, deletion: &plan::Deletion) -> Result<Option<ObjectDiff>, kube::Error> {
+async fn deletion_diff(
+    writer: &Writer<'_>,
+    deletion: &plan::Deletion,
+    live: &LiveObjects,
+) -> Result<Option<ObjectDiff>, kube::Error> {
     if writer.delete(deletion, Mode::DryRun).await? != Deleted::Deleted {
         return Ok(None);
     }
     let cluster = writer.cluster();
-    let shown = match cluster.resolve(&deletion.api_version, &deletion.key.kind).await {
-        Some(resolved) => read_value(
-            cluster,
-            &resolved,
-            deletion.key.namespace.as_deref(),
-            &deletion.key.name,
-        )
-        .await
-        .ok()
-        .flatten(),
-        None => None,
+    // Shown as the sync's live objects hold it; read only when they do not.
+    let shown = match live.get(&deletion.key) {
+        Some(object) => Some(object),
+        None => match cluster.resolve(&deletion.api_version, &deletion.key.kind).await {
+            Some(resolved) => read_value(
+                cluster,
+                &resolved,
+                deletion.key.namespace.as_deref(),
+                &deletion.key.name,
+            )
+            .await
+            .ok()
+            .flatten(),
+            None => None,
+        },
     };
     let shown = shown.unwrap_or_else(|| json!({"metadata": {"name": deletion.key.name, "uid": deletion.uid}}));
     Ok(ObjectDiff::between(
