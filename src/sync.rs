@@ -386,7 +386,7 @@ async fn observe_app<'a>(
     }
     // Pure, but first: nothing of an app that would land where the agent may
     // not write is read there (Rollouts, pods, analysis, hooks).
-    let problems = crate::plan::landing_problems(&resolved.objects, &options.allowed);
+    let problems = plan::landing_problems(&resolved.objects, &options.allowed);
     if !problems.is_empty() {
         return Ok(Err(problems));
     }
@@ -403,7 +403,7 @@ async fn observe_app<'a>(
     let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
     let unreadable = previous.and_then(|p| p.unreadable_inventory.as_ref());
     let left_git = if options.prune && unreadable.is_none() {
-        let entries = crate::plan::left_git(
+        let entries = plan::left_git(
             &resolved.objects,
             &resolved.pending,
             inventory,
