@@ -328,13 +328,16 @@ async fn sync_one(
             previous_inventory,
         ),
     };
-    // A shard lost while the app synced: its new holder records the status.
+    // The status write is fenced too: it is refused once the shard is lost.
+    let saved = save_status(cluster, commit, &report, inventory, previous, options).await;
+    // A shard lost while the app synced (even while its status was being
+    // written): its new holder syncs it and records the status.
     if options.fence.as_ref().is_some_and(|fence| !(fence.0)(&app.name)) {
         tracing::warn!(app = %app.name, "this replica lost the app's shard while syncing it: its status is left to the new holder");
         report.duration = started.elapsed();
         return Ok((report, None));
     }
-    let (status, wrote) = save_status(cluster, commit, &report, inventory, previous, options).await?;
+    let (status, wrote) = saved?;
     report.duration = started.elapsed();
     log_report(&report);
     Ok((report, (!wrote).then_some(status)))
@@ -437,7 +440,7 @@ async fn reconcile_app(
         Err(problems) => return Ok(Executed::Refused(AppResult::Invalid, problems)),
     };
     let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-    let writer = cluster.writer(options.tenant_of(&app.name));
+    let writer = cluster.writer_for(&app.name, options);
     execute(
         &writer,
         app,
@@ -528,7 +531,11 @@ async fn save_status(
         return Ok((status, false));
     }
     status
-        .save(cluster, &options.state_namespace, &options.instance)
+        .save(
+            &cluster.writer(None).fenced(options.fence.as_ref(), &report.app),
+            &options.state_namespace,
+            &options.instance,
+        )
         .await?;
     Ok((status, true))
 }

@@ -209,6 +209,80 @@ async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it
     );
 }
 
+/// The fence is asked before each write, not only before each app: once
+/// the shard is lost, none of the app's writes is sent (an apply, a merge,
+/// a delete, as the tenant or as the agent), and the cluster keeps what
+/// was written while it was held.
+#[tokio::test]
+async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
+    use gitcanary::cluster::{Cluster, Mode};
+    use gitcanary::manifest::ObjectKey;
+    use gitcanary::plan::{Deletion, Fence};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let client = support::client().await;
+    let ns = support::namespace(&client, "fence").await;
+    let cluster = Cluster::from_client(client.clone()).await.expect("a cluster");
+    let held = Arc::new(AtomicBool::new(true));
+    let fence = Fence(Arc::new({
+        let held = held.clone();
+        move |app: &str| app == "app-07" && held.load(Ordering::SeqCst)
+    }));
+    let writer = cluster.writer(None).fenced(Some(&fence), "app-07");
+    let resolved = cluster.served("v1", "ConfigMap").await.expect("ConfigMaps are served");
+    let configmap = |name: &str, version: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns}, "data": {"version": version}})
+    };
+    let written = writer
+        .apply(&resolved, &configmap("kept", "1"), true, Mode::Apply)
+        .await
+        .expect("written while the shard is held");
+
+    held.store(false, Ordering::SeqCst);
+    let refusal = writer
+        .apply(&resolved, &configmap("stale", "1"), true, Mode::Apply)
+        .await
+        .expect_err("an apply once the shard is lost");
+    assert!(
+        refusal.to_string().contains("no longer holds the shard of app app-07"),
+        "{refusal}"
+    );
+    let patch = serde_json::json!({"data": {"version": "stale"}});
+    let merged = writer.as_agent().merge(&resolved, Some(&ns), "kept", &patch).await;
+    assert!(merged.is_err(), "a merge as the agent is fenced too");
+    let deletion = Deletion {
+        api_version: "v1".into(),
+        key: ObjectKey {
+            group: String::new(),
+            kind: "ConfigMap".into(),
+            namespace: Some(ns.clone()),
+            name: "kept".into(),
+        },
+        uid: written.metadata.uid.clone().expect("a uid"),
+        resource_version: None,
+        foreground: false,
+    };
+    assert!(
+        writer.delete(&deletion, Mode::Apply).await.is_err(),
+        "a delete is fenced too"
+    );
+    // A dry run writes nothing, and `gitcanary diff` is no replica's.
+    writer
+        .apply(&resolved, &configmap("stale", "1"), true, Mode::DryRun)
+        .await
+        .expect("a dry run is not fenced");
+
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, &ns);
+    assert!(configmaps.get_opt("stale").await.expect("read").is_none());
+    let kept = configmaps.get("kept").await.expect("what was written while held stays");
+    assert_eq!(
+        kept.data.unwrap_or_default().get("version").map(String::as_str),
+        Some("1")
+    );
+}
+
 /// Replicas started with another `--shards`, and an agent without it that
 /// came later, act for no app while the first configuration holds the
 /// shards: no app is ever mapped to two holders.

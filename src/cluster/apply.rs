@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::Cluster;
 use crate::FIELD_MANAGER;
-use crate::plan::{Deletion, Resolved, ServiceAccountRef};
+use crate::plan::{Deletion, Fence, Resolved, ServiceAccountRef, SyncOptions};
 
 /// Whether a write reaches the cluster or only the API server's checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,10 @@ pub enum Deleted {
 pub struct Writer<'c> {
     cluster: &'c Cluster,
     client: Client,
+    /// With `--shards`: the app the writes are for, and whether this
+    /// replica still holds its shard, asked before each write so that a
+    /// replica stopped mid-sync writes nothing more once it wakes.
+    fence: Option<(Fence, String)>,
 }
 
 impl Cluster {
@@ -53,7 +57,16 @@ impl Cluster {
                     .clone()
             }
         };
-        Writer { cluster: self, client }
+        Writer {
+            cluster: self,
+            client,
+            fence: None,
+        }
+    }
+
+    /// The writer of `app`'s objects: as its tenant, fenced by its shard.
+    pub fn writer_for<'c>(&'c self, app: &str, options: &'c SyncOptions) -> Writer<'c> {
+        self.writer(options.tenant_of(app)).fenced(options.fence.as_ref(), app)
     }
 }
 
@@ -80,6 +93,33 @@ impl<'c> Writer<'c> {
         self.cluster
     }
 
+    /// Each write first asks `fence` whether this replica still holds `app`.
+    pub fn fenced(mut self, fence: Option<&Fence>, app: &str) -> Self {
+        self.fence = fence.map(|fence| (fence.clone(), app.to_string()));
+        self
+    }
+
+    /// Writes of the agent's own bookkeeping for the same app (Rollout
+    /// status, batch labels, app status): as the agent, with the same fence.
+    pub fn as_agent(&self) -> Writer<'c> {
+        Writer {
+            cluster: self.cluster,
+            client: self.cluster.client.clone(),
+            fence: self.fence.clone(),
+        }
+    }
+
+    /// Refuses a write once the app's shard is no longer held. A request
+    /// already sent is not recalled: the Lease's margin covers that.
+    pub fn may_write(&self) -> Result<(), kube::Error> {
+        match &self.fence {
+            Some((fence, app)) if !(fence.0)(app) => Err(kube::Error::Service(
+                format!("this replica no longer holds the shard of app {app}: nothing more is written for it").into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn api(&self, resolved: &Resolved, namespace: Option<&str>) -> Api<DynamicObject> {
         super::api_for(&self.client, resolved, namespace)
     }
@@ -104,6 +144,9 @@ impl<'c> Writer<'c> {
         if mode == Mode::DryRun {
             params = params.dry_run();
         }
+        if mode == Mode::Apply {
+            self.may_write()?;
+        }
         let api = self.api(resolved, namespace);
         let applied = within_write_timeout(api.patch(name, &params, &Patch::Apply(object))).await?;
         if mode == Mode::Apply {
@@ -121,6 +164,7 @@ impl<'c> Writer<'c> {
         name: &str,
         body: &Value,
     ) -> Result<DynamicObject, kube::Error> {
+        self.may_write()?;
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let api = self.api(resolved, namespace);
         let applied = within_write_timeout(api.patch_status(name, &params, &Patch::Apply(body))).await?;
@@ -152,6 +196,7 @@ impl<'c> Writer<'c> {
         name: &str,
         patch: &Value,
     ) -> Result<DynamicObject, kube::Error> {
+        self.may_write()?;
         let api = self.api(resolved, namespace);
         within_write_timeout(api.patch(name, &PatchParams::default(), &Patch::Merge(patch))).await
     }
@@ -188,6 +233,9 @@ impl<'c> Writer<'c> {
                 DeleteParams::background()
             }
         };
+        if mode == Mode::Apply {
+            self.may_write()?;
+        }
         let api = self.api(&resolved, deletion.key.namespace.as_deref());
         match within_write_timeout(api.delete(&deletion.key.name, &params)).await {
             Ok(_) => {

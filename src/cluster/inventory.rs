@@ -146,7 +146,8 @@ impl AppStatus {
         }
     }
 
-    pub async fn save(&self, cluster: &Cluster, namespace: &str, instance: &str) -> Result<()> {
+    /// Written by `agent`: the agent's identity, fenced by the app's shard.
+    pub async fn save(&self, agent: &super::Writer<'_>, namespace: &str, instance: &str) -> Result<()> {
         let data: BTreeMap<String, String> = [
             ("app", self.app.clone()),
             ("commit", self.commit.clone()),
@@ -172,22 +173,19 @@ impl AppStatus {
             "metadata": {"name": name, "namespace": namespace, "labels": {APP_STATUS_LABEL: instance}},
             "data": data,
         });
-        write_own(cluster, &body, true, format!("writing the status of app {}", self.app)).await
+        write_own(agent, &body, true, format!("writing the status of app {}", self.app)).await
     }
 }
 
 /// Applies an object of gitcanary's own bookkeeping, as the agent.
-async fn write_own(cluster: &Cluster, body: &serde_json::Value, ours: bool, context: String) -> Result<()> {
+async fn write_own(agent: &super::Writer<'_>, body: &serde_json::Value, ours: bool, context: String) -> Result<()> {
     let (api_version, kind) = (
         body["apiVersion"].as_str().unwrap_or_default(),
         body["kind"].as_str().unwrap_or_default(),
     );
     let written = async {
-        let resolved = cluster.served(api_version, kind).await?;
-        cluster
-            .writer(None)
-            .apply(&resolved, body, ours, super::Mode::Apply)
-            .await
+        let resolved = agent.cluster().served(api_version, kind).await?;
+        agent.apply(&resolved, body, ours, super::Mode::Apply).await
     };
     written.await.map_err(Error::kube(context))?;
     Ok(())
@@ -205,5 +203,11 @@ pub async fn ensure_namespace(cluster: &Cluster, namespace: &str) -> Result<()> 
         return Ok(());
     }
     let body = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}});
-    write_own(cluster, &body, false, format!("creating namespace {namespace}")).await
+    write_own(
+        &cluster.writer(None),
+        &body,
+        false,
+        format!("creating namespace {namespace}"),
+    )
+    .await
 }

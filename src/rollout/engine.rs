@@ -14,18 +14,15 @@ use super::api::{API_VERSION, KIND, Rollout, RolloutStatus, annotation_of};
 use super::model::RolloutWork;
 use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
 use super::plan::Severity;
-use crate::cluster::Cluster;
+use crate::cluster::Writer;
 use crate::{Error, FIELD_MANAGER, Result};
 
 /// Writes a Rollout's whole status with gitcanary's field manager.
-pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
+async fn apply_status(agent: &Writer<'_>, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
     let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
     let written = async {
-        let resolved = cluster.served(API_VERSION, KIND).await?;
-        cluster
-            .writer(None)
-            .apply_status(&resolved, Some(namespace), name, &body)
-            .await
+        let resolved = agent.cluster().served(API_VERSION, KIND).await?;
+        agent.apply_status(&resolved, Some(namespace), name, &body).await
     };
     written
         .await
@@ -34,23 +31,25 @@ pub async fn apply_status(cluster: &Cluster, namespace: &str, name: &str, status
 }
 
 /// After the app is applied (and the canary objects no longer wanted are
-/// deleted): batch labels, status, Events.
-pub async fn finish(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+/// deleted): batch labels, status, Events, written by `agent` (the
+/// agent's identity, fenced by the app's shard).
+pub async fn finish(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     let span = info_span!("rollout", namespace = %work.namespace, rollout = %work.name, rollout_id = %work.plan.status.rollout_id);
-    finish_rollout(cluster, work).instrument(span).await
+    finish_rollout(agent, work).instrument(span).await
 }
 
-async fn finish_rollout(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+async fn finish_rollout(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     if let Some(step) = work.plan.batch_step {
-        label_batch(cluster, work, step, &work.plan.status.rollout_id).await?;
+        label_batch(agent, work, step, &work.plan.status.rollout_id).await?;
     }
-    write_status(cluster, work).await?;
-    clear_ignored_signals(cluster, work).await;
+    write_status(agent, work).await?;
+    clear_ignored_signals(agent, work).await;
     for transition in &work.plan.transitions {
         info!("{transition}");
     }
-    if !work.plan.transitions.is_empty() {
-        record_events(cluster, work).await;
+    // Events are writes too: none from a replica that lost the shard.
+    if !work.plan.transitions.is_empty() && agent.may_write().is_ok() {
+        record_events(agent, work).await;
     }
     if let Some(cause) = &work.plan.failed {
         warn!(%cause, "release failed: traffic back on stable, canary removed");
@@ -61,11 +60,11 @@ async fn finish_rollout(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
 /// Removes the annotations of signals the planner ignored, each only if it
 /// still holds the value the planner saw (a newer one is left for the next
 /// reconcile). Best effort: the status already records them as spent.
-async fn clear_ignored_signals(cluster: &Cluster, work: &RolloutWork) {
+async fn clear_ignored_signals(agent: &Writer<'_>, work: &RolloutWork) {
     if work.plan.ignored_signals.is_empty() {
         return;
     }
-    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
+    let rollouts: Api<Rollout> = Api::namespaced(agent.cluster().client.clone(), &work.namespace);
     let Ok(rollout) = rollouts.get(&work.name).await else {
         return;
     };
@@ -82,14 +81,10 @@ async fn clear_ignored_signals(cluster: &Cluster, work: &RolloutWork) {
     }
     // The resourceVersion makes the write fail if a signal changed meanwhile.
     let patch = json!({"metadata": {"resourceVersion": rollout.metadata.resource_version, "annotations": cleared}});
-    let Some(resolved) = cluster.resolve(API_VERSION, KIND).await else {
+    let Some(resolved) = agent.cluster().resolve(API_VERSION, KIND).await else {
         return;
     };
-    if let Err(error) = cluster
-        .writer(None)
-        .merge(&resolved, Some(&work.namespace), &work.name, &patch)
-        .await
-    {
+    if let Err(error) = agent.merge(&resolved, Some(&work.namespace), &work.name, &patch).await {
         info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)");
     }
 }
@@ -97,7 +92,8 @@ async fn clear_ignored_signals(cluster: &Cluster, work: &RolloutWork) {
 /// Kubernetes Events on the Rollout, one per transition, so that
 /// `kubectl describe rollout` tells the story. Best effort: a lost Event
 /// never holds a release back.
-async fn record_events(cluster: &Cluster, work: &RolloutWork) {
+async fn record_events(agent: &Writer<'_>, work: &RolloutWork) {
+    let cluster = agent.cluster();
     use kube::Resource;
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
     let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
@@ -132,7 +128,8 @@ async fn record_events(cluster: &Cluster, work: &RolloutWork) {
 }
 
 /// Canary pods carry the release's id and the step that created them.
-async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_id: &str) -> Result<()> {
+async fn label_batch(agent: &Writer<'_>, work: &RolloutWork, step: u32, rollout_id: &str) -> Result<()> {
+    let cluster = agent.cluster();
     if work.revisions.canary.is_empty() {
         return Ok(());
     }
@@ -141,7 +138,6 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
         .served("v1", "Pod")
         .await
         .map_err(Error::kube("labelling canary pods"))?;
-    let writer = cluster.writer(None);
     let selector = format!("{}={}", work.kind.revision_label(), work.revisions.canary);
     let list = pods
         .list(&ListParams::default().labels(&selector))
@@ -157,7 +153,7 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
             BATCH_ID_LABEL: step.to_string(),
             ROLLOUT_ID_LABEL: rollout_id,
         }}});
-        match writer.merge(&resolved, Some(&work.namespace), &name, &patch).await {
+        match agent.merge(&resolved, Some(&work.namespace), &name, &patch).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             // Pods are written only where a Role grants it (deploy/): the
@@ -172,9 +168,9 @@ async fn label_batch(cluster: &Cluster, work: &RolloutWork, step: u32, rollout_i
     Ok(())
 }
 
-async fn write_status(cluster: &Cluster, work: &RolloutWork) -> Result<()> {
+async fn write_status(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     if !work.plan.changed {
         return Ok(());
     }
-    apply_status(cluster, &work.namespace, &work.name, &work.plan.status).await
+    apply_status(agent, &work.namespace, &work.name, &work.plan.status).await
 }

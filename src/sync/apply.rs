@@ -183,9 +183,9 @@ async fn finish_rollouts(
     report: &mut AppReport,
     failures: &mut Vec<Problem>,
 ) {
-    let cluster = writer.cluster();
+    let agent = writer.as_agent();
     for work in rollouts {
-        if let Err(error) = rollout::engine::finish(cluster, work).await {
+        if let Err(error) = rollout::engine::finish(&agent, work).await {
             failures.push(rollout_problem(app, work, &error.to_string()));
         }
     }
