@@ -339,6 +339,8 @@ fn overlay_routes(
     let mut unwanted = Vec::new();
     if kind == WorkloadKind::Deployment {
         match intent.canary_replicas {
+            // Made once the live stable Service is pinned; kept as it is till then.
+            Some(_) if intent.await_pin => {}
             Some(replicas) => wanted.push(overlay::canary_deployment(
                 spec,
                 git_workload,

@@ -278,6 +278,7 @@ mod tests {
             mirror: None,
             hold_canary: false,
             pin_stable_service: false,
+            await_pin: false,
             route_canary: canary.is_some(),
             rollout_id: "r1".into(),
         }

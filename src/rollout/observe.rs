@@ -137,6 +137,10 @@ pub(crate) async fn observe_rollout(
     let stable_template = recorded_template.filter(|_| live.is_none()).or(stable_template);
     observed.stable_revision = revisions.stable.clone();
     observed.canary_revision = revisions.canary.clone();
+    // Only while a canary Deployment may be about to make its first pods.
+    if target.kind == WorkloadKind::Deployment && revisions.canary.is_empty() && !observed.git_matches_live {
+        observed.stable_services_pinned = stable_services_pinned(cluster, spec, namespace, &revisions.stable).await?;
+    }
     if measure {
         observed.measurements = measure_due(target, &status, &revisions, &canary_live, observed.now, options).await;
     }
@@ -425,6 +429,20 @@ fn routes_needed(
         || canary
             .gateway_routes()
             .any(|(service, _)| canary_live.contains_key(&("Service", canary.canary_name(service))))
+}
+
+/// Whether every live stable Service of the release's routings selects
+/// the stable revision alone.
+async fn stable_services_pinned(cluster: &Cluster, spec: &RolloutSpec, namespace: &str, stable: &str) -> Result<bool> {
+    let routings = &spec.strategy.canary.traffic_routings;
+    let reads = routings
+        .iter()
+        .map(|r| get_value(cluster, "v1", "Service", namespace, &r.service));
+    let mut pinned = true;
+    for live in futures::future::join_all(reads).await {
+        pinned &= live?.is_some_and(|service| super::overlay::is_pinned(&service, WorkloadKind::Deployment, stable));
+    }
+    Ok(pinned)
 }
 
 /// The release's HTTPRoutes as they are live, read while a step waits for

@@ -273,6 +273,11 @@ pub fn pinned_stable_service(stable: &Value, kind: WorkloadKind, stable_revision
     pinned
 }
 
+/// Whether a live Service selects the stable revision's pods alone.
+pub fn is_pinned(live: &Value, kind: WorkloadKind, stable_revision: &str) -> bool {
+    !stable_revision.is_empty() && live["spec"]["selector"][kind.revision_label()].as_str() == Some(stable_revision)
+}
+
 /// The HTTPRoute with every rule that sends to the stable Service split
 /// between it and the canary Service (and, for a step that mirrors,
 /// copying requests to the canary), each such rule preceded (for a step
@@ -539,6 +544,22 @@ mod tests {
     }
     use crate::rollout::api::{CanaryService, PodTemplateMetadata, SelectorChange};
 
+    #[test]
+    fn a_service_is_pinned_once_its_live_selector_names_the_stable_revision() {
+        let git = json!({"spec": {"selector": {"app": "echo"}}});
+        assert!(!is_pinned(&git, WorkloadKind::Deployment, "abc"));
+        let pinned = pinned_stable_service(&git, WorkloadKind::Deployment, "abc");
+        assert!(is_pinned(&pinned, WorkloadKind::Deployment, "abc"));
+        assert!(
+            !is_pinned(&pinned, WorkloadKind::Deployment, "def"),
+            "pinned to an older revision"
+        );
+        assert!(
+            !is_pinned(&pinned, WorkloadKind::Deployment, ""),
+            "no stable revision known"
+        );
+    }
+
     fn spec_with(patch: Option<(&str, &str)>, remove: &[&str]) -> RolloutSpec {
         let mut spec = RolloutSpec::default();
         spec.strategy.canary.patch_pod_template_metadata = patch.map(|(k, v)| PodTemplateMetadata {
@@ -617,6 +638,7 @@ mod tests {
             mirror: None,
             hold_canary: false,
             pin_stable_service: true,
+            await_pin: false,
             route_canary: true,
             rollout_id: "abc".into(),
         }

@@ -64,6 +64,10 @@ pub struct Observed {
     /// What the agent wrote to Git for this Rollout's pending write-back
     /// since the status was written: recorded in the status by this plan.
     pub written_back: Option<WrittenBack>,
+    /// Every live stable Service of the release's routings selects the
+    /// stable revision alone; read only while a canary Deployment may be
+    /// about to make its first pods.
+    pub stable_services_pinned: bool,
     pub now: Timestamp,
 }
 
@@ -122,6 +126,10 @@ pub struct Intent {
     pub hold_canary: bool,
     /// Pin the stable Service to the stable revision (while traffic is split).
     pub pin_stable_service: bool,
+    /// The canary Deployment waits (is neither made nor deleted) until the
+    /// live stable Service is pinned: its pods would match the Service's
+    /// own selector and take a share of its requests.
+    pub await_pin: bool,
     /// The canary Service selects the canary pods and routes may name it:
     /// canary pods run a known revision and the Rollout keeps a canary Service.
     pub route_canary: bool,
@@ -149,6 +157,7 @@ impl Intent {
             mirror: None,
             hold_canary: false,
             pin_stable_service: false,
+            await_pin: false,
             route_canary: false,
             rollout_id: String::new(),
         }
@@ -318,12 +327,15 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
     let mut intent = planner.run();
     planner.discard_unused_signals();
     planner.requeue_for_analysis();
-    route(spec, observed, &mut intent);
+    routes::route(spec, observed, &mut intent);
     // The canary's objects go once no route sends to it and the gateway took that route.
     intent.hold_canary =
         intent.canary_replicas.is_none() && observed.routes.as_deref().and_then(routes::still_to_canary).is_some();
     if intent.hold_canary {
         planner.requeue_in(routes::RECHECK, RequeueReason::Grace);
+    }
+    if intent.await_pin {
+        planner.requeue_in(routes::PIN_RECHECK, RequeueReason::Grace);
     }
     let mut status = planner.status;
     // A self-routed workload's stable Revision is what observe found (it keeps
@@ -359,32 +371,6 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         promoted: planner.promoted,
         ignored_signals: planner.ignored_signals,
     }
-}
-
-/// Whether the canary can take traffic now: a Service can select its pods
-/// only once they run a known revision, and only a Rollout that keeps a
-/// canary Service routes to one. Until then Git's routes stay in force.
-fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
-    let keeps_service = !spec.strategy.canary.canary_service_disabled();
-    intent.route_canary = intent.canary_replicas.is_some() && !observed.canary_revision.is_empty() && keeps_service;
-    if !intent.route_canary {
-        intent.traffic = None;
-        intent.matches.clear();
-        intent.header_modifier = None;
-        intent.mirror = None;
-    }
-    // Pods of a canary Deployment being removed (an abort's, a promote's)
-    // still match the stable Service's own selector: it stays on the stable
-    // pods until they are gone (the canary Deployment is deleted in the
-    // foreground, so it is observed until then), or it would send them its
-    // share. A StatefulSet's canary pods are its own, rolled back in place.
-    let canary_deployment = spec.workload_ref.kind == "Deployment";
-    let canary_pods_remain =
-        canary_deployment && intent.canary_replicas.is_none() && !observed.canary_revision.is_empty();
-    let blue_green = spec.strategy.style == super::api::Style::BlueGreen;
-    intent.pin_stable_service = (intent.pin_stable_service && (intent.route_canary || blue_green)
-        || canary_pods_remain)
-        && !observed.stable_revision.is_empty();
 }
 
 impl Planner<'_> {

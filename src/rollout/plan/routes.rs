@@ -10,13 +10,52 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::parse_percent;
+use super::{Intent, Observed, parse_percent};
 use crate::rollout::api::{HeaderModifier, RequestMatch, RolloutSpec};
 
 /// How soon a release waiting on a gateway (to take a step's route, or to
 /// stop sending to a canary that is going) looks again; the gateway's
 /// status write wakes a sync too.
 pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// Whether the canary can take traffic now: a Service can select its pods
+/// only once they run a known revision, and only a Rollout that keeps a
+/// canary Service routes to one. Until then Git's routes stay in force.
+pub(super) fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
+    let keeps_service = !spec.strategy.canary.canary_service_disabled();
+    intent.route_canary = intent.canary_replicas.is_some() && !observed.canary_revision.is_empty() && keeps_service;
+    if !intent.route_canary {
+        intent.traffic = None;
+        intent.matches.clear();
+        intent.header_modifier = None;
+        intent.mirror = None;
+    }
+    // Pods of a canary Deployment being removed (an abort's, a promote's)
+    // still match the stable Service's own selector: it stays on the stable
+    // pods until they are gone (the canary Deployment is deleted in the
+    // foreground, so it is observed until then), or it would send them its
+    // share. A StatefulSet's canary pods are its own, rolled back in place.
+    let canary_deployment = spec.workload_ref.kind == "Deployment";
+    let canary_pods_remain =
+        canary_deployment && intent.canary_replicas.is_none() && !observed.canary_revision.is_empty();
+    // A canary Deployment's pods match the stable Service too: it is pinned
+    // from the release's first pass, before the canary has a pod.
+    let canary_wanted = canary_deployment && intent.canary_replicas.is_some();
+    let blue_green = spec.strategy.style == crate::rollout::api::Style::BlueGreen;
+    intent.pin_stable_service = (intent.pin_stable_service && (intent.route_canary || blue_green || canary_wanted)
+        || canary_pods_remain)
+        && !observed.stable_revision.is_empty();
+    // This pass pins it; the canary's first pods wait for the next, which
+    // sees the pin live.
+    intent.await_pin = canary_wanted
+        && intent.pin_stable_service
+        && !spec.strategy.canary.traffic_routings.is_empty()
+        && observed.canary_revision.is_empty()
+        && !observed.stable_services_pinned;
+}
+
+/// How soon a release waiting for its stable Service's pin looks again.
+pub(super) const PIN_RECHECK: Duration = Duration::from_millis(200);
 
 /// Whether a rule's backendRef names the Service `name` (a Service is the
 /// default kind): the one test the overlay and the read-back share.

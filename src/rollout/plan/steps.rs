@@ -20,9 +20,18 @@ impl Planner<'_> {
             .as_ref()
             .map(|r| (r.header_modifier.clone(), r.mirror))
             .unwrap_or_default();
-        // Blue-green's new version, as big as the old one, never takes a
-        // request through the stable Service: pinned before its first pod.
+        // The new version takes no request through the stable Service
+        // (blue-green's, as big as the old one; a canary's at a step that
+        // routes it requests, beside that share): pinned before its first
+        // pod. A step with replicas alone shares the stable Service, as Kruise's.
         let blue_green = self.spec.strategy.style == crate::rollout::api::Style::BlueGreen;
+        let index = self
+            .status
+            .canary_status
+            .as_ref()
+            .map_or(1, |c| c.current_step_index.max(1));
+        let step = self.step_at(index);
+        let routed = step.traffic.is_some() || !step.matches.is_empty() || step.mirror.is_some();
         Intent {
             stable_template,
             canary_replicas: Some(canary_replicas),
@@ -31,7 +40,8 @@ impl Planner<'_> {
             header_modifier,
             mirror,
             hold_canary: false,
-            pin_stable_service: (traffic.is_some() || blue_green) && stable_template == StableTemplate::Live,
+            pin_stable_service: (routed || blue_green) && stable_template == StableTemplate::Live,
+            await_pin: false,
             route_canary: false,
             rollout_id: self.status.rollout_id.clone(),
         }

@@ -779,9 +779,11 @@ fn traffic_waits_until_the_canary_pods_have_a_revision_a_service_can_select() {
     let mut seen = observed("v2", 20);
     seen.canary_ready = 1;
     seen.canary_revision = String::new(); // the ReplicaSet is not seen yet
+    seen.stable_services_pinned = true;
     let plan = run.step(&seen);
     assert_eq!(plan.intent.traffic, None);
-    assert!(!plan.intent.route_canary && !plan.intent.pin_stable_service);
+    // Pinned already: the canary's pods, once ready, match the stable Service.
+    assert!(!plan.intent.route_canary && plan.intent.pin_stable_service);
 
     seen.canary_revision = "canary-pods".into();
     let plan = run.step(&seen);
@@ -789,6 +791,38 @@ fn traffic_waits_until_the_canary_pods_have_a_revision_a_service_can_select() {
     assert!(plan.intent.route_canary && plan.intent.pin_stable_service);
     assert_eq!(run.status.canary_revision, "canary-pods");
     assert_eq!(run.status.stable_revision, "stable-pods");
+}
+
+/// A canary Deployment's pods match the stable Service's own selector:
+/// the release pins it first, and makes the canary only once the pin is
+/// live, so that not one request reaches the canary through it.
+#[test]
+fn a_canary_deployment_is_made_only_once_the_live_stable_service_is_pinned() {
+    for style in [Style::Canary, Style::BlueGreen] {
+        let mut spec = spec();
+        spec.strategy.style = style;
+        let mut run = Run::with(spec);
+        run.step(&observed("v1", 0));
+        let mut seen = observed("v2", 10);
+        seen.canary_revision = String::new();
+        let plan = run.step(&seen);
+        assert!(plan.intent.canary_replicas.is_some(), "{style:?}");
+        assert!(plan.intent.pin_stable_service && plan.intent.await_pin, "{style:?}");
+        let requeue = plan.requeue.expect("a look again soon");
+        assert!(requeue.after <= Duration::from_secs(1), "{style:?}: {requeue:?}");
+
+        seen.stable_services_pinned = true;
+        let plan = run.step(&seen);
+        assert!(plan.intent.pin_stable_service && !plan.intent.await_pin, "{style:?}");
+    }
+    // Nothing to wait for without a Service to pin.
+    let mut unrouted = spec();
+    unrouted.strategy.canary.traffic_routings.clear();
+    let mut run = Run::with(unrouted);
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 10);
+    seen.canary_revision = String::new();
+    assert!(!run.step(&seen).intent.await_pin);
 }
 
 #[test]
@@ -1185,8 +1219,12 @@ fn a_blue_green_release_pins_the_stable_service_before_its_first_pod_a_canary_wh
     blue_green.strategy.style = Style::BlueGreen;
     // Nothing routed to the new version, and the stable Service on the old pods alone.
     assert_eq!(first_upgrade(blue_green), (None, true));
-    // A canary's first pods share the stable Service until its route is set.
-    assert_eq!(first_upgrade(spec()), (None, false));
+    // A canary's too, at a step that routes it a share: only the route sends it requests.
+    assert_eq!(first_upgrade(spec()), (None, true));
+    // A step of replicas alone shares the stable Service among old and new pods.
+    let mut replicas_only = spec();
+    replicas_only.strategy.canary.steps[0] = step().replicas(1).pause_for(60);
+    assert_eq!(first_upgrade(replicas_only), (None, false));
 }
 
 #[test]
