@@ -205,16 +205,18 @@ async fn diff_lists_the_canary_objects_of_a_release_mid_step() {
     )
     .await;
 
-    // A push starts the release: the canary Deployment, and the stable one
-    // (it keeps 1.0, now recorded as the stable template).
+    // A push starts the release: the stable Deployment (it keeps 1.0, now
+    // recorded as the stable template) and the stable Service pinned to its
+    // pods; the canary Deployment only once the pin is live, so that its pods
+    // never take a request through the stable Service.
     support::agent::write_echo_app(&f.repo, &f.ns, "2.0", steps);
     f.repo.commit_and_push("echo 2.0");
     let (started, _) = f.diff_then_sync().await;
-    assert_eq!(
-        started.written,
-        set(&[("Deployment", "echo"), ("Deployment", "echo-canary")])
-    );
+    assert_eq!(started.written, set(&[("Deployment", "echo"), ("Service", "echo")]));
     assert!(started.deleted.is_empty());
+    let (canary, _) = f.diff_then_sync().await;
+    assert_eq!(canary.written, set(&[("Deployment", "echo-canary")]));
+    assert!(canary.deleted.is_empty());
 
     // Once the canary pod is ready, traffic moves: the canary Service and the routes.
     support::eventually("the canary pod is ready", Duration::from_secs(60), async || {

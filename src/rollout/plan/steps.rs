@@ -21,17 +21,17 @@ impl Planner<'_> {
             .map(|r| (r.header_modifier.clone(), r.mirror))
             .unwrap_or_default();
         // The new version takes no request through the stable Service
-        // (blue-green's, as big as the old one; a canary's at a step that
-        // routes it requests, beside that share): pinned before its first
-        // pod. A step with replicas alone shares the stable Service, as Kruise's.
+        // (blue-green's, as big as the old one; a canary's while a step's
+        // route, this one's or an earlier one's, sends it requests): pinned
+        // before its first pod. Until a step routes, the canary's pods
+        // share the stable Service, as Kruise's steps without traffic do.
         let blue_green = self.spec.strategy.style == crate::rollout::api::Style::BlueGreen;
         let index = self
             .status
             .canary_status
             .as_ref()
             .map_or(1, |c| c.current_step_index.max(1));
-        let step = self.step_at(index);
-        let routed = step.traffic.is_some() || !step.matches.is_empty() || step.mirror.is_some();
+        let routed = traffic.is_some() || super::routes::traffic_at(self.spec, index).is_some();
         Intent {
             stable_template,
             canary_replicas: Some(canary_replicas),

@@ -1225,6 +1225,30 @@ fn a_blue_green_release_pins_the_stable_service_before_its_first_pod_a_canary_wh
     let mut replicas_only = spec();
     replicas_only.strategy.canary.steps[0] = step().replicas(1).pause_for(60);
     assert_eq!(first_upgrade(replicas_only), (None, false));
+
+    // A step of replicas alone after a routed one keeps that route, and the pin.
+    let mut spec = spec();
+    spec.strategy.canary.steps[1] = step().replicas_percent("50%").pause_until_promoted();
+    let mut run = Run::with(spec);
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 10);
+    seen.canary_ready = 1;
+    for now in [10, 20, 23, 83] {
+        seen.now = at(now);
+        run.step(&seen);
+    }
+    assert_eq!(run.state(), (Phase::Progressing, 2, StepState::StepUpgrade));
+    seen.canary_ready = 2;
+    for now in [90, 94] {
+        seen.now = at(now);
+        let plan = run.step(&seen);
+        assert_eq!(plan.intent.traffic, Some(10), "at {now}");
+        assert!(
+            plan.intent.pin_stable_service,
+            "at {now}: the 10% route stands, so does the pin"
+        );
+    }
+    assert_eq!(run.state().1, 2);
 }
 
 #[test]
