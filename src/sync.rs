@@ -318,7 +318,8 @@ async fn sync_one(
 ) -> Result<(AppReport, Option<AppStatus>)> {
     let started = Instant::now();
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
-    let (mut report, inventory) = match reconcile_app(cluster, app, commit, observed, previous, options).await {
+    let writer = cluster.writer_for(&app.name, options);
+    let (mut report, inventory) = match reconcile_app(&writer, app, commit, observed, previous, options).await {
         Ok(Executed::Applied(report, inventory)) => (*report, inventory),
         Ok(Executed::Refused(result, problems)) => (report_of(app, result, problems), previous_inventory),
         // Not asked of `reconcile_app`; nothing was written.
@@ -329,10 +330,10 @@ async fn sync_one(
         ),
     };
     // The status write is fenced too: it is refused once the shard is lost.
-    let saved = save_status(cluster, commit, &report, inventory, previous, options).await;
-    // A shard lost while the app synced (even while its status was being
-    // written): its new holder syncs it and records the status.
-    if options.fence.as_ref().is_some_and(|fence| !(fence.0)(&app.name)) {
+    let saved = save_status(&writer.as_agent(), commit, &report, inventory, previous, options).await;
+    // A shard lost at any point of the app's sync (even while its status
+    // was being written): its new holder syncs it and records the status.
+    if writer.fence_lost() {
         tracing::warn!(app = %app.name, "this replica lost the app's shard while syncing it: its status is left to the new holder");
         report.duration = started.elapsed();
         return Ok((report, None));
@@ -428,21 +429,20 @@ async fn observe_app<'a>(
 }
 
 async fn reconcile_app(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     app: &App,
     commit: &str,
     observed: &Observed,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
 ) -> Result<Executed> {
-    let prepared = match observe_and_plan(cluster, app, commit, observed, previous, options, true).await? {
+    let prepared = match observe_and_plan(writer.cluster(), app, commit, observed, previous, options, true).await? {
         Ok(prepared) => prepared,
         Err(problems) => return Ok(Executed::Refused(AppResult::Invalid, problems)),
     };
     let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-    let writer = cluster.writer_for(&app.name, options);
     execute(
-        &writer,
+        writer,
         app,
         prepared,
         &observed.live,
@@ -504,7 +504,7 @@ fn log_report(report: &AppReport) {
 }
 
 async fn save_status(
-    cluster: &Cluster,
+    agent: &Writer<'_>,
     commit: &str,
     report: &AppReport,
     inventory: Vec<InventoryEntry>,
@@ -530,12 +530,6 @@ async fn save_status(
     if previous == Some(&status) {
         return Ok((status, false));
     }
-    status
-        .save(
-            &cluster.writer(None).fenced(options.fence.as_ref(), &report.app),
-            &options.state_namespace,
-            &options.instance,
-        )
-        .await?;
+    status.save(agent, &options.state_namespace, &options.instance).await?;
     Ok((status, true))
 }

@@ -211,13 +211,14 @@ async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it
 
 /// The fence is asked before each write, not only before each app: once
 /// the shard is lost, none of the app's writes is sent (an apply, a merge,
-/// a delete, as the tenant or as the agent), and the cluster keeps what
+/// a status, a delete, as the tenant or as the agent), not even when the
+/// shard is taken again during the same sync, and the cluster keeps what
 /// was written while it was held.
 #[tokio::test]
 async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
     use gitcanary::cluster::{Cluster, Mode};
     use gitcanary::manifest::ObjectKey;
-    use gitcanary::plan::{Deletion, Fence};
+    use gitcanary::plan::{Deletion, Fence, SyncOptions};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -229,7 +230,11 @@ async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
         let held = held.clone();
         move |app: &str| app == "app-07" && held.load(Ordering::SeqCst)
     }));
-    let writer = cluster.writer(None).fenced(Some(&fence), "app-07");
+    let options = SyncOptions {
+        fence: Some(fence),
+        ..SyncOptions::default()
+    };
+    let writer = cluster.writer_for("app-07", &options);
     let resolved = cluster.served("v1", "ConfigMap").await.expect("ConfigMaps are served");
     let configmap = |name: &str, version: &str| {
         serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -268,6 +273,24 @@ async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
         writer.delete(&deletion, Mode::Apply).await.is_err(),
         "a delete is fenced too"
     );
+    // Half a sync is never resumed: the shard held again, this sync's writer stays refused.
+    held.store(true, Ordering::SeqCst);
+    assert!(writer.fence_lost());
+    let agent = writer.as_agent();
+    assert!(
+        agent.merge_as_news(&resolved, Some(&ns), "kept", &patch).await.is_err(),
+        "the agent's copy is refused as well"
+    );
+    assert!(
+        writer
+            .apply(&resolved, &configmap("kept", "stale"), true, Mode::Apply)
+            .await
+            .is_err(),
+        "refused for the rest of the sync"
+    );
+    // A new sync's writer may write again.
+    let next = cluster.writer_for("app-07", &options);
+    assert!(!next.fence_lost());
     // A dry run writes nothing, and `gitcanary diff` is no replica's.
     writer
         .apply(&resolved, &configmap("stale", "1"), true, Mode::DryRun)

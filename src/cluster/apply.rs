@@ -38,10 +38,33 @@ pub enum Deleted {
 pub struct Writer<'c> {
     cluster: &'c Cluster,
     client: Client,
-    /// With `--shards`: the app the writes are for, and whether this
-    /// replica still holds its shard, asked before each write so that a
-    /// replica stopped mid-sync writes nothing more once it wakes.
-    fence: Option<(Fence, String)>,
+    /// With `--shards`: asked before each write, so that a replica stopped
+    /// mid-sync writes nothing more for the app once it wakes.
+    fence: Option<AppFence>,
+}
+
+/// Whether this replica still holds an app's shard. Once refused, refused
+/// for the rest of the writer's sync (and its `as_agent` copies), even if
+/// the shard is taken again meanwhile: half a sync is never resumed.
+#[derive(Clone)]
+struct AppFence {
+    fence: Fence,
+    app: String,
+    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl AppFence {
+    fn holds(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.lost.load(Ordering::SeqCst) {
+            return false;
+        }
+        let holds = (self.fence.0)(&self.app);
+        if !holds {
+            self.lost.store(true, Ordering::SeqCst);
+        }
+        holds
+    }
 }
 
 impl Cluster {
@@ -95,8 +118,17 @@ impl<'c> Writer<'c> {
 
     /// Each write first asks `fence` whether this replica still holds `app`.
     pub fn fenced(mut self, fence: Option<&Fence>, app: &str) -> Self {
-        self.fence = fence.map(|fence| (fence.clone(), app.to_string()));
+        self.fence = fence.map(|fence| AppFence {
+            fence: fence.clone(),
+            app: app.to_string(),
+            lost: Default::default(),
+        });
         self
+    }
+
+    /// Whether the app's shard was lost at any point of this writer's use.
+    pub fn fence_lost(&self) -> bool {
+        self.fence.as_ref().is_some_and(|fence| !fence.holds())
     }
 
     /// Writes of the agent's own bookkeeping for the same app (Rollout
@@ -113,8 +145,12 @@ impl<'c> Writer<'c> {
     /// already sent is not recalled: the Lease's margin covers that.
     pub fn may_write(&self) -> Result<(), kube::Error> {
         match &self.fence {
-            Some((fence, app)) if !(fence.0)(app) => Err(kube::Error::Service(
-                format!("this replica no longer holds the shard of app {app}: nothing more is written for it").into(),
+            Some(fence) if !fence.holds() => Err(kube::Error::Service(
+                format!(
+                    "this replica no longer holds the shard of app {}: nothing more is written for it",
+                    fence.app
+                )
+                .into(),
             )),
             _ => Ok(()),
         }

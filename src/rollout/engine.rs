@@ -121,6 +121,9 @@ async fn record_events(agent: &Writer<'_>, work: &RolloutWork) {
             action: "Reconcile".to_string(),
             secondary: None,
         };
+        if agent.may_write().is_err() {
+            return;
+        }
         if let Err(error) = recorder.publish(&event, &reference).await {
             warn!(%error, "cannot record an Event on the Rollout");
         }
