@@ -274,9 +274,16 @@ pub async fn sync_validated(
             // The app's own commit: a push that leaves the app alone rewrites nothing of it.
             let app_commit = revision.commit_for(&app.name);
             let previous = statuses.get(&app.name).map(AsRef::as_ref);
-            let (report, kept) = sync_one(cluster, app, app_commit, observed, previous, options)
+            let synced = sync_one(cluster, app, app_commit, observed, previous, options)
                 .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
                 .await?;
+            // The shard lost during its sync: no report either, so that no
+            // write-back, comment or notification follows from half a sync
+            // even if the shard is held again by the time reports are made.
+            let Some((report, kept)) = synced else {
+                memo.forget(&app.name);
+                return Ok(None);
+            };
             match (inputs.get(app.name.as_str()), kept) {
                 (Some(inputs), Some(status)) => memo.remember(*inputs, status, &report),
                 _ => memo.forget(&app.name),
@@ -307,7 +314,8 @@ pub async fn sync_validated(
 }
 
 /// One app: observe, plan, apply, report. With the report, the status it
-/// recorded when that was already in place (nothing written).
+/// recorded when that was already in place (nothing written); `None` when
+/// the app's shard was lost during the sync.
 async fn sync_one(
     cluster: &Cluster,
     app: &App,
@@ -315,7 +323,7 @@ async fn sync_one(
     observed: &Observed,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
-) -> Result<(AppReport, Option<AppStatus>)> {
+) -> Result<Option<(AppReport, Option<AppStatus>)>> {
     let started = Instant::now();
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
     let writer = cluster.writer_for(&app.name, options);
@@ -334,14 +342,13 @@ async fn sync_one(
     // A shard lost at any point of the app's sync (even while its status
     // was being written): its new holder syncs it and records the status.
     if writer.fence_lost() {
-        tracing::warn!(app = %app.name, "this replica lost the app's shard while syncing it: its status is left to the new holder");
-        report.duration = started.elapsed();
-        return Ok((report, None));
+        tracing::warn!(app = %app.name, "this replica lost the app's shard while syncing it: its status and report are left to the new holder");
+        return Ok(None);
     }
     let (status, wrote) = saved?;
     report.duration = started.elapsed();
     log_report(&report);
-    Ok((report, (!wrote).then_some(status)))
+    Ok(Some((report, (!wrote).then_some(status))))
 }
 
 /// Observe, then plan: everything decided, nothing written.

@@ -291,6 +291,9 @@ async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
     // A new sync's writer may write again.
     let next = cluster.writer_for("app-07", &options);
     assert!(!next.fence_lost());
+    next.apply(&resolved, &configmap("next", "1"), true, Mode::Apply)
+        .await
+        .expect("written by the next sync");
     // A dry run writes nothing, and `gitcanary diff` is no replica's.
     writer
         .apply(&resolved, &configmap("stale", "1"), true, Mode::DryRun)

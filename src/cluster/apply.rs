@@ -142,7 +142,8 @@ impl<'c> Writer<'c> {
     }
 
     /// Refuses a write once the app's shard is no longer held. A request
-    /// already sent is not recalled: the Lease's margin covers that.
+    /// already sent is not recalled: only one answered within the Lease's
+    /// margin (a third of its duration) is surely before another holder's.
     pub fn may_write(&self) -> Result<(), kube::Error> {
         match &self.fence {
             Some(fence) if !fence.holds() => Err(kube::Error::Service(

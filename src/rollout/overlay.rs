@@ -262,7 +262,7 @@ pub fn canary_service(spec: &RolloutSpec, stable: &Value, kind: WorkloadKind, ca
     })
 }
 
-/// The stable Service pinned to the stable revision while traffic is split.
+/// The stable Service pinned to the stable revision (see `Intent::pin_stable_service`).
 pub fn pinned_stable_service(stable: &Value, kind: WorkloadKind, stable_revision: &str) -> Value {
     let mut pinned = stable.clone();
     set_map(

@@ -124,7 +124,9 @@ pub struct Intent {
     /// The canary's objects stay this pass (none is deleted): a route may
     /// still send it requests.
     pub hold_canary: bool,
-    /// Pin the stable Service to the stable revision (while traffic is split).
+    /// Pin the stable Service to the stable revision: while a canary
+    /// Deployment's pods exist or are about to, at a step that routes
+    /// requests (always, for blue-green), and while they are removed.
     pub pin_stable_service: bool,
     /// The canary Deployment waits (is neither made nor deleted) until the
     /// live stable Service is pinned: its pods would match the Service's
@@ -335,7 +337,15 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
         planner.requeue_in(routes::RECHECK, RequeueReason::Grace);
     }
     if intent.await_pin {
-        planner.requeue_in(routes::PIN_RECHECK, RequeueReason::Grace);
+        // A pin that never reads back (refused by a policy, say) is looked
+        // for once a second, not five times, until the progress deadline.
+        let waited = previous
+            .canary_status
+            .as_ref()
+            .is_some_and(|c| c.message == routes::AWAITING_PIN);
+        planner.canary().message = routes::AWAITING_PIN.to_string();
+        let after = if waited { routes::RECHECK } else { routes::PIN_RECHECK };
+        planner.requeue_in(after, RequeueReason::Grace);
     }
     let mut status = planner.status;
     // A self-routed workload's stable Revision is what observe found (it keeps

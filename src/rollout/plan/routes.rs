@@ -42,20 +42,27 @@ pub(super) fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent
     // from the release's first pass, before the canary has a pod.
     let canary_wanted = canary_deployment && intent.canary_replicas.is_some();
     let blue_green = spec.strategy.style == crate::rollout::api::Style::BlueGreen;
-    intent.pin_stable_service = (intent.pin_stable_service && (intent.route_canary || blue_green || canary_wanted)
-        || canary_pods_remain)
-        && !observed.stable_revision.is_empty();
+    let pin_wanted =
+        intent.pin_stable_service && (intent.route_canary || blue_green || canary_wanted) || canary_pods_remain;
+    intent.pin_stable_service = pin_wanted && !observed.stable_revision.is_empty();
     // This pass pins it; the canary's first pods wait for the next, which
-    // sees the pin live.
+    // sees the pin live. No stable revision yet (a rebuilt cluster makes
+    // the stable workload in this pass): nothing to pin to, so the canary
+    // waits for one too.
     intent.await_pin = canary_wanted
-        && intent.pin_stable_service
+        && pin_wanted
         && !spec.strategy.canary.traffic_routings.is_empty()
         && observed.canary_revision.is_empty()
-        && !observed.stable_services_pinned;
+        && (observed.stable_revision.is_empty() || !observed.stable_services_pinned);
 }
 
-/// How soon a release waiting for its stable Service's pin looks again.
+/// How soon a release waiting for its stable Service's pin looks again:
+/// soon the first time (the pin was just written), then as for a gateway.
 pub(super) const PIN_RECHECK: Duration = Duration::from_millis(200);
+
+/// The step's message while the canary waits for the pin.
+pub(super) const AWAITING_PIN: &str =
+    "waiting for the stable Service to select the stable pods alone before making canary pods";
 
 /// Whether a rule's backendRef names the Service `name` (a Service is the
 /// default kind): the one test the overlay and the read-back share.

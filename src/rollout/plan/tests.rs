@@ -808,13 +808,37 @@ fn a_canary_deployment_is_made_only_once_the_live_stable_service_is_pinned() {
         let plan = run.step(&seen);
         assert!(plan.intent.canary_replicas.is_some(), "{style:?}");
         assert!(plan.intent.pin_stable_service && plan.intent.await_pin, "{style:?}");
-        let requeue = plan.requeue.expect("a look again soon");
-        assert!(requeue.after <= Duration::from_secs(1), "{style:?}: {requeue:?}");
+        assert_eq!(
+            plan.requeue.map(|r| r.after),
+            Some(Duration::from_millis(200)),
+            "{style:?}"
+        );
+        let message = &run.status.canary_status.as_ref().expect("a step").message;
+        assert!(message.contains("stable Service"), "{style:?}: {message}");
+        // A pin that does not read back is looked for once a second.
+        seen.now = at(11);
+        let plan = run.step(&seen);
+        assert!(plan.intent.await_pin, "{style:?}");
+        assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(1)), "{style:?}");
 
         seen.stable_services_pinned = true;
         let plan = run.step(&seen);
         assert!(plan.intent.pin_stable_service && !plan.intent.await_pin, "{style:?}");
+        // Its first pods exist: the pin is not read again, nor waited for.
+        seen.stable_services_pinned = false;
+        seen.canary_revision = "canary-pods".into();
+        assert!(!run.step(&seen).intent.await_pin, "{style:?}");
     }
+    // No stable revision yet (a rebuilt cluster makes the stable workload
+    // now): nothing to pin to, and the canary waits for one.
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 10);
+    seen.canary_revision = String::new();
+    seen.stable_revision = String::new();
+    seen.stable_services_pinned = true;
+    let plan = run.step(&seen);
+    assert!(!plan.intent.pin_stable_service && plan.intent.await_pin);
     // Nothing to wait for without a Service to pin.
     let mut unrouted = spec();
     unrouted.strategy.canary.traffic_routings.clear();
