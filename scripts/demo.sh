@@ -21,6 +21,8 @@ renderers=$(scripts/renderers.sh | tail -n 1)
 export PATH="$renderers:$PATH"
 tests/testenv/gateway.sh >/dev/null # Traefik, the gateway requests go through (first run: about 10 minutes)
 kubectl_bin="$cache/bin/kubectl"
+# The build artefacts the test command keeps, so that a clone it ran in builds only what changed.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gitcanary/target}"
 cargo build --locked --quiet --bin gitcanary --example github_fake
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 gitcanary="$target_dir/debug/gitcanary"
