@@ -178,11 +178,9 @@ impl<'c> Writer<'c> {
         if ours {
             params = params.force();
         }
-        if mode == Mode::DryRun {
-            params = params.dry_run();
-        }
-        if mode == Mode::Apply {
-            self.may_write()?;
+        match mode {
+            Mode::DryRun => params = params.dry_run(),
+            Mode::Apply => self.may_write()?,
         }
         let api = self.api(resolved, namespace);
         let applied = within_write_timeout(api.patch(name, &params, &Patch::Apply(object))).await?;

@@ -47,8 +47,7 @@ async fn finish_rollout(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     for transition in &work.plan.transitions {
         info!("{transition}");
     }
-    // Events are writes too: none from a replica that lost the shard.
-    if !work.plan.transitions.is_empty() && agent.may_write().is_ok() {
+    if !work.plan.transitions.is_empty() {
         record_events(agent, work).await;
     }
     if let Some(cause) = &work.plan.failed {
@@ -121,6 +120,7 @@ async fn record_events(agent: &Writer<'_>, work: &RolloutWork) {
             action: "Reconcile".to_string(),
             secondary: None,
         };
+        // Events are writes too: none once the replica lost the app's shard.
         if agent.may_write().is_err() {
             return;
         }
