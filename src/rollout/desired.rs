@@ -87,12 +87,8 @@ pub(crate) fn plan_rollout(
     // The workload's replicas as this sync writes them (an autoscaler's count may stand for Git's).
     seen.replicas = git_workload["spec"]["replicas"].as_i64().unwrap_or(1) as i32;
 
-    // The canary Service check, before any canary pod exists.
-    let rollout_id = if status.rollout_id.is_empty() {
-        super::plan::release_id(spec.rollout_id.as_deref(), &seen.commit)
-    } else {
-        status.rollout_id.clone()
-    };
+    // The checks a release must pass to start, made with the ID it would start with.
+    let rollout_id = super::plan::release_id(spec.rollout_id.as_deref(), &seen.commit);
     let pod_labels = overlay::canary_pod_labels(spec, &git_workload, &rollout_id);
     let mut services = Vec::new();
     for routing in &spec.strategy.canary.traffic_routings {

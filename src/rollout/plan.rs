@@ -579,7 +579,8 @@ impl Planner<'_> {
             });
             return Some(Intent::steady(StableTemplate::Git));
         }
-        Some(self.start_release())
+        // The newer template starts as a first one would: refused on the same checks.
+        Some(self.idle())
     }
 
     fn abort_if_asked(&mut self) -> Option<Intent> {

@@ -580,6 +580,28 @@ fn a_selector_conflict_refuses_the_release_until_fixed() {
 }
 
 #[test]
+fn a_newer_template_mid_release_is_refused_as_a_first_one_would_be() {
+    let mut run = Run::new();
+    run.step(&observed("v1", 0));
+    let mut seen = observed("v2", 1);
+    seen.canary_ready = 1;
+    run.step(&seen);
+    assert_eq!(run.state().0, Phase::Progressing);
+    let mut third = observed("v3", 20);
+    third.start_problem = Some("label version=base is overridden".into());
+    let plan = run.step(&third);
+    assert_eq!(run.status.superseded[0].reason, "a newer template arrived");
+    assert_eq!(run.status.phase, Phase::Failed, "v3 must meet the checks v2 met");
+    assert_eq!(run.status.refused_commit, "v3-commit-0123456789");
+    assert_eq!(
+        plan.intent,
+        removing_canary(StableTemplate::Live),
+        "back to stable, no v3 canary"
+    );
+    assert!(run.status.canary_template_hash.is_empty());
+}
+
+#[test]
 fn replicas_round_up_and_follow_traffic_when_unset() {
     assert_eq!(
         step_replicas(&step().traffic("10%"), 1),
