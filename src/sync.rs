@@ -35,6 +35,7 @@ mod apply;
 mod diff;
 mod execute;
 mod memo;
+pub mod offline;
 mod planner;
 
 use execute::{Executed, execute};

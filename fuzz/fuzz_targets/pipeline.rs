@@ -70,7 +70,7 @@ fuzz_target!(|data: &[u8]| {
         .map(|(i, content)| (format!("app{}/file{i}.yaml", i % 3), content.to_vec()));
     let mut set = gitcanary::manifest::load_files(files);
     gitcanary::rollout::validate::validate(&mut set, &options.allowed);
-    for problem in gitcanary::rollout::offline::plan_problems(&set, &options) {
+    for problem in gitcanary::sync::offline::plan_problems(&set, &options) {
         let _ = problem.to_string();
     }
 
@@ -85,7 +85,7 @@ fuzz_target!(|data: &[u8]| {
         .into_iter(),
     );
     gitcanary::rollout::validate::validate(&mut set, &options.allowed);
-    for problem in gitcanary::rollout::offline::plan_problems(&set, &options) {
+    for problem in gitcanary::sync::offline::plan_problems(&set, &options) {
         let _ = problem.to_string();
     }
 

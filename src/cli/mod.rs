@@ -316,7 +316,7 @@ pub fn validate(
         ..SyncOptions::default()
     };
     crate::rollout::validate::validate(&mut set, &options.allowed);
-    let planned = crate::rollout::offline::plan_problems(&set, &options);
+    let planned = crate::sync::offline::plan_problems(&set, &options);
     let problems: Vec<_> = set.problems().chain(planned.iter()).collect();
     for problem in &problems {
         println!("{problem}");

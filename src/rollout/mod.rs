@@ -12,7 +12,6 @@ pub mod jobs;
 pub mod knative;
 pub mod model;
 pub(crate) mod observe;
-pub mod offline;
 pub mod overlay;
 pub mod plan;
 pub mod prometheus;

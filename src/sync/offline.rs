@@ -1,23 +1,23 @@
 //! The plan stage without a cluster: every valid app planned against an
-//! empty cluster, and each of its Rollouts walked from a release's start to
-//! its promote, with overlays, as the planner would decide them. `gitcanary
-//! validate` runs it, so that a revision the planner would refuse fails
-//! offline too; the `pipeline` fuzz target runs it on arbitrary repositories.
+//! empty cluster by the sync's own planner, round after round, each of its
+//! Rollouts fed its last status until it has walked a release from its
+//! start to its promote. `gitcanary validate` runs it, so that a revision
+//! the planner would refuse fails offline too; the `pipeline` fuzz target
+//! runs it on arbitrary repositories.
 
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
 use kube::api::{ApiResource, GroupVersionKind};
 
-use super::api::{RolloutStatus, is_rollout};
-use super::desired::plan_rollouts;
-use super::model::Target;
-use super::model::{RolloutObserved, RolloutsObserved};
-use super::plan::Observed;
-use super::plan::Revisions;
-use crate::manifest::{CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
+use super::planner::{AppObserved, PlanContext, plan};
+use crate::manifest::{App, CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
 use crate::plan::desired::canonical_hash;
-use crate::plan::{AppInputs, LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions, plan_app};
+use crate::plan::{LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions};
+use crate::rollout::api::{RolloutSpec, RolloutStatus, is_rollout};
+use crate::rollout::model::{RolloutObserved, RolloutsObserved, Target};
+use crate::rollout::plan::{GatewaySeen, MIRROR_FEATURE, Observed, PERCENT_MIRROR_FEATURE, Revisions};
+use crate::rollout::signal;
 
 /// Reconciles of a release walked offline: enough for every step and the promote.
 const WALK_EXTRA: usize = 4;
@@ -26,36 +26,98 @@ const WALK_EXTRA: usize = 4;
 pub fn plan_problems(set: &ManifestSet, options: &SyncOptions) -> Vec<Problem> {
     let default_namespace = &options.allowed.default_namespace;
     let revision = RevisionKeys::of(set.apps.values().flat_map(|a| a.manifests.iter()), default_namespace);
+    let live = LiveObjects::default();
+    let context = PlanContext {
+        live: &live,
+        revision: &revision,
+        instance: &options.instance,
+        default_namespace,
+        prune: options.prune,
+    };
     let mut problems = Vec::new();
     for app in set.apps.values().filter(|a| a.is_valid()) {
-        let mut objects: Vec<Planned<'_>> = app.manifests.iter().map(|m| offline_planned(m, options)).collect();
-        let live = LiveObjects::default();
-        let has_rollouts = app.manifests.iter().any(is_rollout);
-        let plan = plan_app(AppInputs {
-            app: &app.name,
-            objects: objects.iter().map(|p| offline_planned(p.manifest, options)).collect(),
-            pending: Vec::new(),
-            live: &live,
-            previous: &[],
-            left_git: &BTreeMap::new(),
-            revision: &revision,
-            unreadable_inventory: None,
-            has_rollouts,
-            instance: &options.instance,
-            default_namespace,
-            prune: options.prune,
-        });
-        problems.extend(plan.problems);
-        let rollouts: Vec<usize> = (0..objects.len())
-            .filter(|&i| is_rollout(objects[i].manifest))
-            .collect();
-        for index in rollouts {
-            if let Err(problem) = walk_release(&mut objects, index, &options.instance) {
-                problems.push(problem);
-            }
-        }
+        problems.extend(walk_app(app, options, &context).problems);
     }
     problems
+}
+
+/// What walking an app found: its problems, each once, and the status each
+/// of its Rollouts ended with.
+struct Walked {
+    problems: Vec<Problem>,
+    statuses: Vec<RolloutStatus>,
+}
+
+/// The app planned as a sync plans it, once without Rollouts, and with them
+/// once per reconcile of their releases.
+fn walk_app(app: &App, options: &SyncOptions, context: &PlanContext<'_>) -> Walked {
+    let planned = || -> Vec<Planned<'_>> { app.manifests.iter().map(|m| offline_planned(m, options)).collect() };
+    let first = planned();
+    let mut walked = Walked {
+        problems: Vec::new(),
+        statuses: Vec::new(),
+    };
+    let mut rollouts = Vec::new();
+    for index in (0..first.len()).filter(|&i| is_rollout(first[i].manifest)) {
+        match Target::find(&first, index) {
+            Ok(target) => rollouts.push((index, target.spec.strategy.canary.steps.len())),
+            Err(problem) => walked.problems.push(problem),
+        }
+    }
+    if !walked.problems.is_empty() {
+        return walked;
+    }
+    // The workloads ran another template before this commit.
+    walked.statuses = vec![offline_stable(); rollouts.len()];
+    let rounds = rollouts.iter().map(|(_, steps)| steps + WALK_EXTRA).max().unwrap_or(1);
+    let mut now = Timestamp::UNIX_EPOCH;
+    for round in 0..rounds {
+        let objects = planned();
+        let mut observed = Vec::new();
+        for ((index, _), status) in rollouts.iter().zip(&walked.statuses) {
+            observed.push(Target::find(&objects, *index).map(|target| {
+                let seen = offline_observed(&objects, &target, status, round, now);
+                (target, seen)
+            }));
+        }
+        let app_observed = AppObserved {
+            app: &app.name,
+            objects,
+            pending: Vec::new(),
+            rollouts: RolloutsObserved(observed),
+            left_git: BTreeMap::new(),
+            inventory: &[],
+            unreadable_inventory: None,
+        };
+        let found = match plan(app_observed, context) {
+            Ok(prepared) => {
+                walked.statuses = prepared.rollouts.into_iter().map(|work| work.plan.status).collect();
+                prepared.plan.problems
+            }
+            Err(refused) => refused,
+        };
+        let refused = found.len();
+        for problem in found {
+            if !walked.problems.iter().any(|p| p.to_string() == problem.to_string()) {
+                walked.problems.push(problem);
+            }
+        }
+        if refused > 0 {
+            // The sync would stop the app here; later rounds would only say it again.
+            break;
+        }
+        now = now.saturating_add(SignedDuration::from_hours(1)).unwrap_or(now);
+    }
+    walked
+}
+
+/// A Rollout whose workload ran another template before this commit.
+fn offline_stable() -> RolloutStatus {
+    RolloutStatus {
+        stable_template_hash: "offline-stable".to_string(),
+        stable_commit: "offline-stable-commit".to_string(),
+        ..RolloutStatus::default()
+    }
 }
 
 /// An object as the sync would plan it, with its kind's scope taken from the
@@ -74,70 +136,55 @@ fn offline_planned<'a>(manifest: &'a Manifest, options: &SyncOptions) -> Planned
     Planned::new(manifest, resolved, options)
 }
 
-/// One Rollout's release, from a template change to its promote: every
-/// reconcile planned, its overlays made, its status fed to the next.
-fn walk_release(objects: &mut [Planned<'_>], index: usize, instance: &str) -> Result<RolloutStatus, Problem> {
-    let first = Target::find(objects, index)?;
-    let steps = first.spec.strategy.canary.steps.len();
-    let template = &objects[first.workload].manifest.object["spec"]["template"];
-    let git_hash = canonical_hash(template);
-    let replicas = objects[first.workload].desired["spec"]["replicas"]
+/// What one reconcile of a walked release sees: every pod ready, every
+/// route as written, and a person who promotes whatever waits for it, as
+/// the CLI allows.
+fn offline_observed(
+    objects: &[Planned<'_>],
+    target: &Target,
+    status: &RolloutStatus,
+    round: usize,
+    now: Timestamp,
+) -> RolloutObserved {
+    let template = &objects[target.workload].manifest.object["spec"]["template"];
+    let replicas = objects[target.workload].desired["spec"]["replicas"]
         .as_i64()
         .unwrap_or(1) as i32;
-    // The workload ran another template before this commit.
-    let mut status = Some(RolloutStatus {
-        stable_template_hash: "offline-stable".to_string(),
-        stable_commit: "offline-stable-commit".to_string(),
-        ..RolloutStatus::default()
-    });
-    let mut now = Timestamp::UNIX_EPOCH;
-    for round in 0..steps + WALK_EXTRA {
-        let target = Target::find(objects, index)?;
-        // A person promotes only a release that waits for it, as the CLI allows.
-        let previous = status.clone().unwrap_or_default();
-        let promote_signal = super::signal::Release::running("offline-uid", &previous)
-            .filter(|_| super::signal::awaited(super::api::Signal::Promote, &previous).is_ok())
-            .map(|release| super::signal::token(&release, &format!("offline-{round}")));
-        let observed = RolloutObserved {
-            planner: Observed {
-                commit: "offline".to_string(),
-                git_template_hash: git_hash.clone(),
-                workload_exists: true,
-                workload_stable_hash: Some("offline-stable".to_string()),
-                replicas,
-                canary_ready: replicas,
-                stable_rolled_out: round > 0,
-                promote_signal,
-                rollout_uid: "offline-uid".to_string(),
-                stable_revision: "stable".to_string(),
-                canary_revision: "canary".to_string(),
-                now,
-                // Offline, every route is as written.
-                routes: Some(Vec::new()),
-                ..Observed::default()
-            },
-            previous: status.clone(),
-            rollout_uid: Some("offline-uid".to_string()),
-            last_command_comment: 0,
-            revisions: Revisions {
-                stable: "stable".to_string(),
-                canary: "canary".to_string(),
-            },
-            stable_template: Some(template.clone()),
-            knative_settled: round > 0,
-            canary_live: BTreeMap::new(),
-            canary_kinds: canary_kinds(),
-            gateways: able_gateways(&target.spec),
-            record_problem: None,
-        };
-        let (work, problems) = plan_rollouts(objects, RolloutsObserved(vec![Ok((target, observed))]), instance);
-        if let Some(problem) = problems.into_iter().next() {
-            return Err(problem);
-        }
-        status = work.into_iter().next().map(|work| work.plan.status);
-        now = now.saturating_add(SignedDuration::from_hours(1)).unwrap_or(now);
+    let promote_signal = signal::Release::running("offline-uid", status)
+        .filter(|_| signal::awaited(crate::rollout::api::Signal::Promote, status).is_ok())
+        .map(|release| signal::token(&release, &format!("offline-{round}")));
+    RolloutObserved {
+        planner: Observed {
+            commit: "offline".to_string(),
+            git_template_hash: canonical_hash(template),
+            workload_exists: true,
+            workload_stable_hash: Some("offline-stable".to_string()),
+            replicas,
+            canary_ready: replicas,
+            stable_rolled_out: round > 0,
+            promote_signal,
+            rollout_uid: "offline-uid".to_string(),
+            stable_revision: "stable".to_string(),
+            canary_revision: "canary".to_string(),
+            now,
+            // Offline, every route is as written.
+            routes: Some(Vec::new()),
+            ..Observed::default()
+        },
+        previous: Some(status.clone()),
+        rollout_uid: Some("offline-uid".to_string()),
+        last_command_comment: 0,
+        revisions: Revisions {
+            stable: "stable".to_string(),
+            canary: "canary".to_string(),
+        },
+        stable_template: Some(template.clone()),
+        knative_settled: round > 0,
+        canary_live: BTreeMap::new(),
+        canary_kinds: canary_kinds(),
+        gateways: able_gateways(&target.spec),
+        record_problem: None,
     }
-    Ok(status.unwrap_or_default())
 }
 
 fn canary_kinds() -> BTreeMap<&'static str, Resolved> {
@@ -162,12 +209,12 @@ fn canary_kinds() -> BTreeMap<&'static str, Resolved> {
 
 /// Offline, every route's gateway can do what the steps ask of it: the
 /// cluster's own say is read when the agent runs the release.
-fn able_gateways(spec: &super::api::RolloutSpec) -> Vec<super::plan::GatewaySeen> {
-    let features = [super::plan::MIRROR_FEATURE, super::plan::PERCENT_MIRROR_FEATURE];
+fn able_gateways(spec: &RolloutSpec) -> Vec<GatewaySeen> {
+    let features = [MIRROR_FEATURE, PERCENT_MIRROR_FEATURE];
     spec.strategy
         .canary
         .gateway_routes()
-        .map(|(_, route)| super::plan::GatewaySeen {
+        .map(|(_, route)| GatewaySeen {
             route: route.to_string(),
             gateway: "offline".to_string(),
             class: "offline".to_string(),
@@ -203,10 +250,19 @@ mod tests {
     #[test]
     fn the_walk_takes_a_release_through_every_step_to_its_promote() {
         let set = load_files([("echo/app.yaml".to_string(), APP.as_bytes().to_vec())].into_iter());
-        let app = &set.apps["echo"];
         let options = SyncOptions::default();
-        let mut objects: Vec<Planned<'_>> = app.manifests.iter().map(|m| offline_planned(m, &options)).collect();
-        let status = walk_release(&mut objects, 3, &options.instance).expect("planned");
+        let revision = RevisionKeys::of(set.apps["echo"].manifests.iter(), "default");
+        let live = LiveObjects::default();
+        let context = PlanContext {
+            live: &live,
+            revision: &revision,
+            instance: &options.instance,
+            default_namespace: "default",
+            prune: true,
+        };
+        let walked = walk_app(&set.apps["echo"], &options, &context);
+        assert!(walked.problems.is_empty(), "{:?}", walked.problems);
+        let status = &walked.statuses[0];
         assert_eq!(status.phase, crate::rollout::api::Phase::Healthy, "{status:?}");
         assert_eq!(status.stable_commit, "offline", "promoted: {status:?}");
         assert_eq!(status.step_history.len(), 3, "{status:?}");
