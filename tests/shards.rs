@@ -309,6 +309,174 @@ async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
     );
 }
 
+/// A decision made on GitHub (a promote, an abort, the last comment read)
+/// reaches a Rollout only through the writer fenced to its app: a replica
+/// that lost the app's shard while GitHub answered hands nothing over.
+#[tokio::test]
+async fn a_decision_is_not_handed_to_a_rollout_whose_shard_was_lost() {
+    use gitcanary::cluster::Cluster;
+    use gitcanary::plan::{Fence, SyncOptions};
+    use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION, Rollout};
+    use gitcanary::rollout::cli::{DecidedOn, Signal, record_last_comment, send_signal_token};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let client = support::client().await;
+    support::agent::install_rollout_crd(&client).await;
+    let ns = support::namespace(&client, "fence-gate").await;
+    let rollouts: Api<Rollout> = Api::namespaced(client.clone(), &ns);
+    let rollout: Rollout = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "echo"},
+        "spec": {"workloadRef": {"kind": "Deployment", "name": "echo"}, "strategy": {"canary": {"steps": [{"pause": {}}]}}}
+    }))
+    .expect("a Rollout");
+    rollouts.create(&Default::default(), &rollout).await.expect("created");
+    let paused = serde_json::json!({"status": {"phase": "Paused", "canaryCommit": "c0ffee0123456789", "rolloutID": "c0ffee0",
+        "canaryStatus": {"canaryReadyReplicas": 1, "currentStepIndex": 1, "currentStepState": "StepPaused", "message": "waiting for a promote"}}});
+    rollouts
+        .patch_status("echo", &Default::default(), &kube::api::Patch::Merge(&paused))
+        .await
+        .expect("paused at its gate");
+
+    let cluster = Cluster::from_client(client.clone()).await.expect("a cluster");
+    let held = Arc::new(AtomicBool::new(true));
+    let options = SyncOptions {
+        fence: Some(Fence(Arc::new({
+            let held = held.clone();
+            move |app: &str| app == "echo-app" && held.load(Ordering::SeqCst)
+        }))),
+        ..SyncOptions::default()
+    };
+    let decided = DecidedOn {
+        canary_commit: "c0ffee0123456789",
+        step: Some(1),
+    };
+    let annotation = |key: &'static str| {
+        let rollouts = rollouts.clone();
+        async move {
+            let rollout = rollouts.get("echo").await.expect("read");
+            rollout.metadata.annotations.unwrap_or_default().get(key).cloned()
+        }
+    };
+
+    let writer = cluster.writer(None).fenced(options.fence.as_ref(), "echo-app");
+    held.store(false, Ordering::SeqCst);
+    let refused = send_signal_token(&writer, &ns, "echo", Signal::Promote, "review 1 by @bob", Some(decided)).await;
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("no longer holds the shard of app echo-app")),
+        "{refused:?}"
+    );
+    assert!(record_last_comment(&writer, &ns, "echo", 42).await.is_err());
+    assert_eq!(
+        annotation(PROMOTE_ANNOTATION).await,
+        None,
+        "no promote from a replica without the shard"
+    );
+    assert_eq!(annotation(LAST_COMMENT_ANNOTATION).await, None);
+
+    // The replica that holds the shard hands the same decision over.
+    held.store(true, Ordering::SeqCst);
+    let holder = cluster.writer(None).fenced(options.fence.as_ref(), "echo-app");
+    send_signal_token(&holder, &ns, "echo", Signal::Promote, "review 1 by @bob", Some(decided))
+        .await
+        .expect("handed over while the shard is held");
+    record_last_comment(&holder, &ns, "echo", 42).await.expect("recorded");
+    let promote = annotation(PROMOTE_ANNOTATION).await.expect("the promote");
+    assert!(promote.contains("review 1 by @bob"), "{promote}");
+    assert_eq!(annotation(LAST_COMMENT_ANNOTATION).await.as_deref(), Some("42"));
+}
+
+/// The GitHub report of an app whose shard this replica lost sends nothing
+/// for it: no pull request looked up, no comment, no commit status; the
+/// replica that holds the shard reports it.
+#[tokio::test]
+async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
+    use gitcanary::cluster::Cluster;
+    use gitcanary::plan::Fence;
+    use gitcanary::report::github::GitHubReporter;
+    use gitcanary::rollout::model::RolloutSummary;
+    use gitcanary::sync::{AppReport, AppResult, SyncReport};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const COMMIT: &str = "c0ffee0123456789";
+    let fake = support::github::GitHubFake::start().await;
+    fake.carry(COMMIT, 5);
+    let github = gitcanary::github::GitHub::new(
+        &fake.url,
+        gitcanary::github::Credentials::Token("ghp_test_token".into()),
+        "acme/apps",
+        Arc::new(gitcanary::telemetry::Metrics::default()),
+    )
+    .expect("client");
+    let cluster = Cluster::from_client(support::client().await).await.expect("a cluster");
+    let dir = tempfile::tempdir().expect("a directory");
+    let source = Arc::new(gitcanary::source::Source::Dir {
+        root: dir.path().to_path_buf(),
+        renderers: Arc::default(),
+    });
+    let author = gitcanary::identity::Author::parse("gitcanary <gitcanary@example.com>").expect("an author");
+    let waves = gitcanary::report::wave::WaveRetries::default();
+    let held = Arc::new(AtomicBool::new(false));
+    let fence = Fence(Arc::new({
+        let held = held.clone();
+        move |app: &str| app == "echo-app" && held.load(Ordering::SeqCst)
+    }));
+    let reporter = GitHubReporter {
+        github: &github,
+        cluster: &cluster,
+        source: &source,
+        author: &author,
+        waves: &waves,
+        fence: Some(&fence),
+    };
+    let status = serde_json::from_value(serde_json::json!({"phase": "Progressing", "canaryCommit": COMMIT,
+        "rolloutID": "c0ffee0", "canaryStatus": {"canaryReadyReplicas": 0, "currentStepIndex": 1,
+        "currentStepState": "StepUpgrade", "message": "making canary pods"}}))
+    .expect("a status");
+    let spec = serde_json::from_value(
+        serde_json::json!({"workloadRef": {"kind": "Deployment", "name": "echo"},
+        "strategy": {"canary": {"steps": [{"pause": {}}]}}}),
+    )
+    .expect("a spec");
+    let report = SyncReport {
+        commit: COMMIT.into(),
+        apps: vec![AppReport {
+            rollouts: vec![RolloutSummary {
+                namespace: "demo".into(),
+                name: "echo".into(),
+                spec,
+                status,
+                changed: true,
+                last_command_comment: 0,
+            }],
+            ..AppReport::new("echo-app", AppResult::Synced)
+        }],
+        kinds: Default::default(),
+        scoped: false,
+    };
+    let release_comments = || {
+        fake.comments_on(5)
+            .into_iter()
+            .filter(|(_, _, body)| body.contains("<!-- gitcanary:release"))
+            .count()
+    };
+
+    assert!(!reporter.report(&report).await);
+    assert_eq!(
+        fake.count("GET", &format!("/commits/{COMMIT}/pulls")),
+        0,
+        "nothing asked of GitHub"
+    );
+    assert_eq!(release_comments(), 0, "no comment from a replica without the shard");
+
+    held.store(true, Ordering::SeqCst);
+    reporter.report(&report).await;
+    assert_eq!(release_comments(), 1, "the holder comments");
+}
+
 /// Replicas started with another `--shards`, and an agent without it that
 /// came later, act for no app while the first configuration holds the
 /// shards: no app is ever mapped to two holders.

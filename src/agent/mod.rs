@@ -185,7 +185,7 @@ impl Agent {
                 self.source.clone(),
                 self.writeback.author.clone(),
                 triggers.clone(),
-                self.shards.clone(),
+                (self.shards.clone(), self.options.fence.clone()),
             )
         });
         let _ = triggers.try_send(Trigger::Start);
@@ -363,7 +363,7 @@ impl GitHubTask {
         source: Arc<Source>,
         author: crate::writeback::Author,
         triggers: mpsc::Sender<Trigger>,
-        shards: Option<Arc<crate::shards::Shards>>,
+        (shards, fence): (Option<Arc<crate::shards::Shards>>, Option<crate::plan::Fence>),
     ) -> GitHubTask {
         let pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>> = Arc::default();
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -395,6 +395,7 @@ impl GitHubTask {
                         source: &source,
                         author: &author,
                         waves: &waves,
+                        fence: fence.as_ref(),
                     };
                     if reporter.report(&report).await {
                         // A decision was handed to a rollout: act on it now.

@@ -77,7 +77,16 @@ pub async fn act(
     };
     let by = format!("the dashboard at {}", jiff::Timestamp::now());
     let page_url = format!("/rollouts/{namespace}/{name}");
-    match send_signal_token(&dashboard.cluster, &namespace, &name, signal, &by, Some(decided)).await {
+    match send_signal_token(
+        &dashboard.cluster.writer(None),
+        &namespace,
+        &name,
+        signal,
+        &by,
+        Some(decided),
+    )
+    .await
+    {
         Ok(()) => (StatusCode::SEE_OTHER, [(header::LOCATION, page_url)]).into_response(),
         Err(error) => {
             let main = format!(

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 use crate::Result;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Writer as ClusterWriter};
 use crate::github::{self, GitHub, gate};
+use crate::plan::Fence;
 use crate::rollout::api::Phase;
 use crate::rollout::cli::{DecidedOn, Signal, record_last_comment, send_signal_token};
 use crate::rollout::model::RolloutSummary;
+use crate::rollout::record::Records;
 use crate::source::Source;
 use crate::sync::SyncReport;
 use crate::writeback::{Author, Writer};
@@ -26,6 +28,8 @@ pub struct GitHubReporter<'a> {
     pub author: &'a Author,
     /// Wave pull requests still to open.
     pub waves: &'a super::wave::WaveRetries,
+    /// With shards: whether this replica still holds an app's shard.
+    pub fence: Option<&'a Fence>,
 }
 
 impl GitHubReporter<'_> {
@@ -35,97 +39,114 @@ impl GitHubReporter<'_> {
     /// limited delays the comment, never the release. Returns whether a
     /// decision was handed to a rollout.
     pub async fn report(&self, report: &SyncReport) -> bool {
-        let (github, cluster) = (self.github, self.cluster);
         let mut signalled = false;
         let records = self.source.records();
         // A promote in Git opens the next environment's wave pull request.
         let promotes = super::wave::promotes(report);
-        for rollout in report.apps.iter().flat_map(|a| a.rollouts.iter()) {
-            let status = &rollout.status;
-            let commit = if status.canary_commit.is_empty() {
-                &status.stable_commit
-            } else {
-                &status.canary_commit
-            };
-            if commit.is_empty() || !github::is_reportable(status) {
-                continue;
-            }
-            let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);
-            let (pulls, mut authors): (Vec<u64>, Vec<String>) = match github.carried_by(commit).await {
-                Ok(carried) => carried.into_iter().unzip(),
-                Err(error) => {
-                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: cannot find the pull request");
-                    continue;
+        for app in &report.apps {
+            // A replica that loses the app's shard meanwhile hands nothing
+            // more to its Rollouts, and says nothing more of them on GitHub.
+            let writer = self.cluster.writer(None).fenced(self.fence, &app.app);
+            for rollout in &app.rollouts {
+                if writer.fence_lost() {
+                    info!(app = %app.app, "GitHub: the app's shard was lost; the rest of its report is left to the replica that holds it");
+                    break;
                 }
-            };
-            // Everyone who wrote or committed a commit of the release, with or
-            // without a pull request: none of them may pass its gate. Unknown,
-            // the gate and commands wait; the comment and status do not.
-            let mut authors_known = true;
-            if matches!(status.phase, Phase::Paused | Phase::Progressing) && !status.canary_commit.is_empty() {
-                match release_authors(github, status, &self.author.email).await {
-                    Ok(people) => {
-                        debug!(?people, "the release's authors and committers");
-                        authors.extend(people)
-                    }
-                    Err(error) => {
-                        warn!(%error, namespace = %fields.0, rollout = %fields.1, "GitHub: the release's commit authors are unknown; its gate and commands wait");
-                        authors_known = false;
-                    }
-                }
-            }
-            let mut command_pulls = pulls.clone();
-            let waiting = gate::waiting_step(&rollout.spec, status).filter(|_| authors_known);
-            let mut gate_pull = None;
-            let mut gate_branch = None;
-            if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
-                let request = gate::GateRequest {
-                    rollout,
-                    step,
-                    base: &base,
-                    carried_by: &pulls,
-                    authors: &authors,
-                    records: &records,
-                };
-                gate_branch = Some(request.branch());
-                match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
-                    Ok(gate::Driven { pull, verdict, skipped }) => {
-                        command_pulls.push(pull.number);
-                        gate_pull = Some(pull.number);
-                        gate_branch = Some(pull.head_ref.clone());
-                        warn_skipped(github, &pulls, &pull, &skipped).await;
-                        signalled |= pass_verdict(cluster, rollout, verdict, step).await;
-                    }
-                    Err(error) => {
-                        warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands and the CLI still work")
-                    }
-                }
-            }
-            if rollout.changed {
-                let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
-                let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status, gate_pull);
-                for pull in &pulls {
-                    if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
-                        warn!(%error, pull, "GitHub: the release comment waits for the next change");
-                    }
-                }
-                let (state, description) = github::commit_status(status);
-                let context = records.status_context(&rollout.namespace, &rollout.name);
-                if let Err(error) = github.set_status(commit, &context, state, &description).await {
-                    warn!(%error, "GitHub: the commit status waits for the next change");
-                }
-                if let Some(git) = self.source.git().filter(|_| authors_known)
-                    && let Err(error) =
-                        gate::close_others(github, (git.branch(), &records), rollout, gate_branch.as_deref()).await
-                {
-                    warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
-                }
-            }
-            if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {
-                signalled |= handle_commands(github, cluster, rollout, &command_pulls, &authors).await;
+                signalled |= self.report_rollout(&writer, rollout, &records).await;
             }
         }
-        super::wave::follow_all(github, (self.source, self.author), promotes, self.waves).await;
+        super::wave::follow_all(self.github, (self.source, self.author), promotes, self.waves).await;
+        signalled
+    }
+
+    /// One rollout's comment, commit status, gate and commands; whether a
+    /// decision was handed to it.
+    async fn report_rollout(&self, writer: &ClusterWriter<'_>, rollout: &RolloutSummary, records: &Records) -> bool {
+        let github = self.github;
+        let mut signalled = false;
+        let status = &rollout.status;
+        let commit = if status.canary_commit.is_empty() {
+            &status.stable_commit
+        } else {
+            &status.canary_commit
+        };
+        if commit.is_empty() || !github::is_reportable(status) {
+            return false;
+        }
+        let fields = (&rollout.namespace, &rollout.name, &status.rollout_id);
+        let (pulls, mut authors): (Vec<u64>, Vec<String>) = match github.carried_by(commit).await {
+            Ok(carried) => carried.into_iter().unzip(),
+            Err(error) => {
+                warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: cannot find the pull request");
+                return false;
+            }
+        };
+        // Everyone who wrote or committed a commit of the release, with or
+        // without a pull request: none of them may pass its gate. Unknown,
+        // the gate and commands wait; the comment and status do not.
+        let mut authors_known = true;
+        if matches!(status.phase, Phase::Paused | Phase::Progressing) && !status.canary_commit.is_empty() {
+            match release_authors(github, status, &self.author.email).await {
+                Ok(people) => {
+                    debug!(?people, "the release's authors and committers");
+                    authors.extend(people)
+                }
+                Err(error) => {
+                    warn!(%error, namespace = %fields.0, rollout = %fields.1, "GitHub: the release's commit authors are unknown; its gate and commands wait");
+                    authors_known = false;
+                }
+            }
+        }
+        let mut command_pulls = pulls.clone();
+        let waiting = gate::waiting_step(&rollout.spec, status).filter(|_| authors_known);
+        let mut gate_pull = None;
+        let mut gate_branch = None;
+        if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
+            let request = gate::GateRequest {
+                rollout,
+                step,
+                base: &base,
+                carried_by: &pulls,
+                authors: &authors,
+                records,
+            };
+            gate_branch = Some(request.branch());
+            match gate::drive(github, &request, async |branch| self.push_gate(&request, branch).await).await {
+                Ok(gate::Driven { pull, verdict, skipped }) => {
+                    command_pulls.push(pull.number);
+                    gate_pull = Some(pull.number);
+                    gate_branch = Some(pull.head_ref.clone());
+                    warn_skipped(github, &pulls, &pull, &skipped).await;
+                    signalled |= pass_verdict(writer, rollout, verdict, step).await;
+                }
+                Err(error) => {
+                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands and the CLI still work")
+                }
+            }
+        }
+        if rollout.changed {
+            let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
+            let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status, gate_pull);
+            for pull in &pulls {
+                if let Err(error) = github.upsert_comment(*pull, &marker, &body).await {
+                    warn!(%error, pull, "GitHub: the release comment waits for the next change");
+                }
+            }
+            let (state, description) = github::commit_status(status);
+            let context = records.status_context(&rollout.namespace, &rollout.name);
+            if let Err(error) = github.set_status(commit, &context, state, &description).await {
+                warn!(%error, "GitHub: the commit status waits for the next change");
+            }
+            if let Some(git) = self.source.git().filter(|_| authors_known)
+                && let Err(error) =
+                    gate::close_others(github, (git.branch(), records), rollout, gate_branch.as_deref()).await
+            {
+                warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
+            }
+        }
+        if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {
+            signalled |= handle_commands(github, writer, rollout, &command_pulls, &authors).await;
+        }
         signalled
     }
 
@@ -161,7 +182,7 @@ impl GitHubReporter<'_> {
 /// Hands a decision made on GitHub to the rollout, bound to the release
 /// (and, for a promote, the pause) it was made on.
 async fn hand_over(
-    cluster: &Cluster,
+    writer: &ClusterWriter<'_>,
     rollout: &RolloutSummary,
     signal: Signal,
     token: &str,
@@ -172,7 +193,7 @@ async fn hand_over(
         step: step.filter(|_| signal == Signal::Promote),
     };
     send_signal_token(
-        cluster,
+        writer,
         &rollout.namespace,
         &rollout.name,
         signal,
@@ -184,7 +205,7 @@ async fn hand_over(
 
 /// Hands a promotion pull request's decision to its rollout (once: the token
 /// names the decision).
-async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate::Verdict, step: u32) -> bool {
+async fn pass_verdict(writer: &ClusterWriter<'_>, rollout: &RolloutSummary, verdict: gate::Verdict, step: u32) -> bool {
     let (signal, token, by) = match verdict {
         gate::Verdict::Waiting => return false,
         gate::Verdict::Promote { token, by } => (Signal::Promote, token, by),
@@ -201,7 +222,7 @@ async fn pass_verdict(cluster: &Cluster, rollout: &RolloutSummary, verdict: gate
     {
         return false;
     }
-    match hand_over(cluster, rollout, signal, &token, Some(step)).await {
+    match hand_over(writer, rollout, signal, &token, Some(step)).await {
         Ok(()) => {
             info!(namespace = %rollout.namespace, rollout = %rollout.name, rollout_id = %rollout.status.rollout_id, %by, ?signal, "gate decided on GitHub");
             true
@@ -255,7 +276,7 @@ async fn warn_skipped(github: &GitHub, pulls: &[u64], gate: &github::PullRequest
 
 async fn handle_commands(
     github: &GitHub,
-    cluster: &Cluster,
+    writer: &ClusterWriter<'_>,
     rollout: &RolloutSummary,
     pulls: &[u64],
     authors: &[String],
@@ -315,7 +336,7 @@ async fn handle_commands(
             }
             let token = format!("comment {} by @{}", comment.id, comment.user);
             let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
-            match hand_over(cluster, rollout, signal, &token, step).await {
+            match hand_over(writer, rollout, signal, &token, step).await {
                 Ok(()) => {
                     info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
                     signalled = true;
@@ -326,7 +347,7 @@ async fn handle_commands(
     }
     github.note_handled(&key, last);
     if last > rollout.last_command_comment
-        && let Err(error) = record_last_comment(cluster, &rollout.namespace, &rollout.name, last).await
+        && let Err(error) = record_last_comment(writer, &rollout.namespace, &rollout.name, last).await
     {
         warn!(%error, "cannot record the last handled comment");
     }

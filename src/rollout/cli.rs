@@ -8,7 +8,7 @@ use super::api::{CanaryStep, IntOrPercent, Phase, Rollout, StepState, describe_m
 use super::api::{LAST_COMMENT_ANNOTATION, annotation_of};
 use super::plan::parse_percent;
 use super::signal;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Writer};
 use crate::{Error, Result};
 
 pub use super::api::Signal;
@@ -17,7 +17,7 @@ pub use super::api::Signal;
 /// engine acts on each token once.
 pub async fn send_signal(cluster: &Cluster, namespace: &str, name: &str, signal: Signal) -> Result<()> {
     send_signal_token(
-        cluster,
+        &cluster.writer(None),
         namespace,
         name,
         signal,
@@ -40,8 +40,10 @@ pub struct DecidedOn<'a> {
 /// Sets the signal annotation to a token naming the running release and
 /// `by` (a pull-request comment, say). Refused when nothing waits for the
 /// signal: a promote kept for later would pass the next release's gate.
+/// Sent through `writer`: a replica's writer fenced to the Rollout's app
+/// sends nothing once it no longer holds the app's shard.
 pub async fn send_signal_token(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     namespace: &str,
     name: &str,
     signal: Signal,
@@ -51,7 +53,7 @@ pub async fn send_signal_token(
     // The signal is written only onto the Rollout as it was checked: when
     // the agent moved it on meanwhile, it is read and checked again.
     for _ in 0..5 {
-        match send_if_unchanged(cluster, namespace, name, signal, by, decided_on).await {
+        match send_if_unchanged(writer, namespace, name, signal, by, decided_on).await {
             Err(Error::Kube { source, .. }) if matches!(&*source, kube::Error::Api(status) if status.code == 409) => {
                 continue;
             }
@@ -65,14 +67,14 @@ pub async fn send_signal_token(
 }
 
 async fn send_if_unchanged(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     namespace: &str,
     name: &str,
     signal: Signal,
     by: &str,
     decided_on: Option<DecidedOn<'_>>,
 ) -> Result<()> {
-    let api: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
+    let api: Api<Rollout> = Api::namespaced(writer.cluster().client.clone(), namespace);
     let rollout = api
         .get(name)
         .await
@@ -98,15 +100,15 @@ async fn send_if_unchanged(
         "resourceVersion": rollout.metadata.resource_version,
         "annotations": {annotation_of(signal): signal::token(&release, by)},
     }});
-    merge_into_rollout(cluster, namespace, name, &patch)
+    merge_into_rollout(writer, namespace, name, &patch)
         .await
         .map_err(Error::kube(format!("signalling Rollout {namespace}/{name}")))
 }
 
 /// Records the last pull-request comment whose command was handled, so that
 /// no comment is acted on twice.
-pub async fn record_last_comment(cluster: &Cluster, namespace: &str, name: &str, comment: u64) -> Result<()> {
-    annotate(cluster, namespace, name, LAST_COMMENT_ANNOTATION, &comment.to_string())
+pub async fn record_last_comment(writer: &Writer<'_>, namespace: &str, name: &str, comment: u64) -> Result<()> {
+    annotate(writer, namespace, name, LAST_COMMENT_ANNOTATION, &comment.to_string())
         .await
         .map_err(Error::kube(format!(
             "recording the last handled comment on Rollout {namespace}/{name}"
@@ -114,11 +116,14 @@ pub async fn record_last_comment(cluster: &Cluster, namespace: &str, name: &str,
 }
 
 /// An annotation of the agent's own bookkeeping: its watch event wakes nothing.
-async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, value: &str) -> Result<(), kube::Error> {
-    let resolved = cluster.served(super::api::API_VERSION, super::api::KIND).await?;
+async fn annotate(writer: &Writer<'_>, namespace: &str, name: &str, key: &str, value: &str) -> Result<(), kube::Error> {
+    let resolved = writer
+        .cluster()
+        .served(super::api::API_VERSION, super::api::KIND)
+        .await?;
     let patch = json!({"metadata": {"annotations": {key: value}}});
-    cluster
-        .writer(None)
+    writer
+        .as_agent()
         .merge(&resolved, Some(namespace), name, &patch)
         .await?;
     Ok(())
@@ -128,14 +133,17 @@ async fn annotate(cluster: &Cluster, namespace: &str, name: &str, key: &str, val
 /// as the agent. Its watch event wakes the agent's sync at once, as a
 /// signal sent from the command line does: not recorded as its own write.
 async fn merge_into_rollout(
-    cluster: &Cluster,
+    writer: &Writer<'_>,
     namespace: &str,
     name: &str,
     patch: &serde_json::Value,
 ) -> Result<(), kube::Error> {
-    let resolved = cluster.served(super::api::API_VERSION, super::api::KIND).await?;
-    cluster
-        .writer(None)
+    let resolved = writer
+        .cluster()
+        .served(super::api::API_VERSION, super::api::KIND)
+        .await?;
+    writer
+        .as_agent()
         .merge_as_news(&resolved, Some(namespace), name, patch)
         .await?;
     Ok(())
