@@ -632,10 +632,12 @@ async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
     })
     .await;
     let canary_uid = cluster.deployment("echo-canary").await.expect("canary").metadata.uid;
+    let before = cluster.rollout().await.expect("rollout").status.expect("status");
+    let step_1 = before.step_history.first().cloned().expect("step 1 recorded");
+    assert_eq!(step_1.step, 1);
     agent.kill();
+    // Step 1's pause (4 s) runs out while no agent runs: the next one finds it over.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    // Nothing moves while no agent runs.
-    assert_eq!(cluster.weights().await, vec![w("echo", 80), w("echo-canary", 20)]);
 
     let _agent = scenario.start_agent();
     let seen = std::cell::RefCell::new(Vec::new());
@@ -655,6 +657,14 @@ async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
         canary.metadata.uid, canary_uid,
         "the same canary Deployment, not a second one"
     );
+    let history = cluster.rollout().await.expect("rollout").status.expect("status").step_history;
+    let steps: Vec<u32> = history.iter().map(|r| r.step).collect();
+    assert_eq!(steps, vec![1, 2], "step 1 once, then step 2: {history:?}");
+    assert_eq!(
+        history[0].started_at, step_1.started_at,
+        "step 1 kept the start it had before the kill: {history:?}"
+    );
+    assert!(!history[0].finished_at.is_empty(), "{history:?}");
 }
 
 #[tokio::test]
