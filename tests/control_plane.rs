@@ -72,10 +72,14 @@ async fn pods_labelled_never_ready_run_but_stay_unavailable() {
     })
     .await;
     // The Deployment controller has counted both pods, and found them unavailable.
-    support::eventually("the controller counts 2 unavailable", Duration::from_secs(60), || async {
-        let status = api.get("broken").await.ok()?.status?;
-        (status.replicas == Some(2) && status.unavailable_replicas == Some(2)).then_some(())
-    })
+    support::eventually(
+        "the controller counts 2 unavailable",
+        Duration::from_secs(60),
+        || async {
+            let status = api.get("broken").await.ok()?.status?;
+            (status.replicas == Some(2) && status.unavailable_replicas == Some(2)).then_some(())
+        },
+    )
     .await;
     assert_eq!(available_replicas(&api, "broken").await, 0);
     let ready = pods

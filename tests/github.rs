@@ -321,6 +321,20 @@ async fn a_gate_merges_only_the_commit_gitcanary_pushed_approved_by_someone_who_
     fake.close_as(fork, "alice");
     reviews_read(&fake, gate.number, 2).await;
     assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    // Nor is one from a fork in the same organization, which GitHub's
+    // `head=acme:branch` lists beside the gate: it neither decides nor
+    // hides the gate (no second promotion pull request is opened).
+    let sibling = fake.open_pull_from_fork("alice", "acme", "apps-fork", &gate.head, "main");
+    fake.close_as(sibling, "alice");
+    reviews_read(&fake, gate.number, 2).await;
+    assert_eq!(phase(&scenario).await, Some(Phase::Paused));
+    let gates: Vec<u64> = fake
+        .pulls()
+        .iter()
+        .filter(|p| p.head.starts_with("gitcanary/promote/") && p.head_repo.is_empty() && p.head_owner == "acme")
+        .map(|p| p.number)
+        .collect();
+    assert_eq!(gates, vec![gate.number], "the gate is still #{}", gate.number);
 
     // Someone pushes to the gate branch; a writer's approval of that head
     // merges nothing, and gitcanary says why.

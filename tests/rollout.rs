@@ -657,7 +657,13 @@ async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
         canary.metadata.uid, canary_uid,
         "the same canary Deployment, not a second one"
     );
-    let history = cluster.rollout().await.expect("rollout").status.expect("status").step_history;
+    let history = cluster
+        .rollout()
+        .await
+        .expect("rollout")
+        .status
+        .expect("status")
+        .step_history;
     let steps: Vec<u32> = history.iter().map(|r| r.step).collect();
     assert_eq!(steps, vec![1, 2], "step 1 once, then step 2: {history:?}");
     assert_eq!(

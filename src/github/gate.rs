@@ -165,18 +165,17 @@ pub async fn drive<F>(github: &GitHub, request: &GateRequest<'_>, push_branch: F
 where
     F: AsyncFnOnce(String) -> Result<String>,
 {
-    let repository = github.repository();
     let own = github.login().await?.to_string();
     let canary = &request.rollout.status.canary_commit;
     let first = request.branch();
     let mut skipped = Vec::new();
     let mut free = None;
     for branch in branch_candidates(&first) {
-        // Only a pull request from this repository into the tracked branch is the gate.
+        // Only a pull request (of this repository's branch) into the tracked branch is the gate.
         let found = github
             .pull_for_branch(&branch)
             .await?
-            .filter(|p| p.head_repo == repository && p.base_ref == request.base);
+            .filter(|p| p.base_ref == request.base);
         match found {
             Some(pull) if is_gate_of_release(&pull, &own, canary, request.step) => {
                 let verdict = verdict(github, &pull, request, &own).await?;

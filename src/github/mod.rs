@@ -446,10 +446,13 @@ impl GitHub {
                 "pull requests of a branch",
             )
             .await?;
+        // `head=owner:branch` also lists forks within the same owner: only a
+        // branch of this repository is the one asked for.
+        let repository = self.repository();
         Ok(pulls
             .iter()
             .filter_map(PullRequest::from_json)
-            .filter(|p| p.head_ref == branch)
+            .filter(|p| p.head_ref == branch && p.head_repo == repository)
             .max_by_key(|p| p.number))
     }
 

@@ -258,6 +258,9 @@ pub struct FakePull {
     pub closed_by: Option<String>,
     /// The owner of the repository its head branch is in (a fork's, or this one's).
     pub head_owner: String,
+    /// The name of that repository when it is not this one's (a fork
+    /// within the same organization); empty for this repository's name.
+    pub head_repo: String,
 }
 
 #[derive(Clone)]
@@ -393,6 +396,24 @@ impl GitHubFake {
         number
     }
 
+    /// A pull request from a fork within the same organization: the
+    /// repository `head_owner/head_repo`, whose `head` GitHub's `head=`
+    /// filter (owner and branch only) cannot tell from this repository's.
+    pub fn open_pull_from_fork(&self, author: &str, head_owner: &str, head_repo: &str, head: &str, base: &str) -> u64 {
+        let number = self.open_pull_as(
+            author,
+            head_owner,
+            head,
+            base,
+            "Promote, from a fork in the organization",
+        );
+        let mut data = self.data.lock().expect("lock");
+        if let Some(pull) = data.pull_requests.iter_mut().find(|p| p.number == number) {
+            pull.head_repo = head_repo.into();
+        }
+        number
+    }
+
     /// An open pull request from `head` into `base` with nothing else said.
     pub fn blank_pull(number: u64, head: &str, base: &str) -> FakePull {
         FakePull {
@@ -408,6 +429,7 @@ impl GitHubFake {
             author: "carol".into(),
             closed_by: None,
             head_owner: "acme".into(),
+            head_repo: String::new(),
         }
     }
 
@@ -869,6 +891,11 @@ fn branch_sha(data: &Data, branch: &str) -> Option<String> {
 
 fn pull_json(owner: &str, repo: &str, pull: &FakePull, data: &Data) -> Value {
     let head_sha = branch_sha(data, &pull.head).unwrap_or_default();
+    let head_repo = if pull.head_repo.is_empty() {
+        repo
+    } else {
+        &pull.head_repo
+    };
     let base_sha = branch_sha(data, &pull.base).unwrap_or_default();
     let n = pull.number;
     json!({
@@ -884,7 +911,7 @@ fn pull_json(owner: &str, repo: &str, pull: &FakePull, data: &Data) -> Value {
         "merged": pull.merged_by.is_some(),
         "merged_by": pull.merged_by.as_deref().map(user),
         "head": {"label": format!("{}:{}", pull.head_owner, pull.head), "ref": pull.head, "sha": head_sha, "user": user(&pull.head_owner),
-            "repo": {"full_name": format!("{}/{repo}", pull.head_owner), "name": repo, "owner": user(&pull.head_owner)}},
+            "repo": {"full_name": format!("{}/{head_repo}", pull.head_owner), "name": head_repo, "owner": user(&pull.head_owner)}},
         "base": {"label": format!("{owner}:{}", pull.base), "ref": pull.base, "sha": base_sha, "user": user(owner),
             "repo": {"full_name": format!("{owner}/{repo}"), "name": repo, "owner": user(owner)}},
         "author_association": "NONE"
@@ -984,7 +1011,7 @@ async fn create_pull(
     if data
         .pull_requests
         .iter()
-        .any(|p| p.open && p.head == head && p.base == base)
+        .any(|p| p.open && p.head == head && p.base == base && p.head_owner == owner && p.head_repo.is_empty())
     {
         return unprocessable(&format!("A pull request already exists for {owner}:{head}."));
     }
@@ -1002,6 +1029,7 @@ async fn create_pull(
         author: caller(&data, &headers),
         closed_by: None,
         head_owner: owner.clone(),
+        head_repo: String::new(),
     };
     let answer = pull_json(&owner, &repo, &pull, &data);
     emit(&data, "pull_request", pull_event(&data, "opened", &pull, &pull.author));
