@@ -1,8 +1,8 @@
 //! Metric analysis against a real Prometheus scraping an exporter whose
 //! error ratios the test sets: a healthy canary is promoted through an
 //! analysed step, a rising error ratio fails the release and reverts it in
-//! Git with the values, and a Prometheus that goes away pauses the release
-//! instead of promoting it.
+//! Git with the values, and a Prometheus that goes away, a query with no
+//! series and a NaN each pause the release instead of promoting it.
 
 mod support;
 
@@ -217,6 +217,59 @@ async fn prometheus_gone_mid_analysis_pauses_the_release_and_never_promotes() {
     let still = status(&scenario).await.expect("status");
     assert_eq!(still.phase, Phase::Paused, "never promoted on missing data");
     assert_eq!(still.canary_status.expect("canary").current_step_index, 1);
+}
+
+/// A release whose canary's series is `canary` (absent when `None`), with
+/// stable's at 0.01: the step's analysis asks Prometheus until the release
+/// pauses; returns the pause's message once the agent has looked again.
+async fn paused_without_an_answer(name: &str, canary: Option<f64>) -> String {
+    let scenario = Scenario::new(name).await;
+    let exporter = Exporter::start();
+    exporter.set("echo", 0.01);
+    let prometheus = Prometheus::start(&exporter).await;
+    let agent = start(&scenario, &prometheus, ANALYSED_STEP).await;
+    if let Some(value) = canary {
+        exporter.set("echo-canary", value);
+    }
+    write_app(&scenario, "2.0", ANALYSED_STEP);
+    scenario.repo.commit_and_push("echo 2.0");
+    let paused = eventually("paused for want of an answer", WAIT, || async {
+        let status = status(&scenario).await?;
+        (status.phase == Phase::Paused).then_some(status)
+    })
+    .await;
+    let run = paused
+        .analysis_runs
+        .iter()
+        .find(|r| r.name == "step-1")
+        .expect("the step's run");
+    assert_eq!((run.successful, run.failed), (0, 0), "{run:?}");
+    assert!(run.inconclusive >= 2, "{run:?}");
+    agent.wait_for_syncs(3).await;
+    let still = status(&scenario).await.expect("status");
+    assert_eq!(still.phase, Phase::Paused, "never promoted, never failed, on no answer");
+    assert_eq!(still.canary_status.as_ref().expect("canary").current_step_index, 1);
+    paused.canary_status.expect("canary").message
+}
+
+#[tokio::test]
+async fn a_query_with_no_series_for_the_canary_is_inconclusive_and_pauses() {
+    let message = paused_without_an_answer("analysis-empty", None).await;
+    assert!(message.contains("inconclusive"), "{message}");
+    assert!(
+        message.contains("error-ratio inconclusive: no data against `< 0.05`"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_nan_answer_is_inconclusive_and_pauses() {
+    let message = paused_without_an_answer("analysis-nan", Some(f64::NAN)).await;
+    assert!(message.contains("inconclusive"), "{message}");
+    assert!(
+        message.contains("error-ratio inconclusive: NaN against `< 0.05`"),
+        "{message}"
+    );
 }
 
 /// What the test's web check answers.
