@@ -936,19 +936,28 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
     // Every version of the StatefulSet, from a watch: a poll on a loaded
     // machine can miss a batch that lasts only its 2 s pause.
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<i32>::new()));
+    let (listed, on_listed) = tokio::sync::oneshot::channel();
     let recorder = {
         let (sts, seen) = (sts.clone(), seen.clone());
         tokio::spawn(async move {
             use futures::StreamExt;
             use kube::runtime::{WatchStreamExt, watcher};
+            let mut listed = Some(listed);
             // A watch error (a timeout on a loaded machine) re-lists after a
             // backoff instead of ending the record.
-            let events = watcher(sts, watcher::Config::default().fields("metadata.name=db"))
-                .default_backoff()
-                .applied_objects();
+            let events = watcher(sts, watcher::Config::default().fields("metadata.name=db")).default_backoff();
             let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
-                let Ok(set) = event else { continue };
+                let set = match event {
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(listed) = listed.take() {
+                            let _ = listed.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Apply(set) | watcher::Event::InitApply(set)) => set,
+                    _ => continue,
+                };
                 let partition = set
                     .spec
                     .and_then(|s| s.update_strategy)
@@ -963,6 +972,11 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
             }
         })
     };
+    // The record starts before the release does.
+    tokio::time::timeout(WAIT, on_listed)
+        .await
+        .expect("the watch lists within the wait")
+        .expect("the watch task runs");
     write("2");
     scenario.repo.commit_and_push("db 2");
     eventually("all batches released", WAIT, || async {
