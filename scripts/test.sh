@@ -42,7 +42,7 @@ kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_KNATIVE=1 GITCANARY_T
 export GITCANARY_TEST_KUBECONFIG="$kubeconfig"
 
 step "cargo test"
-cargo test --locked
+cargo test --locked --no-fail-fast
 
 step "fuzzing each target for 10 s (first run: about 8 minutes to build them; cached in ~/.cache/gitcanary/fuzz-target)"
 scripts/fuzz.sh 10

@@ -230,7 +230,8 @@ async fn serving_1_0(scenario: &Scenario, function: &Function<'_>) -> (support::
     (agent, knative, stable)
 }
 
-const STEPS_TO_PROMOTE: &str = "      steps:\n      - {traffic: 20%, pause: {duration: 1}}\n      - {traffic: 50%, pause: {}}\n      - {traffic: 100%}\n      progressDeadline: 60\n      canaryMinScale: 1\n";
+// Step 1 lasts long enough for its 20% to be read on a loaded machine.
+const STEPS_TO_PROMOTE: &str = "      steps:\n      - {traffic: 20%, pause: {duration: 5}}\n      - {traffic: 50%, pause: {}}\n      - {traffic: 100%}\n      progressDeadline: 60\n      canaryMinScale: 1\n";
 
 #[tokio::test]
 async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_promoted() {
@@ -470,7 +471,7 @@ async fn abort_mid_release_puts_every_request_on_stable_and_never_on_the_aborted
 #[tokio::test]
 async fn the_agent_killed_mid_release_resumes_with_the_same_revisions() {
     let scenario = Scenario::new("kn-kill").await;
-    let strategy = "      steps:\n      - {traffic: 20%, pause: {duration: 3}}\n      - {traffic: 60%, pause: {}}\n      progressDeadline: 60\n";
+    let strategy = "      steps:\n      - {traffic: 20%, pause: {duration: 6}}\n      - {traffic: 60%, pause: {}}\n      progressDeadline: 60\n";
     let (mut agent, knative, stable) = serving_1_0(&scenario, &Function::new("1.0", strategy)).await;
     Function::new("2.0", strategy).write(&scenario);
     scenario.repo.commit_and_push("fn 2.0");

@@ -622,7 +622,7 @@ async fn a_commit_back_to_stable_rolls_back_at_once_and_a_third_template_restart
 async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
     let scenario = Scenario::new("ro-kill").await;
     let strategy = format!(
-        "      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: 4}}}}\n      - {{traffic: 60%, replicas: 2, pause: {{}}}}\n{GATEWAY}"
+        "      steps:\n      - {{traffic: 20%, replicas: 1, pause: {{duration: 6}}}}\n      - {{traffic: 60%, replicas: 2, pause: {{}}}}\n{GATEWAY}"
     );
     let (mut agent, cluster) = running_on_1_0(&scenario, &strategy).await;
     App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
@@ -636,9 +636,8 @@ async fn the_agent_killed_mid_step_resumes_without_repeating_it() {
     let step_1 = before.step_history.first().cloned().expect("step 1 recorded");
     assert_eq!(step_1.step, 1);
     agent.kill();
-    // Step 1's pause (4 s) runs out while no agent runs: the next one finds it over.
-    tokio::time::sleep(Duration::from_secs(5)).await;
 
+    // The next agent waits out what is left of step 1's pause, from its recorded start.
     let _agent = scenario.start_agent();
     let seen = std::cell::RefCell::new(Vec::new());
     eventually("paused at step 2 after the restart", WAIT, || async {
