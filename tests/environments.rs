@@ -2,8 +2,9 @@
 //! staging, one of the test's own as production), each synced by its own
 //! agent (`--cluster-name`, `--path`) from one repository. A release
 //! promoted in staging opens the pull request that carries its images into
-//! production's manifests; merging it runs production's own release. A
-//! release that fails in staging reverts staging only and opens nothing.
+//! production's manifests; merging it runs production's own release, whose
+//! gate the staging release's author may not pass. A release that fails in
+//! staging reverts staging only and opens nothing.
 
 mod support;
 
@@ -24,6 +25,9 @@ const WAVES: &str = "environments:\n- name: staging\n  path: staging\n  cluster:
 
 const STEPS: &str = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 10s\n";
 
+/// Production's echo waits for an approval: its promotion pull request.
+const GATED: &str = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {}}\n";
+
 /// A plain-YAML app `echo` of `env`, its container at `image`; `labels` are
 /// its pod template's.
 fn write_echo(repo: &GitRepo, env: &str, ns: &str, image: &str, labels: &str) {
@@ -36,7 +40,8 @@ fn write_echo(repo: &GitRepo, env: &str, ns: &str, image: &str, labels: &str) {
     repo.write(
         &format!("{env}/echo/rollout.yaml"),
         &format!(
-            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n{STEPS}"
+            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: echo\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: echo}}\n{}",
+            if env == "production" { GATED } else { STEPS }
         ),
     );
 }
@@ -105,6 +110,37 @@ async fn wave_pull(fake: &GitHubFake, ns: &str, rollout: &str) -> FakePull {
     .await
 }
 
+/// Commits and pushes what is written as `name <email>`.
+fn commit_as(repo: &GitRepo, name: &str, email: &str, message: &str) -> String {
+    let path = repo.path();
+    support::run(path, "git", &["config", "user.name", name]);
+    support::run(path, "git", &["config", "user.email", email]);
+    let commit = repo.commit_and_push(message);
+    support::run(path, "git", &["config", "user.name", "Test Author"]);
+    support::run(path, "git", &["config", "user.email", "author@example.test"]);
+    commit
+}
+
+/// The open promotion pull request of production's echo, other than `not`.
+async fn production_gate(fake: &GitHubFake, ns: &str, not: Option<u64>) -> FakePull {
+    let prefix = format!("gitcanary/promote/production/{ns}/echo/");
+    eventually("production's promotion pull request", WAIT, || async {
+        fake.pulls()
+            .into_iter()
+            .find(|p| p.head.starts_with(&prefix) && p.open && Some(p.number) != not)
+    })
+    .await
+}
+
+/// Production's echo Healthy with a stable commit other than `before`.
+async fn promoted_after(client: &Client, ns: &str, before: &str) -> String {
+    eventually("production's echo promoted", WAIT, || async {
+        let (phase, stable) = rollout_phase(client, ns, "echo").await?;
+        (phase == Phase::Healthy && stable != before).then_some(stable)
+    })
+    .await
+}
+
 /// The production cluster: a control plane of its own, the namespace, and
 /// its agent on `production/`.
 struct Production {
@@ -135,6 +171,11 @@ impl Production {
                 github,
                 "--github-repo",
                 "acme/apps",
+                // Its gate is looked at often: the test waits on it.
+                "--github-poll",
+                "1",
+                "--github-poll-max",
+                "2",
             ],
             &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
         );
@@ -152,7 +193,9 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     let scenario = Scenario::new("waves").await;
     let (repo, ns) = (&scenario.repo, scenario.ns.as_str());
     let fake = GitHubFake::start_for(&repo.bare).await;
-    fake.grant("dave", "write");
+    for writer in ["dave", "alice", "carol"] {
+        fake.grant(writer, "write");
+    }
     repo.write("gitcanary.yaml", WAVES);
     for env in ["staging", "production"] {
         write_echo(repo, env, ns, "1.0.0", "app: echo");
@@ -280,11 +323,52 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     assert!(shop_wave.open, "shop's wave is another Rollout's: it stays");
 
     // Reviewed and merged as any pull request: production's own releases run.
-    for (name, wave) in [("echo", &echo_wave), ("shop", &shop_wave)] {
-        fake.review(wave.number, "dave", "APPROVED");
-        let merged = fake.merge_as(wave.number, "dave");
-        healthy_at(&production.client, ns, name, &merged, "production").await;
-    }
+    fake.review(shop_wave.number, "dave", "APPROVED");
+    let merged = fake.merge_as(shop_wave.number, "dave");
+    healthy_at(&production.client, ns, "shop", &merged, "production").await;
+    // Production's own change to echo, by erin, passes production's gate
+    // first: production's next release of echo then holds none of carol's
+    // commits, and only the wave's trailer says she made it.
+    fake.link_email("erin@example.test", "erin");
+    write_echo(repo, "production", ns, "1.0.0", "app: echo, tier: web");
+    let own = commit_as(repo, "Erin", "erin@example.test", "production echo: a tier label");
+    let gate = production_gate(&fake, ns, None).await;
+    fake.review(gate.number, "alice", "APPROVED");
+    let own_stable = promoted_after(&production.client, ns, &first).await;
+    assert!(
+        scenario
+            .try_git(&["merge-base", "--is-ancestor", &own, &own_stable])
+            .is_some()
+    );
+
+    fake.review(echo_wave.number, "dave", "APPROVED");
+    let merged = fake.merge_as(echo_wave.number, "dave");
+    // Whoever made the release in staging may not pass production's gate,
+    // though they may write; another writer may.
+    let gate = production_gate(&fake, ns, Some(gate.number)).await;
+    fake.review(gate.number, "carol", "APPROVED");
+    let reviews = format!("/pulls/{}/reviews", gate.number);
+    let read = fake.count("GET", &reviews);
+    // Read again (or passed: then the assert below says so).
+    eventually("production's agent reads the gate's reviews again", WAIT, || async {
+        let moved = rollout_phase(&production.client, ns, "echo").await?.0 != Phase::Paused;
+        (moved || fake.count("GET", &reviews) >= read + 2).then_some(())
+    })
+    .await;
+    let (phase, _) = rollout_phase(&production.client, ns, "echo").await.expect("a status");
+    assert_eq!(
+        phase,
+        Phase::Paused,
+        "the release's own author cannot pass production's gate"
+    );
+    fake.review(gate.number, "alice", "APPROVED");
+    let stable = promoted_after(&production.client, ns, &own_stable).await;
+    assert!(
+        scenario
+            .try_git(&["merge-base", "--is-ancestor", &merged, &stable])
+            .is_some(),
+        "production's release is the merged wave: {stable}"
+    );
     assert_eq!(
         image_of(&production.client, ns, "echo").await.as_deref(),
         Some("registry.test/echo:1.1.1")

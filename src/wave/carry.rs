@@ -122,14 +122,81 @@ fn newer<'i>(image: &str, images: &'i [String]) -> Option<&'i String> {
         .find(|released| split_image(released).name == name && released.as_str() != image)
 }
 
+/// The workload a Rollout governs, by kind and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub kind: String,
+    pub name: String,
+}
+
+/// The workload that the Rollout `rollout` among `files` (path, text)
+/// governs, when one of them holds that Rollout.
+pub fn rollout_workload(files: &[(String, String)], rollout: &str) -> Option<Workload> {
+    files.iter().find_map(|(_, text)| {
+        documents(&lines_of(text))
+            .into_iter()
+            .find_map(|(kind, name, document)| {
+                (kind == "Rollout" && name == rollout).then(|| {
+                    let reference = &document["spec"]["workloadRef"];
+                    Workload {
+                        kind: reference["kind"].as_str().unwrap_or_default().to_string(),
+                        name: reference["name"].as_str().unwrap_or_default().to_string(),
+                    }
+                })
+            })
+    })
+}
+
+/// Each YAML document of `lines` that parses, with its kind and name.
+fn documents(lines: &[String]) -> Vec<(String, String, serde_json::Value)> {
+    document_ranges(lines)
+        .into_iter()
+        .filter_map(|range| {
+            let text = lines[range].join("\n");
+            let document: serde_json::Value = serde_saphyr::from_str(&text).ok()?;
+            let kind = document["kind"].as_str()?.to_string();
+            let name = document["metadata"]["name"].as_str()?.to_string();
+            Some((kind, name, document))
+        })
+        .collect()
+}
+
+/// The line ranges of the documents of a multi-document YAML text.
+fn document_ranges(lines: &[String]) -> Vec<std::ops::Range<usize>> {
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    for (at, line) in lines.iter().enumerate() {
+        if line.starts_with("---") {
+            ranges.push(start..at);
+            start = at + 1;
+        }
+    }
+    ranges.push(start..lines.len());
+    ranges
+}
+
 /// A plain manifest with every container's `image:` of a released image's
 /// name set to the released one; `None` when nothing changes. Only an
 /// `image:` under a `containers`, `initContainers` or `ephemeralContainers`
 /// list counts: one in a ConfigMap's data or another field is left alone.
-pub fn carry_plain(text: &str, images: &[String]) -> Option<String> {
+/// With `only`, only that workload's containers take it: another workload
+/// of the app that runs the same image (a CronJob, say) is not released.
+pub fn carry_plain(text: &str, images: &[String], only: Option<&Workload>) -> Option<String> {
     let mut lines = lines_of(text);
     let mut changed = false;
-    let in_containers = container_lines(&lines);
+    let mut in_containers = container_lines(&lines);
+    if let Some(workload) = only {
+        for range in document_ranges(&lines) {
+            let text = lines[range.clone()].join("\n");
+            let document: Option<serde_json::Value> = serde_saphyr::from_str(&text).ok();
+            let is_it = document.is_some_and(|d| {
+                d["kind"].as_str() == Some(&workload.kind) && d["metadata"]["name"].as_str() == Some(&workload.name)
+            });
+            if !is_it {
+                in_containers[range].fill(false);
+            }
+        }
+    }
     for (line, container) in lines.iter_mut().zip(in_containers) {
         if container
             && let Some(scalar) = scalar_of(line, "image")
@@ -390,27 +457,58 @@ mod tests {
     #[test]
     fn a_plain_manifest_takes_the_released_image_and_keeps_everything_else() {
         let text = "spec:\n  containers:\n  - name: echo\n    image: \"registry.test/echo:1.0.0\"  # pinned\n  - image: registry.test/sidecar:3\n    name: sidecar\n";
-        let carried = carry_plain(text, &released(&["registry.test/echo:1.1.0"])).expect("changed");
+        let carried = carry_plain(text, &released(&["registry.test/echo:1.1.0"]), None).expect("changed");
         assert_eq!(
             carried,
             "spec:\n  containers:\n  - name: echo\n    image: \"registry.test/echo:1.1.0\"  # pinned\n  - image: registry.test/sidecar:3\n    name: sidecar\n"
         );
         assert_eq!(
-            carry_plain(&carried, &released(&["registry.test/echo:1.1.0"])),
+            carry_plain(&carried, &released(&["registry.test/echo:1.1.0"]), None),
             None,
             "already there"
         );
         assert_eq!(
-            carry_plain(text, &released(&["registry.test/other:2"])),
+            carry_plain(text, &released(&["registry.test/other:2"]), None),
             None,
             "not this app's"
         );
     }
 
     #[test]
+    fn only_the_rollouts_workload_takes_the_release() {
+        let app = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: echo}\nspec:\n  template:\n    spec:\n      containers:\n      - name: echo\n        image: registry.test/echo:1.0.0\n---\napiVersion: batch/v1\nkind: CronJob\nmetadata:\n  name: echo-report\nspec:\n  jobTemplate:\n    spec:\n      template:\n        spec:\n          containers:\n          - name: report\n            image: registry.test/echo:1.0.0\n";
+        let rollout = "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata: {name: echo}\nspec:\n  workloadRef: {apiVersion: apps/v1, kind: Deployment, name: echo}\n";
+        let files = vec![
+            ("production/echo/app.yaml".to_string(), app.to_string()),
+            ("production/echo/rollout.yaml".to_string(), rollout.to_string()),
+        ];
+        let workload = rollout_workload(&files, "echo").expect("the Rollout's workload");
+        assert_eq!(
+            workload,
+            Workload {
+                kind: "Deployment".into(),
+                name: "echo".into()
+            }
+        );
+        assert_eq!(rollout_workload(&files, "other"), None);
+        let carried = carry_plain(app, &released(&["registry.test/echo:1.1.0"]), Some(&workload)).expect("changed");
+        assert!(
+            carried.contains("      - name: echo\n        image: registry.test/echo:1.1.0\n"),
+            "{carried}"
+        );
+        assert!(
+            carried.contains("          - name: report\n            image: registry.test/echo:1.0.0\n"),
+            "the CronJob is not the release's: {carried}"
+        );
+        // Without the Rollout there, every container of the image, as `images:` would.
+        let everywhere = carry_plain(app, &released(&["registry.test/echo:1.1.0"]), None).expect("changed");
+        assert_eq!(everywhere.matches("echo:1.1.0").count(), 2);
+    }
+
+    #[test]
     fn only_a_containers_image_is_carried() {
         let text = "apiVersion: v1\nkind: ConfigMap\ndata:\n  image: registry.test/echo:1.0.0\n---\nkind: CronJob\nspec:\n  jobTemplate:\n    spec:\n      template:\n        spec:\n          initContainers:\n          - image: registry.test/echo:1.0.0\n          containers:\n          - name: a\n            image: registry.test/echo:1.0.0\n          volumes:\n          - name: v\n            image: registry.test/echo:1.0.0\n";
-        let carried = carry_plain(text, &released(&["registry.test/echo:1.1.0"])).expect("changed");
+        let carried = carry_plain(text, &released(&["registry.test/echo:1.1.0"]), None).expect("changed");
         let changed: Vec<usize> = text
             .lines()
             .zip(carried.lines())

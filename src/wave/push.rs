@@ -7,7 +7,7 @@ use std::path::Path;
 
 use git2::{Commit, Repository};
 
-use super::carry::{carry_kustomization, carry_plain, carry_values, is_image_reference};
+use super::carry::{carry_kustomization, carry_plain, carry_values, is_image_reference, rollout_workload};
 use super::{Environment, WAVES_FILE, Waves, wave_branch};
 use crate::identity::{ROLLOUT_TRAILER, WAVE_AUTHORS_TRAILER, WAVE_TRAILER, carries_trailers, signature_problem};
 use crate::render::settings::{KUSTOMIZATION_FILES, Settings};
@@ -178,7 +178,7 @@ impl Writer<'_> {
                 });
             };
             let env_dir = plan.to.path.trim_matches('/');
-            let files = carried_files(&repo, &base, (env_dir, &plan.dir), &plan.carry, &plan.images)?;
+            let files = carried_files(&repo, &base, (env_dir, &plan.dir), &request.name, plan)?;
             let tree = updated_tree(&repo, &base, &files)?;
             if files.is_empty() || tree == base.tree_id() {
                 return Ok(Err(NoWave::NothingToCarry {
@@ -310,9 +310,10 @@ fn carried_files(
     repo: &Repository,
     head: &Commit<'_>,
     (env_dir, dir): (&str, &str),
-    carry: &super::Carry,
-    images: &[String],
+    rollout: &str,
+    plan: &WavePlan,
 ) -> Result<Vec<(String, Option<Vec<u8>>)>> {
+    let (carry, images) = (&plan.carry, plan.images.as_slice());
     let settings_path = format!("{dir}/{}", crate::manifest::SETTINGS_FILE);
     let settings: Settings = read_file(repo, head, &settings_path)?
         .and_then(|text| serde_saphyr::from_str(&text).ok())
@@ -350,9 +351,12 @@ fn carried_files(
             }
         }
     } else {
+        // The Rollout's own workload there; without that Rollout, every
+        // container of the image, as a kustomization's `images:` would.
+        let workload = rollout_workload(&files, rollout);
         for (path, text) in &files {
             if path != &settings_path {
-                changed.extend(carry_plain(text, images).map(|text| (path.clone(), text)));
+                changed.extend(carry_plain(text, images, workload.as_ref()).map(|text| (path.clone(), text)));
             }
         }
     }
