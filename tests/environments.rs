@@ -21,7 +21,7 @@ use support::github::{FakePull, GitHubFake};
 
 const WAIT: Duration = Duration::from_secs(120);
 
-const WAVES: &str = "environments:\n- name: staging\n  path: staging\n  cluster: staging\n- name: production\n  path: production\n  cluster: production\n";
+const WAVES: &str = "environments:\n- name: staging\n  path: staging\n  cluster: staging\n- name: production\n  path: production\n  cluster: production\ncarry:\n  helmValues:\n  - {repository: image.repository, tag: image.tag}\n";
 
 const STEPS: &str = "  strategy:\n    canary:\n      steps:\n      - {replicas: 1, pause: {duration: 1}}\n      progressDeadline: 10s\n";
 
@@ -71,6 +71,25 @@ fn write_shop(repo: &GitRepo, env: &str, ns: &str, tag: &str) {
         &format!("{env}/shop/overlays/{env}/kustomization.yaml"),
         &format!(
             "namespace: {ns}\nresources: [../../base]\nimages:\n- name: registry.test/shop\n  newTag: \"{tag}\" # {env}\n"
+        ),
+    );
+}
+
+/// A Helm chart `cart` of `env`, whose values name its image by
+/// repository and tag.
+fn write_cart(repo: &GitRepo, env: &str, ns: &str, tag: &str) {
+    repo.write(
+        &format!("{env}/cart/Chart.yaml"),
+        "apiVersion: v2\nname: cart\nversion: 0.1.0\n",
+    );
+    repo.write(
+        &format!("{env}/cart/values.yaml"),
+        &format!("replicas: 1\nimage:\n  repository: registry.test/cart\n  tag: \"{tag}\" # the {env} release\n"),
+    );
+    repo.write(
+        &format!("{env}/cart/templates/app.yaml"),
+        &format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: cart\n  namespace: {ns}\nspec:\n  replicas: {{{{ .Values.replicas }}}}\n  selector:\n    matchLabels: {{app: cart}}\n  template:\n    metadata:\n      labels: {{app: cart}}\n    spec:\n      containers:\n      - name: cart\n        image: \"{{{{ .Values.image.repository }}}}:{{{{ .Values.image.tag }}}}\"\n---\napiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: cart\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: cart}}\n{STEPS}"
         ),
     );
 }
@@ -200,6 +219,7 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     for env in ["staging", "production"] {
         write_echo(repo, env, ns, "1.0.0", "app: echo");
         write_shop(repo, env, ns, "1.0.0");
+        write_cart(repo, env, ns, "1.0.0");
     }
     let first = repo.commit_and_push("echo and shop 1.0.0 in staging and production");
     let production = Production::start(&scenario, &fake.url).await;
@@ -219,7 +239,7 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
         ],
         &[("GITCANARY_GITHUB_TOKEN", "ghp_test_token")],
     );
-    for name in ["echo", "shop"] {
+    for name in ["echo", "shop", "cart"] {
         healthy_at(&scenario.client, ns, name, &first, "staging").await;
         healthy_at(&production.client, ns, name, &first, "production").await;
     }
@@ -227,8 +247,9 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     // 1.1.0 in staging only: staging's canaries run and promote.
     write_echo(repo, "staging", ns, "1.1.0", "app: echo");
     write_shop(repo, "staging", ns, "1.1.0");
-    let release = repo.commit_and_push("echo and shop 1.1.0 in staging");
-    for name in ["echo", "shop"] {
+    write_cart(repo, "staging", ns, "1.1.0");
+    let release = repo.commit_and_push("echo, shop and cart 1.1.0 in staging");
+    for name in ["echo", "shop", "cart"] {
         healthy_at(&scenario.client, ns, name, &release, "staging").await;
     }
 
@@ -236,6 +257,7 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     let first_echo_wave = wave_pull(&fake, ns, "echo").await;
     let echo_wave = &first_echo_wave;
     let shop_wave = wave_pull(&fake, ns, "shop").await;
+    let cart_wave = wave_pull(&fake, ns, "cart").await;
     assert_eq!(echo_wave.author, "gitcanary[bot]");
     assert!(
         echo_wave
@@ -275,6 +297,11 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     assert!(
         show(&echo_wave.head, "production/echo/deployment.yaml")
             .contains("image: registry.test/echo:1.1.0 # the production release")
+    );
+    assert!(
+        show(&cart_wave.head, "production/cart/values.yaml")
+            .contains("  repository: registry.test/cart\n  tag: \"1.1.0\" # the production release\n"),
+        "the chart's values key takes the tag, its comment kept"
     );
     assert!(
         show(&echo_wave.head, "staging/echo/deployment.yaml").contains("echo:1.1.0"),
@@ -323,9 +350,16 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     assert!(shop_wave.open, "shop's wave is another Rollout's: it stays");
 
     // Reviewed and merged as any pull request: production's own releases run.
-    fake.review(shop_wave.number, "dave", "APPROVED");
-    let merged = fake.merge_as(shop_wave.number, "dave");
-    healthy_at(&production.client, ns, "shop", &merged, "production").await;
+    for (name, wave) in [("shop", &shop_wave), ("cart", &cart_wave)] {
+        fake.review(wave.number, "dave", "APPROVED");
+        let merged = fake.merge_as(wave.number, "dave");
+        healthy_at(&production.client, ns, name, &merged, "production").await;
+    }
+    assert_eq!(
+        image_of(&production.client, ns, "cart").await.as_deref(),
+        Some("registry.test/cart:1.1.0"),
+        "the chart's values carried its tag"
+    );
     // Production's own change to echo, by erin, passes production's gate
     // first: production's next release of echo then holds none of carol's
     // commits, and only the wave's trailer says she made it.
@@ -468,7 +502,7 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
             .iter()
             .filter(|p| p.head.starts_with("gitcanary/wave/"))
             .count(),
-        3,
+        4,
         "{:?}",
         fake.pulls().iter().map(|p| &p.head).collect::<Vec<_>>()
     );
