@@ -249,12 +249,27 @@ async fn a_release_promoted_in_staging_opens_the_pull_request_that_releases_it_i
     write_shop(repo, "staging", ns, "1.1.0");
     write_cart(repo, "staging", ns, "1.1.0");
     let release = repo.commit_and_push("echo, shop and cart 1.1.0 in staging");
+    // Someone's branch already holds the name of echo's wave: it is never
+    // built on, and the wave takes the next name.
+    let taken = format!("gitcanary/wave/production/staging/{ns}/echo/{}", &release[..7]);
+    let squatter = scenario.git(&["rev-parse", &format!("{release}~1")]).trim().to_string();
+    support::run(
+        repo.path(),
+        "git",
+        &["push", "-q", "origin", &format!("{squatter}:refs/heads/{taken}")],
+    );
     for name in ["echo", "shop", "cart"] {
         healthy_at(&scenario.client, ns, name, &release, "staging").await;
     }
 
     // One wave pull request each, carrying the images as production writes them.
     let first_echo_wave = wave_pull(&fake, ns, "echo").await;
+    assert_eq!(first_echo_wave.head, format!("{taken}-v2"), "the taken name is skipped");
+    assert_eq!(
+        scenario.git(&["rev-parse", &taken]).trim(),
+        squatter,
+        "the taken branch is left as it was"
+    );
     let echo_wave = &first_echo_wave;
     let shop_wave = wave_pull(&fake, ns, "shop").await;
     let cart_wave = wave_pull(&fake, ns, "cart").await;
