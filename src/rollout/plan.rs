@@ -570,13 +570,14 @@ impl Planner<'_> {
         self.status.canary_template_hash.clear();
         self.status.canary_commit.clear();
         self.status.phase = Phase::Healthy;
+        // Nothing of the superseded release's step stays in force.
+        self.status.canary_status = Some(CanaryStatus {
+            traffic: "0%".into(),
+            state_started_at: observed.now.to_string(),
+            ..CanaryStatus::default()
+        });
         if *git == self.status.stable_template_hash {
-            self.status.canary_status = Some(CanaryStatus {
-                message: format!("fast rollback: {reason}"),
-                traffic: "0%".into(),
-                state_started_at: observed.now.to_string(),
-                ..CanaryStatus::default()
-            });
+            self.canary().message = format!("fast rollback: {reason}");
             return Some(Intent::steady(StableTemplate::Git));
         }
         // The newer template starts as a first one would: refused on the same checks.

@@ -599,6 +599,13 @@ fn a_newer_template_mid_release_is_refused_as_a_first_one_would_be() {
         "back to stable, no v3 canary"
     );
     assert!(run.status.canary_template_hash.is_empty());
+    let canary = run.status.canary_status.as_ref().expect("canary status");
+    assert_eq!(
+        (canary.traffic.as_str(), canary.current_step_index),
+        ("0%", 0),
+        "nothing of v2's step is shown as in force"
+    );
+    assert_eq!(canary.message, "label version=base is overridden");
 }
 
 #[test]
