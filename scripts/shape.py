@@ -26,7 +26,7 @@ PURE_CORE = [
     ("rollout", "analysis"),
     ("rollout", "hooks"),
     ("rollout", "jobs"),
-    ("rollout", "offline"),
+    ("sync", "offline"),
     ("rollout", "validate"),
     ("rollout", "record"),
     ("rollout", "web_paths"),

@@ -22,6 +22,10 @@ use crate::rollout::signal;
 /// Reconciles of a release walked offline: enough for every step and the promote.
 const WALK_EXTRA: usize = 4;
 
+/// Reconciles of one release walked at most: more than any real Rollout
+/// needs, and a bound on what one app directory can make `validate` do.
+const MAX_ROUNDS: usize = 128;
+
 /// Problems the plan stage finds in a validated revision.
 pub fn plan_problems(set: &ManifestSet, options: &SyncOptions) -> Vec<Problem> {
     let default_namespace = &options.allowed.default_namespace;
@@ -48,8 +52,9 @@ struct Walked {
     statuses: Vec<RolloutStatus>,
 }
 
-/// The app planned as a sync plans it, once without Rollouts, and with them
-/// once per reconcile of their releases.
+/// The app planned as a sync plans it: as it stands when it has no
+/// Rollout, otherwise once per reconcile of each Rollout's release, one
+/// Rollout at a time, so that one Rollout's problem hides no other's.
 fn walk_app(app: &App, options: &SyncOptions, context: &PlanContext<'_>) -> Walked {
     let planned = || -> Vec<Planned<'_>> { app.manifests.iter().map(|m| offline_planned(m, options)).collect() };
     let first = planned();
@@ -57,58 +62,91 @@ fn walk_app(app: &App, options: &SyncOptions, context: &PlanContext<'_>) -> Walk
         problems: Vec::new(),
         statuses: Vec::new(),
     };
-    let mut rollouts = Vec::new();
-    for index in (0..first.len()).filter(|&i| is_rollout(first[i].manifest)) {
-        match Target::find(&first, index) {
-            Ok(target) => rollouts.push((index, target.spec.strategy.canary.steps.len())),
-            Err(problem) => walked.problems.push(problem),
+    let rollouts: Vec<usize> = (0..first.len()).filter(|&i| is_rollout(first[i].manifest)).collect();
+    if rollouts.is_empty() {
+        match plan(app_observed(app, first, Vec::new()), context) {
+            Ok(prepared) => walked.note(prepared.plan.problems),
+            Err(refused) => walked.note(refused),
         }
     }
-    if !walked.problems.is_empty() {
-        return walked;
+    for index in rollouts {
+        let status = walk_release(app, &planned, index, context, &mut walked);
+        walked.statuses.push(status);
     }
-    // The workloads ran another template before this commit.
-    walked.statuses = vec![offline_stable(); rollouts.len()];
-    let rounds = rollouts.iter().map(|(_, steps)| steps + WALK_EXTRA).max().unwrap_or(1);
+    walked
+}
+
+/// One Rollout's release walked from a template change to its promote:
+/// the app planned with it at each reconcile, its status fed to the next;
+/// the last status it had.
+fn walk_release<'a>(
+    app: &'a App,
+    planned: &impl Fn() -> Vec<Planned<'a>>,
+    index: usize,
+    context: &PlanContext<'_>,
+    walked: &mut Walked,
+) -> RolloutStatus {
+    // The workload ran another template before this commit.
+    let mut status = offline_stable();
+    let steps = match Target::find(&planned(), index) {
+        Ok(target) => target.spec.strategy.canary.steps.len(),
+        Err(problem) => {
+            walked.note(vec![problem]);
+            return status;
+        }
+    };
     let mut now = Timestamp::UNIX_EPOCH;
-    for round in 0..rounds {
+    for round in 0..(steps + WALK_EXTRA).min(MAX_ROUNDS) {
         let objects = planned();
-        let mut observed = Vec::new();
-        for ((index, _), status) in rollouts.iter().zip(&walked.statuses) {
-            observed.push(Target::find(&objects, *index).map(|target| {
-                let seen = offline_observed(&objects, &target, status, round, now);
-                (target, seen)
-            }));
-        }
-        let app_observed = AppObserved {
-            app: &app.name,
-            objects,
-            pending: Vec::new(),
-            rollouts: RolloutsObserved(observed),
-            left_git: BTreeMap::new(),
-            inventory: &[],
-            unreadable_inventory: None,
-        };
-        let found = match plan(app_observed, context) {
+        let observed = Target::find(&objects, index).map(|target| {
+            let seen = offline_observed(&objects, &target, &status, round, now);
+            (target, seen)
+        });
+        match plan(app_observed(app, objects, vec![observed]), context) {
             Ok(prepared) => {
-                walked.statuses = prepared.rollouts.into_iter().map(|work| work.plan.status).collect();
-                prepared.plan.problems
+                walked.note(prepared.plan.problems);
+                status = prepared
+                    .rollouts
+                    .into_iter()
+                    .next()
+                    .map_or(status, |work| work.plan.status);
             }
-            Err(refused) => refused,
-        };
-        let refused = found.len();
-        for problem in found {
-            if !walked.problems.iter().any(|p| p.to_string() == problem.to_string()) {
-                walked.problems.push(problem);
+            Err(refused) => {
+                // The sync would apply nothing of the app: this release goes no further.
+                walked.note(refused);
+                break;
             }
-        }
-        if refused > 0 {
-            // The sync would stop the app here; later rounds would only say it again.
-            break;
         }
         now = now.saturating_add(SignedDuration::from_hours(1)).unwrap_or(now);
     }
-    walked
+    status
+}
+
+fn app_observed<'a>(
+    app: &'a App,
+    objects: Vec<Planned<'a>>,
+    rollouts: Vec<Result<(Target, RolloutObserved), Problem>>,
+) -> AppObserved<'a> {
+    AppObserved {
+        app: &app.name,
+        objects,
+        pending: Vec::new(),
+        rollouts: RolloutsObserved(rollouts),
+        left_git: BTreeMap::new(),
+        inventory: &[],
+        unreadable_inventory: None,
+    }
+}
+
+impl Walked {
+    /// Adds what was found, each problem once.
+    fn note(&mut self, found: Vec<Problem>) {
+        for problem in found {
+            if !self.problems.contains(&problem) {
+                self.problems.push(problem);
+            }
+        }
+    }
 }
 
 /// A Rollout whose workload ran another template before this commit.
