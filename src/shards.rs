@@ -178,6 +178,12 @@ pub fn shard_lease(instance: &str, k: u32) -> String {
 }
 
 impl Shards {
+    /// The fence every write for an app asks: whether this replica holds the app's shard.
+    pub fn fence(self: &std::sync::Arc<Self>) -> crate::plan::Fence {
+        let shards = self.clone();
+        crate::plan::Fence(std::sync::Arc::new(move |app: &str| shards.holds_app(app)))
+    }
+
     /// `template` names the namespace, identity and duration of every Lease.
     pub fn new(cluster: &Cluster, instance: &str, count: u32, template: &LeaseConfig) -> Shards {
         let count = count.max(1);

@@ -477,6 +477,132 @@ async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
     assert_eq!(release_comments(), 1, "the holder comments");
 }
 
+/// A `/gitcanary promote` read just as the replica loses the app's shard is
+/// neither handed over nor counted as handled: once the shard is held
+/// again, the same command is handed over.
+#[tokio::test]
+async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_again() {
+    use gitcanary::cluster::Cluster;
+    use gitcanary::plan::Fence;
+    use gitcanary::report::github::GitHubReporter;
+    use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION, Rollout};
+    use gitcanary::rollout::model::RolloutSummary;
+    use gitcanary::sync::{AppReport, AppResult, SyncReport};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let scenario = Scenario::new("fence-command").await;
+    scenario.repo.write("echo/notes.txt", "1\n");
+    let stable = scenario.repo.commit_and_push("echo 1");
+    scenario.repo.write("echo/notes.txt", "2\n");
+    let canary = scenario.repo.commit_and_push("echo 2");
+    let fake = support::github::GitHubFake::start_for(&scenario.repo.bare).await;
+    fake.carry(&canary, 5);
+    fake.grant("alice", "write");
+    let command = fake.comment(5, "alice", "/gitcanary promote");
+
+    let spec = serde_json::json!({"workloadRef": {"kind": "Deployment", "name": "echo"},
+        "strategy": {"canary": {"steps": [{"replicas": 1, "pause": {}}]}}});
+    let status = serde_json::json!({"phase": "Paused", "stableCommit": stable, "canaryCommit": canary,
+        "rolloutID": &canary[..7], "stepHistory": [{"step": 1, "startedAt": "2026-01-01T00:00:00Z"}],
+        "canaryStatus": {"canaryReadyReplicas": 1, "currentStepIndex": 1, "currentStepState": "StepPaused",
+            "message": "waiting for a promote"}});
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let rollout: Rollout = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "echo"}, "spec": spec}))
+    .expect("a Rollout");
+    rollouts.create(&Default::default(), &rollout).await.expect("created");
+    rollouts
+        .patch_status(
+            "echo",
+            &Default::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({ "status": status })),
+        )
+        .await
+        .expect("paused for a promote");
+
+    // The shard is lost as soon as the pull request's comments have been read.
+    let lose_after = Arc::new(AtomicUsize::new(0));
+    let fence = Fence(Arc::new({
+        let (fake, lose_after) = (fake.clone(), lose_after.clone());
+        move |app: &str| {
+            let after = lose_after.load(Ordering::SeqCst);
+            app == "echo-app" && (after == 0 || fake.count("GET", "/issues/5/comments") < after)
+        }
+    }));
+    let github = gitcanary::github::GitHub::new(
+        &fake.url,
+        gitcanary::github::Credentials::Token("ghp_test_token".into()),
+        "acme/apps",
+        Arc::new(gitcanary::telemetry::Metrics::default()),
+    )
+    .expect("client");
+    let cluster = Cluster::from_client(scenario.client.clone()).await.expect("a cluster");
+    let dir = tempfile::tempdir().expect("a directory");
+    let source = Arc::new(gitcanary::source::Source::Dir {
+        root: dir.path().to_path_buf(),
+        renderers: Arc::default(),
+    });
+    let author = gitcanary::identity::Author::parse("gitcanary <gitcanary@example.com>").expect("an author");
+    let waves = gitcanary::report::wave::WaveRetries::default();
+    let reporter = GitHubReporter {
+        github: &github,
+        cluster: &cluster,
+        source: &source,
+        author: &author,
+        waves: &waves,
+        fence: Some(&fence),
+    };
+    let report = SyncReport {
+        commit: canary.clone(),
+        apps: vec![AppReport {
+            rollouts: vec![RolloutSummary {
+                namespace: scenario.ns.clone(),
+                name: "echo".into(),
+                spec: serde_json::from_value(spec).expect("a spec"),
+                status: serde_json::from_value(status).expect("a status"),
+                changed: false,
+                last_command_comment: 0,
+            }],
+            ..AppReport::new("echo-app", AppResult::Synced)
+        }],
+        kinds: Default::default(),
+        scoped: false,
+    };
+    let annotation = |key: &'static str| {
+        let rollouts = rollouts.clone();
+        async move {
+            rollouts
+                .get("echo")
+                .await
+                .expect("read")
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get(key)
+                .cloned()
+        }
+    };
+
+    lose_after.store(fake.count("GET", "/issues/5/comments") + 1, Ordering::SeqCst);
+    assert!(!reporter.report(&report).await, "nothing handed over");
+    assert!(
+        fake.count("GET", "/issues/5/comments") >= lose_after.load(Ordering::SeqCst),
+        "the command was read"
+    );
+    assert_eq!(annotation(PROMOTE_ANNOTATION).await, None);
+    assert_eq!(
+        annotation(LAST_COMMENT_ANNOTATION).await,
+        None,
+        "not recorded as handled"
+    );
+
+    lose_after.store(0, Ordering::SeqCst);
+    assert!(reporter.report(&report).await, "handed over by the holder");
+    let promote = annotation(PROMOTE_ANNOTATION).await.expect("the promote");
+    assert!(promote.contains(&format!("comment {command} by @alice")), "{promote}");
+}
+
 /// Replicas started with another `--shards`, and an agent without it that
 /// came later, act for no app while the first configuration holds the
 /// shards: no app is ever mapped to two holders.

@@ -185,7 +185,7 @@ impl Agent {
                 self.source.clone(),
                 self.writeback.author.clone(),
                 triggers.clone(),
-                (self.shards.clone(), self.options.fence.clone()),
+                self.shards.clone(),
             )
         });
         let _ = triggers.try_send(Trigger::Start);
@@ -363,8 +363,9 @@ impl GitHubTask {
         source: Arc<Source>,
         author: crate::writeback::Author,
         triggers: mpsc::Sender<Trigger>,
-        (shards, fence): (Option<Arc<crate::shards::Shards>>, Option<crate::plan::Fence>),
+        shards: Option<Arc<crate::shards::Shards>>,
     ) -> GitHubTask {
+        let fence = shards.as_ref().map(crate::shards::Shards::fence);
         let pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>> = Arc::default();
         let wake = Arc::new(tokio::sync::Notify::new());
         let task = tokio::spawn({

@@ -334,8 +334,7 @@ async fn share(
         &lease_config(source, leader),
     ));
     tracing::info!(identity = %shards.identity, shards = count, "sharing the apps among replicas");
-    let fence = shards.clone();
-    agent.options.fence = Some(crate::plan::Fence(Arc::new(move |app: &str| fence.holds_app(app))));
+    agent.options.fence = Some(shards.fence());
     agent.shards = Some(shards.clone());
     let (keeper, triggers, mut stop) = (shards.clone(), triggers.clone(), stopped.clone());
     tokio::spawn(async move {

@@ -396,7 +396,9 @@ pub async fn close_others(
     keep: Option<&str>,
 ) -> Result<()> {
     for pull in github.open_pulls(base).await? {
-        let ours = records.is_gate_branch_of(&pull.head_ref, &rollout.namespace, &rollout.name);
+        // A fork's branch of the same name is not gitcanary's to close.
+        let ours = records.is_gate_branch_of(&pull.head_ref, &rollout.namespace, &rollout.name)
+            && github.is_this_repository(&pull.head_repo);
         if !ours || Some(pull.head_ref.as_str()) == keep {
             continue;
         }

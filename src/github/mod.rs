@@ -147,6 +147,12 @@ impl GitHub {
         format!("{}/{}", self.owner, self.repo)
     }
 
+    /// Whether `full_name` (a pull request's head repository) is this
+    /// repository, as GitHub names it: owner and name ignore case.
+    pub fn is_this_repository(&self, full_name: &str) -> bool {
+        full_name.eq_ignore_ascii_case(&self.repository())
+    }
+
     /// The login of the account gitcanary's token acts as (asked once).
     pub async fn login(&self) -> Result<&str> {
         let login = self
@@ -448,11 +454,10 @@ impl GitHub {
             .await?;
         // `head=owner:branch` also lists forks within the same owner: only a
         // branch of this repository is the one asked for.
-        let repository = self.repository();
         Ok(pulls
             .iter()
             .filter_map(PullRequest::from_json)
-            .filter(|p| p.head_ref == branch && p.head_repo == repository)
+            .filter(|p| p.head_ref == branch && self.is_this_repository(&p.head_repo))
             .max_by_key(|p| p.number))
     }
 

@@ -55,7 +55,8 @@ impl GitHubReporter<'_> {
                 signalled |= self.report_rollout(&writer, rollout, &records).await;
             }
         }
-        super::wave::follow_all(self.github, (self.source, self.author), promotes, self.waves).await;
+        let holds = |app: &str| self.fence.is_none_or(|fence| (fence.0)(app));
+        super::wave::follow_all(self.github, (self.source, self.author), promotes, self.waves, holds).await;
         signalled
     }
 
@@ -97,6 +98,10 @@ impl GitHubReporter<'_> {
                 }
             }
         }
+        // Asked again before each write to GitHub: a reply may take long.
+        if writer.fence_lost() {
+            return false;
+        }
         let mut command_pulls = pulls.clone();
         let waiting = gate::waiting_step(&rollout.spec, status).filter(|_| authors_known);
         let mut gate_pull = None;
@@ -124,6 +129,9 @@ impl GitHubReporter<'_> {
                 }
             }
         }
+        if writer.fence_lost() {
+            return signalled;
+        }
         if rollout.changed {
             let marker = github::marker(&rollout.namespace, &rollout.name, &status.rollout_id);
             let body = github::render_comment(&rollout.namespace, &rollout.name, &rollout.spec, status, gate_pull);
@@ -137,7 +145,7 @@ impl GitHubReporter<'_> {
             if let Err(error) = github.set_status(commit, &context, state, &description).await {
                 warn!(%error, "GitHub: the commit status waits for the next change");
             }
-            if let Some(git) = self.source.git().filter(|_| authors_known)
+            if let Some(git) = self.source.git().filter(|_| authors_known && !writer.fence_lost())
                 && let Err(error) =
                     gate::close_others(github, (git.branch(), records), rollout, gate_branch.as_deref()).await
             {
@@ -300,6 +308,12 @@ async fn handle_commands(
             }
         };
         for comment in commands {
+            // The shard lost: nothing is noted as handled, and the holder
+            // reads these commands again (a refusal may be replied twice;
+            // a command is never lost).
+            if writer.fence_lost() {
+                return signalled;
+            }
             last = last.max(comment.id);
             let allowed = match github.can_write(&comment.user).await {
                 Ok(allowed) => allowed,
@@ -341,6 +355,7 @@ async fn handle_commands(
                     info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
                     signalled = true;
                 }
+                Err(_) if writer.fence_lost() => return signalled,
                 Err(error) => warn!(%error, "GitHub: the command could not be passed on"),
             }
         }

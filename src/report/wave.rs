@@ -75,12 +75,14 @@ impl WaveRetries {
 }
 
 /// Follows each promote of a report, and each one still waiting, with its
-/// wave; one that fails waits for the next report.
+/// wave; one that fails waits for the next report. A wave of an app that
+/// `holds` says this replica no longer syncs is left to the app's holder.
 pub async fn follow_all(
     github: &GitHub,
     (source, author): (&Arc<Source>, &Author),
     promotes: Vec<(WaveRequest, RolloutStatus)>,
     retries: &WaveRetries,
+    holds: impl Fn(&str) -> bool,
 ) {
     let mut all = retries.take();
     for (request, status) in promotes {
@@ -89,6 +91,9 @@ pub async fn follow_all(
         all.push((request, status, 0));
     }
     for (request, status, tries) in all {
+        if !holds(&request.app) {
+            continue;
+        }
         if let Err(error) = follow(github, (source, author), &request, &status).await {
             warn!(%error, namespace = %request.namespace, rollout = %request.name, "GitHub: the wave pull request is tried again after the next sync");
             retries.keep((request, status, tries + 1));
@@ -150,7 +155,7 @@ pub async fn follow(
         Err(why) => {
             info!(namespace = %request.namespace, rollout = %request.name, ?why, "no wave pull request: nothing to carry");
             let note = format!(
-                "release `{}` promoted since, and **{}** already asks for its images",
+                "release `{}` promoted since, and **{}** already asks for its images (or its Rollout's workload runs none of them)",
                 escape_inline(&request.rollout_id),
                 plan.to.name
             );
@@ -249,7 +254,10 @@ async fn open(
 /// Whether a pull request is this release's wave: opened by gitcanary from
 /// this repository into the tracked branch, naming the release.
 fn is_wave_pull(pull: &crate::github::PullRequest, (own, repository, base): (&str, &str, &str), marker: &str) -> bool {
-    pull.author == own && pull.head_repo == repository && pull.base_ref == base && pull.body.contains(marker)
+    pull.author == own
+        && pull.head_repo.eq_ignore_ascii_case(repository)
+        && pull.base_ref == base
+        && pull.body.contains(marker)
 }
 
 /// Closes this Rollout's other wave pull requests into the same
