@@ -229,8 +229,7 @@ pub(crate) fn split_documents(text: &str) -> Vec<Document<'_>> {
     let mut start_line = 1;
     let mut offset = 0;
     for (index, line) in text.split_inclusive('\n').enumerate() {
-        let trimmed = line.trim_end();
-        if trimmed == "---" || trimmed.starts_with("--- ") || trimmed == "..." {
+        if super::is_document_break(line) {
             documents.push(document(text, start_byte, offset, start_line));
             start_byte = offset + line.len();
             start_line = index + 2;

@@ -24,6 +24,13 @@ pub fn is_settings_file(path: &str) -> bool {
     path == SETTINGS_FILE || path.split_once('/').is_some_and(|(_, rest)| rest == SETTINGS_FILE)
 }
 
+/// Whether a line of a YAML file ends one document: `---` (perhaps with a
+/// comment after it) starts the next, `...` ends the one before.
+pub fn is_document_break(line: &str) -> bool {
+    let trimmed = line.trim_end();
+    trimmed == "---" || trimmed.starts_with("--- ") || trimmed == "..."
+}
+
 /// One YAML document that holds a Kubernetes object.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {

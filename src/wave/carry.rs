@@ -129,14 +129,15 @@ pub struct Workload {
     pub name: String,
 }
 
-/// The workload that the Rollout `rollout` among `files` (path, text)
-/// governs, when one of them holds that Rollout.
+/// The workload that gitcanary's Rollout `rollout` among `files` (path,
+/// text) governs, when one of them holds that Rollout.
 pub fn rollout_workload(files: &[(String, String)], rollout: &str) -> Option<Workload> {
     files.iter().find_map(|(_, text)| {
         documents(&lines_of(text))
             .into_iter()
             .find_map(|(kind, name, document)| {
-                (kind == "Rollout" && name == rollout).then(|| {
+                let ours = document["apiVersion"].as_str() == Some(crate::rollout::api::API_VERSION);
+                (ours && kind == "Rollout" && name == rollout).then(|| {
                     let reference = &document["spec"]["workloadRef"];
                     Workload {
                         kind: reference["kind"].as_str().unwrap_or_default().to_string(),
@@ -161,12 +162,13 @@ fn documents(lines: &[String]) -> Vec<(String, String, serde_json::Value)> {
         .collect()
 }
 
-/// The line ranges of the documents of a multi-document YAML text.
+/// The line ranges of the documents of a multi-document YAML text, split
+/// where the manifest loader splits them.
 fn document_ranges(lines: &[String]) -> Vec<std::ops::Range<usize>> {
     let mut ranges = Vec::new();
     let mut start = 0;
     for (at, line) in lines.iter().enumerate() {
-        if line.starts_with("---") {
+        if crate::manifest::is_document_break(line) {
             ranges.push(start..at);
             start = at + 1;
         }

@@ -354,10 +354,19 @@ fn carried_files(
         // The Rollout's own workload there; without that Rollout, every
         // container of the image, as a kustomization's `images:` would.
         let workload = rollout_workload(&files, rollout);
-        for (path, text) in &files {
-            if path != &settings_path {
-                changed.extend(carry_plain(text, images, workload.as_ref()).map(|text| (path.clone(), text)));
+        let mut elsewhere = false;
+        for (path, text) in files.iter().filter(|(path, _)| path != &settings_path) {
+            match carry_plain(text, images, workload.as_ref()) {
+                Some(text) => changed.push((path.clone(), text)),
+                None => elsewhere |= workload.is_some() && carry_plain(text, images, None).is_some(),
             }
+        }
+        if changed.is_empty() && elsewhere {
+            tracing::warn!(
+                ?workload,
+                rollout,
+                "the Rollout's workload runs none of the released images; other workloads of the app do, and are left as they are"
+            );
         }
     }
     Ok(changed
