@@ -223,11 +223,7 @@ async fn pass_verdict(writer: &ClusterWriter<'_>, rollout: &RolloutSummary, verd
             "promotion pull request closed unmerged".to_string(),
         ),
     };
-    // The annotation holds the token inside the release's identity.
-    let given = |last: &str| crate::rollout::signal::parse(last).by == token;
-    if signal == Signal::Promote && given(&rollout.status.last_promote_signal)
-        || signal == Signal::Abort && given(&rollout.status.last_abort_signal)
-    {
+    if already_given(&rollout.status, &token) {
         return false;
     }
     match hand_over(writer, rollout, signal, &token, Some(step)).await {
@@ -240,6 +236,18 @@ async fn pass_verdict(writer: &ClusterWriter<'_>, rollout: &RolloutSummary, verd
             false
         }
     }
+}
+
+/// Whether the decision named `by` (a review's or a comment's token) was
+/// already given to this release: read again (by the replica that took the
+/// shard, say), it must not pass a later pause.
+fn already_given(status: &crate::rollout::api::RolloutStatus, by: &str) -> bool {
+    // The annotation holds the token inside the release's identity.
+    let given = |last: &str| !last.is_empty() && crate::rollout::signal::parse(last).by == by;
+    let passed = format!("promoted by {by}");
+    given(&status.last_promote_signal)
+        || given(&status.last_abort_signal)
+        || status.step_history.iter().any(|step| step.passed_by == passed)
 }
 
 /// The GitHub logins of whoever wrote or committed the release's commits
@@ -310,7 +318,8 @@ async fn handle_commands(
         for comment in commands {
             // The shard lost: nothing is noted as handled, and the holder
             // reads these commands again (a refusal may be replied twice;
-            // a command is never lost).
+            // one already given is not given again), so none is lost to
+            // the shard changing hands.
             if writer.fence_lost() {
                 return signalled;
             }
@@ -349,6 +358,9 @@ async fn handle_commands(
                 continue;
             }
             let token = format!("comment {} by @{}", comment.id, comment.user);
+            if already_given(&rollout.status, &token) {
+                continue;
+            }
             let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
             match hand_over(writer, rollout, signal, &token, step).await {
                 Ok(()) => {
@@ -367,4 +379,30 @@ async fn handle_commands(
         warn!(%error, "cannot record the last handled comment");
     }
     signalled
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::api::{RolloutStatus, StepRecord};
+
+    #[test]
+    fn a_decision_given_once_is_not_given_again() {
+        let by = "comment 7 by @alice";
+        let mut status = RolloutStatus::default();
+        assert!(!already_given(&status, by));
+        status.last_promote_signal = format!("release=uid/abc/r1; by={by}");
+        let token = crate::rollout::signal::parse(&status.last_promote_signal);
+        assert_eq!(token.by, by, "the signal's form, as the engine keeps it");
+        assert!(already_given(&status, by));
+        assert!(!already_given(&status, "comment 8 by @alice"));
+        // A later promote replaced the signal; the step it passed remembers who.
+        status.last_promote_signal = "release=uid/abc/r1; by=the CLI".into();
+        status.step_history.push(StepRecord {
+            step: 1,
+            passed_by: format!("promoted by {by}"),
+            ..StepRecord::default()
+        });
+        assert!(already_given(&status, by));
+    }
 }
