@@ -155,7 +155,7 @@ pub async fn follow(
         Err(why) => {
             info!(namespace = %request.namespace, rollout = %request.name, ?why, "no wave pull request: nothing to carry");
             let note = format!(
-                "release `{}` promoted since, and **{}** already asks for its images (or its Rollout's workload runs none of them)",
+                "release `{}` promoted since, and **{}** already asks for its images where its Rollout releases them",
                 escape_inline(&request.rollout_id),
                 plan.to.name
             );

@@ -63,7 +63,8 @@ fn walk_app(app: &App, options: &SyncOptions, context: &PlanContext<'_>) -> Walk
         statuses: Vec::new(),
     };
     let rollouts: Vec<usize> = (0..first.len()).filter(|&i| is_rollout(first[i].manifest)).collect();
-    if rollouts.is_empty() {
+    // With no Rollout to walk (none, or none found), the app as it stands.
+    if rollouts.iter().all(|&i| Target::find(&first, i).is_err()) {
         match plan(app_observed(app, first, Vec::new()), context) {
             Ok(prepared) => walked.note(prepared.plan.problems),
             Err(refused) => walked.note(refused),

@@ -136,7 +136,11 @@ pub fn rollout_workload(files: &[(String, String)], rollout: &str) -> Option<Wor
         documents(&lines_of(text))
             .into_iter()
             .find_map(|(kind, name, document)| {
-                let ours = document["apiVersion"].as_str() == Some(crate::rollout::api::API_VERSION);
+                let group = document["apiVersion"]
+                    .as_str()
+                    .and_then(|v| v.split_once('/'))
+                    .map(|(g, _)| g);
+                let ours = group == Some(crate::rollout::api::GROUP);
                 (ours && kind == "Rollout" && name == rollout).then(|| {
                     let reference = &document["spec"]["workloadRef"];
                     Workload {
@@ -220,10 +224,11 @@ fn container_lines(lines: &[String]) -> Vec<bool> {
     let mut within = Vec::with_capacity(lines.len());
     for line in lines {
         let trimmed = line.trim_start();
-        if trimmed.starts_with("---") {
+        let document_break = crate::manifest::is_document_break(line);
+        if document_break {
             keys.clear();
         }
-        if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.starts_with("---") {
+        if trimmed.is_empty() || trimmed.starts_with('#') || document_break {
             within.push(false);
             continue;
         }

@@ -365,7 +365,7 @@ fn carried_files(
             tracing::warn!(
                 ?workload,
                 rollout,
-                "the Rollout's workload runs none of the released images; other workloads of the app do, and are left as they are"
+                "the Rollout's workload needs no change; other workloads of the app that run the released images are left as they are"
             );
         }
     }
