@@ -388,75 +388,105 @@ async fn a_decision_is_not_handed_to_a_rollout_whose_shard_was_lost() {
     assert_eq!(annotation(LAST_COMMENT_ANNOTATION).await.as_deref(), Some("42"));
 }
 
-/// The GitHub report of an app whose shard this replica lost sends nothing
-/// for it: no pull request looked up, no comment, no commit status; the
-/// replica that holds the shard reports it.
-#[tokio::test]
-async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
-    use gitcanary::cluster::Cluster;
-    use gitcanary::plan::Fence;
-    use gitcanary::report::github::GitHubReporter;
-    use gitcanary::rollout::model::RolloutSummary;
-    use gitcanary::sync::{AppReport, AppResult, SyncReport};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+/// What a GitHub reporter of the tests is made of: a client of the fake,
+/// the cluster, a plain-directory source, an author, no waves waiting.
+struct ReporterParts {
+    github: gitcanary::github::GitHub,
+    cluster: gitcanary::cluster::Cluster,
+    source: std::sync::Arc<gitcanary::source::Source>,
+    author: gitcanary::identity::Author,
+    waves: gitcanary::report::wave::WaveRetries,
+    _dir: tempfile::TempDir,
+}
 
-    const COMMIT: &str = "c0ffee0123456789";
-    let fake = support::github::GitHubFake::start().await;
-    fake.carry(COMMIT, 5);
-    let github = gitcanary::github::GitHub::new(
-        &fake.url,
-        gitcanary::github::Credentials::Token("ghp_test_token".into()),
-        "acme/apps",
-        Arc::new(gitcanary::telemetry::Metrics::default()),
-    )
-    .expect("client");
-    let cluster = Cluster::from_client(support::client().await).await.expect("a cluster");
-    let dir = tempfile::tempdir().expect("a directory");
-    let source = Arc::new(gitcanary::source::Source::Dir {
-        root: dir.path().to_path_buf(),
-        renderers: Arc::default(),
-    });
-    let author = gitcanary::identity::Author::parse("gitcanary <gitcanary@example.com>").expect("an author");
-    let waves = gitcanary::report::wave::WaveRetries::default();
-    let held = Arc::new(AtomicBool::new(false));
-    let fence = Fence(Arc::new({
-        let held = held.clone();
-        move |app: &str| app == "echo-app" && held.load(Ordering::SeqCst)
-    }));
-    let reporter = GitHubReporter {
-        github: &github,
-        cluster: &cluster,
-        source: &source,
-        author: &author,
-        waves: &waves,
-        fence: Some(&fence),
-    };
-    let status = serde_json::from_value(serde_json::json!({"phase": "Progressing", "canaryCommit": COMMIT,
-        "rolloutID": "c0ffee0", "canaryStatus": {"canaryReadyReplicas": 0, "currentStepIndex": 1,
-        "currentStepState": "StepUpgrade", "message": "making canary pods"}}))
-    .expect("a status");
-    let spec = serde_json::from_value(
-        serde_json::json!({"workloadRef": {"kind": "Deployment", "name": "echo"},
-        "strategy": {"canary": {"steps": [{"pause": {}}]}}}),
-    )
-    .expect("a spec");
-    let report = SyncReport {
-        commit: COMMIT.into(),
+impl ReporterParts {
+    async fn new(fake: &support::github::GitHubFake, client: kube::Client) -> ReporterParts {
+        let github = gitcanary::github::GitHub::new(
+            &fake.url,
+            gitcanary::github::Credentials::Token("ghp_test_token".into()),
+            "acme/apps",
+            std::sync::Arc::new(gitcanary::telemetry::Metrics::default()),
+        )
+        .expect("client");
+        let dir = tempfile::tempdir().expect("a directory");
+        ReporterParts {
+            github,
+            cluster: gitcanary::cluster::Cluster::from_client(client)
+                .await
+                .expect("a cluster"),
+            source: std::sync::Arc::new(gitcanary::source::Source::Dir {
+                root: dir.path().to_path_buf(),
+                renderers: std::sync::Arc::default(),
+            }),
+            author: gitcanary::identity::Author::parse("gitcanary <gitcanary@example.com>").expect("an author"),
+            waves: gitcanary::report::wave::WaveRetries::default(),
+            _dir: dir,
+        }
+    }
+
+    fn reporter<'a>(&'a self, fence: &'a gitcanary::plan::Fence) -> gitcanary::report::github::GitHubReporter<'a> {
+        gitcanary::report::github::GitHubReporter {
+            github: &self.github,
+            cluster: &self.cluster,
+            source: &self.source,
+            author: &self.author,
+            waves: &self.waves,
+            fence: Some(fence),
+        }
+    }
+}
+
+/// A sync's report of app `echo-app` holding one Rollout `echo`.
+fn report_of_echo(
+    namespace: &str,
+    spec: serde_json::Value,
+    status: serde_json::Value,
+    changed: bool,
+) -> gitcanary::sync::SyncReport {
+    use gitcanary::sync::{AppReport, AppResult, SyncReport};
+    SyncReport {
+        commit: status["canaryCommit"].as_str().unwrap_or_default().to_string(),
         apps: vec![AppReport {
-            rollouts: vec![RolloutSummary {
-                namespace: "demo".into(),
+            rollouts: vec![gitcanary::rollout::model::RolloutSummary {
+                namespace: namespace.to_string(),
                 name: "echo".into(),
-                spec,
-                status,
-                changed: true,
+                spec: serde_json::from_value(spec).expect("a spec"),
+                status: serde_json::from_value(status).expect("a status"),
+                changed,
                 last_command_comment: 0,
             }],
             ..AppReport::new("echo-app", AppResult::Synced)
         }],
         kinds: Default::default(),
         scoped: false,
-    };
+    }
+}
+
+/// The GitHub report of an app whose shard this replica lost sends nothing
+/// for it: no pull request looked up, no comment, no commit status; the
+/// replica that holds the shard reports it.
+#[tokio::test]
+async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
+    use gitcanary::plan::Fence;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const COMMIT: &str = "c0ffee0123456789";
+    let fake = support::github::GitHubFake::start().await;
+    fake.carry(COMMIT, 5);
+    let parts = ReporterParts::new(&fake, support::client().await).await;
+    let held = Arc::new(AtomicBool::new(false));
+    let fence = Fence(Arc::new({
+        let held = held.clone();
+        move |app: &str| app == "echo-app" && held.load(Ordering::SeqCst)
+    }));
+    let reporter = parts.reporter(&fence);
+    let status = serde_json::json!({"phase": "Progressing", "canaryCommit": COMMIT,
+        "rolloutID": "c0ffee0", "canaryStatus": {"canaryReadyReplicas": 0, "currentStepIndex": 1,
+        "currentStepState": "StepUpgrade", "message": "making canary pods"}});
+    let spec = serde_json::json!({"workloadRef": {"kind": "Deployment", "name": "echo"},
+        "strategy": {"canary": {"steps": [{"pause": {}}]}}});
+    let report = report_of_echo("demo", spec, status, true);
     let release_comments = || {
         fake.comments_on(5)
             .into_iter()
@@ -482,12 +512,8 @@ async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
 /// again, the same command is handed over.
 #[tokio::test]
 async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_again() {
-    use gitcanary::cluster::Cluster;
     use gitcanary::plan::Fence;
-    use gitcanary::report::github::GitHubReporter;
     use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION, Rollout};
-    use gitcanary::rollout::model::RolloutSummary;
-    use gitcanary::sync::{AppReport, AppResult, SyncReport};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -530,45 +556,9 @@ async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_agai
             app == "echo-app" && (after == 0 || fake.count("GET", "/issues/5/comments") < after)
         }
     }));
-    let github = gitcanary::github::GitHub::new(
-        &fake.url,
-        gitcanary::github::Credentials::Token("ghp_test_token".into()),
-        "acme/apps",
-        Arc::new(gitcanary::telemetry::Metrics::default()),
-    )
-    .expect("client");
-    let cluster = Cluster::from_client(scenario.client.clone()).await.expect("a cluster");
-    let dir = tempfile::tempdir().expect("a directory");
-    let source = Arc::new(gitcanary::source::Source::Dir {
-        root: dir.path().to_path_buf(),
-        renderers: Arc::default(),
-    });
-    let author = gitcanary::identity::Author::parse("gitcanary <gitcanary@example.com>").expect("an author");
-    let waves = gitcanary::report::wave::WaveRetries::default();
-    let reporter = GitHubReporter {
-        github: &github,
-        cluster: &cluster,
-        source: &source,
-        author: &author,
-        waves: &waves,
-        fence: Some(&fence),
-    };
-    let report = SyncReport {
-        commit: canary.clone(),
-        apps: vec![AppReport {
-            rollouts: vec![RolloutSummary {
-                namespace: scenario.ns.clone(),
-                name: "echo".into(),
-                spec: serde_json::from_value(spec).expect("a spec"),
-                status: serde_json::from_value(status).expect("a status"),
-                changed: false,
-                last_command_comment: 0,
-            }],
-            ..AppReport::new("echo-app", AppResult::Synced)
-        }],
-        kinds: Default::default(),
-        scoped: false,
-    };
+    let parts = ReporterParts::new(&fake, scenario.client.clone()).await;
+    let reporter = parts.reporter(&fence);
+    let report = report_of_echo(&scenario.ns, spec, status, false);
     let annotation = |key: &'static str| {
         let rollouts = rollouts.clone();
         async move {
