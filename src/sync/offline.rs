@@ -62,16 +62,26 @@ fn walk_app(app: &App, options: &SyncOptions, context: &PlanContext<'_>) -> Walk
         problems: Vec::new(),
         statuses: Vec::new(),
     };
-    let rollouts: Vec<usize> = (0..first.len()).filter(|&i| is_rollout(first[i].manifest)).collect();
+    // Each Rollout with its steps, or why it cannot be found.
+    let rollouts: Vec<(usize, Result<usize, Problem>)> = (0..first.len())
+        .filter(|&i| is_rollout(first[i].manifest))
+        .map(|i| (i, Target::find(&first, i).map(|t| t.spec.strategy.canary.steps.len())))
+        .collect();
     // With no Rollout to walk (none, or none found), the app as it stands.
-    if rollouts.iter().all(|&i| Target::find(&first, i).is_err()) {
+    if rollouts.iter().all(|(_, found)| found.is_err()) {
         match plan(app_observed(app, first, Vec::new()), context) {
             Ok(prepared) => walked.note(prepared.plan.problems),
             Err(refused) => walked.note(refused),
         }
     }
-    for index in rollouts {
-        let status = walk_release(app, &planned, index, context, &mut walked);
+    for (index, found) in rollouts {
+        let status = match found {
+            Ok(steps) => walk_release(app, &planned, (index, steps), context, &mut walked),
+            Err(problem) => {
+                walked.note(vec![problem]);
+                offline_stable()
+            }
+        };
         walked.statuses.push(status);
     }
     walked
@@ -83,19 +93,12 @@ fn walk_app(app: &App, options: &SyncOptions, context: &PlanContext<'_>) -> Walk
 fn walk_release<'a>(
     app: &'a App,
     planned: &impl Fn() -> Vec<Planned<'a>>,
-    index: usize,
+    (index, steps): (usize, usize),
     context: &PlanContext<'_>,
     walked: &mut Walked,
 ) -> RolloutStatus {
     // The workload ran another template before this commit.
     let mut status = offline_stable();
-    let steps = match Target::find(&planned(), index) {
-        Ok(target) => target.spec.strategy.canary.steps.len(),
-        Err(problem) => {
-            walked.note(vec![problem]);
-            return status;
-        }
-    };
     let mut now = Timestamp::UNIX_EPOCH;
     for round in 0..(steps + WALK_EXTRA).min(MAX_ROUNDS) {
         let objects = planned();
