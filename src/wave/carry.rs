@@ -135,7 +135,7 @@ pub fn rollout_workload(files: &[(String, String)], rollout: &str) -> Option<Wor
     files.iter().find_map(|(_, text)| {
         documents(&lines_of(text))
             .into_iter()
-            .find_map(|(kind, name, document)| {
+            .find_map(|(_, kind, name, document)| {
                 let group = document["apiVersion"]
                     .as_str()
                     .and_then(|v| v.split_once('/'))
@@ -152,16 +152,16 @@ pub fn rollout_workload(files: &[(String, String)], rollout: &str) -> Option<Wor
     })
 }
 
-/// Each YAML document of `lines` that parses, with its kind and name.
-fn documents(lines: &[String]) -> Vec<(String, String, serde_json::Value)> {
+/// Each YAML document of `lines` that parses: its lines, kind and name.
+fn documents(lines: &[String]) -> Vec<(std::ops::Range<usize>, String, String, serde_json::Value)> {
     document_ranges(lines)
         .into_iter()
         .filter_map(|range| {
-            let text = lines[range].join("\n");
+            let text = lines[range.clone()].join("\n");
             let document: serde_json::Value = serde_saphyr::from_str(&text).ok()?;
             let kind = document["kind"].as_str()?.to_string();
             let name = document["metadata"]["name"].as_str()?.to_string();
-            Some((kind, name, document))
+            Some((range, kind, name, document))
         })
         .collect()
 }
@@ -192,15 +192,14 @@ pub fn carry_plain(text: &str, images: &[String], only: Option<&Workload>) -> Op
     let mut changed = false;
     let mut in_containers = container_lines(&lines);
     if let Some(workload) = only {
-        for range in document_ranges(&lines) {
-            let text = lines[range.clone()].join("\n");
-            let document: Option<serde_json::Value> = serde_saphyr::from_str(&text).ok();
-            let is_it = document.is_some_and(|d| {
-                d["kind"].as_str() == Some(&workload.kind) && d["metadata"]["name"].as_str() == Some(&workload.name)
-            });
-            if !is_it {
-                in_containers[range].fill(false);
+        let mut its_lines = vec![false; lines.len()];
+        for (range, kind, name, _) in documents(&lines) {
+            if kind == workload.kind && name == workload.name {
+                its_lines[range].fill(true);
             }
+        }
+        for (container, its) in in_containers.iter_mut().zip(its_lines) {
+            *container &= its;
         }
     }
     for (line, container) in lines.iter_mut().zip(in_containers) {
