@@ -72,6 +72,9 @@ pub struct Shards {
     refused: std::sync::Mutex<Option<String>>,
     /// For each shard: until when this replica may act for it.
     acting_until: std::sync::Mutex<Vec<Option<Instant>>>,
+    /// For each shard: how many times this replica began to act for it
+    /// (another may have acted for it in between).
+    terms: std::sync::Mutex<Vec<u64>>,
     /// Each member Lease's record (holder and renew time) and when this
     /// replica saw it change: liveness by its own clock, not the writer's.
     members_seen: std::sync::Mutex<Seen>,
@@ -173,6 +176,13 @@ fn renewed_within(
 }
 
 /// The Lease of shard `k` of agent `instance`.
+/// Whether acting `until` a time, where the replica acted until `before`,
+/// begins a new term: it was not acting (never, or past its time, when
+/// another replica may have taken the shard).
+fn begins_term(before: Option<Instant>, until: Option<Instant>, now: Instant) -> bool {
+    until.is_some() && before.is_none_or(|before| now >= before)
+}
+
 pub fn shard_lease(instance: &str, k: u32) -> String {
     format!("{instance}-shard-{k}")
 }
@@ -209,6 +219,7 @@ impl Shards {
             others: (format!("{instance}-shard-"), format!("{instance}-leader")),
             refused: std::sync::Mutex::default(),
             acting_until: std::sync::Mutex::new(vec![None; count as usize]),
+            terms: std::sync::Mutex::new(vec![0; count as usize]),
             members_seen: std::sync::Mutex::default(),
             replicas: std::sync::atomic::AtomicUsize::new(1),
         }
@@ -226,6 +237,16 @@ impl Shards {
             .copied()
             .flatten()
             .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Which term of this replica's hold on the app's shard is current;
+    /// none while it does not hold the shard. A new term means another
+    /// replica may have acted for the app since this one last did.
+    pub fn term_of_app(&self, app: &str) -> Option<u64> {
+        let shard = shard_of(app, self.count);
+        // `set` locks the terms inside `acting_until`: never the other way round.
+        let held = self.holds(shard);
+        held.then(|| self.terms.lock().unwrap_or_else(|e| e.into_inner())[shard as usize])
     }
 
     /// The shards this replica may act for now.
@@ -250,6 +271,9 @@ impl Shards {
 
     fn set(&self, shard: u32, until: Option<Instant>) {
         let mut acting = self.acting_until.lock().unwrap_or_else(|e| e.into_inner());
+        if begins_term(acting[shard as usize], until, Instant::now()) {
+            self.terms.lock().unwrap_or_else(|e| e.into_inner())[shard as usize] += 1;
+        }
         acting[shard as usize] = until;
     }
 
@@ -557,6 +581,16 @@ fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_term_begins_when_a_replica_acts_again_after_it_could_not() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(10);
+        assert!(begins_term(None, Some(later), now), "taken");
+        assert!(!begins_term(Some(later), Some(later + Duration::from_secs(5)), now), "renewed in time");
+        assert!(begins_term(Some(now), Some(later), now), "renewed after its time ran out");
+        assert!(!begins_term(Some(later), None, now), "given up");
+    }
 
     #[test]
     fn an_apps_shard_is_stable_and_spreads_apps() {

@@ -3,10 +3,12 @@
 //! Triggers that arrive while a sync runs are merged into the next one.
 //! Reading the source (fetch, parse, render) runs beside it (`loader`).
 
+mod github_task;
 mod loader;
 mod requeue;
 mod scope;
 
+use github_task::GitHubTask;
 use loader::Loaded;
 use requeue::Requeues;
 pub use scope::Seen;
@@ -26,7 +28,7 @@ use tracing::{debug, error, info};
 use crate::MANAGED_BY_LABEL;
 use crate::cluster::Cluster;
 use crate::github::GitHub;
-use crate::report::{GitHubReporter, WritebackConfig, write_back};
+use crate::report::{WritebackConfig, write_back};
 use crate::source::Source;
 use crate::sync::{SyncMemo, SyncOptions, SyncReport, sync_validated};
 use crate::telemetry::Metrics;
@@ -345,113 +347,6 @@ fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> 
     report
 }
 
-/// GitHub reporting in a task of its own, so that a slow or hanging GitHub
-/// delays the comment, never the release. It reports the latest sync, with
-/// every rollout that changed since the last report it finished.
-struct GitHubTask {
-    /// The report to give GitHub, and whether waiting gates and commands
-    /// are to be looked at (else only what changed is reported).
-    pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>>,
-    wake: Arc<tokio::sync::Notify>,
-    task: JoinHandle<()>,
-}
-
-impl GitHubTask {
-    fn spawn(
-        github: Arc<GitHub>,
-        cluster: Arc<Cluster>,
-        source: Arc<Source>,
-        author: crate::writeback::Author,
-        triggers: mpsc::Sender<Trigger>,
-        shards: Option<Arc<crate::shards::Shards>>,
-    ) -> GitHubTask {
-        let fence = shards.as_ref().map(crate::shards::Shards::fence);
-        let pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>> = Arc::default();
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let task = tokio::spawn({
-            let (pending, wake) = (pending.clone(), wake.clone());
-            let waves = crate::report::wave::WaveRetries::default();
-            async move {
-                loop {
-                    wake.notified().await;
-                    let Some((report, look)) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-                        continue;
-                    };
-                    // Reports merged while GitHub was slow may hold apps of a shard lost since.
-                    let mut report = held_only(report, shards.as_deref());
-                    if let Some(shards) = shards.as_deref() {
-                        waves.retain_apps(|app| shards.holds_app(app));
-                    }
-                    if !look {
-                        // A sync for anything else (a Git poll, a drift) reports
-                        // what moved; a release waiting at a gate is looked at on
-                        // its own schedule: the command poll, GitHub's events.
-                        for app in &mut report.apps {
-                            app.rollouts.retain(|r| r.changed);
-                        }
-                    }
-                    let reporter = GitHubReporter {
-                        github: &github,
-                        cluster: &cluster,
-                        source: &source,
-                        author: &author,
-                        waves: &waves,
-                        fence: fence.as_ref(),
-                    };
-                    if reporter.report(&report).await {
-                        // A decision was handed to a rollout: act on it now.
-                        let _ = triggers.try_send(Trigger::Decided);
-                    }
-                }
-            }
-        });
-        GitHubTask { pending, wake, task }
-    }
-
-    /// Queues the report; one not yet reported is replaced, keeping what
-    /// changed in it and the apps the newer one did not sync.
-    fn submit(&self, report: SyncReport, look: bool) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let merged = match pending.take() {
-            Some((older, looked)) => (merged_reports(older, report), looked || look),
-            None => (report, look),
-        };
-        *pending = Some(merged);
-        self.wake.notify_one();
-    }
-}
-
-/// `newer` over `older`: a rollout changed in either changed; when `newer`
-/// is scoped, an app only `older` holds (the newer sync did not look at it)
-/// is kept as it was. A full sync's report holds every app there still is.
-fn merged_reports(older: SyncReport, mut newer: SyncReport) -> SyncReport {
-    let changed: BTreeSet<(String, String)> = older
-        .apps
-        .iter()
-        .flat_map(|a| a.rollouts.iter())
-        .filter(|r| r.changed)
-        .map(|r| (r.namespace.clone(), r.name.clone()))
-        .collect();
-    for rollout in newer.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
-        rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
-    }
-    if newer.scoped {
-        for app in older.apps {
-            if !newer.apps.iter().any(|a| a.app == app.app) {
-                newer.apps.push(app);
-            }
-        }
-        newer.scoped = older.scoped;
-    }
-    newer
-}
-
-impl Drop for GitHubTask {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 fn spawn_poller(triggers: mpsc::Sender<Trigger>, interval: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -629,8 +524,7 @@ impl Drop for DriftWatch {
 
 #[cfg(test)]
 mod tests {
-    use super::requeue::tests::{app, report};
-    use super::{Trigger, merged_reports, next_burst, pending_signal, trigger_channel};
+    use super::{Trigger, next_burst, pending_signal, trigger_channel};
     use kube::api::DynamicObject;
     use serde_json::json;
     use std::time::Duration;
@@ -642,29 +536,6 @@ mod tests {
             "status": status,
         }))
         .expect("a Rollout")
-    }
-
-    #[test]
-    fn a_pending_report_keeps_what_a_scoped_one_did_not_look_at_but_not_what_left_git() {
-        let names = |report: &crate::sync::SyncReport| {
-            let mut names: Vec<String> = report.apps.iter().map(|a| a.app.clone()).collect();
-            names.sort();
-            names
-        };
-        let mut older = report(vec![app("web", None, false), app("shop", None, true)]);
-        older.apps[1].rollouts[0].changed = true;
-        let mut scoped = report(vec![app("web", None, false)]);
-        scoped.scoped = true;
-        let merged = merged_reports(older.clone(), scoped);
-        assert_eq!(names(&merged), vec!["shop", "web"]);
-        assert!(
-            merged.apps.iter().any(|a| a.app == "shop" && a.rollouts[0].changed),
-            "still to report"
-        );
-        assert!(!merged.scoped);
-
-        let full = report(vec![app("web", None, false)]);
-        assert_eq!(names(&merged_reports(older, full)), vec!["web"], "shop left Git");
     }
 
     #[tokio::test]

@@ -1,0 +1,214 @@
+//! GitHub reporting in a task of its own, so that a slow or hanging GitHub
+//! delays the comment, never the release.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::{Trigger, held_only};
+use crate::cluster::Cluster;
+use crate::github::GitHub;
+use crate::report::GitHubReporter;
+use crate::source::Source;
+use crate::sync::SyncReport;
+
+/// GitHub reporting in a task of its own, so that a slow or hanging GitHub
+/// delays the comment, never the release. It reports the latest sync, with
+/// every rollout that changed since the last report it finished.
+pub(super) struct GitHubTask {
+    /// The report to give GitHub, and whether waiting gates and commands
+    /// are to be looked at (else only what changed is reported).
+    pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>>,
+    wake: Arc<tokio::sync::Notify>,
+    task: JoinHandle<()>,
+}
+
+impl GitHubTask {
+    pub(super) fn spawn(
+        github: Arc<GitHub>,
+        cluster: Arc<Cluster>,
+        source: Arc<Source>,
+        author: crate::writeback::Author,
+        triggers: mpsc::Sender<Trigger>,
+        shards: Option<Arc<crate::shards::Shards>>,
+    ) -> GitHubTask {
+        let fence = shards.as_ref().map(crate::shards::Shards::fence);
+        let pending: Arc<std::sync::Mutex<Option<(SyncReport, bool)>>> = Arc::default();
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn({
+            let (pending, wake) = (pending.clone(), wake.clone());
+            let waves = crate::report::wave::WaveRetries::default();
+            // Each app's term of this replica's hold when its Rollouts were last reported.
+            let mut reported = HashMap::new();
+            async move {
+                loop {
+                    wake.notified().await;
+                    let Some((report, look)) = pending.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+                        continue;
+                    };
+                    // Reports merged while GitHub was slow may hold apps of a shard lost since.
+                    let mut report = held_only(report, shards.as_deref());
+                    if let Some(shards) = shards.as_deref() {
+                        waves.retain_apps(|app| shards.holds_app(app));
+                    }
+                    let term = |app: &str| shards.as_deref().map_or(Some(0), |shards| shards.term_of_app(app));
+                    let terms = catch_up(&mut report, &reported, term);
+                    if !look {
+                        // A sync for anything else (a Git poll, a drift) reports
+                        // what moved; a release waiting at a gate is looked at on
+                        // its own schedule: the command poll, GitHub's events.
+                        for app in &mut report.apps {
+                            app.rollouts.retain(|r| r.changed);
+                        }
+                    }
+                    let reporter = GitHubReporter {
+                        github: &github,
+                        cluster: &cluster,
+                        source: &source,
+                        author: &author,
+                        waves: &waves,
+                        fence: fence.as_ref(),
+                    };
+                    let signalled = reporter.report(&report).await;
+                    reported.extend(terms);
+                    if signalled {
+                        // A decision was handed to a rollout: act on it now.
+                        let _ = triggers.try_send(Trigger::Decided);
+                    }
+                }
+            }
+        });
+        GitHubTask { pending, wake, task }
+    }
+
+    /// Queues the report; one not yet reported is replaced, keeping what
+    /// changed in it and the apps the newer one did not sync.
+    pub(super) fn submit(&self, report: SyncReport, look: bool) {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let merged = match pending.take() {
+            Some((older, looked)) => (merged_reports(older, report), looked || look),
+            None => (report, look),
+        };
+        *pending = Some(merged);
+        self.wake.notify_one();
+    }
+}
+
+/// `newer` over `older`: a rollout changed in either changed; when `newer`
+/// is scoped, an app only `older` holds (the newer sync did not look at it)
+/// is kept as it was. A full sync's report holds every app there still is.
+fn merged_reports(older: SyncReport, mut newer: SyncReport) -> SyncReport {
+    let changed: BTreeSet<(String, String)> = older
+        .apps
+        .iter()
+        .flat_map(|a| a.rollouts.iter())
+        .filter(|r| r.changed)
+        .map(|r| (r.namespace.clone(), r.name.clone()))
+        .collect();
+    for rollout in newer.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
+        rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
+    }
+    if newer.scoped {
+        for app in older.apps {
+            if !newer.apps.iter().any(|a| a.app == app.app) {
+                newer.apps.push(app);
+            }
+        }
+        newer.scoped = older.scoped;
+    }
+    newer
+}
+
+impl Drop for GitHubTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The first report of an app in a term of this replica's hold on it (the
+/// first after the agent starts, or after it takes the app's shard) tells
+/// GitHub all of its Rollouts, changed or not: the replica before it may
+/// have been cut off between a transition and its comment, and the
+/// transition is not seen again. Returns the term of each app reported.
+fn catch_up(
+    report: &mut SyncReport,
+    reported: &HashMap<String, u64>,
+    term: impl Fn(&str) -> Option<u64>,
+) -> Vec<(String, u64)> {
+    let mut terms = Vec::new();
+    for app in &mut report.apps {
+        let Some(now) = term(&app.app) else { continue };
+        if reported.get(&app.app) != Some(&now) {
+            for rollout in &mut app.rollouts {
+                rollout.changed = true;
+            }
+        }
+        terms.push((app.app.clone(), now));
+    }
+    terms
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::{catch_up, merged_reports};
+    use crate::agent::requeue::tests::{app, report};
+
+    #[test]
+    fn a_pending_report_keeps_what_a_scoped_one_did_not_look_at_but_not_what_left_git() {
+        let names = |report: &crate::sync::SyncReport| {
+            let mut names: Vec<String> = report.apps.iter().map(|a| a.app.clone()).collect();
+            names.sort();
+            names
+        };
+        let mut older = report(vec![app("web", None, false), app("shop", None, true)]);
+        older.apps[1].rollouts[0].changed = true;
+        let mut scoped = report(vec![app("web", None, false)]);
+        scoped.scoped = true;
+        let merged = merged_reports(older.clone(), scoped);
+        assert_eq!(names(&merged), vec!["shop", "web"]);
+        assert!(
+            merged.apps.iter().any(|a| a.app == "shop" && a.rollouts[0].changed),
+            "still to report"
+        );
+        assert!(!merged.scoped);
+
+        let full = report(vec![app("web", None, false)]);
+        assert_eq!(names(&merged_reports(older, full)), vec!["web"], "shop left Git");
+    }
+
+    #[test]
+    fn an_app_first_reported_in_a_new_term_tells_github_every_rollout() {
+        let changed = |report: &crate::sync::SyncReport, name: &str| {
+            report.apps.iter().find(|a| a.app == name).expect("the app").rollouts[0].changed
+        };
+        let reported = HashMap::from([("web".to_string(), 3), ("shop".to_string(), 1)]);
+        let mut synced = report(vec![
+            app("web", None, true),
+            app("shop", None, true),
+            app("cart", None, true),
+        ]);
+        // web: held since its last report; shop: taken again since; cart: never reported.
+        let terms = catch_up(&mut synced, &reported, |app| match app {
+            "web" => Some(3),
+            "shop" => Some(2),
+            _ => Some(1),
+        });
+        assert!(!changed(&synced, "web"), "reported in this term already");
+        assert!(changed(&synced, "shop"), "another replica may have held it in between");
+        assert!(changed(&synced, "cart"), "never reported by this replica");
+        assert_eq!(
+            terms,
+            vec![("web".to_string(), 3), ("shop".to_string(), 2), ("cart".to_string(), 1)]
+        );
+
+        let mut lost = report(vec![app("web", None, true)]);
+        assert!(
+            catch_up(&mut lost, &reported, |_| None).is_empty(),
+            "a shard not held records nothing"
+        );
+    }
+}
