@@ -587,8 +587,14 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(10);
         assert!(begins_term(None, Some(later), now), "taken");
-        assert!(!begins_term(Some(later), Some(later + Duration::from_secs(5)), now), "renewed in time");
-        assert!(begins_term(Some(now), Some(later), now), "renewed after its time ran out");
+        assert!(
+            !begins_term(Some(later), Some(later + Duration::from_secs(5)), now),
+            "renewed in time"
+        );
+        assert!(
+            begins_term(Some(now), Some(later), now),
+            "renewed after its time ran out"
+        );
         assert!(!begins_term(Some(later), None, now), "given up");
     }
 
