@@ -507,46 +507,79 @@ async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
     assert_eq!(release_comments(), 1, "the holder comments");
 }
 
+/// Rollout `echo` paused for a promote on a release carried by pull
+/// request 5, where writer alice commented `/gitcanary promote`: the fake,
+/// the Rollout's spec and status, and the command's comment id.
+struct PausedForAPromote {
+    fake: support::github::GitHubFake,
+    spec: serde_json::Value,
+    status: serde_json::Value,
+    rollouts: Api<gitcanary::rollout::api::Rollout>,
+    command: u64,
+}
+
+impl PausedForAPromote {
+    async fn new(scenario: &Scenario) -> PausedForAPromote {
+        use gitcanary::rollout::api::Rollout;
+        scenario.repo.write("echo/notes.txt", "1\n");
+        let stable = scenario.repo.commit_and_push("echo 1");
+        scenario.repo.write("echo/notes.txt", "2\n");
+        let canary = scenario.repo.commit_and_push("echo 2");
+        let fake = support::github::GitHubFake::start_for(&scenario.repo.bare).await;
+        fake.carry(&canary, 5);
+        fake.grant("alice", "write");
+        let command = fake.comment(5, "alice", "/gitcanary promote");
+        let spec = serde_json::json!({"workloadRef": {"kind": "Deployment", "name": "echo"},
+            "strategy": {"canary": {"steps": [{"replicas": 1, "pause": {}}]}}});
+        let status = serde_json::json!({"phase": "Paused", "stableCommit": stable, "canaryCommit": canary,
+            "rolloutID": &canary[..7], "stepHistory": [{"step": 1, "startedAt": "2026-01-01T00:00:00Z"}],
+            "canaryStatus": {"canaryReadyReplicas": 1, "currentStepIndex": 1, "currentStepState": "StepPaused",
+                "message": "waiting for a promote"}});
+        let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+        let rollout: Rollout = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "echo"}, "spec": spec}))
+        .expect("a Rollout");
+        rollouts.create(&Default::default(), &rollout).await.expect("created");
+        rollouts
+            .patch_status(
+                "echo",
+                &Default::default(),
+                &kube::api::Patch::Merge(&serde_json::json!({ "status": status })),
+            )
+            .await
+            .expect("paused for a promote");
+        PausedForAPromote {
+            fake,
+            spec,
+            status,
+            rollouts,
+            command,
+        }
+    }
+
+    fn report(&self, namespace: &str) -> gitcanary::sync::SyncReport {
+        report_of_echo(namespace, self.spec.clone(), self.status.clone(), false)
+    }
+
+    async fn annotation(&self, key: &str) -> Option<String> {
+        let rollout = self.rollouts.get("echo").await.expect("read");
+        rollout.metadata.annotations.unwrap_or_default().get(key).cloned()
+    }
+}
+
 /// A `/gitcanary promote` read just as the replica loses the app's shard is
 /// neither handed over nor counted as handled: once the shard is held
 /// again, the same command is handed over.
 #[tokio::test]
 async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_again() {
     use gitcanary::plan::Fence;
-    use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION, Rollout};
+    use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     let scenario = Scenario::new("fence-command").await;
-    scenario.repo.write("echo/notes.txt", "1\n");
-    let stable = scenario.repo.commit_and_push("echo 1");
-    scenario.repo.write("echo/notes.txt", "2\n");
-    let canary = scenario.repo.commit_and_push("echo 2");
-    let fake = support::github::GitHubFake::start_for(&scenario.repo.bare).await;
-    fake.carry(&canary, 5);
-    fake.grant("alice", "write");
-    let command = fake.comment(5, "alice", "/gitcanary promote");
-
-    let spec = serde_json::json!({"workloadRef": {"kind": "Deployment", "name": "echo"},
-        "strategy": {"canary": {"steps": [{"replicas": 1, "pause": {}}]}}});
-    let status = serde_json::json!({"phase": "Paused", "stableCommit": stable, "canaryCommit": canary,
-        "rolloutID": &canary[..7], "stepHistory": [{"step": 1, "startedAt": "2026-01-01T00:00:00Z"}],
-        "canaryStatus": {"canaryReadyReplicas": 1, "currentStepIndex": 1, "currentStepState": "StepPaused",
-            "message": "waiting for a promote"}});
-    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
-    let rollout: Rollout = serde_json::from_value(serde_json::json!({
-        "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "echo"}, "spec": spec}))
-    .expect("a Rollout");
-    rollouts.create(&Default::default(), &rollout).await.expect("created");
-    rollouts
-        .patch_status(
-            "echo",
-            &Default::default(),
-            &kube::api::Patch::Merge(&serde_json::json!({ "status": status })),
-        )
-        .await
-        .expect("paused for a promote");
-
+    let paused = PausedForAPromote::new(&scenario).await;
+    let fake = &paused.fake;
     // The shard is lost as soon as the pull request's comments have been read.
     let lose_after = Arc::new(AtomicUsize::new(0));
     let fence = Fence(Arc::new({
@@ -556,23 +589,9 @@ async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_agai
             app == "echo-app" && (after == 0 || fake.count("GET", "/issues/5/comments") < after)
         }
     }));
-    let parts = ReporterParts::new(&fake, scenario.client.clone()).await;
+    let parts = ReporterParts::new(fake, scenario.client.clone()).await;
     let reporter = parts.reporter(&fence);
-    let report = report_of_echo(&scenario.ns, spec, status, false);
-    let annotation = |key: &'static str| {
-        let rollouts = rollouts.clone();
-        async move {
-            rollouts
-                .get("echo")
-                .await
-                .expect("read")
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .get(key)
-                .cloned()
-        }
-    };
+    let report = paused.report(&scenario.ns);
 
     lose_after.store(fake.count("GET", "/issues/5/comments") + 1, Ordering::SeqCst);
     assert!(!reporter.report(&report).await, "nothing handed over");
@@ -580,17 +599,66 @@ async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_agai
         fake.count("GET", "/issues/5/comments") >= lose_after.load(Ordering::SeqCst),
         "the command was read"
     );
-    assert_eq!(annotation(PROMOTE_ANNOTATION).await, None);
+    assert_eq!(paused.annotation(PROMOTE_ANNOTATION).await, None);
     assert_eq!(
-        annotation(LAST_COMMENT_ANNOTATION).await,
+        paused.annotation(LAST_COMMENT_ANNOTATION).await,
         None,
         "not recorded as handled"
     );
 
     lose_after.store(0, Ordering::SeqCst);
     assert!(reporter.report(&report).await, "handed over by the holder");
-    let promote = annotation(PROMOTE_ANNOTATION).await.expect("the promote");
-    assert!(promote.contains(&format!("comment {command} by @alice")), "{promote}");
+    let promote = paused.annotation(PROMOTE_ANNOTATION).await.expect("the promote");
+    assert!(
+        promote.contains(&format!("comment {} by @alice", paused.command)),
+        "{promote}"
+    );
+}
+
+/// A writer's `/gitcanary promote` read while GitHub fails to say who may
+/// write (a 502, as its front end answers now and then) is not dropped as
+/// handled: the next look reads it again and hands it over. Before, it was
+/// ignored for good.
+#[tokio::test]
+async fn a_command_github_failed_to_answer_for_is_handed_over_at_the_next_look() {
+    use gitcanary::plan::Fence;
+    use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+    use std::sync::Arc;
+
+    let scenario = Scenario::new("command-retried").await;
+    let paused = PausedForAPromote::new(&scenario).await;
+    let fake = &paused.fake;
+    let fence = Fence(Arc::new(|app: &str| app == "echo-app"));
+    let parts = ReporterParts::new(fake, scenario.client.clone()).await;
+    let reporter = parts.reporter(&fence);
+    let report = paused.report(&scenario.ns);
+
+    // Every permission asked in this look fails (the gate's look asks too).
+    fake.fail_next("/collaborators/alice/permission", usize::MAX);
+    assert!(!reporter.report(&report).await, "nothing handed over");
+    assert!(
+        fake.count("GET", "/collaborators/alice/permission") >= 1,
+        "the permission was asked"
+    );
+    assert_eq!(paused.annotation(PROMOTE_ANNOTATION).await, None);
+    assert_eq!(
+        paused.annotation(LAST_COMMENT_ANNOTATION).await,
+        None,
+        "not noted as handled"
+    );
+
+    fake.fail_next("/collaborators/alice/permission", 0);
+    assert!(reporter.report(&report).await, "handed over at the next look");
+    let promote = paused.annotation(PROMOTE_ANNOTATION).await.expect("the promote");
+    assert!(
+        promote.contains(&format!("comment {} by @alice", paused.command)),
+        "{promote}"
+    );
+    assert_eq!(
+        paused.annotation(LAST_COMMENT_ANNOTATION).await,
+        Some(paused.command.to_string()),
+        "noted as handled once handed over"
+    );
 }
 
 /// Replicas started with another `--shards`, and an agent without it that

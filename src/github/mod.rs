@@ -429,8 +429,13 @@ impl GitHub {
                 None,
                 "a collaborator's permission",
             )
-            .await?;
-        Ok(is_writer(&answer))
+            .await;
+        match answer {
+            Ok(answer) => Ok(is_writer(&answer)),
+            // GitHub's answer for a login that is no collaborator: a no, not an outage.
+            Err(Error::GitHub { status: Some(404), .. }) => Ok(false),
+            Err(error) => Err(error),
+        }
     }
 
     pub async fn reply(&self, pull: u64, body: &str) -> Result<()> {

@@ -290,6 +290,44 @@ async fn warn_skipped(github: &GitHub, pulls: &[u64], gate: &github::PullRequest
     }
 }
 
+/// The `/gitcanary` commands on the release's pull requests, in the order
+/// they were written (comment ids grow), each with its pull request: none
+/// when the comments of one cannot be read, since noting a later command
+/// as handled would pass over an earlier one there.
+async fn read_commands(
+    github: &GitHub,
+    pulls: &[u64],
+    handled: u64,
+    began: Option<jiff::Timestamp>,
+) -> Option<Vec<(u64, crate::github::CommandComment)>> {
+    let mut commands = Vec::new();
+    for pull in pulls {
+        match github.commands(*pull, handled, began).await {
+            Ok(found) => commands.extend(found.into_iter().map(|comment| (*pull, comment))),
+            Err(error) => {
+                warn!(%error, pull, "GitHub: cannot read commands; they are read at the next look");
+                return None;
+            }
+        }
+    }
+    commands.sort_by_key(|(_, comment)| comment.id);
+    commands.dedup_by_key(|(_, comment)| comment.id);
+    Some(commands)
+}
+
+/// What became of one command.
+enum Handled {
+    /// Acted on, refused or passed over: noted as handled.
+    Done { signalled: bool },
+    /// GitHub or the cluster failed to answer for it: it and every later
+    /// command are read again at the next look (none is given twice).
+    Undone,
+    /// The app's shard was lost: nothing more is noted.
+    ShardLost,
+}
+
+/// Reads and acts on the release's `/gitcanary` commands, oldest first,
+/// and notes how far they were handled; whether a decision was handed over.
 async fn handle_commands(
     github: &GitHub,
     writer: &ClusterWriter<'_>,
@@ -299,77 +337,31 @@ async fn handle_commands(
 ) -> bool {
     let key = format!("{}/{}", rollout.namespace, rollout.name);
     let handled = github.handled_since(&key, rollout.last_command_comment);
-    let mut last = handled;
-    let mut signalled = false;
     // A command written before this release began is not for it.
     let began = rollout
         .status
         .step_history
         .first()
         .and_then(|step| step.started_at.parse::<jiff::Timestamp>().ok());
-    for pull in pulls {
-        let commands = match github.commands(*pull, handled, began).await {
-            Ok(commands) => commands,
-            Err(error) => {
-                warn!(%error, pull, "GitHub: cannot read commands");
-                continue;
+    let Some(commands) = read_commands(github, pulls, handled, began).await else {
+        return false;
+    };
+    let mut last = handled;
+    let mut signalled = false;
+    for (pull, comment) in commands {
+        // The shard lost: nothing is noted as handled, and the holder reads
+        // these commands again (a refusal may be replied twice; one already
+        // given is not given again), so none is lost to the shard changing hands.
+        if writer.fence_lost() {
+            return signalled;
+        }
+        match handle_command(github, writer, rollout, pull, &comment, authors).await {
+            Handled::Done { signalled: handed } => {
+                signalled |= handed;
+                last = last.max(comment.id);
             }
-        };
-        for comment in commands {
-            // The shard lost: nothing is noted as handled, and the holder
-            // reads these commands again (a refusal may be replied twice;
-            // one already given is not given again), so none is lost to
-            // the shard changing hands.
-            if writer.fence_lost() {
-                return signalled;
-            }
-            last = last.max(comment.id);
-            let allowed = match github.can_write(&comment.user).await {
-                Ok(allowed) => allowed,
-                Err(error) => {
-                    warn!(%error, user = %comment.user, "GitHub: cannot check permission; the command is ignored");
-                    false
-                }
-            };
-            let verb = comment.command.verb();
-            if !allowed {
-                info!(user = %comment.user, verb, "GitHub: command from a user without write access ignored");
-                let reply = format!(
-                    "@{} `/gitcanary {verb}` needs write, maintain or admin permission on this repository; nothing was changed.",
-                    comment.user
-                );
-                let _ = github.reply(*pull, &reply).await;
-                continue;
-            }
-            let signal = comment.command;
-            // Anyone who may write can stop a release; only someone who wrote
-            // none of it may pass it.
-            let own = github.login().await.unwrap_or_default();
-            if signal == Signal::Promote
-                && (own.is_empty()
-                    || !crate::github::judge::may_decide(&comment.user, false, own, authors, &github.gate_policy))
-            {
-                info!(user = %comment.user, "GitHub: promote from the release's own author (or an unlisted bot) ignored");
-                let reply = format!(
-                    "@{} `/gitcanary promote` must come from a writer who wrote or committed none of this release (bots only when listed by `--github-bot`); nothing was changed.",
-                    comment.user
-                );
-                let _ = github.reply(*pull, &reply).await;
-                continue;
-            }
-            let token = format!("comment {} by @{}", comment.id, comment.user);
-            if already_given(&rollout.status, &token) {
-                continue;
-            }
-            let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
-            match hand_over(writer, rollout, signal, &token, step).await {
-                Ok(()) => {
-                    info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
-                    signalled = true;
-                }
-                Err(_) if writer.fence_lost() => return signalled,
-                Err(error) => warn!(%error, "GitHub: the command could not be passed on"),
-            }
+            Handled::Undone => break,
+            Handled::ShardLost => return signalled,
         }
     }
     github.note_handled(&key, last);
@@ -379,6 +371,72 @@ async fn handle_commands(
         warn!(%error, "cannot record the last handled comment");
     }
     signalled
+}
+
+/// One command: who may give it, and handing it to the rollout.
+async fn handle_command(
+    github: &GitHub,
+    writer: &ClusterWriter<'_>,
+    rollout: &RolloutSummary,
+    pull: u64,
+    comment: &crate::github::CommandComment,
+    authors: &[String],
+) -> Handled {
+    let allowed = match github.can_write(&comment.user).await {
+        Ok(allowed) => allowed,
+        Err(error) => {
+            warn!(%error, user = %comment.user, "GitHub: cannot check permission; the command is read again at the next look");
+            return Handled::Undone;
+        }
+    };
+    let verb = comment.command.verb();
+    if !allowed {
+        info!(user = %comment.user, verb, "GitHub: command from a user without write access ignored");
+        let reply = format!(
+            "@{} `/gitcanary {verb}` needs write, maintain or admin permission on this repository; nothing was changed.",
+            comment.user
+        );
+        let _ = github.reply(pull, &reply).await;
+        return Handled::Done { signalled: false };
+    }
+    let signal = comment.command;
+    // Anyone who may write can stop a release; only someone who wrote
+    // none of it may pass it.
+    let own = match github.login().await {
+        Ok(own) => own,
+        Err(error) => {
+            warn!(%error, "GitHub: gitcanary's own login is unknown; the command is read again at the next look");
+            return Handled::Undone;
+        }
+    };
+    if signal == Signal::Promote
+        && (own.is_empty()
+            || !crate::github::judge::may_decide(&comment.user, false, own, authors, &github.gate_policy))
+    {
+        info!(user = %comment.user, "GitHub: promote from the release's own author (or an unlisted bot) ignored");
+        let reply = format!(
+            "@{} `/gitcanary promote` must come from a writer who wrote or committed none of this release (bots only when listed by `--github-bot`); nothing was changed.",
+            comment.user
+        );
+        let _ = github.reply(pull, &reply).await;
+        return Handled::Done { signalled: false };
+    }
+    let token = format!("comment {} by @{}", comment.id, comment.user);
+    if already_given(&rollout.status, &token) {
+        return Handled::Done { signalled: false };
+    }
+    let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
+    match hand_over(writer, rollout, signal, &token, step).await {
+        Ok(()) => {
+            info!(user = %comment.user, verb, namespace = %rollout.namespace, rollout = %rollout.name, "GitHub: command accepted");
+            Handled::Done { signalled: true }
+        }
+        Err(_) if writer.fence_lost() => Handled::ShardLost,
+        Err(error) => {
+            warn!(%error, "GitHub: the command could not be passed on; it is read again at the next look");
+            Handled::Undone
+        }
+    }
 }
 
 #[cfg(test)]

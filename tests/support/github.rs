@@ -32,6 +32,8 @@ pub struct Data {
     pub protection: Protection,
     /// The next this many requests are refused as rate limited.
     pub rate_limited: usize,
+    /// Requests whose path holds this text are answered 502, this many times.
+    pub failing: Option<(String, usize)>,
     /// GitHub's rate limit, when set: every answer says what is left, each
     /// counted request (not a 304) spends one, and none is served once spent.
     pub quota: Option<Quota>,
@@ -498,6 +500,12 @@ impl GitHubFake {
         });
     }
 
+    /// The next `times` requests whose path holds `path_part` fail with 502,
+    /// as GitHub's front end answers now and then.
+    pub fn fail_next(&self, path_part: &str, times: usize) {
+        self.data.lock().expect("lock").failing = Some((path_part.to_string(), times));
+    }
+
     pub fn rate_limit_next(&self, requests: usize) {
         self.data.lock().expect("lock").rate_limited = requests;
     }
@@ -656,6 +664,13 @@ async fn record(
         }
         if let Some(refusal) = data.secondary.as_mut().and_then(past_secondary_limit) {
             return refusal;
+        }
+        if let Some((part, left)) = data.failing.as_mut()
+            && *left > 0
+            && uri.path().contains(part.as_str())
+        {
+            *left -= 1;
+            return (StatusCode::BAD_GATEWAY, Json(json!({"message": "Server Error"}))).into_response();
         }
         let spent = data.quota.filter(|q| q.remaining == 0 && !signed_as_app);
         if (data.rate_limited > 0 && !signed_as_app) || spent.is_some() {
