@@ -191,25 +191,45 @@ impl GitSource {
     ) -> Result<(Revision, AppFiles)> {
         let repo = self.open_mirror()?;
         let commit = self.find_commit(&repo, commit)?;
-        let fingerprints = app_fingerprints(&repo, &commit, &self.path).unwrap_or_default();
+        let fingerprints = app_fingerprints(&repo, &commit, &self.path);
         let mut reused = BTreeMap::new();
+        let mut known = None;
         if let Some((mut set, files)) = previous {
             for (name, (fingerprint, bytes)) in files.apps {
-                let same = fingerprints.get(&name) == Some(&fingerprint) && name != manifest::ROOT_APP;
+                let same = fingerprints.as_ref().and_then(|f| f.get(&name)) == Some(&fingerprint)
+                    && name != manifest::ROOT_APP;
                 if let Some(app) = set.apps.remove(&name).filter(|app| same && app.problems.is_empty()) {
                     reused.insert(name, (app, bytes));
                 }
             }
+            known = files.commits;
         }
         let (manifests, mut files) = self.read_tree_reusing(&repo, &commit, reused)?;
+        let Some(fingerprints) = fingerprints else {
+            let revision = self.revision(&commit, manifests, BTreeMap::new());
+            return Ok((revision, files));
+        };
         // What the next load compares against.
         for (name, (fingerprint, _)) in files.apps.iter_mut() {
             if let Some(id) = fingerprints.get(name) {
                 fingerprint.clone_from(id);
             }
         }
-        let app_commits = self.app_commits(&repo, &commit);
-        let revision = Revision {
+        let app_commits = app_commits(&repo, &commit, &self.path, fingerprints, known.as_ref());
+        files.commits = Some(AppCommits {
+            head: commit.id().to_string(),
+            apps: app_commits.clone(),
+        });
+        Ok((self.revision(&commit, manifests, app_commits), files))
+    }
+
+    fn revision(
+        &self,
+        commit: &git2::Commit<'_>,
+        manifests: manifest::ManifestSet,
+        app_commits: BTreeMap<String, String>,
+    ) -> Revision {
+        Revision {
             commit: commit.id().to_string(),
             manifests,
             app_commits,
@@ -217,43 +237,7 @@ impl GitSource {
                 git: self.clone(),
                 head: commit.id().to_string(),
             })),
-        };
-        Ok((revision, files))
-    }
-
-    /// For each app, the newest commit (within `APP_HISTORY` of the head)
-    /// whose first-parent diff changed the app's files. An app whose change
-    /// lies beyond the fetched history is left out (the head stands for it).
-    fn app_commits(&self, repo: &Repository, head: &git2::Commit<'_>) -> BTreeMap<String, String> {
-        let mut found = BTreeMap::new();
-        let Some(mut unresolved) = app_fingerprints(repo, head, &self.path) else {
-            return found;
-        };
-        let mut current = head.clone();
-        for _ in 0..APP_HISTORY {
-            let Ok(parent) = current.parent(0) else {
-                // The root commit introduced whatever is left; a shallow boundary says nothing.
-                if current.parent_count() == 0 {
-                    for app in unresolved.into_keys() {
-                        found.insert(app, current.id().to_string());
-                    }
-                }
-                break;
-            };
-            let before = app_fingerprints(repo, &parent, &self.path).unwrap_or_default();
-            unresolved.retain(|app, fingerprint| {
-                let changed = before.get(app) != Some(fingerprint);
-                if changed {
-                    found.insert(app.clone(), current.id().to_string());
-                }
-                !changed
-            });
-            if unresolved.is_empty() {
-                break;
-            }
-            current = parent;
         }
-        found
     }
 
     /// The commit, fetched by id when a shallow mirror lacks it.
@@ -443,6 +427,66 @@ fn host_of(url: &str) -> Option<String> {
 #[derive(Debug, Clone, Default)]
 pub struct AppFiles {
     apps: BTreeMap<String, (String, u64)>,
+    /// The commit that last changed each app, as the load found it.
+    commits: Option<AppCommits>,
+}
+
+/// The commit that last changed each app of `head`'s tree.
+#[derive(Debug, Clone)]
+struct AppCommits {
+    head: String,
+    apps: BTreeMap<String, String>,
+}
+
+/// For each app of `head` (`at_head`: its fingerprints there), the newest
+/// commit, on `head`'s first-parent line, whose diff changed the app's
+/// files. The walk stops at the head an earlier load looked at (`known`):
+/// an app that no commit since changed keeps the commit found then, so a
+/// push reads the trees of the commits since the last load only. An app
+/// whose change lies beyond `APP_HISTORY` commits, or the fetched history,
+/// is left out (the head stands for it), and keeps that head from then on:
+/// a later push that leaves it alone does not make it look changed.
+fn app_commits(
+    repo: &Repository,
+    head: &git2::Commit<'_>,
+    path: &str,
+    at_head: BTreeMap<String, String>,
+    known: Option<&AppCommits>,
+) -> BTreeMap<String, String> {
+    let mut found = BTreeMap::new();
+    let mut unresolved = at_head;
+    let mut current = head.clone();
+    for _ in 0..APP_HISTORY {
+        if let Some(known) = known.filter(|known| current.id().to_string() == known.head) {
+            for app in unresolved.into_keys() {
+                let commit = known.apps.get(&app).cloned().unwrap_or_else(|| known.head.clone());
+                found.insert(app, commit);
+            }
+            return found;
+        }
+        let Ok(parent) = current.parent(0) else {
+            // The root commit introduced whatever is left; a shallow boundary says nothing.
+            if current.parent_count() == 0 {
+                for app in unresolved.into_keys() {
+                    found.insert(app, current.id().to_string());
+                }
+            }
+            return found;
+        };
+        let before = app_fingerprints(repo, &parent, path).unwrap_or_default();
+        unresolved.retain(|app, fingerprint| {
+            let changed = before.get(app) != Some(fingerprint);
+            if changed {
+                found.insert(app.clone(), current.id().to_string());
+            }
+            !changed
+        });
+        if unresolved.is_empty() {
+            break;
+        }
+        current = parent;
+    }
+    found
 }
 
 /// Commits searched for the one that last changed an app.
@@ -631,5 +675,52 @@ mod tests {
             ssh_key: None,
         };
         assert!(!format!("{creds:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn each_app_keeps_the_commit_that_last_changed_it_and_a_push_reads_only_what_came_since() {
+        let work = tempfile::tempdir().expect("work");
+        let cache = tempfile::tempdir().expect("cache");
+        let first = commit(
+            work.path(),
+            &[
+                ("a/cm.yaml", Some(&config_map("a", "1"))),
+                ("old/cm.yaml", Some(&config_map("old", "1"))),
+            ],
+        );
+        // Past the history searched: "old" is left out, the head stands for it.
+        let mut head = first.clone();
+        for i in 0..=APP_HISTORY {
+            head = commit(work.path(), &[("a/cm.yaml", Some(&config_map("a", &format!("{i}"))))]);
+        }
+        let url = format!("file://{}", work.path().display());
+        let git = GitSource::new(url, "main", "", Credentials::default(), cache.path());
+        assert_eq!(git.fetch_head().expect("fetch"), head);
+        let (revision, files) = git.load(&head, None).expect("load");
+        assert_eq!(revision.commit_for("a"), head);
+        assert_eq!(revision.commit_for("old"), head, "beyond the history searched");
+        let loaded_at = head.clone();
+
+        let b = commit(work.path(), &[("b/cm.yaml", Some(&config_map("b", "1")))]);
+        let later = commit(work.path(), &[("c/cm.yaml", Some(&config_map("c", "1")))]);
+        assert_eq!(git.fetch_head().expect("fetch"), later);
+        // What the last load found is taken as it is: a made-up answer for
+        // "a" shows the walk stopped at the head it looked at.
+        let mut files = files;
+        files
+            .commits
+            .as_mut()
+            .expect("found")
+            .apps
+            .insert("a".into(), first.clone());
+        let (revision, _) = git.load(&later, Some((revision.manifests, files))).expect("load");
+        assert_eq!(revision.commit_for("a"), first, "taken over, not walked again");
+        assert_eq!(
+            revision.commit_for("old"),
+            loaded_at,
+            "a push that leaves it alone keeps its commit"
+        );
+        assert_eq!(revision.commit_for("b"), b);
+        assert_eq!(revision.commit_for("c"), later);
     }
 }
