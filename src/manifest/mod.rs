@@ -6,7 +6,7 @@ pub mod schema;
 
 pub use load::{MAX_FILE_BYTES, MAX_REVISION_BYTES, SizeCheck, load_dir, load_files};
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use serde_json::Value;
@@ -209,24 +209,21 @@ impl ManifestSet {
 
     fn check(&mut self, allowed: &Allowed, kind_checks: Option<&KindChecks<'_>>) {
         let checked_for = kind_checks.is_some().then(|| allowed.fingerprint());
-        let mut seen: BTreeMap<ObjectKey, (String, String)> = BTreeMap::new();
+        let mut duplicates = self.duplicates();
         for app in self.apps.values_mut() {
             let passed_before = checked_for.is_some() && app.checked == checked_for;
+            let mut duplicated = duplicates
+                .remove(app.name.as_str())
+                .unwrap_or_default()
+                .into_iter()
+                .peekable();
             let mut problems = Vec::new();
-            for manifest in &app.manifests {
+            for (index, manifest) in app.manifests.iter().enumerate() {
                 if !passed_before {
                     problems.extend(object_problems(manifest, allowed));
                 }
-                let key = manifest.key();
-                if let Some((other_app, other_location)) = seen.get(&key) {
-                    let where_ = if *other_app == app.name {
-                        other_location.clone()
-                    } else {
-                        format!("{other_location} (app {other_app})")
-                    };
-                    problems.push(manifest.problem(format!("duplicate object {key}, first defined at {where_}")));
-                } else {
-                    seen.insert(key, (app.name.clone(), manifest.location()));
+                if let Some((_, problem)) = duplicated.next_if(|(at, _)| *at == index) {
+                    problems.push(problem);
                 }
             }
             if let Some(kind_checks) = kind_checks
@@ -238,6 +235,36 @@ impl ManifestSet {
             app.checked = checked_for.filter(|_| problems.is_empty() && app.problems.is_empty());
             app.problems.extend(problems);
         }
+    }
+
+    /// Each object defined a second time, by app: the manifest's index in
+    /// its app and the problem. The first definition (in app order, then
+    /// file order) is the one kept. Keys are borrowed, not built: a large
+    /// repository has tens of thousands of objects.
+    fn duplicates(&self) -> HashMap<String, Vec<(usize, Problem)>> {
+        type Key<'m> = (&'m str, &'m str, Option<&'m str>, &'m str);
+        let mut seen: HashMap<Key<'_>, (&str, &Manifest)> = HashMap::new();
+        let mut found: HashMap<String, Vec<(usize, Problem)>> = HashMap::new();
+        for app in self.apps.values() {
+            for (index, manifest) in app.manifests.iter().enumerate() {
+                let key = (manifest.group(), manifest.kind(), manifest.namespace(), manifest.name());
+                let Some((other_app, other)) = seen.get(&key) else {
+                    seen.insert(key, (app.name.as_str(), manifest));
+                    continue;
+                };
+                let where_ = if *other_app == app.name {
+                    other.location()
+                } else {
+                    format!("{} (app {other_app})", other.location())
+                };
+                let message = format!("duplicate object {}, first defined at {where_}", manifest.key());
+                found
+                    .entry(app.name.clone())
+                    .or_default()
+                    .push((index, manifest.problem(message)));
+            }
+        }
+        found
     }
 }
 
