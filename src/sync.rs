@@ -151,7 +151,7 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
 struct Observed {
     crd_kinds: BTreeSet<(String, String)>,
     live: LiveObjects,
-    revision: RevisionKeys,
+    revision: std::sync::Arc<RevisionKeys>,
     history: Option<std::sync::Arc<dyn crate::rollout::record::History>>,
     /// What the agent wrote to Git for pending write-backs.
     written_back: rollout::model::WrittenBacks,
@@ -160,6 +160,8 @@ struct Observed {
 /// The checks a revision passes before any of it is applied (they need no
 /// cluster); their problems are added to the apps.
 pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
+    static VALIDATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    revision.validated = VALIDATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     for app in revision.manifests.apps.values_mut() {
         crate::manifest::load::cap_documents(app);
     }
@@ -183,21 +185,32 @@ async fn observe_revision(
 ) -> Result<Observed> {
     let history = revision.history.clone();
     let manifests = &revision.manifests;
-    let crd_kinds = kinds_defined_by_crds(manifests.apps.values().flat_map(|a| a.manifests.iter()));
+    let crd_kinds = kinds_defined_by_crds(
+        manifests
+            .apps
+            .values()
+            .filter(|a| a.kinds().iter().any(|(_, kind)| kind == "CustomResourceDefinition"))
+            .flat_map(|a| a.manifests.iter()),
+    );
     // A kind the API server did not serve when discovery last ran may be
     // served now (a CRD installed by hand): look again, at most every 10 s.
-    for manifest in manifests.apps.values().flat_map(|a| a.manifests.iter()) {
-        let known = crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string()));
-        if !known && cluster.resolve(manifest.api_version(), manifest.kind()).await.is_none() {
+    // Each kind once, not each object.
+    let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
+    for (api_version, kind) in kinds {
+        let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        let known = crd_kinds.contains(&(group.to_string(), kind.clone()));
+        if !known && cluster.resolve(api_version, kind).await.is_none() {
             cluster.refresh_discovery_unless_fresh(Duration::from_secs(10)).await?;
             break;
         }
     }
     let live = observe::list_live(cluster, &manifests.apps, options).await?;
-    let revision = RevisionKeys::of(
-        manifests.apps.values().flat_map(|a| a.manifests.iter()),
-        &options.allowed.default_namespace,
-    );
+    let revision = memo.revision_keys(revision.validated, || {
+        RevisionKeys::of(
+            manifests.apps.values().flat_map(|a| a.manifests.iter()),
+            &options.allowed.default_namespace,
+        )
+    });
     Ok(Observed {
         crd_kinds,
         live,

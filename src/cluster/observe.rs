@@ -16,10 +16,10 @@ use crate::{Error, MANAGED_BY_LABEL, Result};
 /// `--namespaces`, namespaced kinds are listed in those namespaces only, so
 /// that Roles there (deploy/namespaced/) are all the agent needs.
 pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &SyncOptions) -> Result<LiveObjects> {
-    let mut kinds: BTreeMap<(String, String), Resolved> = BTreeMap::new();
-    for manifest in apps.values().flat_map(|a| a.manifests.iter()) {
-        let id = (manifest.api_version().to_string(), manifest.kind().to_string());
-        if kinds.contains_key(&id) {
+    let mut kinds: BTreeMap<&(String, String), Resolved> = BTreeMap::new();
+    // Each kind once, not each object.
+    for id in apps.values().flat_map(|a| a.kinds()) {
+        if kinds.contains_key(id) {
             continue;
         }
         if let Some(resolved) = cluster.resolve(&id.0, &id.1).await {

@@ -429,12 +429,12 @@ fn names_pending(manifest: &Manifest, key: &ObjectKey, default_namespace: &str) 
 /// app it left, whichever app syncs first.
 #[derive(Debug, Default)]
 pub struct RevisionKeys {
-    keys: BTreeSet<ObjectKey>,
+    keys: std::collections::HashSet<ObjectKey>,
 }
 
 impl RevisionKeys {
     pub fn of<'a>(manifests: impl Iterator<Item = &'a Manifest>, default_namespace: &str) -> RevisionKeys {
-        let mut keys = BTreeSet::new();
+        let mut keys = std::collections::HashSet::new();
         for manifest in manifests {
             let key = manifest.key();
             if key.namespace.is_none() {

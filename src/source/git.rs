@@ -237,6 +237,7 @@ impl GitSource {
                 git: self.clone(),
                 head: commit.id().to_string(),
             })),
+            validated: 0,
         }
     }
 

@@ -26,6 +26,10 @@ pub struct Revision {
     /// Status files and earlier commits, for Rollouts with no status (none
     /// for a plain directory).
     pub history: Option<Arc<dyn crate::rollout::record::History>>,
+    /// Set when the revision is validated, different for each validation
+    /// (0: not validated): what a sync may remember per revision is kept
+    /// under it.
+    pub validated: u64,
 }
 
 impl Revision {
@@ -73,6 +77,7 @@ impl Source {
                 manifests: crate::render::load_dir(root, renderers)?,
                 app_commits: Default::default(),
                 history: None,
+                validated: 0,
             }),
         }
     }

@@ -18,7 +18,7 @@ use super::{AppReport, AppResult};
 use crate::cluster::cache::KindCache;
 use crate::cluster::{AppStatus, Cluster};
 use crate::manifest::{App, ObjectKey};
-use crate::plan::SyncOptions;
+use crate::plan::{RevisionKeys, SyncOptions};
 use crate::rollout::api::WrittenBack;
 use crate::rollout::model::WrittenBacks;
 use crate::{MANAGED_BY_LABEL, rollout};
@@ -37,6 +37,8 @@ pub struct SyncMemo {
     apps: Mutex<HashMap<String, Remembered>>,
     /// Write-backs done and not yet recorded in their Rollouts' statuses.
     written_back: Mutex<WrittenBacks>,
+    /// Every object of the last revision synced, under its validation id.
+    revision_keys: Mutex<Option<(u64, Arc<RevisionKeys>)>>,
 }
 
 impl SyncMemo {
@@ -82,6 +84,24 @@ impl SyncMemo {
         } else {
             apps.remove(&report.app);
         }
+    }
+
+    /// The keys of every object of the revision validated as `validated`,
+    /// made once per revision rather than once per sync (a drift's sync of
+    /// one app needs them too). A revision not validated is not remembered.
+    pub fn revision_keys(&self, validated: u64, make: impl FnOnce() -> RevisionKeys) -> Arc<RevisionKeys> {
+        let mut kept = self.revision_keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, keys)) = kept.as_ref()
+            && *id == validated
+            && validated != 0
+        {
+            return keys.clone();
+        }
+        let keys = Arc::new(make());
+        if validated != 0 {
+            *kept = Some((validated, keys.clone()));
+        }
+        keys
     }
 
     /// Hands a write-back done to Git to the next plan of its Rollout.
@@ -256,4 +276,31 @@ pub fn holds_exactly(previous: Option<&AppStatus>, mut keys: Vec<(String, Object
     recorded.dedup();
     keys.dedup();
     recorded == keys
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::SyncMemo;
+    use crate::plan::RevisionKeys;
+
+    #[test]
+    fn a_revisions_keys_are_made_once_per_validation_and_never_for_one_not_validated() {
+        let memo = SyncMemo::default();
+        let mut made = 0;
+        let mut keys = |validated| {
+            memo.revision_keys(validated, || {
+                made += 1;
+                RevisionKeys::default()
+            })
+        };
+        let first = keys(7);
+        assert!(Arc::ptr_eq(&first, &keys(7)), "the same revision");
+        keys(8);
+        keys(0);
+        keys(0);
+        assert!(!Arc::ptr_eq(&first, &keys(7)), "another revision came in between");
+        assert_eq!(made, 5);
+    }
 }
