@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
         for problem in gitcanary::rollout::validate::problems(app, "default") {
             let _ = problem.to_string();
         }
-        for manifest in &app.manifests {
+        for manifest in app.manifests.iter() {
             let _ = manifest.location();
         }
     }

@@ -71,7 +71,7 @@ pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners
         }
     };
     for app in manifests.apps.values() {
-        for manifest in &app.manifests {
+        for manifest in app.manifests.iter() {
             let key = manifest.key();
             if key.namespace.is_none() {
                 let defaulted = ObjectKey {
@@ -154,14 +154,11 @@ mod tests {
                 line: 1,
                 object: serde_json::json!({"apiVersion": "v1", "kind": kind, "metadata": {"name": name}}),
             };
-            set.apps
-                .entry(app.to_string())
-                .or_insert_with(|| crate::manifest::App {
-                    name: app.to_string(),
-                    ..crate::manifest::App::default()
-                })
-                .manifests
-                .push(manifest);
+            let entry = set.apps.entry(app.to_string()).or_insert_with(|| crate::manifest::App {
+                name: app.to_string(),
+                ..crate::manifest::App::default()
+            });
+            std::sync::Arc::make_mut(&mut entry.manifests).push(manifest);
         }
         set
     }

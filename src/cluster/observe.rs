@@ -88,7 +88,7 @@ pub async fn resolve_app<'a>(
         pending: Vec::new(),
         problems: Vec::new(),
     };
-    for manifest in &app.manifests {
+    for manifest in app.manifests.iter() {
         match resolve_manifest(cluster, manifest, options).await {
             Some(planned) => resolved_app.objects.push(planned),
             None if crd_kinds.contains(&(manifest.group().to_string(), manifest.kind().to_string())) => {

@@ -24,7 +24,7 @@ pub fn cap_documents(app: &mut App) {
     }
     let file = app.manifests[MAX_APP_DOCUMENTS].file.clone();
     let line = app.manifests[MAX_APP_DOCUMENTS].line;
-    app.manifests = Vec::new();
+    app.manifests = Default::default();
     app.problems.push(Problem {
         file,
         line,
@@ -188,7 +188,7 @@ fn parse_file(app_name: &str, path: &str, content: &[u8], app: &mut App) {
     for document in split_documents(text) {
         match serde_saphyr::from_str::<Value>(document.text) {
             Ok(Value::Null) => {} // empty or comment-only document
-            Ok(object) => app.manifests.push(Manifest {
+            Ok(object) => std::sync::Arc::make_mut(&mut app.manifests).push(Manifest {
                 app: app_name.to_string(),
                 file: path.to_string(),
                 line: document.content_line,

@@ -124,7 +124,9 @@ impl fmt::Display for Problem {
 #[derive(Debug, Clone, Default)]
 pub struct App {
     pub name: String,
-    pub manifests: Vec<Manifest>,
+    /// Shared with the loads that take the app over unchanged: a push
+    /// copies none of the objects of the apps it leaves alone.
+    pub manifests: std::sync::Arc<Vec<Manifest>>,
     pub problems: Vec<Problem>,
     /// See [`App::digest`]; made on first use, when the manifests are final.
     pub(crate) digest: std::sync::OnceLock<[u8; 32]>,
@@ -155,7 +157,7 @@ impl App {
         *self.digest.get_or_init(|| {
             use sha2::{Digest, Sha256};
             let mut hasher = Sha256::new();
-            for manifest in &self.manifests {
+            for manifest in self.manifests.iter() {
                 hasher.update(manifest.file.as_bytes());
                 hasher.update(manifest.line.to_le_bytes());
                 // Writing into the hasher cannot fail.

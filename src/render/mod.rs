@@ -335,7 +335,7 @@ pub fn render_apps(tree: &dyn SourceTree, renderers: &Renderers, jobs: Vec<Job>)
     done.into_iter()
         .map(|(name, rendered)| App {
             name,
-            manifests: rendered.manifests,
+            manifests: rendered.manifests.into(),
             problems: rendered.problems,
             ..App::default()
         })

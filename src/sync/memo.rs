@@ -172,7 +172,7 @@ pub async fn inputs_of(
         selector: format!("{MANAGED_BY_LABEL}={}", options.instance),
         caches: Vec::new(),
     };
-    for manifest in &app.manifests {
+    for manifest in app.manifests.iter() {
         let api_version = manifest.api_version();
         let key = versions
             .hash(&mut hasher, api_version, manifest.key(), manifest.namespace())
