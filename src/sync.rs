@@ -148,10 +148,14 @@ pub async fn sync(cluster: &Cluster, revision: &Revision, options: &SyncOptions)
 }
 
 /// What every app's observe shares: the revision's kinds, resolved and listed once.
-struct Observed {
+struct Observed<'r> {
     crd_kinds: BTreeSet<(String, String)>,
     live: LiveObjects,
-    revision: std::sync::Arc<RevisionKeys>,
+    /// The revision and the memo its keys are made and kept in.
+    source: (&'r Revision, &'r SyncMemo),
+    /// Every object's key, made only for an app that has objects that left
+    /// Git (nothing else reads them): see [`Observed::revision_keys`].
+    revision_keys: std::sync::OnceLock<std::sync::Arc<RevisionKeys>>,
     history: Option<std::sync::Arc<dyn crate::rollout::record::History>>,
     /// What the agent wrote to Git for pending write-backs.
     written_back: rollout::model::WrittenBacks,
@@ -177,12 +181,26 @@ pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
     }
 }
 
-async fn observe_revision(
+impl Observed<'_> {
+    /// The keys of every object of the revision, in any app: made once per
+    /// revision, and only when an app has objects that left Git.
+    fn revision_keys(&self, default_namespace: &str) -> &RevisionKeys {
+        let (revision, memo) = self.source;
+        self.revision_keys.get_or_init(|| {
+            memo.revision_keys(revision.validated, || {
+                let manifests = revision.manifests.apps.values().flat_map(|a| a.manifests.iter());
+                RevisionKeys::of(manifests, default_namespace)
+            })
+        })
+    }
+}
+
+async fn observe_revision<'r>(
     cluster: &Cluster,
-    revision: &Revision,
+    revision: &'r Revision,
     options: &SyncOptions,
-    memo: &SyncMemo,
-) -> Result<Observed> {
+    memo: &'r SyncMemo,
+) -> Result<Observed<'r>> {
     let history = revision.history.clone();
     let manifests = &revision.manifests;
     let crd_kinds = kinds_defined_by_crds(
@@ -205,16 +223,11 @@ async fn observe_revision(
         }
     }
     let live = observe::list_live(cluster, &manifests.apps, options).await?;
-    let revision = memo.revision_keys(revision.validated, || {
-        RevisionKeys::of(
-            manifests.apps.values().flat_map(|a| a.manifests.iter()),
-            &options.allowed.default_namespace,
-        )
-    });
     Ok(Observed {
         crd_kinds,
         live,
-        revision,
+        source: (revision, memo),
+        revision_keys: std::sync::OnceLock::new(),
         history,
         written_back: memo.written_back(),
     })
@@ -334,7 +347,7 @@ async fn sync_one(
     cluster: &Cluster,
     app: &App,
     commit: &str,
-    observed: &Observed,
+    observed: &Observed<'_>,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
 ) -> Result<Option<(AppReport, Option<AppStatus>)>> {
@@ -370,7 +383,7 @@ async fn observe_and_plan<'a>(
     cluster: &Cluster,
     app: &'a App,
     commit: &str,
-    observed: &Observed,
+    observed: &Observed<'_>,
     previous: Option<&'a AppStatus>,
     options: &'a SyncOptions,
     measure: bool,
@@ -379,9 +392,16 @@ async fn observe_and_plan<'a>(
         Ok(app_observed) => app_observed,
         Err(problems) => return Ok(Err(problems)),
     };
+    // Read only for objects that left Git.
+    let no_keys = RevisionKeys::default();
+    let revision = if app_observed.left_git.is_empty() {
+        &no_keys
+    } else {
+        observed.revision_keys(&options.allowed.default_namespace)
+    };
     let context = PlanContext {
         live: &observed.live,
-        revision: &observed.revision,
+        revision,
         instance: &options.instance,
         default_namespace: &options.allowed.default_namespace,
         prune: options.prune,
@@ -397,7 +417,7 @@ async fn observe_app<'a>(
     cluster: &Cluster,
     app: &'a App,
     commit: &str,
-    observed: &Observed,
+    observed: &Observed<'_>,
     previous: Option<&'a AppStatus>,
     options: &SyncOptions,
     measure: bool,
@@ -453,7 +473,7 @@ async fn reconcile_app(
     writer: &Writer<'_>,
     app: &App,
     commit: &str,
-    observed: &Observed,
+    observed: &Observed<'_>,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
 ) -> Result<Executed> {

@@ -452,20 +452,39 @@ async fn an_object_moved_to_another_app_is_not_pruned() {
     let f = Fixture::new("sync-move").await;
     f.repo.write("m/shared.yaml", &configmap(&f.ns, "shared", "blue"));
     f.repo.write("z/other.yaml", &configmap(&f.ns, "other", "blue"));
-    f.repo.commit_and_push("shared lives in m");
+    f.repo.write("a/early.yaml", &configmap(&f.ns, "early", "blue"));
+    // An app holding a Namespace syncs first, alone: a prunes before z applies.
+    let first = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}-first\n", f.ns);
+    f.repo.write("a/namespace.yaml", &first);
+    f.repo.commit_and_push("shared lives in m, early in a");
     assert!(f.sync(true).await.is_clean());
 
-    // One commit moves it from app m to app b; b syncs before m.
+    // One commit moves shared from app m to app b (b syncs before m, or
+    // with it), and early from app a to app z (a syncs first: when it
+    // prunes, the live object still names a's file, and only the revision
+    // says z holds it).
     f.repo.remove("m/shared.yaml");
     f.repo.write("m/keep.yaml", &configmap(&f.ns, "keep", "blue"));
     f.repo.write("b/shared.yaml", &configmap(&f.ns, "shared", "green"));
-    f.repo.commit_and_push("shared moves to b");
+    f.repo.remove("a/early.yaml");
+    f.repo.write("a/keep.yaml", &configmap(&f.ns, "keep-a", "blue"));
+    f.repo.write("z/early.yaml", &configmap(&f.ns, "early", "green"));
+    f.repo.commit_and_push("shared moves to b, early to z");
     let report = f.sync(true).await;
     assert!(report.is_clean(), "{:?}", report.problems().collect::<Vec<_>>());
     assert_eq!(
         f.color("shared").await.as_deref(),
         Some("green"),
         "b's object survives m's prune"
+    );
+    assert!(
+        report.app("a").expect("a").pruned.is_empty(),
+        "a pruned what z holds now"
+    );
+    assert_eq!(
+        f.color("early").await.as_deref(),
+        Some("green"),
+        "z's object survives a's prune"
     );
 }
 

@@ -15,7 +15,8 @@ pub async fn diff(
 ) -> Result<(Vec<ObjectDiff>, Vec<Problem>, Vec<String>)> {
     let mut revision = revision.clone();
     validate_revision(&mut revision, options);
-    let observed = observe_revision(cluster, &revision, options, &SyncMemo::default()).await?;
+    let memo = SyncMemo::default();
+    let observed = observe_revision(cluster, &revision, options, &memo).await?;
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
     let mut diffs = Vec::new();
     let mut problems = Vec::new();
