@@ -125,6 +125,22 @@ impl Error {
         }
     }
 
+    /// Whether asking again later may succeed: no answer, a server error, a
+    /// rate limit or a conflict. A refusal (a 4xx that says no) is final.
+    pub fn is_transient(&self) -> bool {
+        let transient = |status: Option<u16>| status.is_none_or(|s| s >= 500 || s == 429 || s == 409);
+        match self {
+            Error::GitHub { status, message, .. } => {
+                transient(*status) || (*status == Some(403) && message.contains("rate limit"))
+            }
+            Error::Kube { source, .. } => match source.as_ref() {
+                kube::Error::Api(status) => transient(Some(status.code)),
+                _ => true,
+            },
+            _ => false,
+        }
+    }
+
     pub(crate) fn git(context: impl Into<String>) -> impl FnOnce(git2::Error) -> Error {
         let context = context.into();
         move |source| Error::Git { context, source }
@@ -166,6 +182,22 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_error_that_asking_again_may_mend_is_transient() {
+        let github = |status: Option<u16>, message: &str| Error::GitHub {
+            context: "a collaborator's permission".into(),
+            status,
+            message: message.into(),
+        };
+        assert!(github(None, "no answer").is_transient());
+        assert!(github(Some(502), "Server Error").is_transient());
+        assert!(github(Some(429), "slow down").is_transient());
+        assert!(github(Some(403), "API rate limit exceeded").is_transient());
+        assert!(!github(Some(403), "Resource not accessible by integration").is_transient());
+        assert!(!github(Some(404), "Not Found").is_transient());
+        assert!(!Error::Usage("bad flag".into()).is_transient());
+    }
 
     #[tokio::test]
     async fn a_panic_in_blocking_work_is_an_error_of_that_task() {

@@ -792,3 +792,58 @@ async fn a_release_on_a_killed_replicas_shard_is_finished_by_another_with_one_co
     .await;
     assert_eq!(comments.len(), 1, "one release comment, edited by both replicas");
 }
+
+/// A look that cannot read a pull request's comments (a 502) takes no
+/// command at all, so that none written there is passed over by noting a
+/// later one on another pull request as handled; the next look takes both,
+/// oldest first.
+#[tokio::test]
+async fn a_look_that_cannot_read_the_comments_takes_no_command_and_the_next_does() {
+    use gitcanary::plan::Fence;
+    use gitcanary::rollout::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
+    use std::sync::Arc;
+
+    let scenario = Scenario::new("comments-unread").await;
+    let paused = PausedForAPromote::new(&scenario).await;
+    let fake = &paused.fake;
+    // The release is carried by pull request 6 too, where dave aborts after alice's promote on 5.
+    fake.carry(paused.status["canaryCommit"].as_str().expect("a commit"), 6);
+    fake.grant("dave", "write");
+    let abort = fake.comment(6, "dave", "/gitcanary abort");
+    let fence = Fence(Arc::new(|app: &str| app == "echo-app"));
+    let parts = ReporterParts::new(fake, scenario.client.clone()).await;
+    let reporter = parts.reporter(&fence);
+    let report = paused.report(&scenario.ns);
+
+    fake.fail_next("/issues/5/comments", usize::MAX);
+    assert!(!reporter.report(&report).await, "nothing handed over");
+    assert!(
+        fake.count("GET", "/issues/5/comments") >= 1,
+        "the comments were asked for"
+    );
+    assert_eq!(paused.annotation(PROMOTE_ANNOTATION).await, None);
+    assert_eq!(
+        paused.annotation(ABORT_ANNOTATION).await,
+        None,
+        "6's later command waits too"
+    );
+    assert_eq!(
+        paused.annotation(LAST_COMMENT_ANNOTATION).await,
+        None,
+        "not noted as handled"
+    );
+
+    fake.fail_next("/issues/5/comments", 0);
+    assert!(reporter.report(&report).await, "handed over at the next look");
+    let promote = paused.annotation(PROMOTE_ANNOTATION).await.expect("the promote");
+    assert!(
+        promote.contains(&format!("comment {} by @alice", paused.command)),
+        "{promote}"
+    );
+    let aborted = paused.annotation(ABORT_ANNOTATION).await.expect("the abort");
+    assert!(aborted.contains(&format!("comment {abort} by @dave")), "{aborted}");
+    assert_eq!(
+        paused.annotation(LAST_COMMENT_ANNOTATION).await,
+        Some(abort.to_string())
+    );
+}

@@ -61,6 +61,8 @@ pub struct CommandComment {
     pub id: u64,
     pub user: String,
     pub command: Signal,
+    /// When GitHub says it was written.
+    pub written: Option<jiff::Timestamp>,
 }
 
 impl PullRequest {
@@ -413,6 +415,7 @@ impl GitHub {
                     id,
                     user: c["user"]["login"].as_str().unwrap_or_default().to_string(),
                     command,
+                    written: c["created_at"].as_str().and_then(|t| t.parse().ok()),
                 })
             })
             .collect();
@@ -429,13 +432,8 @@ impl GitHub {
                 None,
                 "a collaborator's permission",
             )
-            .await;
-        match answer {
-            Ok(answer) => Ok(is_writer(&answer)),
-            // GitHub's answer for a login that is no collaborator: a no, not an outage.
-            Err(Error::GitHub { status: Some(404), .. }) => Ok(false),
-            Err(error) => Err(error),
-        }
+            .await?;
+        Ok(is_writer(&answer))
     }
 
     pub async fn reply(&self, pull: u64, body: &str) -> Result<()> {

@@ -106,6 +106,7 @@ impl GitHubReporter<'_> {
         let waiting = gate::waiting_step(&rollout.spec, status).filter(|_| authors_known);
         let mut gate_pull = None;
         let mut gate_branch = None;
+        let mut gate_unknown = false;
         if let (Some(step), Some(base)) = (waiting, self.source.git().map(|g| g.branch().to_string())) {
             let request = gate::GateRequest {
                 rollout,
@@ -125,7 +126,8 @@ impl GitHubReporter<'_> {
                     signalled |= pass_verdict(writer, rollout, verdict, step).await;
                 }
                 Err(error) => {
-                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands and the CLI still work")
+                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands are read at the next look, the CLI still works");
+                    gate_unknown = true;
                 }
             }
         }
@@ -152,7 +154,10 @@ impl GitHubReporter<'_> {
                 warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
             }
         }
-        if authors_known && matches!(status.phase, Phase::Paused | Phase::Progressing) {
+        // Commands on the gate are read with the others or not at all: a
+        // look that could not find the gate must not note later commands
+        // elsewhere as handled, passing over those on the gate.
+        if authors_known && !gate_unknown && matches!(status.phase, Phase::Paused | Phase::Progressing) {
             signalled |= handle_commands(github, writer, rollout, &command_pulls, &authors).await;
         }
         signalled
@@ -292,8 +297,8 @@ async fn warn_skipped(github: &GitHub, pulls: &[u64], gate: &github::PullRequest
 
 /// The `/gitcanary` commands on the release's pull requests, in the order
 /// they were written (comment ids grow), each with its pull request: none
-/// when the comments of one cannot be read, since noting a later command
-/// as handled would pass over an earlier one there.
+/// when the comments of one cannot be read for now, since noting a later
+/// command as handled would pass over an earlier one there.
 async fn read_commands(
     github: &GitHub,
     pulls: &[u64],
@@ -304,10 +309,12 @@ async fn read_commands(
     for pull in pulls {
         match github.commands(*pull, handled, began).await {
             Ok(found) => commands.extend(found.into_iter().map(|comment| (*pull, comment))),
-            Err(error) => {
+            Err(error) if error.is_transient() => {
                 warn!(%error, pull, "GitHub: cannot read commands; they are read at the next look");
                 return None;
             }
+            // Refused for good (the pull request is gone): nothing to wait for.
+            Err(error) => warn!(%error, pull, "GitHub: cannot read commands of this pull request"),
         }
     }
     commands.sort_by_key(|(_, comment)| comment.id);
@@ -315,12 +322,29 @@ async fn read_commands(
     Some(commands)
 }
 
+/// Whether a promote was written before the step the release is at began
+/// (in GitHub's whole seconds): read late (after an outage, or by another
+/// replica), it must not pass a pause its writer never saw.
+fn written_before_this_step(status: &crate::rollout::api::RolloutStatus, written: Option<jiff::Timestamp>) -> bool {
+    let Some(step) = status.canary_status.as_ref().map(|c| c.current_step_index) else {
+        return false;
+    };
+    let began = status
+        .step_history
+        .iter()
+        .rev()
+        .find(|record| record.step == step)
+        .and_then(|record| record.started_at.parse::<jiff::Timestamp>().ok());
+    matches!((written, began), (Some(written), Some(began)) if written.as_second() < began.as_second())
+}
+
 /// What became of one command.
 enum Handled {
     /// Acted on, refused or passed over: noted as handled.
     Done { signalled: bool },
-    /// GitHub or the cluster failed to answer for it: it and every later
-    /// command are read again at the next look (none is given twice).
+    /// GitHub or the cluster failed to answer for it, in a way that asking
+    /// again may mend (`Error::is_transient`): it and every later command
+    /// are read again at the next look (none is given twice).
     Undone,
     /// The app's shard was lost: nothing more is noted.
     ShardLost,
@@ -384,9 +408,13 @@ async fn handle_command(
 ) -> Handled {
     let allowed = match github.can_write(&comment.user).await {
         Ok(allowed) => allowed,
-        Err(error) => {
+        Err(error) if error.is_transient() => {
             warn!(%error, user = %comment.user, "GitHub: cannot check permission; the command is read again at the next look");
             return Handled::Undone;
+        }
+        Err(error) => {
+            warn!(%error, user = %comment.user, "GitHub: cannot check permission; the command is ignored");
+            return Handled::Done { signalled: false };
         }
     };
     let verb = comment.command.verb();
@@ -425,6 +453,15 @@ async fn handle_command(
     if already_given(&rollout.status, &token) {
         return Handled::Done { signalled: false };
     }
+    if signal == Signal::Promote && written_before_this_step(&rollout.status, comment.written) {
+        info!(user = %comment.user, "GitHub: a promote written before the current step began ignored");
+        let reply = format!(
+            "@{} `/gitcanary promote` was written before the step the release waits at began, and approves no later pause; nothing was changed.",
+            comment.user
+        );
+        let _ = github.reply(pull, &reply).await;
+        return Handled::Done { signalled: false };
+    }
     let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
     match hand_over(writer, rollout, signal, &token, step).await {
         Ok(()) => {
@@ -432,9 +469,13 @@ async fn handle_command(
             Handled::Done { signalled: true }
         }
         Err(_) if writer.fence_lost() => Handled::ShardLost,
-        Err(error) => {
+        Err(error) if error.is_transient() => {
             warn!(%error, "GitHub: the command could not be passed on; it is read again at the next look");
             Handled::Undone
+        }
+        Err(error) => {
+            warn!(%error, "GitHub: the command could not be passed on, and asking again would not help; it is ignored");
+            Handled::Done { signalled: false }
         }
     }
 }
@@ -443,6 +484,30 @@ async fn handle_command(
 mod tests {
     use super::*;
     use crate::rollout::api::{RolloutStatus, StepRecord};
+
+    #[test]
+    fn a_promote_written_before_the_current_step_began_approves_nothing() {
+        let status: RolloutStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Paused",
+            "stepHistory": [{"step": 1, "startedAt": "2026-12-05T10:00:00Z"},
+                            {"step": 2, "startedAt": "2026-12-05T10:05:00Z"}],
+            "canaryStatus": {"canaryReadyReplicas": 1, "currentStepIndex": 2, "currentStepState": "StepPaused"}}))
+        .expect("a status");
+        let at = |t: &str| Some(t.parse::<jiff::Timestamp>().expect("a time"));
+        assert!(
+            written_before_this_step(&status, at("2026-12-05T10:01:00Z")),
+            "written at step 1"
+        );
+        assert!(
+            !written_before_this_step(&status, at("2026-12-05T10:05:00.400Z")),
+            "in the second step 2 began"
+        );
+        assert!(!written_before_this_step(&status, at("2026-12-05T10:06:00Z")));
+        assert!(
+            !written_before_this_step(&status, None),
+            "GitHub gave no time: as before"
+        );
+    }
 
     #[test]
     fn a_decision_given_once_is_not_given_again() {
