@@ -54,7 +54,7 @@ impl GitHubTask {
                         waves.retain_apps(|app| shards.holds_app(app));
                     }
                     let term = |app: &str| shards.as_deref().map_or(Some(0), |shards| shards.term_of_app(app));
-                    let terms = catch_up(&mut report, &reported, term);
+                    let terms = catch_up(&mut report, &reported, term, jiff::Timestamp::now());
                     if !look {
                         // A sync for anything else (a Git poll, a drift) reports
                         // what moved; a release waiting at a gate is looked at on
@@ -129,25 +129,48 @@ impl Drop for GitHubTask {
 
 /// The first report of an app in a term of this replica's hold on it (the
 /// first after the agent starts, or after it takes the app's shard) tells
-/// GitHub all of its Rollouts, changed or not: the replica before it may
-/// have been cut off between a transition and its comment, and the
-/// transition is not seen again. Returns the term of each app reported.
+/// GitHub its Rollouts that may have moved unreported, changed or not: the
+/// replica before it may have been cut off between a transition and its
+/// comment, and the transition is not seen again. A Rollout at rest
+/// (Healthy or Failed) for longer than `SETTLED` is left out: its comment
+/// was made long ago, and a restart must not spend GitHub's quota on every
+/// Rollout there is. Returns the term of each app reported.
 fn catch_up(
     report: &mut SyncReport,
     reported: &HashMap<String, u64>,
     term: impl Fn(&str) -> Option<u64>,
+    now: jiff::Timestamp,
 ) -> Vec<(String, u64)> {
     let mut terms = Vec::new();
     for app in &mut report.apps {
-        let Some(now) = term(&app.app) else { continue };
-        if reported.get(&app.app) != Some(&now) {
-            for rollout in &mut app.rollouts {
+        let Some(current) = term(&app.app) else { continue };
+        if reported.get(&app.app) != Some(&current) {
+            for rollout in app.rollouts.iter_mut().filter(|r| !settled(&r.status, now)) {
                 rollout.changed = true;
             }
         }
-        terms.push((app.app.clone(), now));
+        terms.push((app.app.clone(), current));
     }
     terms
+}
+
+/// How long a Rollout stays at rest before a new term no longer reports it.
+const SETTLED: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn settled(status: &crate::rollout::api::RolloutStatus, now: jiff::Timestamp) -> bool {
+    use crate::rollout::api::Phase;
+    let at_rest = matches!(status.phase, Phase::Healthy | Phase::Failed);
+    // The newest time the status names: its last update, a step's start or end.
+    let times = status.canary_status.iter().map(|c| c.last_update_time.as_str());
+    let steps = status
+        .step_history
+        .iter()
+        .flat_map(|s| [s.started_at.as_str(), s.finished_at.as_str()]);
+    let moved = times
+        .chain(steps)
+        .filter_map(|t| t.parse::<jiff::Timestamp>().ok())
+        .max();
+    at_rest && moved.is_none_or(|moved| now.duration_since(moved).unsigned_abs() > SETTLED)
 }
 
 #[cfg(test)]
@@ -181,33 +204,57 @@ mod tests {
     }
 
     #[test]
-    fn an_app_first_reported_in_a_new_term_tells_github_every_rollout() {
+    fn an_app_first_reported_in_a_new_term_tells_github_every_rollout_that_may_have_moved() {
         let changed = |report: &crate::sync::SyncReport, name: &str| {
             report.apps.iter().find(|a| a.app == name).expect("the app").rollouts[0].changed
         };
+        let now: jiff::Timestamp = "2026-12-05T12:00:00Z".parse().expect("a time");
         let reported = HashMap::from([("web".to_string(), 3), ("shop".to_string(), 1)]);
+        // Paused (under way): web, shop, cart; done an hour ago: old; done a minute ago: fresh.
         let mut synced = report(vec![
             app("web", None, true),
             app("shop", None, true),
             app("cart", None, true),
+            app("old", None, false),
+            app("fresh", None, false),
         ]);
-        // web: held since its last report; shop: taken again since; cart: never reported.
-        let terms = catch_up(&mut synced, &reported, |app| match app {
-            "web" => Some(3),
-            "shop" => Some(2),
-            _ => Some(1),
-        });
+        for (app, at) in [("old", "2026-12-05T11:00:00Z"), ("fresh", "2026-12-05T11:59:00Z")] {
+            let app = synced.apps.iter_mut().find(|a| a.app == app).expect("the app");
+            app.rollouts[0].status.step_history = vec![crate::rollout::api::StepRecord {
+                step: 1,
+                started_at: "2026-12-05T10:00:00Z".into(),
+                finished_at: at.into(),
+                ..Default::default()
+            }];
+        }
+        // web: held since its last report; shop: taken again since; the others: never reported.
+        let terms = catch_up(
+            &mut synced,
+            &reported,
+            |app| match app {
+                "web" => Some(3),
+                "shop" => Some(2),
+                _ => Some(1),
+            },
+            now,
+        );
         assert!(!changed(&synced, "web"), "reported in this term already");
         assert!(changed(&synced, "shop"), "another replica may have held it in between");
         assert!(changed(&synced, "cart"), "never reported by this replica");
-        assert_eq!(
-            terms,
-            vec![("web".to_string(), 3), ("shop".to_string(), 2), ("cart".to_string(), 1)]
+        assert!(
+            !changed(&synced, "old"),
+            "at rest for an hour: its comment was made long ago"
         );
+        assert!(
+            changed(&synced, "fresh"),
+            "at rest for a minute: its last comment may be missing"
+        );
+        assert_eq!(terms.len(), 5);
+        assert!(terms.contains(&("shop".to_string(), 2)));
 
         let mut lost = report(vec![app("web", None, true)]);
         assert!(
-            catch_up(&mut lost, &reported, |_| None).is_empty(),
+            catch_up(&mut lost, &reported, |_| None, now).is_empty(),
             "a shard not held records nothing"
         );
     }
