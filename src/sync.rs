@@ -164,8 +164,7 @@ struct Observed<'r> {
 /// The checks a revision passes before any of it is applied (they need no
 /// cluster); their problems are added to the apps.
 pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
-    static VALIDATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    revision.validated = VALIDATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    revision.mark_validated();
     for app in revision.manifests.apps.values_mut() {
         crate::manifest::load::cap_documents(app);
     }
@@ -187,7 +186,7 @@ impl Observed<'_> {
     fn revision_keys(&self, default_namespace: &str) -> &RevisionKeys {
         let (revision, memo) = self.source;
         self.revision_keys.get_or_init(|| {
-            memo.revision_keys(revision.validated, || {
+            memo.revision_keys(revision.validated(), || {
                 let manifests = revision.manifests.apps.values().flat_map(|a| a.manifests.iter());
                 RevisionKeys::of(manifests, default_namespace)
             })

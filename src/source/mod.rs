@@ -28,14 +28,25 @@ pub struct Revision {
     pub history: Option<Arc<dyn crate::rollout::record::History>>,
     /// Set when the revision is validated, different for each validation
     /// (0: not validated): what a sync may remember per revision is kept
-    /// under it.
-    pub validated: u64,
+    /// under it. Private: nothing else may claim a validation.
+    validated: u64,
 }
 
 impl Revision {
     /// The commit that last changed the app: what a release of it is for.
     pub fn commit_for(&self, app: &str) -> &str {
         self.app_commits.get(app).map_or(&self.commit, String::as_str)
+    }
+
+    /// Which validation the revision passed (0: none).
+    pub fn validated(&self) -> u64 {
+        self.validated
+    }
+
+    /// Marks the revision validated: a new id, never given before.
+    pub(crate) fn mark_validated(&mut self) {
+        static VALIDATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        self.validated = VALIDATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     }
 }
 
@@ -149,4 +160,30 @@ impl Source {
 
 fn looks_like_git(dir: &Path) -> bool {
     dir.join(".git").exists() || (dir.join("HEAD").is_file() && dir.join("objects").is_dir())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Revision;
+
+    #[test]
+    fn each_validation_has_an_id_of_its_own() {
+        let mut revision = Revision {
+            commit: "c".into(),
+            manifests: Default::default(),
+            app_commits: Default::default(),
+            history: None,
+            validated: 0,
+        };
+        assert_eq!(revision.validated(), 0, "not validated");
+        revision.mark_validated();
+        let first = revision.validated();
+        let mut copy = revision.clone();
+        copy.mark_validated();
+        assert!(
+            first != 0 && copy.validated() != first,
+            "a copy validated again is another revision"
+        );
+        assert_eq!(revision.validated(), first);
+    }
 }
