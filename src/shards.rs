@@ -175,14 +175,15 @@ fn renewed_within(
     entry.1.elapsed() < duration
 }
 
-/// The Lease of shard `k` of agent `instance`.
 /// Whether acting `until` a time, where the replica acted until `before`,
-/// begins a new term: it was not acting (never, or past its time, when
+/// begins a new term: it acts from now on (a renewal answered past its own
+/// deadline does not), and was not acting (never, or past its time, when
 /// another replica may have taken the shard).
 fn begins_term(before: Option<Instant>, until: Option<Instant>, now: Instant) -> bool {
-    until.is_some() && before.is_none_or(|before| now >= before)
+    until.is_some_and(|until| now < until) && before.is_none_or(|before| now >= before)
 }
 
+/// The Lease of shard `k` of agent `instance`.
 pub fn shard_lease(instance: &str, k: u32) -> String {
     format!("{instance}-shard-{k}")
 }
@@ -596,6 +597,10 @@ mod tests {
             "renewed after its time ran out"
         );
         assert!(!begins_term(Some(later), None, now), "given up");
+        assert!(
+            !begins_term(None, Some(now), now),
+            "renewed past its own deadline: not acting"
+        );
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub fn cap_documents(app: &mut App) {
     let file = app.manifests[MAX_APP_DOCUMENTS].file.clone();
     let line = app.manifests[MAX_APP_DOCUMENTS].line;
     app.manifests = Default::default();
+    // Made from the manifests just dropped, if made already.
+    app.kinds = Default::default();
+    app.digest = Default::default();
     app.problems.push(Problem {
         file,
         line,
