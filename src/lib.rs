@@ -41,6 +41,11 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// What was asked could not be done because the object moved on
+    /// meanwhile; asking again with a fresh view decides.
+    #[error("{0}")]
+    Conflict(String),
+
     #[error("cannot read {path}: {source}")]
     Read {
         path: String,
@@ -111,6 +116,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Usage(_) => "usage",
+            Error::Conflict(_) => "conflict",
             Error::Read { .. } => "read",
             Error::Invalid(_) => "invalid_manifest",
             Error::Git { .. } => "git",
@@ -137,6 +143,7 @@ impl Error {
                 kube::Error::Api(status) => transient(Some(status.code)),
                 _ => true,
             },
+            Error::Conflict(_) => true,
             _ => false,
         }
     }
@@ -197,6 +204,7 @@ mod tests {
         assert!(!github(Some(403), "Resource not accessible by integration").is_transient());
         assert!(!github(Some(404), "Not Found").is_transient());
         assert!(!Error::Usage("bad flag".into()).is_transient());
+        assert!(Error::Conflict("the Rollout moved on".into()).is_transient());
     }
 
     #[tokio::test]

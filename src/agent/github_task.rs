@@ -155,7 +155,7 @@ fn catch_up(
 }
 
 /// How long a Rollout stays at rest before a new term no longer reports it.
-const SETTLED: std::time::Duration = std::time::Duration::from_secs(600);
+const SETTLED: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn settled(status: &crate::rollout::api::RolloutStatus, now: jiff::Timestamp) -> bool {
     use crate::rollout::api::Phase;
@@ -210,7 +210,7 @@ mod tests {
         };
         let now: jiff::Timestamp = "2026-12-05T12:00:00Z".parse().expect("a time");
         let reported = HashMap::from([("web".to_string(), 3), ("shop".to_string(), 1)]);
-        // Paused (under way): web, shop, cart; done an hour ago: old; done a minute ago: fresh.
+        // Paused (under way): web, shop, cart; done 90 minutes ago: old; 30 minutes ago: fresh.
         let mut synced = report(vec![
             app("web", None, true),
             app("shop", None, true),
@@ -218,7 +218,7 @@ mod tests {
             app("old", None, false),
             app("fresh", None, false),
         ]);
-        for (app, at) in [("old", "2026-12-05T11:00:00Z"), ("fresh", "2026-12-05T11:59:00Z")] {
+        for (app, at) in [("old", "2026-12-05T10:30:00Z"), ("fresh", "2026-12-05T11:30:00Z")] {
             let app = synced.apps.iter_mut().find(|a| a.app == app).expect("the app");
             app.rollouts[0].status.step_history = vec![crate::rollout::api::StepRecord {
                 step: 1,
@@ -243,11 +243,11 @@ mod tests {
         assert!(changed(&synced, "cart"), "never reported by this replica");
         assert!(
             !changed(&synced, "old"),
-            "at rest for an hour: its comment was made long ago"
+            "at rest for 90 minutes: its comment was made long ago"
         );
         assert!(
             changed(&synced, "fresh"),
-            "at rest for a minute: its last comment may be missing"
+            "at rest for 30 minutes: its last comment may be missing"
         );
         assert_eq!(terms.len(), 5);
         assert!(terms.contains(&("shop".to_string(), 2)));

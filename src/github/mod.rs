@@ -297,7 +297,8 @@ impl GitHub {
         }
         let text = client.body_to_string(response).await.map_err(|e| {
             self.metrics.github_errors.fetch_add(1, Ordering::Relaxed);
-            error(Some(status), e.to_string())
+            // An answer cut off is no answer: asking again may get it whole.
+            error(None, e.to_string())
         })?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if (200..300).contains(&status) {

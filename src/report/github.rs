@@ -126,8 +126,9 @@ impl GitHubReporter<'_> {
                     signalled |= pass_verdict(writer, rollout, verdict, step).await;
                 }
                 Err(error) => {
-                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; commands are read at the next look, the CLI still works");
-                    gate_unknown = true;
+                    warn!(%error, namespace = %fields.0, rollout = %fields.1, rollout_id = %fields.2, "GitHub: the promotion pull request waits; the CLI still works");
+                    // Commands wait for a look that finds the gate, unless it cannot be opened at all.
+                    gate_unknown = error.is_transient();
                 }
             }
         }
@@ -154,9 +155,8 @@ impl GitHubReporter<'_> {
                 warn!(%error, "GitHub: stale promotion pull requests stay open until the next change");
             }
         }
-        // Commands on the gate are read with the others or not at all: a
-        // look that could not find the gate must not note later commands
-        // elsewhere as handled, passing over those on the gate.
+        // Commands on the gate are read with the others or not at all: none
+        // elsewhere is noted as handled past those on a gate not found.
         if authors_known && !gate_unknown && matches!(status.phase, Phase::Paused | Phase::Progressing) {
             signalled |= handle_commands(github, writer, rollout, &command_pulls, &authors).await;
         }

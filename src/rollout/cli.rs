@@ -60,7 +60,7 @@ pub async fn send_signal_token(
             done => return done,
         }
     }
-    Err(Error::Usage(format!(
+    Err(Error::Conflict(format!(
         "rollout {namespace}/{name} kept changing while the {} was sent; nothing was sent, try again",
         signal.verb()
     )))
@@ -87,13 +87,21 @@ async fn send_if_unchanged(
     if let Some(decided) = decided_on {
         let step = status.canary_status.as_ref().map(|c| c.current_step_index);
         if decided.canary_commit != status.canary_commit || decided.step.is_some_and(|s| Some(s) != step) {
-            return Err(refused(format!(
+            let why = format!(
                 "it was decided on release {} at step {}, and the Rollout is now at release {} step {}",
                 crate::short_commit(decided.canary_commit),
                 decided.step.map_or_else(|| "any".to_string(), |s| s.to_string()),
                 release.describe(),
                 step.unwrap_or_default()
-            )));
+            );
+            // The same release at another step: the decision is looked at
+            // again with the Rollout as it is now (it may be for that step).
+            if decided.canary_commit == status.canary_commit {
+                return Err(Error::Conflict(format!(
+                    "rollout {namespace}/{name}: {why}; nothing was sent"
+                )));
+            }
+            return Err(refused(why));
         }
     }
     let patch = json!({"metadata": {
