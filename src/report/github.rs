@@ -397,6 +397,14 @@ async fn handle_commands(
     signalled
 }
 
+/// Tells the command's writer why it changed nothing; the command is handled.
+async fn refuse(github: &GitHub, pull: u64, user: &str, why: &str) -> Handled {
+    let _ = github
+        .reply(pull, &format!("@{user} {why}; nothing was changed."))
+        .await;
+    Handled::Done { signalled: false }
+}
+
 /// One command: who may give it, and handing it to the rollout.
 async fn handle_command(
     github: &GitHub,
@@ -420,12 +428,8 @@ async fn handle_command(
     let verb = comment.command.verb();
     if !allowed {
         info!(user = %comment.user, verb, "GitHub: command from a user without write access ignored");
-        let reply = format!(
-            "@{} `/gitcanary {verb}` needs write, maintain or admin permission on this repository; nothing was changed.",
-            comment.user
-        );
-        let _ = github.reply(pull, &reply).await;
-        return Handled::Done { signalled: false };
+        let why = format!("`/gitcanary {verb}` needs write, maintain or admin permission on this repository");
+        return refuse(github, pull, &comment.user, &why).await;
     }
     let signal = comment.command;
     // Anyone who may write can stop a release; only someone who wrote
@@ -442,12 +446,8 @@ async fn handle_command(
             || !crate::github::judge::may_decide(&comment.user, false, own, authors, &github.gate_policy))
     {
         info!(user = %comment.user, "GitHub: promote from the release's own author (or an unlisted bot) ignored");
-        let reply = format!(
-            "@{} `/gitcanary promote` must come from a writer who wrote or committed none of this release (bots only when listed by `--github-bot`); nothing was changed.",
-            comment.user
-        );
-        let _ = github.reply(pull, &reply).await;
-        return Handled::Done { signalled: false };
+        let why = "`/gitcanary promote` must come from a writer who wrote or committed none of this release (bots only when listed by `--github-bot`)";
+        return refuse(github, pull, &comment.user, why).await;
     }
     let token = format!("comment {} by @{}", comment.id, comment.user);
     if already_given(&rollout.status, &token) {
@@ -455,12 +455,9 @@ async fn handle_command(
     }
     if signal == Signal::Promote && written_before_this_step(&rollout.status, comment.written) {
         info!(user = %comment.user, "GitHub: a promote written before the current step began ignored");
-        let reply = format!(
-            "@{} `/gitcanary promote` was written before the step the release waits at began, and approves no later pause; nothing was changed.",
-            comment.user
-        );
-        let _ = github.reply(pull, &reply).await;
-        return Handled::Done { signalled: false };
+        let why =
+            "`/gitcanary promote` was written before the step the release waits at began, and approves no later pause";
+        return refuse(github, pull, &comment.user, why).await;
     }
     let step = rollout.status.canary_status.as_ref().map(|c| c.current_step_index);
     match hand_over(writer, rollout, signal, &token, step).await {
