@@ -5,6 +5,7 @@ RUN apk add --no-cache musl-dev cmake make perl pkgconf openssl-dev openssl-libs
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY crates ./crates
 ENV OPENSSL_STATIC=1
 RUN cargo build --release --locked --bin gitcanary \
     && strip target/release/gitcanary

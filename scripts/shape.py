@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Checks the shape of src/: no import cycle among the files (modules) of
-any folder, no file over 700 lines before its tests, no function over 100
-lines, and a pure planning core: the modules of PURE_CORE do no I/O (no
-async, no client, no file, process or network) and import nothing outside
-the core. Prints each breach and exits 1 when there is one."""
+"""Checks the shape of src/ and crates/core/src/: no import cycle among
+the files (modules) of any folder, no file over 700 lines before its tests,
+no function over 100 lines, and a pure planning core. The core is its own
+crate, which the compiler keeps from importing the agent and from any
+client, runtime or network library (none is its dependency); this checks
+what a dependency list cannot: no async, no file, process or environment
+access, no clock read. Prints each breach and exits 1 when there is one."""
 
 import os
 import re
@@ -11,31 +13,6 @@ import sys
 
 MAX_FILE_LINES = 700
 MAX_FN_LINES = 100
-# The stage that decides: what to write, delete and report, from what was
-# observed. Everything in it is a pure function of its inputs.
-PURE_CORE = [
-    ("plan",),
-    ("manifest", "schema"),
-    ("rollout", "api"),
-    ("rollout", "model"),
-    ("rollout", "plan"),
-    ("rollout", "desired"),
-    ("rollout", "overlay"),
-    ("rollout", "knative"),
-    ("rollout", "signal"),
-    ("rollout", "analysis"),
-    ("rollout", "hooks"),
-    ("rollout", "jobs"),
-    ("sync", "offline"),
-    ("rollout", "validate"),
-    ("rollout", "record"),
-    ("rollout", "web_paths"),
-    ("github", "judge"),
-    ("wave", "carry"),
-    ("sync", "planner"),
-]
-# Folders whose own module (mod.rs) is in the core, but not all their files.
-PURE_FOLDER_MODULES = [("manifest",), ("wave",)]
 # I/O written inline, in any file of the core.
 IO_WORDS = re.compile(
     r"\basync\b|\.await\b|\btokio::|\bkube::(?:Api|Client|api::Api)\b|\bkube::runtime\b"
@@ -49,11 +26,13 @@ IO_PATHS = (
     "tokio", "reqwest", "git2", "hyper", "hyper_util", "octocrab", "kube::runtime", "kube::Api", "kube::Client",
     "kube::api::Api", "std::fs", "std::process", "std::net", "std::env", "std::thread", "std::os",
 )
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# Each crate's source root, and whether every module of it is pure.
+CRATES = [(os.path.join(REPO, "src"), False), (os.path.join(REPO, "crates", "core", "src"), True)]
 
 
-def module_of(path):
-    parts = os.path.relpath(path, SRC)[:-3].split(os.sep)
+def module_of(path, src):
+    parts = os.path.relpath(path, src)[:-3].split(os.sep)
     return tuple(parts[:-1] if parts[-1] in ("mod", "lib", "main") else parts)
 
 
@@ -62,8 +41,8 @@ def code_before_tests(text):
     return text if cut < 0 else text[:cut]
 
 
-def sources():
-    for folder, _, names in os.walk(SRC):
+def sources(src):
+    for folder, _, names in os.walk(src):
         for name in sorted(names):
             if name.endswith(".rs") and name != "tests.rs":
                 path = os.path.join(folder, name)
@@ -125,8 +104,8 @@ def use_paths(code):
             yield path
 
 
-def imports(path, code, modules):
-    current = module_of(path)
+def imports(path, code, modules, src):
+    current = module_of(path, src)
     code = re.sub(r"//[^\n]*", "", code)
     found = set()
     for m in re.finditer(r"\b((?:crate|super|self)(?:::\w+)+)", code):
@@ -178,25 +157,14 @@ def is_io_path(path):
     return any(path == io or path.startswith(io + "::") for io in IO_PATHS)
 
 
-def in_core(module):
-    return module in PURE_FOLDER_MODULES or any(module[: len(core)] == core for core in PURE_CORE)
-
-
-def impure(files, modules):
+def impure(files):
     for path, code in sorted(files.items()):
-        current = module_of(path)
-        if not in_core(current):
-            continue
-        shown = os.path.relpath(path, os.path.join(SRC, ".."))
+        shown = os.path.relpath(path, REPO)
         code = re.sub(r"//[^\n]*", "", code)
         words = set(IO_WORDS.findall(code))
         words.update(p for p in use_paths(code) if is_io_path(p))
-        words.update(re.findall(r"\bcrate::blocking\b", code))
         if words:
             yield f"{shown}: in the pure core, but does I/O ({', '.join(sorted(words))})"
-        for target in sorted(imports(path, code, modules)):
-            if not in_core(target):
-                yield f"{shown}: in the pure core, but imports {'/'.join(target)}"
 
 
 def long_functions(code):
@@ -212,30 +180,34 @@ def long_functions(code):
                 break
 
 
-def main():
-    files = dict(sources())
-    modules = {module_of(p) for p in files}
-    breaches = []
+def breaches_of(src, pure):
+    files = dict(sources(src))
+    modules = {module_of(p, src) for p in files}
     # Between siblings: a file's imports of (anything inside) another file of
     # its folder, counting the imports of its own submodules.
     sibling_edges = {}
     for path, code in files.items():
-        current = module_of(path)
-        for target in imports(path, code, modules):
+        current = module_of(path, src)
+        for target in imports(path, code, modules, src):
             for depth in range(len(current)):
                 folder = current[:depth]
                 if target[:depth] == folder and len(target) > depth and target[depth] != current[depth]:
                     sibling_edges.setdefault(current[: depth + 1], set()).add(target[: depth + 1])
     for component in cycles(sibling_edges):
-        breaches.append("import cycle: " + " <-> ".join("/".join(m) or "src" for m in component))
-    breaches.extend(impure(files, modules))
+        yield f"import cycle in {os.path.relpath(src, REPO)}: " + " <-> ".join("/".join(m) or "src" for m in component)
+    if pure:
+        yield from impure(files)
     for path, code in sorted(files.items()):
-        shown = os.path.relpath(path, os.path.join(SRC, ".."))
+        shown = os.path.relpath(path, REPO)
         count = code.count("\n")
         if count > MAX_FILE_LINES:
-            breaches.append(f"{shown}: {count} lines before its tests (at most {MAX_FILE_LINES})")
+            yield f"{shown}: {count} lines before its tests (at most {MAX_FILE_LINES})"
         for name, length in long_functions(code):
-            breaches.append(f"{shown}: fn {name} is {length} lines (at most {MAX_FN_LINES})")
+            yield f"{shown}: fn {name} is {length} lines (at most {MAX_FN_LINES})"
+
+
+def main():
+    breaches = [breach for src, pure in CRATES for breach in breaches_of(src, pure)]
     for breach in breaches:
         print(breach)
     return 1 if breaches else 0

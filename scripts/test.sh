@@ -27,13 +27,13 @@ step "building the test gateway, Traefik (first run: about 10 minutes; cached in
 tests/testenv/gateway.sh >/dev/null
 
 step "cargo fmt --check"
-cargo fmt --check
+cargo fmt --all --check
 
-step "the shape of src/: no import cycle, no file over 700 lines, no function over 100, a pure planning core"
+step "the shape of src/ and crates/core/src/: no import cycle, no file over 700 lines, no function over 100, a pure planning core"
 scripts/shape.py
 
 step "cargo clippy"
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "starting the test control plane, with Knative Serving and the test gateway"
 state=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-test.XXXXXX")
@@ -42,7 +42,7 @@ kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_KNATIVE=1 GITCANARY_T
 export GITCANARY_TEST_KUBECONFIG="$kubeconfig"
 
 step "cargo test"
-cargo test --locked --no-fail-fast
+cargo test --locked --workspace --no-fail-fast
 
 step "fuzzing each target for 10 s (first run: about 8 minutes to build them; cached in ~/.cache/gitcanary/fuzz-target)"
 scripts/fuzz.sh 10

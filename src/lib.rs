@@ -11,7 +11,7 @@ pub mod identity;
 pub mod lease;
 pub mod manifest;
 pub mod notify;
-pub mod plan;
+pub use gitcanary_core::plan;
 pub mod render;
 pub mod report;
 pub mod rollout;
@@ -23,18 +23,10 @@ pub mod telemetry;
 pub mod wave;
 pub mod writeback;
 
-/// The API group of gitcanary's own kinds.
-pub const API_GROUP: &str = "gitcanary.io";
-/// The instance name when `--instance` is not given.
-pub const DEFAULT_INSTANCE: &str = "gitcanary";
-/// The field manager for every server-side apply gitcanary sends.
-pub const FIELD_MANAGER: &str = "gitcanary";
-/// Label on every applied object: which agent instance manages it.
-pub const MANAGED_BY_LABEL: &str = "gitcanary.io/managed-by";
-/// Annotation on every applied object: the app and file it comes from.
-pub const SOURCE_ANNOTATION: &str = "gitcanary.io/source";
-/// Annotation holding the hash of the desired content last applied.
-pub const APPLIED_HASH_ANNOTATION: &str = "gitcanary.io/applied-hash";
+pub use gitcanary_core::{
+    API_GROUP, APPLIED_HASH_ANNOTATION, DEFAULT_INSTANCE, FIELD_MANAGER, MANAGED_BY_LABEL, SOURCE_ANNOTATION,
+    short_commit,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -98,7 +90,7 @@ pub enum Error {
     /// A revision whose manifests together pass the cap: nothing of it is read.
     #[error(
         "{revision}: its manifests are more than {limit} bytes together ({path}, of app {}, passes the cap); nothing of it is applied",
-        crate::manifest::load::app_of_path(path)
+        crate::manifest::parse::app_of_path(path)
     )]
     RevisionTooLarge { revision: String, path: String, limit: u64 },
 
@@ -176,12 +168,6 @@ pub async fn blocking<T: Send + 'static>(task: &'static str, work: impl FnOnce()
         };
         Error::Panicked { task, message }
     })
-}
-
-/// A commit id as logs, messages and default rollout ids show it: its
-/// first 7 characters, as `git log --oneline` does.
-pub fn short_commit(commit: &str) -> &str {
-    commit.get(..7).unwrap_or(commit)
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -35,8 +35,9 @@ mod apply;
 mod diff;
 mod execute;
 mod memo;
-pub mod offline;
-mod planner;
+
+pub use gitcanary_core::sync::offline;
+use gitcanary_core::sync::planner;
 
 use execute::{Executed, execute};
 use planner::{AppObserved, PlanContext, Prepared};
@@ -166,7 +167,7 @@ struct Observed<'r> {
 pub fn validate_revision(revision: &mut Revision, options: &SyncOptions) {
     revision.mark_validated();
     for app in revision.manifests.apps.values_mut() {
-        crate::manifest::load::cap_documents(app);
+        crate::manifest::parse::cap_documents(app);
     }
     rollout::validate::validate(&mut revision.manifests, &options.allowed);
     for app in revision.manifests.apps.values_mut() {

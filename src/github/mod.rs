@@ -28,7 +28,7 @@ mod budget;
 mod comment;
 mod etags;
 pub mod gate;
-pub mod judge;
+pub use gitcanary_core::github::judge;
 mod session;
 
 pub struct GitHub {
@@ -63,26 +63,6 @@ pub struct CommandComment {
     pub command: Signal,
     /// When GitHub says it was written.
     pub written: Option<jiff::Timestamp>,
-}
-
-impl PullRequest {
-    fn from_json(value: &Value) -> Option<PullRequest> {
-        Some(PullRequest {
-            number: value["number"].as_u64()?,
-            open: value["state"].as_str() == Some("open"),
-            merged: value["merged_at"].as_str().is_some() || value["merged"].as_bool() == Some(true),
-            head_ref: value["head"]["ref"].as_str().unwrap_or_default().to_string(),
-            head_sha: value["head"]["sha"].as_str().unwrap_or_default().to_string(),
-            head_repo: value["head"]["repo"]["full_name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            base_ref: value["base"]["ref"].as_str().unwrap_or_default().to_string(),
-            author: value["user"]["login"].as_str().unwrap_or_default().to_string(),
-            body: value["body"].as_str().unwrap_or_default().to_string(),
-            merged_by: value["merged_by"]["login"].as_str().map(str::to_string),
-        })
-    }
 }
 
 /// How long GitHub may take to accept a connection.

@@ -501,7 +501,7 @@ fn parse_output(
         });
         return rendered;
     };
-    for document in crate::manifest::load::split_documents(text) {
+    for document in crate::manifest::parse::split_documents(text) {
         match serde_saphyr::from_str::<serde_json::Value>(document.text) {
             Ok(serde_json::Value::Null) => {}
             Ok(mut object) => {

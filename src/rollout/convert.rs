@@ -27,7 +27,7 @@ pub fn convert_file(path: &str, text: &str) -> Result<Converted, String> {
     let mut converted = Converted::default();
     let mut out = Vec::new();
     let mut changed = false;
-    for document in crate::manifest::load::split_documents(text) {
+    for document in crate::manifest::parse::split_documents(text) {
         let object: Value = serde_saphyr::from_str(document.text).map_err(|e| {
             let line = e.location().map_or(0, |l| l.line() as usize) + document.first_line - 1;
             format!(

@@ -6,7 +6,7 @@ use git2::{Cred, CredentialType, FetchOptions, RemoteCallbacks, Repository};
 use sha2::{Digest, Sha256};
 
 use super::Revision;
-use crate::manifest::{self, load::is_yaml};
+use crate::manifest::{self, parse::is_yaml};
 use crate::render::{GitTree, Renderers, Rendering};
 use crate::{Error, Result};
 use std::sync::Arc;

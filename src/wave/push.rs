@@ -291,7 +291,7 @@ fn yaml_files(repo: &Repository, commit: &Commit<'_>, dir: &str) -> Result<Vec<(
     sub.walk(git2::TreeWalkMode::PreOrder, |parent, entry| {
         let path = format!("{dir}/{parent}{}", entry.name().unwrap_or_default());
         if entry.kind() == Some(git2::ObjectType::Blob)
-            && crate::manifest::load::is_yaml(&path)
+            && crate::manifest::parse::is_yaml(&path)
             && let Ok(blob) = repo.find_blob(entry.id())
             && let Ok(text) = std::str::from_utf8(blob.content())
         {

@@ -15,7 +15,7 @@ pub use options::{Fence, HookEndpoint, ServiceAccountRef, SyncOptions, WebEndpoi
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use kube::discovery::ApiResource;
+use kube_core::discovery::ApiResource;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

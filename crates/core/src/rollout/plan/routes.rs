@@ -21,7 +21,7 @@ pub const RECHECK: Duration = Duration::from_secs(1);
 /// Whether the canary can take traffic now: a Service can select its pods
 /// only once they run a known revision, and only a Rollout that keeps a
 /// canary Service routes to one. Until then Git's routes stay in force.
-pub(super) fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
+pub fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
     let keeps_service = !spec.strategy.canary.canary_service_disabled();
     intent.route_canary = intent.canary_replicas.is_some() && !observed.canary_revision.is_empty() && keeps_service;
     if !intent.route_canary {
@@ -58,10 +58,10 @@ pub(super) fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent
 
 /// How soon a release waiting for its stable Service's pin looks again:
 /// soon the first time (the pin was just written), then as for a gateway.
-pub(super) const PIN_RECHECK: Duration = Duration::from_millis(200);
+pub const PIN_RECHECK: Duration = Duration::from_millis(200);
 
 /// The step's message while the canary waits for the pin.
-pub(super) const AWAITING_PIN: &str =
+pub const AWAITING_PIN: &str =
     "waiting for the stable Service to select the stable pods alone before making canary pods";
 
 /// Whether a rule's backendRef names the Service `name` (a Service is the
@@ -103,7 +103,7 @@ impl StepRoute {
 /// The route a step sets: its `traffic`, its `matches` (with which a step
 /// without `traffic` sends no other request to the canary, as in Kruise),
 /// their header changes, and its mirror.
-pub(super) fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
+pub fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
     let step = spec.strategy.canary.steps.get(index.checked_sub(1)? as usize)?;
     let percent = step.traffic.as_deref().and_then(|t| parse_percent(t).ok());
     if percent.is_none() && step.matches.is_empty() && step.mirror.is_none() {
@@ -118,7 +118,7 @@ pub(super) fn step_traffic(spec: &RolloutSpec, index: u32) -> Option<StepRoute> 
 }
 
 /// The route in force at a step: the last step at or before it that sets one.
-pub(super) fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
+pub fn traffic_at(spec: &RolloutSpec, index: u32) -> Option<StepRoute> {
     (1..=index).rev().find_map(|i| step_traffic(spec, i))
 }
 

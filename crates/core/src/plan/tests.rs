@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use kube::discovery::ApiResource;
+use kube_core::discovery::ApiResource;
 use serde_json::{Value, json};
 
 use super::desired::prepare;

@@ -9,7 +9,7 @@ impl Planner<'_> {
     /// the hook's run is opened (observe then calls it); until it answers
     /// 2xx (or a promote passes over a hook that stopped answering), the
     /// release holds there. A Rollout without the hook never waits.
-    pub(super) fn hook_waits(&mut self, point: Point, index: u32) -> bool {
+    pub fn hook_waits(&mut self, point: Point, index: u32) -> bool {
         let Some(hook) = point.hook(&self.spec.hooks) else {
             return false;
         };
@@ -61,7 +61,7 @@ impl Planner<'_> {
     /// What the hooks' answers do: one that answered with an error fails
     /// the release; one that stopped answering pauses it, until it answers
     /// or a promote passes over it.
-    pub(super) fn judge_hooks(&mut self) -> Option<Intent> {
+    pub fn judge_hooks(&mut self) -> Option<Intent> {
         let rollout_id = self.status.rollout_id.clone();
         let runs: Vec<(usize, Point)> = self
             .status

@@ -15,7 +15,7 @@ use crate::manifest::{ObjectKey, Problem};
 use crate::plan::{Deletion, Planned, Resolved};
 
 /// A Rollout of the app and the workload it governs, found among the app's objects.
-pub(crate) struct Target {
+pub struct Target {
     /// Index of the Rollout among the app's objects.
     pub index: usize,
     pub spec: RolloutSpec,
@@ -67,7 +67,7 @@ impl Target {
     }
 }
 
-pub(super) fn find_in(planned: &[Planned<'_>], group: &str, kind: &str, namespace: &str, name: &str) -> Option<usize> {
+pub fn find_in(planned: &[Planned<'_>], group: &str, kind: &str, namespace: &str, name: &str) -> Option<usize> {
     planned.iter().position(|p| {
         p.manifest.group() == group && p.manifest.kind() == kind && p.name() == name && p.namespace() == Some(namespace)
     })
@@ -76,10 +76,10 @@ pub(super) fn find_in(planned: &[Planned<'_>], group: &str, kind: &str, namespac
 /// An app's Rollouts as observe found them, before any is planned: each
 /// with its target and what was read, or the problem that keeps the app
 /// from being applied.
-pub(crate) struct RolloutsObserved(pub Vec<Result<(Target, RolloutObserved), Problem>>);
+pub struct RolloutsObserved(pub Vec<Result<(Target, RolloutObserved), Problem>>);
 
 /// Everything a Rollout's plan is made from that the cluster holds.
-pub(crate) struct RolloutObserved {
+pub struct RolloutObserved {
     /// What the planner reads (the selector check is added by `desired`).
     pub planner: Observed,
     pub previous: Option<RolloutStatus>,
@@ -129,7 +129,7 @@ pub struct RolloutWork {
     /// The other canary objects of this instance to delete once the routes
     /// are back on stable: the Services they named, then the workload.
     pub canary_deletions: Vec<Deletion>,
-    pub(crate) revisions: Revisions,
+    pub revisions: Revisions,
 }
 
 /// A canary object that differs from what the cluster has.

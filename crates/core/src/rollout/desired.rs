@@ -41,7 +41,7 @@ fn not_held(target: &Target, planned: &[Planned<'_>], kind: &str, name: &str) ->
 /// app's objects each governs. Problems (a Rollout naming a workload the
 /// app does not hold, an unusable status file) keep the app from being
 /// applied, like any invalid manifest.
-pub(crate) fn plan_rollouts(
+pub fn plan_rollouts(
     planned: &mut [Planned<'_>],
     observed: RolloutsObserved,
     instance: &str,
@@ -73,7 +73,7 @@ pub(crate) fn plan_rollouts(
 }
 
 /// Plans one Rollout and overlays the app's objects it governs.
-pub(crate) fn plan_rollout(
+pub fn plan_rollout(
     planned: &mut [Planned<'_>],
     target: Target,
     observed: RolloutObserved,

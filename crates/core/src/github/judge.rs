@@ -5,6 +5,8 @@
 
 use std::collections::BTreeSet;
 
+use serde_json::Value;
+
 use crate::rollout::record::{GATE_TRAILER, gate_id};
 
 /// Whose approving reviews pass a promotion pull request, besides writers.
@@ -271,6 +273,27 @@ pub fn judge(evidence: &Evidence, gate: &Gate) -> Judgement {
         .map_or(Judgement::Wait(Why::Undecided), |a| Judgement::Merge {
             approver: a.user.clone(),
         })
+}
+
+impl PullRequest {
+    /// A pull request as GitHub's REST API answers it; `None` without a number.
+    pub fn from_json(value: &Value) -> Option<PullRequest> {
+        Some(PullRequest {
+            number: value["number"].as_u64()?,
+            open: value["state"].as_str() == Some("open"),
+            merged: value["merged_at"].as_str().is_some() || value["merged"].as_bool() == Some(true),
+            head_ref: value["head"]["ref"].as_str().unwrap_or_default().to_string(),
+            head_sha: value["head"]["sha"].as_str().unwrap_or_default().to_string(),
+            head_repo: value["head"]["repo"]["full_name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            base_ref: value["base"]["ref"].as_str().unwrap_or_default().to_string(),
+            author: value["user"]["login"].as_str().unwrap_or_default().to_string(),
+            body: value["body"].as_str().unwrap_or_default().to_string(),
+            merged_by: value["merged_by"]["login"].as_str().map(str::to_string),
+        })
+    }
 }
 
 #[cfg(test)]

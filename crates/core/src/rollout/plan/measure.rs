@@ -5,7 +5,7 @@ use super::*;
 
 impl Planner<'_> {
     /// Folds the engine's measurements into the runs of this release.
-    pub(super) fn record_measurements(&mut self) {
+    pub fn record_measurements(&mut self) {
         let now = self.observed.now.to_string();
         let rollout_id = self.status.rollout_id.clone();
         let release = analysis::release(&self.status);
@@ -40,7 +40,7 @@ impl Planner<'_> {
     /// Fails the release on too many failed measurements; pauses it on too
     /// many inconclusive ones (a promote goes on without them); asks to be
     /// woken for the next measurement.
-    pub(super) fn judge_analysis(&mut self) -> Option<Intent> {
+    pub fn judge_analysis(&mut self) -> Option<Intent> {
         for (run_name, template_name) in analysis::active_runs(self.spec, &self.status) {
             let Some(template) = analysis::template(self.spec, &template_name) else {
                 continue;
@@ -97,7 +97,7 @@ impl Planner<'_> {
 
     /// Wakes the agent for the next measurement of every run active in the
     /// state this reconcile ends in (at once for a run not measured yet).
-    pub(super) fn requeue_for_analysis(&mut self) {
+    pub fn requeue_for_analysis(&mut self) {
         for (run_name, template_name) in analysis::active_runs(self.spec, &self.status) {
             let Some(template) = analysis::template(self.spec, &template_name) else {
                 continue;
@@ -121,7 +121,7 @@ impl Planner<'_> {
     /// For a step with analysis: `Some(true)` while it must wait for
     /// measurements, `Some(false)` once they suffice (`count` successes
     /// without a pause; one success with one), `None` without analysis.
-    pub(super) fn step_analysis_waits(&mut self, index: u32, no_pause: bool) -> Option<bool> {
+    pub fn step_analysis_waits(&mut self, index: u32, no_pause: bool) -> Option<bool> {
         let step = self.spec.strategy.canary.steps.get(index as usize - 1)?;
         let template_name = step.analysis.as_ref()?.template_ref.clone();
         let template = analysis::template(self.spec, &template_name)?;

@@ -5,11 +5,11 @@ use super::*;
 use crate::rollout::hooks::Point;
 
 impl Planner<'_> {
-    pub(super) fn steps(&self) -> u32 {
+    pub fn steps(&self) -> u32 {
         self.spec.strategy.canary.steps.len() as u32
     }
 
-    pub(super) fn release_intent(
+    pub fn release_intent(
         &self,
         stable_template: StableTemplate,
         canary_replicas: i32,
@@ -48,7 +48,7 @@ impl Planner<'_> {
     }
 
     /// Walks the step states as far as what was observed allows.
-    pub(super) fn advance(&mut self) -> Intent {
+    pub fn advance(&mut self) -> Intent {
         self.record_measurements();
         if let Some(intent) = self.judge_analysis().or_else(|| self.judge_hooks()) {
             return intent;
@@ -90,7 +90,7 @@ impl Planner<'_> {
     }
 
     /// Step `index` (from 1) of the spec.
-    pub(super) fn step_at(&self, index: u32) -> CanaryStep {
+    pub fn step_at(&self, index: u32) -> CanaryStep {
         let steps = &self.spec.strategy.canary.steps;
         index
             .checked_sub(1)
@@ -99,7 +99,7 @@ impl Planner<'_> {
             .unwrap_or_default()
     }
 
-    pub(super) fn grace(&self) -> Duration {
+    pub fn grace(&self) -> Duration {
         self.spec
             .strategy
             .canary
@@ -107,7 +107,7 @@ impl Planner<'_> {
             .map_or(DEFAULT_GRACE, |s| Duration::from_secs(u64::from(s)))
     }
 
-    pub(super) fn progress_deadline(&self) -> Duration {
+    pub fn progress_deadline(&self) -> Duration {
         self.spec
             .strategy
             .canary
@@ -118,7 +118,7 @@ impl Planner<'_> {
     }
 
     /// StepUpgrade: the step's canary pods, before its traffic rises.
-    pub(super) fn upgrade(&mut self, here: &Here) -> Flow {
+    pub fn upgrade(&mut self, here: &Here) -> Flow {
         let (index, wanted) = (here.index, here.wanted);
         let traffic = traffic_at(self.spec, index - 1);
         self.canary().traffic = StepRoute::describe(traffic.as_ref());
@@ -182,7 +182,7 @@ impl Planner<'_> {
     /// StepTrafficRouting: the step's share, held for the grace period (a
     /// self-routed workload: until its status reads the share back, then
     /// for a grace period only when one is set).
-    pub(super) fn route_traffic(&mut self, here: &Here) -> Flow {
+    pub fn route_traffic(&mut self, here: &Here) -> Flow {
         let index = here.index;
         let traffic = step_traffic(self.spec, index);
         let percent = traffic.as_ref().map_or(0, |r| r.percent);
@@ -257,7 +257,7 @@ impl Planner<'_> {
 
     /// StepAnalysis and StepPaused: the step's analysis, then its pause
     /// (a duration, or a promote signal).
-    pub(super) fn pause(&mut self, here: &Here, step: &CanaryStep) -> Flow {
+    pub fn pause(&mut self, here: &Here, step: &CanaryStep) -> Flow {
         let (index, wanted) = (here.index, here.wanted);
         let traffic = traffic_at(self.spec, index);
         if self.hook_waits(Point::Step(index), index) {
@@ -296,7 +296,7 @@ impl Planner<'_> {
     }
 
     /// StepReady: on to the next step, or to promotion after the last.
-    pub(super) fn finish_step(&mut self, index: u32) {
+    pub fn finish_step(&mut self, index: u32) {
         if index < self.steps() {
             self.note(Transition::StepDone { step: index });
             self.enter(index + 1, StepState::StepUpgrade);
@@ -308,7 +308,7 @@ impl Planner<'_> {
     }
 
     /// Whether the step's timed pause has run out.
-    pub(super) fn pause_over(&self, index: u32) -> bool {
+    pub fn pause_over(&self, index: u32) -> bool {
         let step = &self.spec.strategy.canary.steps[index as usize - 1];
         let Some(duration) = step
             .pause
@@ -326,13 +326,13 @@ impl Planner<'_> {
         elapsed(started, self.observed.now) >= duration
     }
 
-    pub(super) fn passed_by(&mut self, by: String) {
+    pub fn passed_by(&mut self, by: String) {
         if let Some(last) = self.status.step_history.last_mut() {
             last.passed_by = by;
         }
     }
 
-    pub(super) fn promote_signal_received(&mut self, index: u32) -> bool {
+    pub fn promote_signal_received(&mut self, index: u32) -> bool {
         match self.signal_for_this_release(Signal::Promote) {
             Some(value) => {
                 self.passed_by(format!("promoted by {}", signal::parse(&value).by));
@@ -350,7 +350,7 @@ impl Planner<'_> {
 
     /// The stable workload takes the canary template; once it is rolled
     /// out, traffic returns to it and the canary is removed.
-    pub(super) fn promote(&mut self, index: u32) -> Intent {
+    pub fn promote(&mut self, index: u32) -> Intent {
         let observed = self.observed;
         let last = self.step_at(index);
         let wanted = step_replicas(&last, observed.replicas);
@@ -411,7 +411,7 @@ fn or_not_made(revision: &str) -> &str {
 
 /// Kruise's `failureThreshold`: how many of a step's `wanted` canary pods
 /// may stay unready (a count, or a share of them rounded up).
-pub(crate) fn tolerated_unready(wanted: i32, threshold: Option<&IntOrPercent>) -> i32 {
+pub fn tolerated_unready(wanted: i32, threshold: Option<&IntOrPercent>) -> i32 {
     let tolerated = match threshold {
         None => 0,
         Some(IntOrPercent::Int(n)) => *n,
@@ -425,7 +425,7 @@ pub(crate) fn tolerated_unready(wanted: i32, threshold: Option<&IntOrPercent>) -
 
 /// A step's canary pods are ready: all of them, but for those the failure
 /// threshold spares, and always at least one.
-pub(crate) fn batch_ready(ready: i32, wanted: i32, threshold: Option<&IntOrPercent>) -> bool {
+pub fn batch_ready(ready: i32, wanted: i32, threshold: Option<&IntOrPercent>) -> bool {
     wanted <= 0 || (ready >= 1 && ready + tolerated_unready(wanted, threshold) >= wanted)
 }
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
-use kube::api::{ApiResource, GroupVersionKind};
+use kube_core::{ApiResource, GroupVersionKind};
 
 use super::planner::{AppObserved, PlanContext, plan};
 use crate::manifest::{App, CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};

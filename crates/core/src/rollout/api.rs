@@ -1,7 +1,7 @@
 //! The `Rollout` API (`gitcanary.io/v1alpha1`). Field names follow Kruise
 //! Rollout where the two overlap.
 
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +19,7 @@ pub const KIND: &str = "Rollout";
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "gitcanary.io",
     version = "v1alpha1",
     kind = "Rollout",
@@ -424,7 +425,7 @@ pub struct SupersededRelease {
 
 /// The CustomResourceDefinition as YAML, as `gitcanary crd` prints it.
 pub fn crd_yaml() -> String {
-    use kube::CustomResourceExt;
+    use kube_core::CustomResourceExt;
     let crd = Rollout::crd();
     serde_saphyr::to_string(&crd).expect("the CRD serialises")
 }
@@ -585,7 +586,7 @@ spec:
 
     #[test]
     fn deploy_holds_the_crd_the_rust_types_generate() {
-        let shipped = include_str!("../../deploy/base/crd.yaml");
+        let shipped = include_str!("../../../../deploy/base/crd.yaml");
         assert!(
             shipped == crd_yaml(),
             "deploy/base/crd.yaml is out of date: run `cargo run -- crd > deploy/base/crd.yaml`"

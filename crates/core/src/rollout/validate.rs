@@ -130,7 +130,7 @@ pub fn validate(set: &mut ManifestSet, allowed: &Allowed) {
 fn spec_schema() -> &'static Value {
     static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     SCHEMA.get_or_init(|| {
-        use kube::CustomResourceExt;
+        use kube_core::CustomResourceExt;
         let crd = serde_json::to_value(super::api::Rollout::crd()).unwrap_or_default();
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
     })

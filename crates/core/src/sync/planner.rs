@@ -14,7 +14,7 @@ use crate::rollout::desired::plan_rollouts;
 use crate::rollout::model::{RolloutWork, RolloutsObserved};
 
 /// Everything an app's plan reads of the app, as observe gathered it.
-pub(crate) struct AppObserved<'a> {
+pub struct AppObserved<'a> {
     pub app: &'a str,
     /// The app's objects, resolved against the cluster's kinds.
     pub objects: Vec<Planned<'a>>,
@@ -31,7 +31,7 @@ pub(crate) struct AppObserved<'a> {
 
 /// What every app's plan shares: the live objects of the revision's kinds,
 /// the revision's keys, and the agent's settings that decide.
-pub(crate) struct PlanContext<'a> {
+pub struct PlanContext<'a> {
     pub live: &'a LiveObjects,
     pub revision: &'a RevisionKeys,
     pub instance: &'a str,
@@ -40,7 +40,7 @@ pub(crate) struct PlanContext<'a> {
 }
 
 /// An app planned, ready for the executor.
-pub(crate) struct Prepared<'a> {
+pub struct Prepared<'a> {
     pub plan: AppPlan<'a>,
     pub rollouts: Vec<RolloutWork>,
     /// Workloads whose replica count is an autoscaler's, not Git's.
@@ -48,7 +48,7 @@ pub(crate) struct Prepared<'a> {
 }
 
 /// The app's plan; the problems that keep it from being applied at all.
-pub(crate) fn plan<'a>(observed: AppObserved<'a>, context: &PlanContext<'_>) -> Result<Prepared<'a>, Vec<Problem>> {
+pub fn plan<'a>(observed: AppObserved<'a>, context: &PlanContext<'_>) -> Result<Prepared<'a>, Vec<Problem>> {
     let AppObserved {
         app,
         mut objects,

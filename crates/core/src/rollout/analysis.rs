@@ -206,7 +206,7 @@ impl Bindings {
 }
 
 /// Each `{{variable}}` of a query, in order.
-pub(crate) fn variables(query: &str) -> impl Iterator<Item = &str> {
+pub fn variables(query: &str) -> impl Iterator<Item = &str> {
     query
         .split("{{")
         .skip(1)

@@ -1,0 +1,3 @@
+//! GitHub, the pure half: the gate's rule.
+
+pub mod judge;
