@@ -39,7 +39,7 @@ mod memo;
 pub use gitcanary_core::sync::offline;
 use gitcanary_core::sync::planner;
 
-use execute::{Executed, execute};
+use execute::Executed;
 use planner::{AppObserved, PlanContext, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,10 +355,8 @@ async fn sync_one(
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
     let writer = cluster.writer_for(&app.name, options);
     let (mut report, inventory) = match reconcile_app(&writer, app, commit, observed, previous, options).await {
-        Ok(Executed::Applied(report, inventory)) => (*report, inventory),
+        Ok(Executed::Synced(report, inventory)) => (*report, inventory),
         Ok(Executed::Refused(result, problems)) => (report_of(app, result, problems), previous_inventory),
-        // Not asked of `reconcile_app`; nothing was written.
-        Ok(Executed::Previewed(_, problems)) => (report_of(app, AppResult::Failed, problems), previous_inventory),
         Err(error) => (
             report_of(app, AppResult::Failed, vec![app_problem(app, error.to_string())]),
             previous_inventory,
@@ -482,16 +480,7 @@ async fn reconcile_app(
         Err(problems) => return Ok(Executed::Refused(AppResult::Invalid, problems)),
     };
     let previous_inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-    execute(
-        writer,
-        app,
-        prepared,
-        &observed.live,
-        previous_inventory,
-        options,
-        Mode::Apply,
-    )
-    .await
+    execute::apply(writer, app, prepared, &observed.live, previous_inventory, options).await
 }
 
 fn kinds_defined_by_crds<'a>(manifests: impl Iterator<Item = &'a Manifest>) -> BTreeSet<(String, String)> {

@@ -6,7 +6,7 @@
 
 use super::*;
 
-/// Applies a plan the API server has checked (see `execute`).
+/// Applies a plan the API server has checked (see `execute::apply`).
 pub(super) async fn apply_checked(
     writer: &Writer<'_>,
     app: &App,
@@ -57,7 +57,7 @@ pub(super) async fn apply_checked(
         report.problems = failures;
         report.result = AppResult::Failed;
     }
-    Ok(Executed::Applied(Box::new(report), inventory))
+    Ok(Executed::Synced(Box::new(report), inventory))
 }
 
 /// The canary objects that differ from the cluster; returns those written.

@@ -1,7 +1,7 @@
 //! `gitcanary diff`: the same observe and plan as a sync, executed as a
 //! dry run.
 
-use super::execute::{Executed, execute};
+use super::execute;
 use super::*;
 
 /// What the next sync would change, without changing anything: the same
@@ -30,12 +30,9 @@ pub async fn diff(
                 problems.extend(prepared.plan.problems.iter().cloned());
                 let writer = cluster.writer(options.tenant_of(&app.name));
                 let inventory = previous.map_or(&[][..], |p| &p.inventory[..]);
-                let executed =
-                    execute(&writer, app, prepared, &observed.live, inventory, options, Mode::DryRun).await?;
-                if let Executed::Previewed(app_diffs, app_problems) = executed {
-                    diffs.extend(app_diffs);
-                    problems.extend(app_problems);
-                }
+                let preview = execute::dry_run(&writer, prepared, &observed.live, inventory, options).await?;
+                diffs.extend(preview.diffs);
+                problems.extend(preview.problems);
             }
             Err(app_problems) => problems.extend(app_problems),
         }

@@ -1,55 +1,77 @@
-//! The one executor of an app's plan. `Mode::Apply` is the sync: the API
-//! server checks every write first, then the plan is applied in order (see
-//! `apply`). `Mode::DryRun` is `gitcanary diff`: the same check, with the
-//! same adoption rule, then every other write and every delete sent as a
-//! dry run, so that a diff lists exactly what the sync would write or
-//! delete and the refusals it would meet.
+//! The one executor of an app's plan, in two modes that share its check.
+//! `apply` is the sync: the API server checks every write first, then the
+//! plan is applied in order (see `apply_checked`). `dry_run` is `gitcanary
+//! diff`: the same check, with the same adoption rule, then every other
+//! write and every delete sent as a dry run, so that a diff lists exactly
+//! what the sync would write or delete and the refusals it would meet. Each
+//! mode answers in its own type: a sync never holds a preview, a diff never
+//! an inventory.
 
 use super::apply::{Adoption, apply_checked, release_target};
 use super::*;
 
-/// What executing an app's plan did, or would do.
+/// What applying an app's plan did.
 pub(super) enum Executed {
     /// Applied (perhaps in part): the report and the inventory to record.
-    Applied(Box<AppReport>, Vec<InventoryEntry>),
+    Synced(Box<AppReport>, Vec<InventoryEntry>),
     /// Nothing applied (or all taken back): the app keeps the inventory it had.
     Refused(AppResult, Vec<Problem>),
-    /// `Mode::DryRun`: the changes the sync would make, and what it would refuse.
-    Previewed(Vec<ObjectDiff>, Vec<Problem>),
 }
 
-/// Executes an app's plan as `mode` says.
-pub(super) async fn execute(
+/// What a dry run of an app's plan would change, and what it would refuse.
+#[derive(Default)]
+pub(super) struct Preview {
+    pub diffs: Vec<ObjectDiff>,
+    pub problems: Vec<Problem>,
+}
+
+/// The sync: the plan checked, then applied in order.
+pub(super) async fn apply(
     writer: &Writer<'_>,
     app: &App,
     mut prepared: Prepared<'_>,
     live: &LiveObjects,
     previous: &[InventoryEntry],
     options: &SyncOptions,
-    mode: Mode,
 ) -> Result<Executed> {
-    let adoption = Adoption {
+    let adoption = adoption(previous, options);
+    match check(writer, &prepared.plan, live, &adoption, options).await? {
+        Err(problems) => Ok(Executed::Refused(AppResult::Invalid, problems)),
+        Ok(answers) => {
+            prepared.plan.settle(&answers, live);
+            apply_checked(writer, app, prepared, live, &adoption, options).await
+        }
+    }
+}
+
+/// `gitcanary diff`: the same check as the sync's, then the rest of the
+/// plan sent as a dry run.
+pub(super) async fn dry_run(
+    writer: &Writer<'_>,
+    mut prepared: Prepared<'_>,
+    live: &LiveObjects,
+    previous: &[InventoryEntry],
+    options: &SyncOptions,
+) -> Result<Preview> {
+    let adoption = adoption(previous, options);
+    match check(writer, &prepared.plan, live, &adoption, options).await? {
+        // The sync would write nothing of the app: neither does the diff list anything.
+        Err(problems) => Ok(Preview {
+            diffs: Vec::new(),
+            problems,
+        }),
+        Ok(answers) => {
+            prepared.plan.settle(&answers, live);
+            Ok(preview(writer, &prepared, live, &answers).await)
+        }
+    }
+}
+
+fn adoption<'p>(previous: &'p [InventoryEntry], options: &SyncOptions) -> Adoption<'p> {
+    Adoption {
         started: jiff::Timestamp::now(),
         previous,
         adopt_all: options.adopt,
-    };
-    // The API server validates everything before anything is written, a
-    // fresh app's objects too: one of them may be someone else's object,
-    // which must be refused before gitcanary's fields are merged into it.
-    // (Objects in a namespace this revision creates cannot exist yet, and
-    // are not checked.)
-    let (problems, answers) = check(writer, &prepared.plan, live, &adoption, options).await?;
-    if !problems.is_empty() {
-        return Ok(match mode {
-            Mode::Apply => Executed::Refused(AppResult::Invalid, problems),
-            // The sync would write nothing of the app: neither does the diff list anything.
-            Mode::DryRun => Executed::Previewed(Vec::new(), problems),
-        });
-    }
-    prepared.plan.settle(&answers, live);
-    match mode {
-        Mode::Apply => apply_checked(writer, app, prepared, live, &adoption, options).await,
-        Mode::DryRun => Ok(preview(writer, &prepared, live, &answers).await),
     }
 }
 
@@ -81,16 +103,20 @@ async fn existing_namespaces(
         .collect())
 }
 
-/// The check: every write dry-run, the adoption rule applied to each
-/// object the server would create. Returns the refusals, and the server's
-/// answer for each write it checked (what it would store).
+/// The check, before anything is written: every write dry-run, the
+/// adoption rule applied to each object the server would create. The API
+/// server validates a fresh app's objects too: one of them may be someone
+/// else's object, which must be refused before gitcanary's fields are
+/// merged into it. (Objects in a namespace this revision creates cannot
+/// exist yet, and are not checked.) Returns the server's answer for each
+/// write it checked (what it would store), or the refusals.
 async fn check(
     writer: &Writer<'_>,
     plan: &AppPlan<'_>,
     live: &LiveObjects,
     adoption: &Adoption<'_>,
     options: &SyncOptions,
-) -> Result<(Vec<Problem>, BTreeMap<usize, Value>)> {
+) -> Result<Result<BTreeMap<usize, Value>, Vec<Problem>>> {
     let cluster = writer.cluster();
     let indices: Vec<usize> = plan.writes.iter().map(|&(i, _)| i).collect();
     let namespaces = existing_namespaces(cluster, &plan.objects, &indices).await?;
@@ -129,7 +155,11 @@ async fn check(
         }
     }
     problems.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-    Ok((problems, answers))
+    Ok(if problems.is_empty() {
+        Ok(answers)
+    } else {
+        Err(problems)
+    })
 }
 
 pub(super) fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
@@ -148,7 +178,7 @@ async fn preview(
     prepared: &Prepared<'_>,
     live: &LiveObjects,
     answers: &BTreeMap<usize, Value>,
-) -> Executed {
+) -> Preview {
     let cluster = writer.cluster();
     let plan = &prepared.plan;
     let mut diffs = Vec::new();
@@ -219,7 +249,7 @@ async fn preview(
             }),
         }
     }
-    Executed::Previewed(diffs, problems)
+    Preview { diffs, problems }
 }
 
 /// What releasing each adopted Namespace would change.
