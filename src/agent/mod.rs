@@ -147,13 +147,19 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The triggers one sync answers. Bursts (drift events, file saves) are
 /// merged over a quiet period; a due timer, a webhook or a signal is acted
-/// on at once, even when it arrives during a burst's quiet period.
-async fn next_burst(first: Trigger, queue: &mut mpsc::Receiver<Trigger>) -> Vec<Trigger> {
+/// on at once, even when it arrives or falls due during a burst's quiet
+/// period (a pause that ends while a canary's pods report in is not held
+/// back for them).
+async fn next_burst(first: Trigger, queue: &mut mpsc::Receiver<Trigger>, requeues: &mut Requeues) -> Vec<Trigger> {
     let mut burst = vec![first];
-    while burst.iter().all(Trigger::may_wait)
-        && let Ok(Some(next)) = tokio::time::timeout(DEBOUNCE, queue.recv()).await
-    {
-        burst.push(next);
+    while burst.iter().all(Trigger::may_wait) {
+        tokio::select! {
+            next = tokio::time::timeout(DEBOUNCE, queue.recv()) => match next {
+                Ok(Some(next)) => burst.push(next),
+                _ => break,
+            },
+            due = requeues.next_due() => burst.push(Trigger::Due(due)),
+        }
     }
     while let Ok(next) = queue.try_recv() {
         burst.push(next);
@@ -207,7 +213,7 @@ impl Agent {
                         Trigger::Due(due)
                     }
                 };
-                let burst = next_burst(first, &mut queue).await;
+                let burst = next_burst(first, &mut queue, &mut requeues).await;
                 if burst.iter().any(Trigger::reads_source) {
                     load_wanted.notify_one();
                 }
@@ -524,7 +530,9 @@ impl Drop for DriftWatch {
 
 #[cfg(test)]
 mod tests {
+    use super::requeue::Requeues;
     use super::{Trigger, next_burst, pending_signal, trigger_channel};
+    use crate::rollout::plan::RequeueReason;
     use kube::api::DynamicObject;
     use serde_json::json;
     use std::time::Duration;
@@ -552,7 +560,7 @@ mod tests {
                 }
             }
         });
-        let burst = next_burst(Trigger::Drift(None), &mut queue).await;
+        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut Requeues::default()).await;
         sender.abort();
         assert!(burst.iter().any(|t| matches!(t, Trigger::Signal(_))));
         let drifts = burst.iter().filter(|t| matches!(t, Trigger::Drift(_))).count();
@@ -563,12 +571,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_timer_that_falls_due_ends_a_burst_of_drift_at_once() {
+        let (_triggers, mut queue) = trigger_channel();
+        let mut requeues = Requeues::default();
+        let pause_ends = tokio::time::Instant::now() + Duration::from_millis(10);
+        requeues.retry([("echo".to_string(), RequeueReason::Pause)], pause_ends);
+        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut requeues).await;
+        assert!(
+            burst.iter().any(|t| matches!(t, Trigger::Due(due) if due.len() == 1)),
+            "the pause's end waited for the drift's quiet period: {} triggers",
+            burst.len()
+        );
+    }
+
+    #[tokio::test]
     async fn drift_alone_is_merged_until_it_is_quiet() {
         let (triggers, mut queue) = trigger_channel();
         for _ in 0..5 {
             triggers.send(Trigger::Drift(None)).await.expect("queued");
         }
-        let burst = next_burst(Trigger::Drift(None), &mut queue).await;
+        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut Requeues::default()).await;
         assert_eq!(burst.len(), 6);
     }
 
