@@ -530,6 +530,76 @@ async fn a_release_paused_for_a_promote_costs_no_request_while_nothing_changes()
 }
 
 #[tokio::test]
+async fn a_release_is_observed_from_the_watch_caches_not_read_again() {
+    let scenario = Scenario::new("ro-cached").await;
+    let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");
+    App::new(&scenario.ns, "1.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 1.0");
+    // Every request the agent sends, in its log.
+    let trace = [("GITCANARY_LOG", "gitcanary=debug,gitcanary::cluster::requests=trace")];
+    let agent =
+        support::agent::AgentProcess::start_with(&scenario.repo, &scenario.ns, scenario.cache.path(), &[], &trace);
+    let cluster = Cluster::of(&scenario);
+    healthy_with(&scenario, &cluster, "1.0").await;
+    App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
+    scenario.repo.commit_and_push("echo 2.0");
+    cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
+    agent.wait_for_syncs(1).await;
+    let before = std::fs::read_to_string(&agent.log).expect("the agent's log").len();
+
+    // A drift of the canary: its app is planned again, its Rollout observed.
+    Api::<Deployment>::namespaced(scenario.client.clone(), &scenario.ns)
+        .patch(
+            "echo-canary",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("scale the canary by hand");
+    eventually("the canary's drift is put back", WAIT, || async {
+        let canary = cluster.deployment("echo-canary").await?;
+        (canary.spec?.replicas == Some(1)).then_some(())
+    })
+    .await;
+    agent.wait_for_syncs(1).await;
+    let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+    // (method, path) of each request the agent sent since.
+    let requests: Vec<(&str, &str)> = log[before..]
+        .lines()
+        .filter_map(|line| {
+            let method = line.split_once("method=")?.1.split_whitespace().next()?;
+            let uri = line.split_once("uri=")?.1.split_whitespace().next()?;
+            let path = uri
+                .split_once("://")
+                .map_or(uri, |(_, rest)| &rest[rest.find('/').unwrap_or(0)..]);
+            Some((method, path.split('?').next().unwrap_or(path)))
+        })
+        .collect();
+    assert!(
+        requests.contains(&(
+            "PATCH",
+            format!("/apis/apps/v1/namespaces/{}/deployments/echo-canary", scenario.ns).as_str()
+        )),
+        "the drift's sync is in the log: {requests:#?}"
+    );
+    let ns = &scenario.ns;
+    // The Rollout, its workload, canary objects and route: the watches keep them.
+    for kept in [
+        format!("/apis/gitcanary.io/v1alpha1/namespaces/{ns}/rollouts/echo"),
+        format!("/apis/apps/v1/namespaces/{ns}/deployments/echo"),
+        format!("/apis/apps/v1/namespaces/{ns}/deployments/echo-canary"),
+        format!("/api/v1/namespaces/{ns}/services/echo-canary"),
+        format!("/apis/gateway.networking.k8s.io/v1/namespaces/{ns}/httproutes/echo"),
+    ] {
+        let reads: Vec<_> = requests
+            .iter()
+            .filter(|(method, path)| *method == "GET" && *path == kept)
+            .collect();
+        assert!(reads.is_empty(), "{kept} was read though a watch keeps it: {reads:#?}");
+    }
+}
+
+#[tokio::test]
 async fn an_abort_never_waits_for_the_render_of_a_newer_commit() {
     let scenario = Scenario::new("ro-slow-render").await;
     let strategy = format!("      steps:\n      - {{traffic: 30%, replicas: 1, pause: {{}}}}\n{GATEWAY}");

@@ -65,10 +65,26 @@ impl KindCache {
 
     pub fn changed(&self, resource: &kube::discovery::ApiResource, object: DynamicObject) {
         let (key, object) = cached(resource, object);
-        self.objects
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, object);
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        // The agent's own write is kept at once; an event older than it, still
+        // on its way, must not put the object back as it was before.
+        if objects
+            .get(&key)
+            .is_some_and(|kept| is_older(&object.version, &kept.version))
+        {
+            return;
+        }
+        objects.insert(key, object);
+    }
+
+    /// The object's JSON as kept (`None` inside: not in the cache); `None`
+    /// outside when the cache is not current.
+    pub fn get(&self, key: &ObjectKey) -> Option<Option<Box<str>>> {
+        if !self.synced.load(Ordering::SeqCst) {
+            return None;
+        }
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        Some(objects.get(key).map(|object| object.text.clone()))
     }
 
     pub fn deleted(&self, key: &ObjectKey) {
@@ -109,6 +125,16 @@ impl KindCache {
         }
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
         Some(objects.get(key).map(|object| object.version.clone()))
+    }
+}
+
+/// Whether resourceVersion `version` is older than `kept`. The versions are
+/// opaque to clients, but etcd's are its revision counter; one that is not
+/// a number is never taken as older.
+fn is_older(version: &str, kept: &str) -> bool {
+    match (version.parse::<u64>(), kept.parse::<u64>()) {
+        (Ok(version), Ok(kept)) => version < kept,
+        _ => false,
     }
 }
 
@@ -218,5 +244,59 @@ impl WatchCache {
             })
             .map(|((_, _, _, selector), cache)| (selector.clone(), cache.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::discovery::ApiResource;
+
+    fn rollout(version: &str, step: i64) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout",
+            "metadata": {"name": "echo", "namespace": "web", "resourceVersion": version},
+            "status": {"canaryStatus": {"currentStepIndex": step}},
+        }))
+        .expect("a Rollout")
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey {
+            group: "gitcanary.io".into(),
+            kind: "Rollout".into(),
+            namespace: Some("web".into()),
+            name: "echo".into(),
+        }
+    }
+
+    #[test]
+    fn an_event_older_than_the_agents_own_write_does_not_undo_it() {
+        let resource = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let resource = ApiResource {
+            group: "gitcanary.io".into(),
+            kind: "Rollout".into(),
+            ..resource
+        };
+        let cache = KindCache::default();
+        assert_eq!(cache.get(&key()), None, "not current before its first list");
+        cache.list_started();
+        cache.listed(&resource, rollout("10", 0));
+        cache.list_done();
+        // The agent wrote step 2 (version 12); the event of version 11 arrives after.
+        cache.changed(&resource, rollout("12", 2));
+        cache.changed(&resource, rollout("11", 1));
+        let kept = cache.get(&key()).flatten().expect("kept");
+        assert!(kept.contains("\"currentStepIndex\":2"), "{kept}");
+        cache.changed(&resource, rollout("13", 3));
+        assert!(
+            cache
+                .get(&key())
+                .flatten()
+                .expect("kept")
+                .contains("\"currentStepIndex\":3")
+        );
+        cache.interrupted();
+        assert_eq!(cache.get(&key()), None, "not current while the watch is broken");
     }
 }

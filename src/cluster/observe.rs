@@ -68,6 +68,33 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
     Ok(lists.into_iter().flatten().collect())
 }
 
+/// An object of this instance as the agent's watch keeps it, without a
+/// request: `None` when no watch keeps its kind current in its namespace,
+/// or the watch holds no such object (it may still exist, without the
+/// agent's label: the caller reads it then).
+pub fn cached_managed(
+    cluster: &Cluster,
+    resolved: &Resolved,
+    namespace: Option<&str>,
+    name: &str,
+    options: &SyncOptions,
+) -> Option<serde_json::Value> {
+    let namespace = namespace.filter(|_| resolved.namespaced);
+    let scope = match options.scopes(resolved.namespaced)[..] {
+        [None] => None,
+        ref scopes => Some(*scopes.iter().flatten().find(|s| Some(**s) == namespace)?),
+    };
+    let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
+    let cache = cluster.watch_cache.kind(resolved, scope, &selector)?;
+    let key = ObjectKey {
+        group: resolved.resource.group.clone(),
+        kind: resolved.resource.kind.clone(),
+        namespace: namespace.map(str::to_string),
+        name: name.to_string(),
+    };
+    serde_json::from_str(&cache.get(&key)??).ok()
+}
+
 /// Every manifest of the app resolved against discovery. Kinds that CRDs of
 /// this revision will add are returned apart, to be resolved once those CRDs
 /// are established.

@@ -9,4 +9,5 @@ pub mod convert;
 pub mod engine;
 pub(crate) mod observe;
 pub mod prometheus;
+mod reads;
 pub mod web;

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::{Instrument, info, info_span};
 
 use super::analysis;
@@ -22,6 +22,7 @@ use super::model::find_in;
 use super::model::{RolloutObserved, RolloutsObserved, Target, WrittenBacks};
 use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
 use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen, supported_features};
+use super::reads::{get_any, get_rollout, get_value};
 use super::record::{History, Outcome as RecordOutcome};
 use crate::cluster::Cluster;
 use crate::manifest::Problem;
@@ -84,20 +85,20 @@ pub(crate) async fn observe_rollout(
 ) -> Result<RolloutObserved> {
     let (namespace, name, spec) = (&target.namespace, &target.name, &target.spec);
     let workload_ref = &spec.workload_ref;
-    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     // Independent reads, sent together: an abort waits on all of them.
     let (live_rollout, live, canary_live) = futures::join!(
-        rollouts.get_opt(name),
+        get_rollout(cluster, options, namespace, name),
         get_value(
             cluster,
+            options,
             &workload_ref.api_version,
             &workload_ref.kind,
             namespace,
             &workload_ref.name,
         ),
-        observe_canary_objects(cluster, spec, namespace),
+        observe_canary_objects(cluster, options, spec, namespace),
     );
-    let live_rollout = live_rollout.map_err(Error::kube(format!("reading Rollout {namespace}/{name}")))?;
+    let live_rollout = live_rollout?;
     let (live, canary_live) = (live?, canary_live?);
     let previous = live_rollout.as_ref().and_then(|r| r.status.clone());
     let annotation = |key: &str| {
@@ -139,17 +140,18 @@ pub(crate) async fn observe_rollout(
     observed.canary_revision = revisions.canary.clone();
     // Only while a canary Deployment may be about to make its first pods.
     if target.kind == WorkloadKind::Deployment && revisions.canary.is_empty() && !observed.git_matches_live {
-        observed.stable_services_pinned = stable_services_pinned(cluster, spec, namespace, &revisions.stable).await?;
+        observed.stable_services_pinned =
+            stable_services_pinned(cluster, options, spec, namespace, &revisions.stable).await?;
     }
     if measure {
         observed.measurements = measure_due(target, &status, &revisions, &canary_live, observed.now, options).await;
     }
     if routes_needed(spec, &status, &canary_live) {
-        observed.routes = Some(observe_routes(cluster, spec, namespace).await);
+        observed.routes = Some(observe_routes(cluster, options, spec, namespace).await);
     }
     let canary_kinds = served_canary_kinds(cluster).await;
     let gateways = if spec.strategy.canary.steps.iter().any(|s| s.mirror.is_some()) {
-        observe_gateways(cluster, planned, spec, namespace).await
+        observe_gateways(cluster, options, planned, spec, namespace).await
     } else {
         Vec::new()
     };
@@ -433,11 +435,17 @@ fn routes_needed(
 
 /// Whether every live stable Service of the release's routings selects
 /// the stable revision alone.
-async fn stable_services_pinned(cluster: &Cluster, spec: &RolloutSpec, namespace: &str, stable: &str) -> Result<bool> {
+async fn stable_services_pinned(
+    cluster: &Cluster,
+    options: &SyncOptions,
+    spec: &RolloutSpec,
+    namespace: &str,
+    stable: &str,
+) -> Result<bool> {
     let routings = &spec.strategy.canary.traffic_routings;
     let reads = routings
         .iter()
-        .map(|r| get_value(cluster, "v1", "Service", namespace, &r.service));
+        .map(|r| get_value(cluster, options, "v1", "Service", namespace, &r.service));
     let mut pinned = true;
     for live in futures::future::join_all(reads).await {
         pinned &= live?.is_some_and(|service| super::overlay::is_pinned(&service, WorkloadKind::Deployment, stable));
@@ -448,11 +456,17 @@ async fn stable_services_pinned(cluster: &Cluster, spec: &RolloutSpec, namespace
 /// The release's HTTPRoutes as they are live, read while a step waits for
 /// its route to be in force. One that cannot be read is left out: the
 /// grace period alone then decides, as for a route no gateway reports on.
-async fn observe_routes(cluster: &Cluster, spec: &RolloutSpec, namespace: &str) -> Vec<RouteSeen> {
+async fn observe_routes(
+    cluster: &Cluster,
+    options: &SyncOptions,
+    spec: &RolloutSpec,
+    namespace: &str,
+) -> Vec<RouteSeen> {
     let mut routes = Vec::new();
     for (service, route_name) in spec.strategy.canary.gateway_routes() {
         let live = get_value(
             cluster,
+            options,
             "gateway.networking.k8s.io/v1",
             "HTTPRoute",
             namespace,
@@ -470,6 +484,7 @@ async fn observe_routes(cluster: &Cluster, spec: &RolloutSpec, namespace: &str) 
 /// their classes say they can do; read only for a release that mirrors.
 async fn observe_gateways(
     cluster: &Cluster,
+    options: &SyncOptions,
     planned: &[Planned<'_>],
     spec: &RolloutSpec,
     namespace: &str,
@@ -490,7 +505,15 @@ async fn observe_gateways(
             .filter(|p| p["group"].as_str().is_none_or(|g| g == group))
             .filter_map(|p| Some((p["namespace"].as_str().unwrap_or(namespace), p["name"].as_str()?)));
         for (gateway_namespace, gateway_name) in gateways {
-            let gateway = get_any(cluster, GATEWAY_API, "Gateway", Some(gateway_namespace), gateway_name).await;
+            let gateway = get_any(
+                cluster,
+                options,
+                GATEWAY_API,
+                "Gateway",
+                Some(gateway_namespace),
+                gateway_name,
+            )
+            .await;
             let class = match &gateway {
                 Ok(Some(gateway)) => gateway["spec"]["gatewayClassName"]
                     .as_str()
@@ -501,7 +524,7 @@ async fn observe_gateways(
             let features = match gateway {
                 Err(e) => Err(e.to_string()),
                 Ok(None) => Err("the Gateway does not exist".to_string()),
-                Ok(Some(_)) => match get_any(cluster, GATEWAY_API, "GatewayClass", None, &class).await {
+                Ok(Some(_)) => match get_any(cluster, options, GATEWAY_API, "GatewayClass", None, &class).await {
                     Err(e) => Err(e.to_string()),
                     Ok(None) => Err(format!("GatewayClass {class:?} does not exist")),
                     Ok(Some(class_object)) => supported_features(&class_object)
@@ -521,50 +544,16 @@ async fn observe_gateways(
 
 const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
 
-async fn get_value(
-    cluster: &Cluster,
-    api_version: &str,
-    kind: &str,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<Value>> {
-    get_any(cluster, api_version, kind, Some(namespace), name).await
-}
-
-/// An object of any kind, namespaced or not; `None` when it, or its kind, is not there.
-async fn get_any(
-    cluster: &Cluster,
-    api_version: &str,
-    kind: &str,
-    namespace: Option<&str>,
-    name: &str,
-) -> Result<Option<Value>> {
-    let Some(resolved) = cluster.resolve(api_version, kind).await else {
-        return Ok(None);
-    };
-    let api: Api<DynamicObject> = cluster.api(&resolved, namespace);
-    let shown = namespace.map_or(name.to_string(), |ns| format!("{ns}/{name}"));
-    let object = api
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!("reading {kind} {shown}")))?;
-    Ok(object.map(|o| {
-        let mut value = serde_json::to_value(o).unwrap_or(Value::Null);
-        value["apiVersion"] = json!(api_version);
-        value["kind"] = json!(kind);
-        value
-    }))
-}
-
 /// The canary objects a release of this rollout may make, as the cluster has them.
 async fn observe_canary_objects(
     cluster: &Cluster,
+    options: &SyncOptions,
     spec: &RolloutSpec,
     namespace: &str,
 ) -> Result<BTreeMap<(&'static str, String), Value>> {
     let names = super::model::canary_object_names(spec).unwrap_or_default();
     let reads = names.into_iter().map(|(api_version, kind, name)| async move {
-        let object = get_value(cluster, api_version, kind, namespace, &name).await?;
+        let object = get_value(cluster, options, api_version, kind, namespace, &name).await?;
         Ok::<_, Error>(object.map(|object| ((kind, name), object)))
     });
     let mut live = BTreeMap::new();

@@ -95,8 +95,8 @@ impl AgentProcess {
                     .flat_map(|(flag, value)| [*flag, *value]),
             )
             .args(args)
-            .envs(env.iter().copied())
             .env("GITCANARY_LOG", "gitcanary=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
