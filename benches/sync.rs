@@ -284,79 +284,58 @@ fn main() {
         &work.join("cache-release"),
         &work.join("agent-release.log"),
     );
-    let phase = || {
-        cluster.kubectl(&[
-            "get",
-            "rollout",
-            "echo",
-            "-n",
-            "bench-release",
-            "-o",
-            "jsonpath={.status.phase}",
-        ])
-    };
-    wait_until("healthy", Duration::from_secs(120), || phase() == "Healthy");
+    // One watch per kind, from this process: each moment below is when the
+    // API server's event reached it, not when a polling CLI got round to it.
+    let watching_from = Instant::now();
+    let rollouts = cluster.observe("gitcanary.io/v1alpha1", "Rollout", "rollouts", "bench-release");
+    let deployments = cluster.observe("apps/v1", "Deployment", "deployments", "bench-release");
+    let routes = cluster.observe(
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+        "httproutes",
+        "bench-release",
+    );
+    let healthy = |object: &serde_json::Value| object["status"]["phase"] == "Healthy";
+    let long = Duration::from_secs(120);
+    let (mut settled, _) = rollouts.first_after("healthy", watching_from, long, healthy);
     let mut to_canary = Vec::new();
     let mut to_next_step = Vec::new();
     for release in 0..releases {
         let tag = release + 2;
         write_release(tag);
         let commit = release_repo.commit_and_push(&format!("echo {tag}"));
+        for observer in [&rollouts, &deployments, &routes] {
+            observer.forget_before(settled);
+        }
         let started = Instant::now();
         agent.push(&commit);
         let image = format!("registry.test/echo:{tag}");
-        let created = wait_until("the canary Deployment", Duration::from_secs(60), || {
-            cluster
-                .kubectl(&[
-                    "get",
-                    "deployment",
-                    "-n",
-                    "bench-release",
-                    "-o",
-                    "jsonpath={range .items[*]}{.metadata.name}={.spec.template.spec.containers[0].image} {end}",
-                ])
-                .contains(&format!("echo-canary={image}"))
+        let (created, _) = deployments.first_after("the canary Deployment", started, long, |d| {
+            d["metadata"]["name"] == "echo-canary"
+                && d["spec"]["template"]["spec"]["containers"][0]["image"] == image.as_str()
         });
         to_canary.push(created - started);
         // Step 1's pause ends one second after it began; step 2 routes 60%.
-        let mut paused_at = String::new();
-        wait_until("step 1 paused", Duration::from_secs(60), || {
-            let out = cluster.kubectl(&[
-                "get",
-                "rollout",
-                "echo",
-                "-n",
-                "bench-release",
-                "-o",
-                "jsonpath={.status.canaryStatus.currentStepIndex} {.status.canaryStatus.currentStepState} {.status.canaryStatus.stateStartedAt}",
-            ]);
-            let parts: Vec<&str> = out.split(' ').collect();
-            if parts.len() == 3 && parts[0] == "1" && parts[1] == "StepPaused" {
-                paused_at = parts[2].to_string();
-                true
-            } else {
-                false
-            }
+        let (paused, paused_rollout) = rollouts.first_after("step 1 paused", started, long, |r| {
+            let canary = &r["status"]["canaryStatus"];
+            canary["currentStepIndex"] == 1 && canary["currentStepState"] == "StepPaused"
         });
-        let weights = || {
-            cluster.kubectl(&[
-                "get",
-                "httproute",
-                "echo",
-                "-n",
-                "bench-release",
-                "-o",
-                "jsonpath={.spec.rules[0].backendRefs[*].weight}",
-            ])
-        };
-        let applied = wait_until("60% routed", Duration::from_secs(60), || weights().contains("60"));
+        let paused_at = paused_rollout["status"]["canaryStatus"]["stateStartedAt"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let (applied, _) = routes.first_after("60% routed", paused, long, |route| {
+            route["spec"]["rules"][0]["backendRefs"]
+                .as_array()
+                .is_some_and(|refs| refs.iter().any(|r| r["weight"] == 60))
+        });
         let applied_at = std::time::SystemTime::now() - applied.elapsed();
         let condition_met: std::time::SystemTime = paused_at
             .parse::<jiff::Timestamp>()
             .map(|t| std::time::SystemTime::from(t) + Duration::from_secs(1))
             .unwrap_or(applied_at);
         to_next_step.push(applied_at.duration_since(condition_met).unwrap_or(Duration::ZERO));
-        wait_until("promoted", Duration::from_secs(120), || phase() == "Healthy");
+        (settled, _) = rollouts.first_after("promoted", applied, long, healthy);
         eprintln!(
             "bench:   release {tag}: canary after {:?}, next step after {:?}",
             to_canary.last().expect("one"),

@@ -124,6 +124,106 @@ impl ControlPlane {
     }
 }
 
+/// Every change of one kind in one namespace, as a watch from this process
+/// delivers it, with the moment it arrived: the one observer the benchmarks
+/// time the agent (and its peers) by, so that no CLI's start-up or polling
+/// interval is counted as theirs.
+pub struct Observer {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(Instant, serde_json::Value)>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ControlPlane {
+    /// Starts watching `kind` (`group/version` or `version`, `plural`) in
+    /// `namespace`; returns once the watch's first list is done.
+    pub fn observe(&self, api_version: &str, kind: &str, plural: &str, namespace: &str) -> Observer {
+        use futures::StreamExt;
+        use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+        use kube::runtime::watcher;
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (kubeconfig, namespace) = (self.kubeconfig.clone(), namespace.to_string());
+        let (seen_by_watch, stopped) = (seen.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let file = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
+                let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+                    .await
+                    .expect("config");
+                let client = kube::Client::try_from(config).expect("client");
+                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
+                let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    let object = match event {
+                        Ok(watcher::Event::InitDone) => {
+                            let _ = ready_tx.send(());
+                            continue;
+                        }
+                        Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => object,
+                        _ => continue,
+                    };
+                    let value = serde_json::to_value(object).unwrap_or_default();
+                    seen_by_watch.lock().expect("observed").push((Instant::now(), value));
+                }
+            });
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the watch lists within a minute");
+        Observer { seen, stop }
+    }
+}
+
+impl Observer {
+    /// When the watch first delivered, at `since` or after, an object for
+    /// which `check` holds, with that object.
+    pub fn first_after(
+        &self,
+        what: &str,
+        since: Instant,
+        timeout: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> (Instant, serde_json::Value) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = self
+                .seen
+                .lock()
+                .expect("observed")
+                .iter()
+                .find(|(at, object)| *at >= since && check(object))
+                .cloned();
+            if let Some(found) = found {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            // The moment is the event's own; how often it is looked for is no part of it.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Forgets what was seen before `before` (a long run keeps little).
+    pub fn forget_before(&self, before: Instant) {
+        self.seen.lock().expect("observed").retain(|(at, _)| *at >= before);
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
