@@ -277,12 +277,15 @@ fn main() {
     };
     write_release(1);
     release_repo.commit_and_push("echo 1");
-    let agent = Agent::start(
+    // Its log is kept (debug: each sync's trigger, timed) to say where a release's time went.
+    let agent = Agent::start_with(
         &cluster,
         &release_repo.url(),
         "bench-release",
         &work.join("cache-release"),
-        &work.join("agent-release.log"),
+        &std::env::temp_dir().join("gitcanary-bench-agent-release.log"),
+        &[],
+        &[("GITCANARY_LOG", "gitcanary=debug")],
     );
     // One watch per kind, from this process: each moment below is when the
     // API server's event reached it, not when a polling CLI got round to it.
