@@ -154,11 +154,13 @@ async fn next_burst(first: Trigger, queue: &mut mpsc::Receiver<Trigger>, requeue
     let mut burst = vec![first];
     while burst.iter().all(Trigger::may_wait) {
         tokio::select! {
+            // A timer due at the same moment as the quiet period's end is not left to chance.
+            biased;
+            due = requeues.next_due() => burst.push(Trigger::Due(due)),
             next = tokio::time::timeout(DEBOUNCE, queue.recv()) => match next {
                 Ok(Some(next)) => burst.push(next),
                 _ => break,
             },
-            due = requeues.next_due() => burst.push(Trigger::Due(due)),
         }
     }
     while let Ok(next) = queue.try_recv() {

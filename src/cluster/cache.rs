@@ -58,8 +58,18 @@ impl KindCache {
     }
 
     pub fn list_done(&self) {
-        let listed = std::mem::take(&mut *self.listing.lock().unwrap_or_else(|e| e.into_inner()));
-        *self.objects.write().unwrap_or_else(|e| e.into_inner()) = listed;
+        let mut listed = std::mem::take(&mut *self.listing.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        // A write of the agent's that landed while the list was read is newer
+        // than the list's copy of the object: it stays.
+        for (key, kept) in objects.drain() {
+            if let Some(listed_copy) = listed.get_mut(&key)
+                && is_older(&listed_copy.version, &kept.version)
+            {
+                *listed_copy = kept;
+            }
+        }
+        *objects = listed;
         self.synced.store(true, Ordering::SeqCst);
     }
 
@@ -298,5 +308,17 @@ mod tests {
         );
         cache.interrupted();
         assert_eq!(cache.get(&key()), None, "not current while the watch is broken");
+        // A relist read before the agent's write of version 14 does not undo it.
+        cache.list_started();
+        cache.listed(&resource, rollout("13", 3));
+        cache.changed(&resource, rollout("14", 4));
+        cache.list_done();
+        assert!(
+            cache
+                .get(&key())
+                .flatten()
+                .expect("kept")
+                .contains("\"currentStepIndex\":4")
+        );
     }
 }

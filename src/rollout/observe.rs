@@ -87,7 +87,7 @@ pub(crate) async fn observe_rollout(
     let workload_ref = &spec.workload_ref;
     // Independent reads, sent together: an abort waits on all of them.
     let (live_rollout, live, canary_live) = futures::join!(
-        get_rollout(cluster, options, namespace, name),
+        get_rollout(cluster, namespace, name),
         get_value(
             cluster,
             options,

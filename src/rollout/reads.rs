@@ -1,5 +1,6 @@
-//! The reads a Rollout's observe makes of single objects: from the agent's
-//! watch caches when they keep the object, else from the API server.
+//! The reads a Rollout's observe makes of single objects: the Rollout from
+//! the API server; the others from the agent's watch caches when they keep
+//! the object, else from the API server.
 
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
@@ -10,20 +11,11 @@ use crate::cluster::observe::cached_managed;
 use crate::plan::SyncOptions;
 use crate::{Error, Result};
 
-/// The Rollout as the cluster has it: from the agent's watch when it keeps
-/// it (the status the agent wrote last is there at once), else read.
-pub(super) async fn get_rollout(
-    cluster: &Cluster,
-    options: &SyncOptions,
-    namespace: &str,
-    name: &str,
-) -> Result<Option<Rollout>> {
-    if let Some(resolved) = cluster.resolve(super::api::API_VERSION, super::api::KIND).await
-        && let Some(kept) = cached_managed(cluster, &resolved, Some(namespace), name, options)
-        && let Ok(rollout) = serde_json::from_value(kept)
-    {
-        return Ok(Some(rollout));
-    }
+/// The Rollout as the API server has it, always read: its status is the
+/// release's state, which the agent writes without a precondition, so it is
+/// not taken from a watch that may lag another writer (a replica that held
+/// the app's shard before, the CLI) and then written back over theirs.
+pub(super) async fn get_rollout(cluster: &Cluster, namespace: &str, name: &str) -> Result<Option<Rollout>> {
     let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), namespace);
     rollouts
         .get_opt(name)
