@@ -319,10 +319,19 @@ fn main() {
         });
         to_canary.push(created - started);
         // Step 1's pause ends one second after it began; step 2 routes 60%.
-        let (paused, paused_rollout) = rollouts.first_after("step 1 paused", started, long, |r| {
+        let paused = rollouts.try_first_after(started, long, |r| {
             let canary = &r["status"]["canaryStatus"];
             canary["currentStepIndex"] == 1 && canary["currentStepState"] == "StepPaused"
         });
+        let Some((paused, paused_rollout)) = paused else {
+            // What each side last said, to tell a release that stalled from a canary that never became ready.
+            let status = |object: Option<serde_json::Value>| object.map(|o| o["status"].clone());
+            panic!(
+                "timed out waiting for step 1 paused; the Rollout's last status: {}; the canary Deployment's: {}",
+                serde_json::to_string_pretty(&status(rollouts.last("echo"))).unwrap_or_default(),
+                serde_json::to_string_pretty(&status(deployments.last("echo-canary"))).unwrap_or_default()
+            );
+        };
         let paused_at = paused_rollout["status"]["canaryStatus"]["stateStartedAt"]
             .as_str()
             .unwrap_or_default()

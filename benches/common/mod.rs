@@ -194,6 +194,17 @@ impl Observer {
         timeout: Duration,
         check: impl Fn(&serde_json::Value) -> bool,
     ) -> (Instant, serde_json::Value) {
+        self.try_first_after(since, timeout, check)
+            .unwrap_or_else(|| panic!("timed out waiting for {what}"))
+    }
+
+    /// As [`Observer::first_after`], `None` at the timeout.
+    pub fn try_first_after(
+        &self,
+        since: Instant,
+        timeout: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<(Instant, serde_json::Value)> {
         let deadline = Instant::now() + timeout;
         loop {
             let found = self
@@ -203,13 +214,21 @@ impl Observer {
                 .iter()
                 .find(|(at, object)| *at >= since && check(object))
                 .cloned();
-            if let Some(found) = found {
+            if found.is_some() || Instant::now() >= deadline {
                 return found;
             }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
             // The moment is the event's own; how often it is looked for is no part of it.
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The last object seen named `name`, as its last event had it.
+    pub fn last(&self, name: &str) -> Option<serde_json::Value> {
+        let seen = self.seen.lock().expect("observed");
+        seen.iter()
+            .rev()
+            .find(|(_, object)| object["metadata"]["name"] == name)
+            .map(|(_, object)| object.clone())
     }
 
     /// Forgets what was seen before `before` (a long run keeps little).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::rollout::api::Phase;
-use crate::rollout::plan::RequeueReason;
+use crate::rollout::plan::{Requeue, RequeueReason};
 use crate::sync::SyncReport;
 
 #[derive(Debug, Default)]
@@ -44,6 +44,19 @@ impl CommandPoll {
     }
 }
 
+/// When a requeue falls due on the agent's timer: at the moment the plan
+/// aimed at, by the wall clock it read (`clock` is now on both clocks), or
+/// `after` from when the sync was planned. A moment already past is due now.
+fn due_at(requeue: &Requeue, planned_at: Instant, clock: (Instant, jiff::Timestamp)) -> Instant {
+    match requeue.at {
+        Some(at) => {
+            let ahead = clock.1.duration_until(at);
+            clock.0 + Duration::try_from(ahead).unwrap_or(Duration::ZERO)
+        }
+        None => planned_at + requeue.after,
+    }
+}
+
 impl Requeues {
     /// What the sync of `report`, planned at `planned_at`, asks for: each
     /// app's rollout timers, and with `command_poll` (GitHub on) a look for
@@ -65,10 +78,11 @@ impl Requeues {
             self.due
                 .retain(|(app, _), _| !report.apps.iter().any(|a| a.app == *app));
         }
+        let clock = (Instant::now(), jiff::Timestamp::now());
         for app in &report.apps {
             if let Some(requeue) = app.requeue {
                 self.due
-                    .insert((app.app.clone(), requeue.reason), planned_at + requeue.after);
+                    .insert((app.app.clone(), requeue.reason), due_at(&requeue, planned_at, clock));
             }
             // A release waiting at a pause, or moving through a step (an
             // abort may come by comment at any time), is looked at.
@@ -142,7 +156,6 @@ impl Requeues {
 pub(super) mod tests {
     use super::*;
     use crate::rollout::api::RolloutStatus;
-    use crate::rollout::plan::Requeue;
     use crate::sync::{AppReport, AppResult};
 
     /// An app's report with one rollout, `name`, paused or not.
@@ -178,7 +191,29 @@ pub(super) mod tests {
         Some(Requeue {
             after: Duration::from_secs(seconds),
             reason,
+            at: None,
         })
+    }
+
+    #[test]
+    fn a_requeue_aims_at_the_moment_the_plan_read_not_at_the_syncs_start() {
+        // The sync began 30 ms before its plan read the clock; the pause ends 1 s after that read.
+        let read = jiff::Timestamp::from_second(1_000_000).expect("a time");
+        let started = Instant::now();
+        let clock = (started + Duration::from_millis(30), read);
+        let pause = Requeue {
+            after: Duration::from_secs(1),
+            reason: RequeueReason::Pause,
+            at: Some(read + jiff::SignedDuration::from_secs(1)),
+        };
+        assert_eq!(due_at(&pause, started, clock), clock.0 + Duration::from_secs(1));
+        let past = Requeue {
+            at: Some(read - jiff::SignedDuration::from_secs(5)),
+            ..pause
+        };
+        assert_eq!(due_at(&past, started, clock), clock.0, "a moment past is due now");
+        let relative = Requeue { at: None, ..pause };
+        assert_eq!(due_at(&relative, started, clock), started + Duration::from_secs(1));
     }
 
     /// After a full sync at `start` in which web's pause has 10 s to run.

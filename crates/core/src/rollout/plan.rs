@@ -198,13 +198,21 @@ impl RequeueReason {
 pub struct Requeue {
     pub after: Duration,
     pub reason: RequeueReason,
+    /// The moment `after` counts to, from the plan's `now`: a timer aimed at
+    /// `after` from the sync's start fires early by the sync's reads.
+    pub at: Option<Timestamp>,
 }
 
 impl Requeue {
     /// The sooner of two.
     pub fn sooner(a: Option<Requeue>, b: Option<Requeue>) -> Option<Requeue> {
         match (a, b) {
-            (Some(a), Some(b)) => Some(if b.after < a.after { b } else { a }),
+            (Some(a), Some(b)) => Some(match (a.at, b.at) {
+                (Some(at_a), Some(at_b)) if at_b < at_a => b,
+                (Some(_), Some(_)) => a,
+                _ if b.after < a.after => b,
+                _ => a,
+            }),
             (a, b) => a.or(b),
         }
     }
@@ -395,7 +403,10 @@ impl Planner<'_> {
 
     fn requeue_in(&mut self, after: Duration, reason: RequeueReason) {
         let after = after.max(Duration::from_millis(100));
-        self.requeue = Requeue::sooner(self.requeue, Some(Requeue { after, reason }));
+        let at = jiff::SignedDuration::try_from(after)
+            .ok()
+            .and_then(|after| self.observed.now.checked_add(after).ok());
+        self.requeue = Requeue::sooner(self.requeue, Some(Requeue { after, reason, at }));
     }
 
     fn canary(&mut self) -> &mut CanaryStatus {
