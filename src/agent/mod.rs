@@ -572,18 +572,24 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    // Paused time: the clock moves only when every task waits, so "at once" is exact.
+    #[tokio::test(start_paused = true)]
     async fn a_timer_that_falls_due_ends_a_burst_of_drift_at_once() {
         let (_triggers, mut queue) = trigger_channel();
-        let mut requeues = Requeues::default();
-        let pause_ends = tokio::time::Instant::now() + Duration::from_millis(10);
-        requeues.retry([("echo".to_string(), RequeueReason::Pause)], pause_ends);
-        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut requeues).await;
-        assert!(
-            burst.iter().any(|t| matches!(t, Trigger::Due(due) if due.len() == 1)),
-            "the pause's end waited for the drift's quiet period: {} triggers",
-            burst.len()
-        );
+        let start = tokio::time::Instant::now();
+        for (due_in, what) in [(10, "before"), (100, "as")] {
+            let mut requeues = Requeues::default();
+            let pause_ends = tokio::time::Instant::now() + Duration::from_millis(due_in);
+            requeues.retry([("echo".to_string(), RequeueReason::Pause)], pause_ends);
+            let burst = next_burst(Trigger::Drift(None), &mut queue, &mut requeues).await;
+            assert!(
+                burst.iter().any(|t| matches!(t, Trigger::Due(due) if due.len() == 1)),
+                "a pause that ends {what} the quiet period does: {} triggers",
+                burst.len()
+            );
+            assert_eq!(tokio::time::Instant::now(), pause_ends, "taken when it fell due");
+        }
+        assert!(start.elapsed() < Duration::from_millis(200));
     }
 
     #[tokio::test]

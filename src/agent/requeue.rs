@@ -47,11 +47,13 @@ impl CommandPoll {
 /// When a requeue falls due on the agent's timer: at the moment the plan
 /// aimed at, by the wall clock it read (`clock` is now on both clocks), or
 /// `after` from when the sync was planned. A moment already past is due now.
+/// Never later than `after` from now: a wall clock stepped back does not
+/// hold a timer back.
 fn due_at(requeue: &Requeue, planned_at: Instant, clock: (Instant, jiff::Timestamp)) -> Instant {
     match requeue.at {
         Some(at) => {
-            let ahead = clock.1.duration_until(at);
-            clock.0 + Duration::try_from(ahead).unwrap_or(Duration::ZERO)
+            let ahead = Duration::try_from(clock.1.duration_until(at)).unwrap_or(Duration::ZERO);
+            clock.0 + ahead.min(requeue.after)
         }
         None => planned_at + requeue.after,
     }
@@ -64,6 +66,18 @@ impl Requeues {
     /// replaces what earlier syncs asked for the apps it synced (every app,
     /// unless the sync was scoped).
     pub(super) fn replace(&mut self, report: &SyncReport, planned_at: Instant, command_poll: Option<CommandPoll>) {
+        let clock = (Instant::now(), jiff::Timestamp::now());
+        self.replace_at(report, planned_at, command_poll, clock);
+    }
+
+    /// [`Requeues::replace`], with now on both clocks given (`due_at`).
+    fn replace_at(
+        &mut self,
+        report: &SyncReport,
+        planned_at: Instant,
+        command_poll: Option<CommandPoll>,
+        clock: (Instant, jiff::Timestamp),
+    ) {
         // A look for commands not yet due stays when it is: syncs for other
         // reasons (a Git poll, a drift) neither postpone it nor bring it on.
         let pending_looks: BTreeMap<String, Instant> = self
@@ -78,7 +92,6 @@ impl Requeues {
             self.due
                 .retain(|(app, _), _| !report.apps.iter().any(|a| a.app == *app));
         }
-        let clock = (Instant::now(), jiff::Timestamp::now());
         for app in &report.apps {
             if let Some(requeue) = app.requeue {
                 self.due
@@ -214,6 +227,23 @@ pub(super) mod tests {
         assert_eq!(due_at(&past, started, clock), clock.0, "a moment past is due now");
         let relative = Requeue { at: None, ..pause };
         assert_eq!(due_at(&relative, started, clock), started + Duration::from_secs(1));
+        let stepped_back = (clock.0, read - jiff::SignedDuration::from_secs(3600));
+        assert_eq!(
+            due_at(&pause, started, stepped_back),
+            clock.0 + Duration::from_secs(1),
+            "a clock stepped back holds no timer back"
+        );
+        // Through a sync's answer: the sync ended 50 ms after its plan read the clock.
+        let mut requeues = Requeues::default();
+        let ended = (
+            clock.0 + Duration::from_millis(50),
+            read + jiff::SignedDuration::from_millis(50),
+        );
+        requeues.replace_at(&report(vec![app("web", Some(pause), false)]), started, None, ended);
+        assert_eq!(
+            requeues.due.get(&("web".to_string(), RequeueReason::Pause)),
+            Some(&(clock.0 + Duration::from_secs(1)))
+        );
     }
 
     /// After a full sync at `start` in which web's pause has 10 s to run.

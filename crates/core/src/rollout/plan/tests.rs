@@ -493,6 +493,8 @@ fn canary_pods_not_ready_by_the_deadline_fail_the_release_and_it_is_not_retried(
     let plan = run.step(&observed("v2", 599));
     assert_eq!(plan.failed, None);
     assert_eq!(plan.requeue.map(|r| r.after), Some(Duration::from_secs(1)));
+    // Counted from the moment the plan read, not from when its sync began.
+    assert_eq!(plan.requeue.and_then(|r| r.at), Some(at(600)));
     let plan = run.step(&observed("v2", 600));
     assert_eq!(run.status.phase, Phase::Failed);
     let cause = plan.failed.expect("failed");
