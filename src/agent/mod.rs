@@ -411,6 +411,8 @@ struct DriftWatch {
     watches: HashMap<(String, String, Option<String>), JoinHandle<()>>,
     /// The app status ConfigMaps, which the sync reads every time.
     statuses: Option<JoinHandle<()>>,
+    /// The ReplicaSets of namespaces where a Rollout's Deployment runs, by namespace.
+    replica_sets: HashMap<String, JoinHandle<()>>,
 }
 
 /// Wait before a broken watch lists again.
@@ -451,6 +453,44 @@ impl DriftWatch {
                 None,
             ));
         }
+        for namespace in cluster.replica_sets.wanted() {
+            if self.replica_sets.get(&namespace).is_none_or(|w| w.is_finished()) {
+                let handle = Self::watch_replica_sets(cluster, namespace.clone());
+                self.replica_sets.insert(namespace, handle);
+            }
+        }
+    }
+
+    /// Keeps the namespace's ReplicaSets (their metadata only) for the
+    /// Rollouts' observe. Their changes wake nothing: a Deployment's own
+    /// watch does, and a revision the watch has not seen yet is listed.
+    fn watch_replica_sets(cluster: &Arc<Cluster>, namespace: String) -> JoinHandle<()> {
+        use k8s_openapi::api::apps::v1::ReplicaSet;
+        use kube::core::PartialObjectMeta;
+        // Metadata only: a ReplicaSet's spec and status are never read.
+        let api: Api<PartialObjectMeta<ReplicaSet>> = Api::namespaced(cluster.client.clone(), &namespace);
+        let cluster = cluster.clone();
+        tokio::spawn(async move {
+            let sets = &cluster.replica_sets;
+            loop {
+                let mut events = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(watcher::Event::Init) => sets.list_started(&namespace),
+                        Ok(watcher::Event::InitApply(set)) => sets.listed(&namespace, &set.metadata),
+                        Ok(watcher::Event::InitDone) => sets.list_done(&namespace),
+                        Ok(watcher::Event::Apply(set)) => sets.changed(&namespace, &set.metadata),
+                        Ok(watcher::Event::Delete(set)) => sets.deleted(&namespace, &set.metadata),
+                        Err(error) => {
+                            debug!(%error, %namespace, "ReplicaSet watch interrupted; it lists again");
+                            sets.interrupted(&namespace);
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(WATCH_RESTART).await;
+            }
+        })
     }
 
     /// Keeps the kind's cache in `namespace` (`None`: all) and, with
@@ -524,7 +564,12 @@ impl DriftWatch {
 
 impl Drop for DriftWatch {
     fn drop(&mut self) {
-        for handle in self.watches.values().chain(self.statuses.as_ref()) {
+        for handle in self
+            .watches
+            .values()
+            .chain(self.statuses.as_ref())
+            .chain(self.replica_sets.values())
+        {
             handle.abort();
         }
     }

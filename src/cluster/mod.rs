@@ -6,6 +6,7 @@ pub mod cache;
 mod diff;
 mod inventory;
 pub mod observe;
+pub mod replica_sets;
 mod requests;
 
 pub use apply::{Deleted, Mode, Writer, api_message};
@@ -42,6 +43,8 @@ pub struct Cluster {
     kube_version: String,
     /// Live objects kept current by the agent's watches.
     pub watch_cache: cache::WatchCache,
+    /// The ReplicaSets of Rollouts' namespaces, kept by the agent's watches.
+    pub replica_sets: replica_sets::ReplicaSets,
     /// What each (apiVersion, kind) resolved to in the current discovery:
     /// a sync asks once per manifest, and kube's lookup copies a whole group.
     resolved: std::sync::Mutex<std::collections::HashMap<(String, String), Option<Resolved>>>,
@@ -147,6 +150,7 @@ impl Cluster {
             own_writes: OwnWrites::default(),
             impersonating: std::sync::Mutex::default(),
             watch_cache: cache::WatchCache::default(),
+            replica_sets: replica_sets::ReplicaSets::default(),
             resolved: std::sync::Mutex::default(),
             discovery_generation: std::sync::atomic::AtomicU64::new(0),
             parsed_statuses: std::sync::Mutex::default(),

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::{ControllerRevision, ReplicaSet};
+use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
@@ -594,34 +594,11 @@ pub(super) async fn observe_deployment(
             WorkloadProgress::of_kind(canary, "Deployment").map_or(0, |progress| progress.ready_of_latest());
     }
     observed.stable_rolled_out = live.is_some_and(|l| rolled_out(l, "Deployment", git_template));
-    let replica_sets: Api<ReplicaSet> = Api::namespaced(cluster.client.clone(), namespace);
-    let sets = replica_sets
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube(format!("listing ReplicaSets in {namespace}")))?;
-    let current_hash = |owner: Option<&Value>| -> String {
-        let Some(owner) = owner else { return String::new() };
-        let uid = owner["metadata"]["uid"].as_str().unwrap_or_default();
-        let revision = owner["metadata"]["annotations"]["deployment.kubernetes.io/revision"].as_str();
-        sets.items
-            .iter()
-            .filter(|rs| rs.metadata.owner_references.iter().flatten().any(|o| o.uid == uid))
-            .find(|rs| {
-                rs.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("deployment.kubernetes.io/revision"))
-                    .map(String::as_str)
-                    == revision
-            })
-            .and_then(|rs| rs.metadata.labels.as_ref()?.get("pod-template-hash").cloned())
-            .unwrap_or_default()
-    };
-    let revisions = Revisions {
-        stable: current_hash(live),
-        canary: current_hash(canary),
-    };
-    Ok((revisions, live.map(|l| l["spec"]["template"].clone())))
+    let [stable, canary] = crate::cluster::replica_sets::current_hashes(cluster, namespace, [live, canary]).await?;
+    Ok((
+        Revisions { stable, canary },
+        live.map(|l| l["spec"]["template"].clone()),
+    ))
 }
 
 pub(super) async fn observe_statefulset(
