@@ -253,6 +253,10 @@ pub async fn sync_validated(
 ) -> Result<SyncReport> {
     let span = info_span!("sync", commit = short_commit(&revision.commit));
     async move {
+        let quiet = memo::Quiet::of(cluster, revision, scope);
+        if let Some(report) = memo.recall_sync(quiet.as_ref()) {
+            return Ok(report);
+        }
         let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
         // Recorded statuses live in the namespace: it exists.
         if statuses.is_empty() {
@@ -327,17 +331,23 @@ pub async fn sync_validated(
             reports.extend(report?);
         }
         memo.settle_written(&reports);
-        let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
-        let kinds = kinds.into_iter().cloned().collect();
-        Ok(SyncReport {
+        let report = SyncReport {
             commit: revision.commit.clone(),
             apps: reports,
-            kinds,
+            kinds: kinds_of(manifests),
             scoped: scope.is_some(),
-        })
+        };
+        memo.remember_sync(quiet, &report, manifests.apps.values().filter(in_scope).count());
+        Ok(report)
     }
     .instrument(span)
     .await
+}
+
+/// Every (apiVersion, kind) the revision holds.
+fn kinds_of(manifests: &crate::manifest::ManifestSet) -> BTreeSet<(String, String)> {
+    let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
+    kinds.into_iter().cloned().collect()
 }
 
 /// One app: observe, plan, apply, report. With the report, the status it

@@ -4,7 +4,7 @@
 //! full list (a gap makes the next sync list once, as before).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use kube::api::DynamicObject;
@@ -22,6 +22,8 @@ pub struct KindCache {
     /// Objects of the list in progress after a (re)start of the watch.
     listing: Mutex<HashMap<ObjectKey, Cached>>,
     synced: AtomicBool,
+    /// Counts every change of any cache of the agent's (see [`WatchCache::changes`]).
+    changes: Arc<AtomicU64>,
 }
 
 /// One object as kept: its resourceVersion apart, so that "did it change"
@@ -45,6 +47,7 @@ fn cached(resource: &kube::discovery::ApiResource, object: DynamicObject) -> (Ob
 impl KindCache {
     /// A (re)list started: what the cache holds may be stale until it ends.
     pub fn list_started(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
         self.synced.store(false, Ordering::SeqCst);
         self.listing.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
@@ -71,6 +74,7 @@ impl KindCache {
         }
         *objects = listed;
         self.synced.store(true, Ordering::SeqCst);
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     pub fn changed(&self, resource: &kube::discovery::ApiResource, object: DynamicObject) {
@@ -85,6 +89,7 @@ impl KindCache {
             return;
         }
         objects.insert(key, object);
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The object's JSON as kept (`None` inside: not in the cache); `None`
@@ -99,11 +104,13 @@ impl KindCache {
 
     pub fn deleted(&self, key: &ObjectKey) {
         self.objects.write().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The watch broke: events may be missed until it has listed again.
     pub fn interrupted(&self) {
         self.synced.store(false, Ordering::SeqCst);
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     fn snapshot(&self) -> Option<Vec<(ObjectKey, Box<str>)>> {
@@ -169,6 +176,7 @@ pub fn entry(resource: &kube::discovery::ApiResource, mut object: DynamicObject)
 #[derive(Default)]
 pub struct WatchCache {
     kinds: Mutex<HashMap<CacheId, Arc<KindCache>>>,
+    changes: Arc<AtomicU64>,
 }
 
 fn id(resolved: &Resolved, scope: Option<&str>, selector: &str) -> CacheId {
@@ -197,7 +205,22 @@ impl WatchCache {
     /// The cache a watch of this kind and scope keeps (made on first use).
     pub fn register(&self, resolved: &Resolved, scope: Option<&str>, selector: &str) -> Arc<KindCache> {
         let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        kinds.entry(id(resolved, scope, selector)).or_default().clone()
+        let changes = &self.changes;
+        let cache = kinds.entry(id(resolved, scope, selector)).or_insert_with(|| {
+            changes.fetch_add(1, Ordering::SeqCst);
+            Arc::new(KindCache {
+                changes: changes.clone(),
+                ..KindCache::default()
+            })
+        });
+        cache.clone()
+    }
+
+    /// A count that moves with every change of any cache (a watch event, a
+    /// list, a break, an own write): the same count means the caches answer
+    /// as they did.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
     }
 
     /// The objects of the kind in the scope that the selector selects, when a
@@ -320,5 +343,47 @@ mod tests {
                 .expect("kept")
                 .contains("\"currentStepIndex\":4")
         );
+    }
+
+    #[test]
+    fn the_change_count_moves_with_every_change_of_any_cache_and_only_then() {
+        let resource = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let resource = ApiResource {
+            group: "gitcanary.io".into(),
+            kind: "Rollout".into(),
+            ..resource
+        };
+        let resolved = Resolved {
+            resource: resource.clone(),
+            namespaced: true,
+        };
+        let caches = WatchCache::default();
+        let mut seen = caches.changes();
+        let mut moved = |what: &str, caches: &WatchCache| {
+            let now = caches.changes();
+            assert_ne!(now, seen, "{what} moves the count");
+            seen = now;
+        };
+        let cache = caches.register(&resolved, Some("web"), "a=b");
+        moved("a new cache", &caches);
+        cache.list_started();
+        moved("a list started", &caches);
+        cache.listed(&resource, rollout("10", 0));
+        cache.list_done();
+        moved("a list done", &caches);
+        cache.changed(&resource, rollout("12", 2));
+        moved("a watch event", &caches);
+        let before = caches.changes();
+        cache.changed(&resource, rollout("11", 1));
+        caches.register(&resolved, Some("web"), "a=b");
+        assert_eq!(
+            caches.changes(),
+            before,
+            "an event older than what is kept, a cache already there"
+        );
+        cache.deleted(&key());
+        moved("a deletion", &caches);
+        cache.interrupted();
+        moved("a broken watch", &caches);
     }
 }

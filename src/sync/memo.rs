@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use super::{AppReport, AppResult};
+use super::{AppReport, AppResult, SyncReport};
 use crate::cluster::cache::KindCache;
 use crate::cluster::{AppStatus, Cluster};
 use crate::manifest::{App, ObjectKey};
@@ -39,9 +39,59 @@ pub struct SyncMemo {
     written_back: Mutex<WrittenBacks>,
     /// Every object of the last revision synced, under its validation id.
     revision_keys: Mutex<Option<(u64, Arc<RevisionKeys>)>>,
+    /// The last sync, when it recalled every app it synced.
+    quiet: Mutex<Option<(Quiet, SyncReport)>>,
+}
+
+/// What a whole sync's answer was read from: the revision (as validated),
+/// discovery, every watch cache, and the apps in scope. When none of it
+/// moved since a sync that recalled every app, each app would be recalled
+/// again: the sync is that answer, without a look at each app.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quiet {
+    commit: String,
+    validated: u64,
+    discovery: u64,
+    changes: u64,
+    scope: Option<BTreeSet<String>>,
+}
+
+impl Quiet {
+    /// Read before anything else of the sync, so that a change meanwhile
+    /// makes the next sync look again. `None` for a revision not validated.
+    pub fn of(
+        cluster: &Cluster,
+        revision: &crate::source::Revision,
+        scope: Option<&BTreeSet<String>>,
+    ) -> Option<Quiet> {
+        (revision.validated() != 0).then(|| Quiet {
+            commit: revision.commit.clone(),
+            validated: revision.validated(),
+            discovery: cluster.discovery_generation(),
+            changes: cluster.watch_cache.changes(),
+            scope: scope.cloned(),
+        })
+    }
 }
 
 impl SyncMemo {
+    /// The last sync's answer, when it recalled every app and nothing it
+    /// was read from moved since.
+    pub fn recall_sync(&self, quiet: Option<&Quiet>) -> Option<SyncReport> {
+        let kept = self.quiet.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, report) = kept.as_ref().filter(|(was, _)| Some(was) == quiet)?;
+        tracing::debug!("nothing the sync reads changed since the last one, which recalled every app");
+        Some(report.clone())
+    }
+
+    /// Keeps the sync's answer for [`SyncMemo::recall_sync`] when it
+    /// recalled all `apps` in scope; forgets the last one otherwise.
+    pub fn remember_sync(&self, quiet: Option<Quiet>, report: &SyncReport, apps: usize) {
+        let all_recalled = report.apps.len() == apps && report.apps.iter().all(|app| app.recalled);
+        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) =
+            quiet.filter(|_| all_recalled).map(|quiet| (quiet, report.clone()));
+    }
+
     /// The report of the last sync of the app, if it found nothing to do
     /// and the inputs are the same now.
     pub fn recall(&self, app: &str, inputs: &Inputs, status: Option<&AppStatus>) -> Option<AppReport> {
@@ -106,6 +156,7 @@ impl SyncMemo {
 
     /// Hands a write-back done to Git to the next plan of its Rollout.
     pub fn record_written(&self, namespace: &str, name: &str, written: WrittenBack) {
+        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let mut all = self.written_back.lock().unwrap_or_else(|e| e.into_inner());
         all.insert((namespace.to_string(), name.to_string()), written);
     }
@@ -134,6 +185,7 @@ impl SyncMemo {
     }
 
     pub fn forget(&self, app: &str) {
+        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.apps.lock().unwrap_or_else(|e| e.into_inner()).remove(app);
     }
 
@@ -282,7 +334,7 @@ pub fn holds_exactly(previous: Option<&AppStatus>, mut keys: Vec<(String, Object
 mod tests {
     use std::sync::Arc;
 
-    use super::SyncMemo;
+    use super::{Quiet, SyncMemo};
     use crate::plan::RevisionKeys;
 
     #[test]
@@ -302,5 +354,59 @@ mod tests {
         keys(0);
         assert!(!Arc::ptr_eq(&first, &keys(7)), "another revision came in between");
         assert_eq!(made, 5);
+    }
+
+    fn report(recalled: &[bool]) -> crate::sync::SyncReport {
+        crate::sync::SyncReport {
+            commit: "c1".into(),
+            apps: recalled
+                .iter()
+                .enumerate()
+                .map(|(index, recalled)| crate::sync::AppReport {
+                    recalled: *recalled,
+                    ..crate::sync::AppReport::new(&format!("app-{index}"), crate::sync::AppResult::Synced)
+                })
+                .collect(),
+            kinds: Default::default(),
+            scoped: false,
+        }
+    }
+
+    fn quiet(changes: u64) -> Quiet {
+        Quiet {
+            commit: "c1".into(),
+            validated: 3,
+            discovery: 1,
+            changes,
+            scope: None,
+        }
+    }
+
+    #[test]
+    fn a_whole_sync_is_recalled_only_after_one_that_recalled_every_app_and_while_nothing_it_read_moved() {
+        let memo = SyncMemo::default();
+        memo.remember_sync(Some(quiet(5)), &report(&[true, false]), 2);
+        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "an app was planned");
+        memo.remember_sync(Some(quiet(5)), &report(&[true]), 2);
+        assert!(
+            memo.recall_sync(Some(&quiet(5))).is_none(),
+            "an app was not synced at all"
+        );
+        memo.remember_sync(Some(quiet(5)), &report(&[true, true]), 2);
+        assert_eq!(memo.recall_sync(Some(&quiet(5))).map(|r| r.apps.len()), Some(2));
+        assert!(memo.recall_sync(Some(&quiet(6))).is_none(), "a cache changed");
+        let scoped = Quiet {
+            scope: Some(["app-0".to_string()].into()),
+            ..quiet(5)
+        };
+        assert!(memo.recall_sync(Some(&scoped)).is_none(), "another scope");
+        memo.forget("app-1");
+        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "an app forgotten");
+        memo.remember_sync(Some(quiet(5)), &report(&[true, true]), 2);
+        let done = crate::rollout::api::WrittenBack::default();
+        memo.record_written("web", "echo", done);
+        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "a write-back done since");
+        memo.remember_sync(None, &report(&[true, true]), 2);
+        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "a revision not validated");
     }
 }
