@@ -1,8 +1,9 @@
 //! Rollouts at rest: N Rollouts (100 by default) paused at an indefinite
 //! step, nothing changing, GitHub off. Prints what the agent spends per
-//! minute meanwhile (API requests besides its watches, CPU) while it resyncs
-//! every poll, then how long one drift of a canary takes to be put back and
-//! how many apps that re-plans.
+//! minute meanwhile (API requests besides its watches, CPU) while a push of
+//! the same head comes every 5 s, then while nothing comes at all (its own
+//! poll every 60 s, the default), then how long one drift of a canary takes
+//! to be put back and how many apps that re-plans.
 //!
 //!   cargo bench --bench at_rest
 //!   GITCANARY_BENCH_ROLLOUTS=20 cargo bench --bench at_rest
@@ -35,12 +36,15 @@ fn main() {
     };
     write_all("1");
     let first = repo.commit_and_push("1");
-    let agent = Agent::start(
+    // The default poll: the quiet minutes below see what it costs.
+    let agent = Agent::start_with(
         &cluster,
         &repo.url(),
         "bench-rest",
         &work.join("cache"),
         &std::env::temp_dir().join("gitcanary-bench-at-rest.log"),
+        &["--poll-interval", "60"],
+        &[],
     );
     agent.push(&first);
     let phases = || {
@@ -71,7 +75,8 @@ fn main() {
             - metric("gitcanary_kube_reads_total{kind=\"watch\"}")
             - metric("gitcanary_kube_lease_requests_total")
     };
-    let cpu = || cpu_seconds(agent.child.id());
+    // The agent's own getrusage, to the microsecond (/proc counts 10 ms ticks).
+    let cpu = || metric("process_cpu_seconds_total");
     let syncs = || metric("gitcanary_sync_duration_seconds_count");
     // The sync that paused them moved their statuses: one more resync plans
     // them again and finds them at rest.
@@ -99,6 +104,17 @@ fn main() {
         metric("gitcanary_apps_recalled_total") - recalled_before,
     );
 
+    // Nothing at all for three minutes: the agent's own polls (every 60 s) only.
+    wait_quiet();
+    let (requests_before, syncs_before) = (requests(), syncs());
+    let cpu_before = cpu();
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(180));
+    let cpu_quiet = cpu() - cpu_before;
+    let minutes_quiet = started.elapsed().as_secs_f64() / 60.0;
+    let (requests_quiet, polls_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
+    let cpu_quiet = cpu_quiet / minutes_quiet;
+
     // One drift: a canary scaled by hand is put back, re-planning its app only.
     let planned_before = metric("gitcanary_apps_planned_total");
     let drift_started = Instant::now();
@@ -124,6 +140,11 @@ fn main() {
         minutes * 60.0
     );
     println!("| agent CPU per minute | {:.1} ms |", cpu_at_rest * 1000.0);
+    println!(
+        "| nothing pushed, the default 60 s poll ({polls_quiet} polls in {:.0} s): API requests per minute | {requests_quiet:.1} |",
+        minutes_quiet * 60.0
+    );
+    println!("| … agent CPU per minute | {:.2} ms |", cpu_quiet * 1000.0);
     println!("| … app syncs planned / answered from memory | {planned_at_rest} / {recalled_at_rest} |");
     println!(
         "| a canary scaled by hand → put back | {} |",

@@ -174,6 +174,11 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP process_cpu_seconds_total CPU time the agent spent, user and system, to the microsecond.\n# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {}",
+            cpu_seconds()
+        );
+        let _ = writeln!(
+            out,
             "# HELP gitcanary_source_up Whether the last fetch of the Git source succeeded.\n# TYPE gitcanary_source_up gauge\ngitcanary_source_up {}",
             self.source_up.load(Ordering::Relaxed)
         );
@@ -395,6 +400,22 @@ impl LabelledCounter {
 /// A label value as Prometheus' text format writes one.
 fn escape_label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The process's CPU time so far, exited threads included (getrusage's
+/// microseconds: /proc's ticks are 10 ms, too coarse for an agent at rest).
+fn cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage only writes the struct it is given, which lives
+    // until it returns.
+    let done = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if done != 0 {
+        return 0.0;
+    }
+    // SAFETY: written in full by the successful call above.
+    let usage = unsafe { usage.assume_init() };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 #[cfg(test)]

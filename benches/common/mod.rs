@@ -333,7 +333,13 @@ impl Agent {
         let child = Command::new(GITCANARY)
             .args(["run", "--repo", repo, "--kubeconfig", &cluster.kubeconfig])
             .args(["--instance", instance, "--state-namespace", "gitcanary-bench"])
-            .args(["--cache-dir", &cache.display().to_string(), "--poll-interval", "300"])
+            .args(["--cache-dir", &cache.display().to_string()])
+            .args(
+                (!args.contains(&"--poll-interval"))
+                    .then_some(["--poll-interval", "300"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(["--listen", &format!("127.0.0.1:{port}")])
             // Shards are held on Leases; one agent alone needs none.
             .args((!args.contains(&"--shards")).then_some("--no-leader-election"))
