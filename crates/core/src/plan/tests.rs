@@ -502,9 +502,27 @@ fn an_object_that_already_existed_is_adopted_only_when_asked() {
         creation(&plain, &another_agent, started, &[], false),
         Creation::Refused(_)
     ));
-    // This app's own object, whose label someone removed, is no stranger.
+    // This app's own object, whose label someone removed, is no stranger;
+    // one it adopted stays adopted (its prune releases it, never deletes it).
     let ours = [entry("ConfigMap", "a")];
     assert_eq!(creation(&plain, &theirs, started, &ours, false), Creation::Created);
+    let adopted = [InventoryEntry {
+        adopted: true,
+        ..entry("ConfigMap", "a")
+    }];
+    assert_eq!(creation(&plain, &theirs, started, &adopted, false), Creation::Adopted);
+    // Someone else's, made in the very second the sync began (before its write).
+    let same_second = answer("2026-12-01T10:00:00Z", &["kubectl-create", "gitcanary"]);
+    assert!(matches!(
+        creation(&plain, &same_second, started, &[], false),
+        Creation::Refused(_)
+    ));
+    // gitcanary's field manager alone, one second before the sync began: not this sync's.
+    let a_second_before = answer("2026-12-01T09:59:59Z", &["gitcanary"]);
+    assert!(matches!(
+        creation(&plain, &a_second_before, started, &[], false),
+        Creation::Refused(_)
+    ));
 }
 
 #[test]

@@ -331,6 +331,8 @@ fn no_author_or_committer_of_the_release_decides_it() {
         "a committer, any case"
     );
     assert!(!may_decide(OWN, false, OWN, &authors, &policy), "gitcanary itself");
+    // gitcanary on a person's token (no [bot] login) decides nothing by itself either.
+    assert!(!may_decide("release-robot", false, "release-robot", &authors, &policy));
     assert!(!may_decide("", false, OWN, &authors, &policy));
     let lifted = GatePolicy {
         allow_self_approval: true,
@@ -369,4 +371,8 @@ fn a_merge_counts_from_gitcanary_or_someone_who_may_decide() {
         "an unlisted bot"
     );
     assert!(!merge_counts(None, OWN, &authors, &policy), "nobody known");
+    assert!(
+        !merge_counts(Some(""), OWN, &authors, &policy),
+        "a merger GitHub names as nobody"
+    );
 }
