@@ -411,8 +411,8 @@ struct DriftWatch {
     watches: HashMap<(String, String, Option<String>), JoinHandle<()>>,
     /// The app status ConfigMaps, which the sync reads every time.
     statuses: Option<JoinHandle<()>>,
-    /// The ReplicaSets of namespaces where a Rollout's Deployment runs, by namespace.
-    replica_sets: HashMap<String, JoinHandle<()>>,
+    /// The ReplicaSets of namespaces where a Rollout's Deployment runs, by scope.
+    replica_sets: HashMap<Option<String>, JoinHandle<()>>,
 }
 
 /// Wait before a broken watch lists again.
@@ -453,10 +453,17 @@ impl DriftWatch {
                 None,
             ));
         }
+        // Where the managed kinds are watched: one watch of all namespaces,
+        // or one for each namespace the agent is limited to.
+        let scopes = options.scopes(true);
         for namespace in cluster.replica_sets.wanted() {
-            if self.replica_sets.get(&namespace).is_none_or(|w| w.is_finished()) {
-                let handle = Self::watch_replica_sets(cluster, namespace.clone());
-                self.replica_sets.insert(namespace, handle);
+            let Some(scope) = scopes.iter().find(|s| s.is_none_or(|s| s == namespace)) else {
+                continue;
+            };
+            let scope = scope.map(str::to_string);
+            if self.replica_sets.get(&scope).is_none_or(|w| w.is_finished()) {
+                let handle = Self::watch_replica_sets(cluster, scope.clone());
+                self.replica_sets.insert(scope, handle);
             }
         }
     }
@@ -464,11 +471,14 @@ impl DriftWatch {
     /// Keeps the namespace's ReplicaSets (their metadata only) for the
     /// Rollouts' observe. Their changes wake nothing: a Deployment's own
     /// watch does, and a revision the watch has not seen yet is listed.
-    fn watch_replica_sets(cluster: &Arc<Cluster>, namespace: String) -> JoinHandle<()> {
+    fn watch_replica_sets(cluster: &Arc<Cluster>, scope: Option<String>) -> JoinHandle<()> {
         use k8s_openapi::api::apps::v1::ReplicaSet;
         use kube::core::PartialObjectMeta;
         // Metadata only: a ReplicaSet's spec and status are never read.
-        let api: Api<PartialObjectMeta<ReplicaSet>> = Api::namespaced(cluster.client.clone(), &namespace);
+        let api: Api<PartialObjectMeta<ReplicaSet>> = match &scope {
+            Some(namespace) => Api::namespaced(cluster.client.clone(), namespace),
+            None => Api::all(cluster.client.clone()),
+        };
         let cluster = cluster.clone();
         tokio::spawn(async move {
             let sets = &cluster.replica_sets;
@@ -476,14 +486,14 @@ impl DriftWatch {
                 let mut events = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
                 while let Some(event) = events.next().await {
                     match event {
-                        Ok(watcher::Event::Init) => sets.list_started(&namespace),
-                        Ok(watcher::Event::InitApply(set)) => sets.listed(&namespace, &set.metadata),
-                        Ok(watcher::Event::InitDone) => sets.list_done(&namespace),
-                        Ok(watcher::Event::Apply(set)) => sets.changed(&namespace, &set.metadata),
-                        Ok(watcher::Event::Delete(set)) => sets.deleted(&namespace, &set.metadata),
+                        Ok(watcher::Event::Init) => sets.list_started(&scope),
+                        Ok(watcher::Event::InitApply(set)) => sets.listed(&scope, &set.metadata),
+                        Ok(watcher::Event::InitDone) => sets.list_done(&scope),
+                        Ok(watcher::Event::Apply(set)) => sets.changed(&scope, &set.metadata),
+                        Ok(watcher::Event::Delete(set)) => sets.deleted(&scope, &set.metadata),
                         Err(error) => {
-                            debug!(%error, %namespace, "ReplicaSet watch interrupted; it lists again");
-                            sets.interrupted(&namespace);
+                            debug!(%error, ?scope, "ReplicaSet watch interrupted; it lists again");
+                            sets.interrupted(&scope);
                             break;
                         }
                     }

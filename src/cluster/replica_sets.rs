@@ -1,9 +1,9 @@
 //! Which pod-template-hash each Deployment revision runs, kept by a
-//! metadata-only watch of the ReplicaSets in the namespaces where a
-//! Rollout's Deployment runs: a release step reads it from memory instead of
-//! listing the namespace's ReplicaSets every time it is planned. The agent
-//! starts a namespace's watch after the first sync that asks for it; until
-//! its list is done (and in `sync --once`) the caller lists as before.
+//! metadata-only watch of ReplicaSets once a Rollout's Deployment needs it:
+//! a release step reads it from memory instead of listing its namespace's
+//! ReplicaSets every time it is planned. The agent starts the watch after
+//! the first sync that asks; until its list is done (and in `sync --once`)
+//! the caller lists as before.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -46,19 +46,32 @@ impl Held {
     }
 }
 
+/// What one watch keeps: all namespaces (`None`) or one.
 #[derive(Default)]
-struct Namespace {
+struct Watched {
     /// The watch's list is done and nothing broke it since.
     listed: bool,
-    sets: HashMap<String, Held>,
+    /// By namespace and name.
+    sets: HashMap<(String, String), Held>,
     /// What a list in progress has found so far.
-    listing: HashMap<String, Held>,
+    listing: HashMap<(String, String), Held>,
 }
 
+fn key(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The ReplicaSets of the namespaces where a Rollout's Deployment runs, by
+/// the scope of the watch that keeps them: the agent watches where it
+/// watches the kinds it manages (all namespaces, or each one it is limited
+/// to), one watch per scope however many Rollouts there are.
 #[derive(Default)]
 pub struct ReplicaSets {
     wanted: Mutex<BTreeSet<String>>,
-    namespaces: Mutex<HashMap<String, Namespace>>,
+    scopes: Mutex<HashMap<Option<String>, Watched>>,
 }
 
 impl ReplicaSets {
@@ -76,58 +89,62 @@ impl ReplicaSets {
     }
 
     /// The pod-template-hash of the ReplicaSet `owner` (a Deployment's uid)
-    /// made for `revision`, when the namespace's watch knows it. `None`
-    /// (not listed yet, or no such ReplicaSet seen yet) asks the API server.
+    /// made for `revision`, when a watch covering the namespace knows it.
+    /// `None` (not listed yet, or no such ReplicaSet seen yet) asks the API server.
     pub fn hash_of(&self, namespace: &str, owner: &str, revision: Option<&str>) -> Option<String> {
         let revision = revision?;
-        let namespaces = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
-        let held = namespaces.get(namespace).filter(|n| n.listed)?;
-        held.sets
-            .values()
-            .find(|set| set.revision.as_deref() == Some(revision) && set.owners.iter().any(|uid| uid == owner))
-            .map(|set| set.hash.clone())
+        let scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+        let watched = [Some(namespace.to_string()), None]
+            .iter()
+            .find_map(|scope| scopes.get(scope).filter(|w| w.listed))?;
+        watched
+            .sets
+            .iter()
+            .find(|((ns, _), set)| {
+                ns == namespace
+                    && set.revision.as_deref() == Some(revision)
+                    && set.owners.iter().any(|uid| uid == owner)
+            })
+            .map(|(_, set)| set.hash.clone())
     }
 
-    fn with(&self, namespace: &str, change: impl FnOnce(&mut Namespace)) {
-        let mut namespaces = self.namespaces.lock().unwrap_or_else(|e| e.into_inner());
-        change(namespaces.entry(namespace.to_string()).or_default());
+    fn with(&self, scope: &Option<String>, change: impl FnOnce(&mut Watched)) {
+        let mut scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+        change(scopes.entry(scope.clone()).or_default());
     }
 
-    pub fn list_started(&self, namespace: &str) {
-        self.with(namespace, |held| held.listing.clear());
+    pub fn list_started(&self, scope: &Option<String>) {
+        self.with(scope, |watched| watched.listing.clear());
     }
 
-    pub fn listed(&self, namespace: &str, meta: &ObjectMeta) {
-        let name = meta.name.clone().unwrap_or_default();
-        self.with(namespace, |held| {
-            held.listing.insert(name, Held::of(meta));
+    pub fn listed(&self, scope: &Option<String>, meta: &ObjectMeta) {
+        self.with(scope, |watched| {
+            watched.listing.insert(key(meta), Held::of(meta));
         });
     }
 
-    pub fn list_done(&self, namespace: &str) {
-        self.with(namespace, |held| {
-            held.sets = std::mem::take(&mut held.listing);
-            held.listed = true;
+    pub fn list_done(&self, scope: &Option<String>) {
+        self.with(scope, |watched| {
+            watched.sets = std::mem::take(&mut watched.listing);
+            watched.listed = true;
         });
     }
 
-    pub fn changed(&self, namespace: &str, meta: &ObjectMeta) {
-        let name = meta.name.clone().unwrap_or_default();
-        self.with(namespace, |held| {
-            held.sets.insert(name, Held::of(meta));
+    pub fn changed(&self, scope: &Option<String>, meta: &ObjectMeta) {
+        self.with(scope, |watched| {
+            watched.sets.insert(key(meta), Held::of(meta));
         });
     }
 
-    pub fn deleted(&self, namespace: &str, meta: &ObjectMeta) {
-        let name = meta.name.clone().unwrap_or_default();
-        self.with(namespace, |held| {
-            held.sets.remove(&name);
+    pub fn deleted(&self, scope: &Option<String>, meta: &ObjectMeta) {
+        self.with(scope, |watched| {
+            watched.sets.remove(&key(meta));
         });
     }
 
     /// The watch broke: nothing is answered until it has listed again.
-    pub fn interrupted(&self, namespace: &str) {
-        self.with(namespace, |held| held.listed = false);
+    pub fn interrupted(&self, scope: &Option<String>) {
+        self.with(scope, |watched| watched.listed = false);
     }
 }
 
@@ -184,6 +201,7 @@ mod tests {
     fn set(name: &str, owner: &str, revision: &str, hash: &str) -> ObjectMeta {
         ObjectMeta {
             name: Some(name.into()),
+            namespace: Some("shop".into()),
             owner_references: Some(vec![OwnerReference {
                 uid: owner.into(),
                 ..Default::default()
@@ -195,33 +213,35 @@ mod tests {
     }
 
     #[test]
-    fn a_revision_is_answered_only_once_the_namespace_is_listed_and_while_its_watch_holds() {
-        let sets = ReplicaSets::default();
-        sets.list_started("shop");
-        sets.listed("shop", &set("echo-1", "uid-echo", "1", "aaa"));
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")), None, "not listed yet");
-        sets.list_done("shop");
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")).as_deref(), Some("aaa"));
-        // Another Deployment's ReplicaSet, another revision, another namespace: asked of the API server.
-        assert_eq!(sets.hash_of("shop", "uid-other", Some("1")), None);
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
-        assert_eq!(sets.hash_of("shop", "uid-echo", None), None);
-        assert_eq!(sets.hash_of("other", "uid-echo", Some("1")), None);
-        sets.changed("shop", &set("echo-2", "uid-echo", "2", "bbb"));
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")).as_deref(), Some("bbb"));
-        sets.deleted("shop", &set("echo-1", "uid-echo", "1", "aaa"));
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")), None);
-        sets.interrupted("shop");
-        assert_eq!(
-            sets.hash_of("shop", "uid-echo", Some("2")),
-            None,
-            "a broken watch answers nothing"
-        );
-        // A list again replaces what the watch held: a set deleted meanwhile is gone.
-        sets.list_started("shop");
-        sets.listed("shop", &set("echo-3", "uid-echo", "3", "ccc"));
-        sets.list_done("shop");
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
-        assert_eq!(sets.hash_of("shop", "uid-echo", Some("3")).as_deref(), Some("ccc"));
+    fn a_revision_is_answered_only_once_a_watch_covering_the_namespace_has_listed_and_while_it_holds() {
+        for scope in [None, Some("shop".to_string())] {
+            let sets = ReplicaSets::default();
+            sets.list_started(&scope);
+            sets.listed(&scope, &set("echo-1", "uid-echo", "1", "aaa"));
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")), None, "not listed yet");
+            sets.list_done(&scope);
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")).as_deref(), Some("aaa"));
+            // Another Deployment's ReplicaSet, another revision, another namespace: asked of the API server.
+            assert_eq!(sets.hash_of("shop", "uid-other", Some("1")), None);
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
+            assert_eq!(sets.hash_of("shop", "uid-echo", None), None);
+            assert_eq!(sets.hash_of("other", "uid-echo", Some("1")), None);
+            sets.changed(&scope, &set("echo-2", "uid-echo", "2", "bbb"));
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")).as_deref(), Some("bbb"));
+            sets.deleted(&scope, &set("echo-1", "uid-echo", "1", "aaa"));
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")), None);
+            sets.interrupted(&scope);
+            assert_eq!(
+                sets.hash_of("shop", "uid-echo", Some("2")),
+                None,
+                "a broken watch answers nothing"
+            );
+            // A list again replaces what the watch held: a set deleted meanwhile is gone.
+            sets.list_started(&scope);
+            sets.listed(&scope, &set("echo-3", "uid-echo", "3", "ccc"));
+            sets.list_done(&scope);
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
+            assert_eq!(sets.hash_of("shop", "uid-echo", Some("3")).as_deref(), Some("ccc"));
+        }
     }
 }
