@@ -48,6 +48,8 @@ pub struct Cluster {
     /// What each (apiVersion, kind) resolved to in the current discovery:
     /// a sync asks once per manifest, and kube's lookup copies a whole group.
     resolved: std::sync::Mutex<std::collections::HashMap<(String, String), Option<Resolved>>>,
+    /// What `capabilities` made, and from which discovery run.
+    capabilities: std::sync::Mutex<Option<(u64, crate::render::Capabilities)>>,
     /// Counts discovery runs: what was decided from an older one may be stale.
     discovery_generation: std::sync::atomic::AtomicU64,
     /// Status ConfigMaps as last parsed, by name: their resourceVersion and status.
@@ -152,6 +154,7 @@ impl Cluster {
             watch_cache: cache::WatchCache::default(),
             replica_sets: replica_sets::ReplicaSets::default(),
             resolved: std::sync::Mutex::default(),
+            capabilities: std::sync::Mutex::default(),
             discovery_generation: std::sync::atomic::AtomicU64::new(0),
             parsed_statuses: std::sync::Mutex::default(),
         })
@@ -182,6 +185,14 @@ impl Cluster {
     /// takes them (`apps/v1` and `apps/v1/Deployment`).
     pub async fn capabilities(&self) -> crate::render::Capabilities {
         let discovery = self.discovery.read().await;
+        // Made once per discovery run: every load of the head asks.
+        let generation = self.discovery_generation();
+        let mut kept = self.capabilities.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((made_at, capabilities)) = kept.as_ref()
+            && *made_at == generation
+        {
+            return capabilities.clone();
+        }
         let mut api_versions = Vec::new();
         for group in discovery.groups() {
             for version in group.versions() {
@@ -198,10 +209,12 @@ impl Cluster {
         }
         api_versions.sort();
         api_versions.dedup();
-        crate::render::Capabilities {
+        let capabilities = crate::render::Capabilities {
             kube_version: self.kube_version.clone(),
             api_versions,
-        }
+        };
+        *kept = Some((generation, capabilities.clone()));
+        capabilities
     }
 
     /// Which discovery run the cluster's answers come from.

@@ -347,6 +347,9 @@ impl GitSource {
     fn fetch_options(&self) -> FetchOptions<'_> {
         let mut options = FetchOptions::new();
         options.remote_callbacks(self.callbacks());
+        // Nothing reads FETCH_HEAD (the refspecs name the refs read), and
+        // writing it is a file write on every poll.
+        options.update_fetchhead(false);
         options
     }
 
