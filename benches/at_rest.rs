@@ -87,6 +87,9 @@ fn main() {
     // A resync every 5 s (webhook pushes of the same head), as a poll would.
     let planned_before = metric("gitcanary_apps_planned_total");
     let recalled_before = metric("gitcanary_apps_recalled_total");
+    let fetch_seconds = || metric("gitcanary_git_fetch_duration_seconds_sum");
+    let sync_seconds = || metric("gitcanary_sync_duration_seconds_sum");
+    let (fetch_before, sync_before) = (fetch_seconds(), sync_seconds());
     let (requests_before, cpu_before, syncs_before) = (requests(), cpu(), syncs());
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60) {
@@ -99,6 +102,11 @@ fn main() {
         (cpu() - cpu_before) / minutes,
         syncs() - syncs_before,
     );
+    let per_resync = |seconds: f64| format!("{:.2} ms", seconds * 1000.0 / resyncs.max(1.0));
+    let (fetch_each, sync_each) = (
+        per_resync(fetch_seconds() - fetch_before),
+        per_resync(sync_seconds() - sync_before),
+    );
     let (planned_at_rest, recalled_at_rest) = (
         metric("gitcanary_apps_planned_total") - planned_before,
         metric("gitcanary_apps_recalled_total") - recalled_before,
@@ -106,7 +114,8 @@ fn main() {
 
     // Nothing at all for three minutes: the agent's own polls (every 60 s) only.
     wait_quiet();
-    let (requests_before, syncs_before) = (requests(), syncs());
+    let watches = || metric("gitcanary_kube_reads_total{kind=\"watch\"}");
+    let (requests_before, syncs_before, watches_before) = (requests(), syncs(), watches());
     let cpu_before = cpu();
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(180));
@@ -114,6 +123,7 @@ fn main() {
     let minutes_quiet = started.elapsed().as_secs_f64() / 60.0;
     let (requests_quiet, polls_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
     let cpu_quiet = cpu_quiet / minutes_quiet;
+    let watches_quiet = (watches() - watches_before) / minutes_quiet;
 
     // One drift: a canary scaled by hand is put back, re-planning its app only.
     let planned_before = metric("gitcanary_apps_planned_total");
@@ -140,11 +150,13 @@ fn main() {
         minutes * 60.0
     );
     println!("| agent CPU per minute | {:.1} ms |", cpu_at_rest * 1000.0);
+    println!("| … a resync's fetch and sync, wall time | {fetch_each}, {sync_each} |");
     println!(
         "| nothing pushed, the default 60 s poll ({polls_quiet} polls in {:.0} s): API requests per minute | {requests_quiet:.1} |",
         minutes_quiet * 60.0
     );
     println!("| … agent CPU per minute | {:.2} ms |", cpu_quiet * 1000.0);
+    println!("| … watches started again per minute | {watches_quiet:.1} |");
     println!("| … app syncs planned / answered from memory | {planned_at_rest} / {recalled_at_rest} |");
     println!(
         "| a canary scaled by hand → put back | {} |",
