@@ -98,6 +98,8 @@ pub struct SyncReport {
     pub kinds: BTreeSet<(String, String)>,
     /// Only some apps were synced (a scoped sync): the others are not in `apps`.
     pub scoped: bool,
+    /// The whole sync was answered from the last one (see `SyncInputs`).
+    pub recalled: bool,
 }
 
 impl AppReport {
@@ -253,8 +255,8 @@ pub async fn sync_validated(
 ) -> Result<SyncReport> {
     let span = info_span!("sync", commit = short_commit(&revision.commit));
     async move {
-        let quiet = memo::Quiet::of(cluster, revision, scope);
-        if let Some(report) = memo.recall_sync(quiet.as_ref()) {
+        let inputs_read = memo::SyncInputs::of(cluster, revision, scope, options);
+        if let Some(report) = memo.recall_sync(inputs_read.as_ref()) {
             return Ok(report);
         }
         let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
@@ -336,8 +338,9 @@ pub async fn sync_validated(
             apps: reports,
             kinds: kinds_of(manifests),
             scoped: scope.is_some(),
+            recalled: false,
         };
-        memo.remember_sync(quiet, &report, manifests.apps.values().filter(in_scope).count());
+        memo.remember_sync(inputs_read, &report, manifests.apps.values().filter(in_scope).count());
         Ok(report)
     }
     .instrument(span)

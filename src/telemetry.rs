@@ -81,6 +81,7 @@ pub struct Metrics {
     pub syncs_failed: AtomicU64,
     pub objects_applied: AtomicU64,
     pub apps_recalled: AtomicU64,
+    pub syncs_recalled: AtomicU64,
     pub apps_planned: AtomicU64,
     pub objects_unchanged: AtomicU64,
     pub objects_pruned: AtomicU64,
@@ -125,6 +126,8 @@ impl Metrics {
     /// Counts what one sync did.
     pub fn record_sync(&self, report: &SyncReport) {
         self.syncs_ok.fetch_add(1, Ordering::Relaxed);
+        self.syncs_recalled
+            .fetch_add(u64::from(report.recalled), Ordering::Relaxed);
         let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
         for app in &report.apps {
             self.objects_applied
@@ -253,7 +256,7 @@ impl Metrics {
     }
 
     /// The plain counters, in the order they are rendered: name, help, value.
-    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 12] {
+    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 13] {
         [
             (
                 "gitcanary_git_fetch_errors_total",
@@ -279,6 +282,11 @@ impl Metrics {
                 "gitcanary_objects_unchanged_total",
                 "Objects found in place and not written.",
                 &self.objects_unchanged,
+            ),
+            (
+                "gitcanary_syncs_recalled_total",
+                "Whole syncs answered from the last one: it recalled every app, and no watch cache, revision or discovery moved since.",
+                &self.syncs_recalled,
             ),
             (
                 "gitcanary_apps_recalled_total",

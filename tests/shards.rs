@@ -459,6 +459,7 @@ fn report_of_echo(
         }],
         kinds: Default::default(),
         scoped: false,
+        recalled: false,
     }
 }
 

@@ -72,6 +72,12 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
     })
     .await;
     let recalled = agent.counter(RECALLED).await;
+    // With nothing moved in any cache since a sync that recalled both apps,
+    // a resync is that sync's answer as a whole.
+    assert!(
+        agent.counter("gitcanary_syncs_recalled_total").await > 0,
+        "no resync was answered as a whole"
+    );
 
     // Drift is still seen, through the same watches, and put back.
     let drift = serde_json::json!({"data": {"color": "red"}});

@@ -197,6 +197,7 @@ pub(super) mod tests {
             apps,
             kinds: Default::default(),
             scoped: false,
+            recalled: false,
         }
     }
 

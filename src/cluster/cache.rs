@@ -216,6 +216,20 @@ impl WatchCache {
         cache.clone()
     }
 
+    /// Whether a cache of `(api_version, kind, scope, selector)` is kept and
+    /// every cache is current: none is listing again or broken, when a read
+    /// may have gone to the API server instead and moved no count.
+    pub fn all_current_with(&self, api_version: &str, kind: &str, scope: Option<&str>, selector: &str) -> bool {
+        let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        let id = (
+            api_version.to_string(),
+            kind.to_string(),
+            scope.map(str::to_string),
+            selector.to_string(),
+        );
+        kinds.contains_key(&id) && kinds.values().all(|cache| cache.synced.load(Ordering::SeqCst))
+    }
+
     /// A count that moves with every change of any cache (a watch event, a
     /// list, a break, an own write): the same count means the caches answer
     /// as they did.

@@ -40,7 +40,7 @@ pub struct SyncMemo {
     /// Every object of the last revision synced, under its validation id.
     revision_keys: Mutex<Option<(u64, Arc<RevisionKeys>)>>,
     /// The last sync, when it recalled every app it synced.
-    quiet: Mutex<Option<(Quiet, SyncReport)>>,
+    whole: Mutex<Option<(SyncInputs, SyncReport)>>,
 }
 
 /// What a whole sync's answer was read from: the revision (as validated),
@@ -48,7 +48,7 @@ pub struct SyncMemo {
 /// moved since a sync that recalled every app, each app would be recalled
 /// again: the sync is that answer, without a look at each app.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Quiet {
+pub struct SyncInputs {
     commit: String,
     validated: u64,
     discovery: u64,
@@ -56,15 +56,22 @@ pub struct Quiet {
     scope: Option<BTreeSet<String>>,
 }
 
-impl Quiet {
+impl SyncInputs {
     /// Read before anything else of the sync, so that a change meanwhile
-    /// makes the next sync look again. `None` for a revision not validated.
+    /// makes the next sync look again. `None` for a revision not validated,
+    /// or while a watch lists again, is broken, or the app statuses' watch
+    /// is not kept yet: a read then goes to the API server and moves no count.
     pub fn of(
         cluster: &Cluster,
         revision: &crate::source::Revision,
         scope: Option<&BTreeSet<String>>,
-    ) -> Option<Quiet> {
-        (revision.validated() != 0).then(|| Quiet {
+        options: &SyncOptions,
+    ) -> Option<SyncInputs> {
+        let statuses = format!("{}={}", crate::cluster::APP_STATUS_LABEL, options.instance);
+        let cached = cluster
+            .watch_cache
+            .all_current_with("v1", "ConfigMap", Some(&options.state_namespace), &statuses);
+        (cached && revision.validated() != 0).then(|| SyncInputs {
             commit: revision.commit.clone(),
             validated: revision.validated(),
             discovery: cluster.discovery_generation(),
@@ -77,19 +84,22 @@ impl Quiet {
 impl SyncMemo {
     /// The last sync's answer, when it recalled every app and nothing it
     /// was read from moved since.
-    pub fn recall_sync(&self, quiet: Option<&Quiet>) -> Option<SyncReport> {
-        let kept = self.quiet.lock().unwrap_or_else(|e| e.into_inner());
-        let (_, report) = kept.as_ref().filter(|(was, _)| Some(was) == quiet)?;
+    pub fn recall_sync(&self, inputs: Option<&SyncInputs>) -> Option<SyncReport> {
+        let kept = self.whole.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, report) = kept.as_ref().filter(|(was, _)| Some(was) == inputs)?;
         tracing::debug!("nothing the sync reads changed since the last one, which recalled every app");
-        Some(report.clone())
+        Some(SyncReport {
+            recalled: true,
+            ..report.clone()
+        })
     }
 
     /// Keeps the sync's answer for [`SyncMemo::recall_sync`] when it
-    /// recalled all `apps` in scope; forgets the last one otherwise.
-    pub fn remember_sync(&self, quiet: Option<Quiet>, report: &SyncReport, apps: usize) {
-        let all_recalled = report.apps.len() == apps && report.apps.iter().all(|app| app.recalled);
-        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) =
-            quiet.filter(|_| all_recalled).map(|quiet| (quiet, report.clone()));
+    /// recalled every app in scope; forgets the last one otherwise.
+    pub fn remember_sync(&self, inputs: Option<SyncInputs>, report: &SyncReport, apps_in_scope: usize) {
+        let all_recalled = report.apps.len() == apps_in_scope && report.apps.iter().all(|app| app.recalled);
+        *self.whole.lock().unwrap_or_else(|e| e.into_inner()) =
+            inputs.filter(|_| all_recalled).map(|inputs| (inputs, report.clone()));
     }
 
     /// The report of the last sync of the app, if it found nothing to do
@@ -156,7 +166,7 @@ impl SyncMemo {
 
     /// Hands a write-back done to Git to the next plan of its Rollout.
     pub fn record_written(&self, namespace: &str, name: &str, written: WrittenBack) {
-        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.whole.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let mut all = self.written_back.lock().unwrap_or_else(|e| e.into_inner());
         all.insert((namespace.to_string(), name.to_string()), written);
     }
@@ -185,7 +195,7 @@ impl SyncMemo {
     }
 
     pub fn forget(&self, app: &str) {
-        *self.quiet.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.whole.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.apps.lock().unwrap_or_else(|e| e.into_inner()).remove(app);
     }
 
@@ -334,7 +344,7 @@ pub fn holds_exactly(previous: Option<&AppStatus>, mut keys: Vec<(String, Object
 mod tests {
     use std::sync::Arc;
 
-    use super::{Quiet, SyncMemo};
+    use super::{SyncInputs, SyncMemo};
     use crate::plan::RevisionKeys;
 
     #[test]
@@ -369,11 +379,12 @@ mod tests {
                 .collect(),
             kinds: Default::default(),
             scoped: false,
+            recalled: false,
         }
     }
 
-    fn quiet(changes: u64) -> Quiet {
-        Quiet {
+    fn inputs(changes: u64) -> SyncInputs {
+        SyncInputs {
             commit: "c1".into(),
             validated: 3,
             discovery: 1,
@@ -385,28 +396,28 @@ mod tests {
     #[test]
     fn a_whole_sync_is_recalled_only_after_one_that_recalled_every_app_and_while_nothing_it_read_moved() {
         let memo = SyncMemo::default();
-        memo.remember_sync(Some(quiet(5)), &report(&[true, false]), 2);
-        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "an app was planned");
-        memo.remember_sync(Some(quiet(5)), &report(&[true]), 2);
+        memo.remember_sync(Some(inputs(5)), &report(&[true, false]), 2);
+        assert!(memo.recall_sync(Some(&inputs(5))).is_none(), "an app was planned");
+        memo.remember_sync(Some(inputs(5)), &report(&[true]), 2);
         assert!(
-            memo.recall_sync(Some(&quiet(5))).is_none(),
+            memo.recall_sync(Some(&inputs(5))).is_none(),
             "an app was not synced at all"
         );
-        memo.remember_sync(Some(quiet(5)), &report(&[true, true]), 2);
-        assert_eq!(memo.recall_sync(Some(&quiet(5))).map(|r| r.apps.len()), Some(2));
-        assert!(memo.recall_sync(Some(&quiet(6))).is_none(), "a cache changed");
-        let scoped = Quiet {
+        memo.remember_sync(Some(inputs(5)), &report(&[true, true]), 2);
+        assert_eq!(memo.recall_sync(Some(&inputs(5))).map(|r| r.apps.len()), Some(2));
+        assert!(memo.recall_sync(Some(&inputs(6))).is_none(), "a cache changed");
+        let scoped = SyncInputs {
             scope: Some(["app-0".to_string()].into()),
-            ..quiet(5)
+            ..inputs(5)
         };
         assert!(memo.recall_sync(Some(&scoped)).is_none(), "another scope");
         memo.forget("app-1");
-        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "an app forgotten");
-        memo.remember_sync(Some(quiet(5)), &report(&[true, true]), 2);
+        assert!(memo.recall_sync(Some(&inputs(5))).is_none(), "an app forgotten");
+        memo.remember_sync(Some(inputs(5)), &report(&[true, true]), 2);
         let done = crate::rollout::api::WrittenBack::default();
         memo.record_written("web", "echo", done);
-        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "a write-back done since");
+        assert!(memo.recall_sync(Some(&inputs(5))).is_none(), "a write-back done since");
         memo.remember_sync(None, &report(&[true, true]), 2);
-        assert!(memo.recall_sync(Some(&quiet(5))).is_none(), "a revision not validated");
+        assert!(memo.recall_sync(Some(&inputs(5))).is_none(), "a revision not validated");
     }
 }
