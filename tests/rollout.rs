@@ -572,7 +572,7 @@ async fn a_release_is_observed_from_the_watch_caches_not_read_again() {
             let path = uri
                 .split_once("://")
                 .map_or(uri, |(_, rest)| &rest[rest.find('/').unwrap_or(0)..]);
-            // A watch (re)started meanwhile reads nothing again: it is not counted.
+            // A watch request is the watch itself, not a read of the sync's.
             let watch = path.contains("watch=true");
             (!watch).then(|| (method, path.split('?').next().unwrap_or(path)))
         })

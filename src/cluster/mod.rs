@@ -163,10 +163,13 @@ impl Cluster {
     /// Runs discovery again, after CRDs were added.
     pub async fn refresh_discovery(&self) -> Result<()> {
         let fresh = discover(&self.client).await?;
-        *self.discovery.write().await = fresh;
+        let mut discovery = self.discovery.write().await;
+        *discovery = fresh;
+        // Under the write lock: whoever reads the new discovery reads its generation.
         self.resolved.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.discovery_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        drop(discovery);
         *self.discovered_at.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
         Ok(())
     }

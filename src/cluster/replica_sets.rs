@@ -51,13 +51,13 @@ impl Held {
 struct Watched {
     /// The watch's list is done and nothing broke it since.
     listed: bool,
-    /// By namespace and name.
-    sets: HashMap<(String, String), Held>,
+    /// By namespace, then name: a lookup reads one namespace's.
+    sets: HashMap<String, HashMap<String, Held>>,
     /// What a list in progress has found so far.
-    listing: HashMap<(String, String), Held>,
+    listing: HashMap<String, HashMap<String, Held>>,
 }
 
-fn key(meta: &ObjectMeta) -> (String, String) {
+fn namespace_and_name(meta: &ObjectMeta) -> (String, String) {
     (
         meta.namespace.clone().unwrap_or_default(),
         meta.name.clone().unwrap_or_default(),
@@ -97,15 +97,12 @@ impl ReplicaSets {
         let watched = [Some(namespace.to_string()), None]
             .iter()
             .find_map(|scope| scopes.get(scope).filter(|w| w.listed))?;
-        watched
+        let set = watched
             .sets
-            .iter()
-            .find(|((ns, _), set)| {
-                ns == namespace
-                    && set.revision.as_deref() == Some(revision)
-                    && set.owners.iter().any(|uid| uid == owner)
-            })
-            .map(|(_, set)| set.hash.clone())
+            .get(namespace)?
+            .values()
+            .find(|set| set.revision.as_deref() == Some(revision) && set.owners.iter().any(|uid| uid == owner))?;
+        Some(set.hash.clone())
     }
 
     fn with(&self, scope: &Option<String>, change: impl FnOnce(&mut Watched)) {
@@ -114,12 +111,20 @@ impl ReplicaSets {
     }
 
     pub fn list_started(&self, scope: &Option<String>) {
-        self.with(scope, |watched| watched.listing.clear());
+        self.with(scope, |watched| {
+            watched.listed = false;
+            watched.listing.clear();
+        });
     }
 
     pub fn listed(&self, scope: &Option<String>, meta: &ObjectMeta) {
+        let (namespace, name) = namespace_and_name(meta);
         self.with(scope, |watched| {
-            watched.listing.insert(key(meta), Held::of(meta));
+            watched
+                .listing
+                .entry(namespace)
+                .or_default()
+                .insert(name, Held::of(meta));
         });
     }
 
@@ -131,14 +136,18 @@ impl ReplicaSets {
     }
 
     pub fn changed(&self, scope: &Option<String>, meta: &ObjectMeta) {
+        let (namespace, name) = namespace_and_name(meta);
         self.with(scope, |watched| {
-            watched.sets.insert(key(meta), Held::of(meta));
+            watched.sets.entry(namespace).or_default().insert(name, Held::of(meta));
         });
     }
 
     pub fn deleted(&self, scope: &Option<String>, meta: &ObjectMeta) {
+        let (namespace, name) = namespace_and_name(meta);
         self.with(scope, |watched| {
-            watched.sets.remove(&key(meta));
+            if let Some(sets) = watched.sets.get_mut(&namespace) {
+                sets.remove(&name);
+            }
         });
     }
 
@@ -237,7 +246,13 @@ mod tests {
                 "a broken watch answers nothing"
             );
             // A list again replaces what the watch held: a set deleted meanwhile is gone.
+            sets.list_done(&scope);
             sets.list_started(&scope);
+            assert_eq!(
+                sets.hash_of("shop", "uid-echo", Some("2")),
+                None,
+                "a list in progress answers nothing"
+            );
             sets.listed(&scope, &set("echo-3", "uid-echo", "3", "ccc"));
             sets.list_done(&scope);
             assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
