@@ -444,7 +444,7 @@ impl DriftWatch {
         if self.statuses.as_ref().is_none_or(|w| w.is_finished())
             && let Some(resolved) = cluster.resolve("v1", "ConfigMap").await
         {
-            let selector = format!("{}={}", crate::cluster::APP_STATUS_LABEL, options.instance);
+            let selector = crate::cluster::status_selector(&options.instance);
             self.statuses = Some(Self::watch(
                 cluster,
                 &resolved,

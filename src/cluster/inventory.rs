@@ -14,6 +14,12 @@ use kube::api::Api;
 
 pub const APP_STATUS_LABEL: &str = "gitcanary.io/app-status";
 
+/// The label selector of an instance's status ConfigMaps: the agent's watch
+/// of them and every read that expects that watch use the same one.
+pub fn status_selector(instance: &str) -> String {
+    format!("{APP_STATUS_LABEL}={instance}")
+}
+
 /// What the cluster records about an app's last sync.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppStatus {
@@ -76,7 +82,7 @@ impl AppStatus {
         namespace: &str,
         instance: &str,
     ) -> Result<BTreeMap<String, Arc<AppStatus>>> {
-        let selector = format!("{APP_STATUS_LABEL}={instance}");
+        let selector = status_selector(instance);
         // The agent's watch of its status ConfigMaps answers without a
         // request, and a status whose resourceVersion is the one parsed
         // last time is not parsed again.

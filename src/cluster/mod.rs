@@ -11,7 +11,7 @@ mod requests;
 
 pub use apply::{Deleted, Mode, Writer, api_message};
 pub use diff::{Change, ObjectDiff, render_diff};
-pub use inventory::{APP_STATUS_LABEL, AppStatus, UnreadableInventory, ensure_namespace};
+pub use inventory::{APP_STATUS_LABEL, AppStatus, UnreadableInventory, ensure_namespace, status_selector};
 pub use requests::RequestCounts;
 
 pub use crate::plan::{InventoryEntry, Resolved};

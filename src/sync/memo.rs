@@ -67,7 +67,7 @@ impl SyncInputs {
         scope: Option<&BTreeSet<String>>,
         options: &SyncOptions,
     ) -> Option<SyncInputs> {
-        let statuses = format!("{}={}", crate::cluster::APP_STATUS_LABEL, options.instance);
+        let statuses = crate::cluster::status_selector(&options.instance);
         let cached = cluster
             .watch_cache
             .all_current_with("v1", "ConfigMap", Some(&options.state_namespace), &statuses);
