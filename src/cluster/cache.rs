@@ -180,9 +180,13 @@ pub struct WatchCache {
 }
 
 fn id(resolved: &Resolved, scope: Option<&str>, selector: &str) -> CacheId {
+    id_of(&resolved.resource.api_version, &resolved.resource.kind, scope, selector)
+}
+
+fn id_of(api_version: &str, kind: &str, scope: Option<&str>, selector: &str) -> CacheId {
     (
-        resolved.resource.api_version.clone(),
-        resolved.resource.kind.clone(),
+        api_version.to_string(),
+        kind.to_string(),
         scope.map(str::to_string),
         selector.to_string(),
     )
@@ -221,13 +225,8 @@ impl WatchCache {
     /// may have gone to the API server instead and moved no count.
     pub fn all_current_with(&self, api_version: &str, kind: &str, scope: Option<&str>, selector: &str) -> bool {
         let kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
-        let id = (
-            api_version.to_string(),
-            kind.to_string(),
-            scope.map(str::to_string),
-            selector.to_string(),
-        );
-        kinds.contains_key(&id) && kinds.values().all(|cache| cache.synced.load(Ordering::SeqCst))
+        kinds.contains_key(&id_of(api_version, kind, scope, selector))
+            && kinds.values().all(|cache| cache.synced.load(Ordering::SeqCst))
     }
 
     /// A count that moves with every change of any cache (a watch event, a
