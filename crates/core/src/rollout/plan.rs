@@ -352,8 +352,12 @@ pub fn plan(spec: &RolloutSpec, previous: &RolloutStatus, observed: &Observed) -
             .as_ref()
             .is_some_and(|c| c.message == routes::AWAITING_PIN);
         planner.canary().message = routes::AWAITING_PIN.to_string();
-        let after = if waited { routes::RECHECK } else { routes::PIN_RECHECK };
-        planner.requeue_in(after, RequeueReason::Grace);
+        if waited {
+            planner.requeue_in(routes::RECHECK, RequeueReason::Grace);
+        } else {
+            // Once only (the next pass has waited), so it cannot spin.
+            planner.requeue_unfloored(routes::PIN_RECHECK, RequeueReason::Grace);
+        }
     }
     let mut status = planner.status;
     // A self-routed workload's stable Revision is what observe found (it keeps
@@ -402,7 +406,13 @@ impl Planner<'_> {
     }
 
     fn requeue_in(&mut self, after: Duration, reason: RequeueReason) {
-        let after = after.max(Duration::from_millis(100));
+        self.requeue_unfloored(after.max(Duration::from_millis(100)), reason);
+    }
+
+    /// [`Planner::requeue_in`] without its floor of 100 ms, which keeps a
+    /// plan that asks again every pass from spinning: for a look that is
+    /// asked for once.
+    fn requeue_unfloored(&mut self, after: Duration, reason: RequeueReason) {
         let at = jiff::SignedDuration::try_from(after)
             .ok()
             .and_then(|after| self.observed.now.checked_add(after).ok());

@@ -57,8 +57,10 @@ pub fn route(spec: &RolloutSpec, observed: &Observed, intent: &mut Intent) {
 }
 
 /// How soon a release waiting for its stable Service's pin looks again:
-/// soon the first time (the pin was just written), then as for a gateway.
-pub const PIN_RECHECK: Duration = Duration::from_millis(200);
+/// at once the first time (the pass that wrote the pin has its write in the
+/// watch cache, as the API server stored it, so the next pass reads it
+/// back), then as for a gateway.
+pub const PIN_RECHECK: Duration = Duration::ZERO;
 
 /// The step's message while the canary waits for the pin.
 pub const AWAITING_PIN: &str =
