@@ -8,6 +8,7 @@
 //! on.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
@@ -282,14 +283,17 @@ pub async fn sync_validated(
             }
         }
         memo.keep_only(manifests.apps.keys().map(String::as_str));
+        let gone = gone_apps(manifests, &statuses, scope, options);
         // Observed once, and only if some app is planned at all.
         let observed = tokio::sync::OnceCell::new();
         // Apps that hold Namespaces or CRDs go first: other apps may use them.
-        let (first, rest): (Vec<&App>, Vec<&App>) = manifests
+        let (first, mut rest): (Vec<&App>, Vec<&App>) = manifests
             .apps
             .values()
             .filter(in_scope)
             .partition(|app| app.kinds().iter().any(|(_, kind)| plan::is_staged_first_kind(kind)));
+        // Last: an object that moved from a gone app to another is the other's first.
+        rest.extend(&gone);
         let one = async |app: &App| -> Result<Option<AppReport>> {
             // A shard lost since the sync began: its apps are another's now.
             if options.fence.as_ref().is_some_and(|fence| !(fence.0)(&app.name)) {
@@ -307,7 +311,8 @@ pub async fn sync_validated(
             // The app's own commit: a push that leaves the app alone rewrites nothing of it.
             let app_commit = revision.commit_for(&app.name);
             let previous = statuses.get(&app.name).map(AsRef::as_ref);
-            let synced = sync_one(cluster, app, app_commit, observed, previous, options)
+            let left_git = !manifests.apps.contains_key(&app.name);
+            let synced = sync_one(cluster, app, app_commit, observed, previous, options, left_git)
                 .instrument(info_span!("app", app = %app.name, commit = short_commit(app_commit)))
                 .await?;
             // The shard lost during its sync: no report either, so that no
@@ -340,11 +345,39 @@ pub async fn sync_validated(
             scoped: scope.is_some(),
             recalled: false,
         };
-        memo.remember_sync(inputs_read, &report, manifests.apps.values().filter(in_scope).count());
+        let in_scope_count = manifests.apps.values().filter(in_scope).count() + gone.len();
+        memo.remember_sync(inputs_read, &report, in_scope_count);
         Ok(report)
     }
     .instrument(span)
     .await
+}
+
+/// The apps this instance recorded a status for that Git no longer holds
+/// (their directory was removed), in scope, when prune is on: each is
+/// synced as an app without objects, so that what it made is pruned as an
+/// object that left Git would be, and its status goes once nothing is left.
+/// Without prune they are left as they are, objects and status. A revision
+/// without any app prunes nothing (Argo CD's `allowEmpty: false`): a
+/// repository emptied whole is more likely a mistake than a wish.
+fn gone_apps(
+    manifests: &crate::manifest::ManifestSet,
+    statuses: &BTreeMap<String, Arc<AppStatus>>,
+    scope: Option<&BTreeSet<String>>,
+    options: &SyncOptions,
+) -> Vec<App> {
+    if !options.prune || manifests.apps.is_empty() {
+        return Vec::new();
+    }
+    statuses
+        .keys()
+        .filter(|name| !manifests.apps.contains_key(*name))
+        .filter(|name| scope.is_none_or(|apps| apps.contains(*name)))
+        .map(|name| App {
+            name: name.clone(),
+            ..App::default()
+        })
+        .collect()
 }
 
 /// Every (apiVersion, kind) the revision holds.
@@ -363,6 +396,7 @@ async fn sync_one(
     observed: &Observed<'_>,
     previous: Option<&AppStatus>,
     options: &SyncOptions,
+    left_git: bool,
 ) -> Result<Option<(AppReport, Option<AppStatus>)>> {
     let started = Instant::now();
     let previous_inventory = previous.map(|p| p.inventory.clone()).unwrap_or_default();
@@ -376,7 +410,19 @@ async fn sync_one(
         ),
     };
     // The status write is fenced too: it is refused once the shard is lost.
-    let saved = save_status(&writer.as_agent(), commit, &report, inventory, previous, options).await;
+    let saved = if left_git && inventory.is_empty() && previous.is_some_and(|p| p.unreadable_inventory.is_none()) {
+        // Nothing of it is left: neither is its status.
+        AppStatus::remove(
+            &writer.as_agent(),
+            &options.state_namespace,
+            &options.instance,
+            &report.app,
+        )
+        .await
+        .map(|()| (AppStatus::default(), true))
+    } else {
+        save_status(&writer.as_agent(), commit, &report, inventory, previous, options).await
+    };
     // A shard lost at any point of the app's sync (even while its status
     // was being written): its new holder syncs it and records the status.
     if writer.fence_lost() {

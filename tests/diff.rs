@@ -391,3 +391,25 @@ async fn diff_runs_each_delete_dry_and_shows_the_refusal_the_prune_would_meet() 
     assert_eq!(report.app("web").expect("web").result, AppResult::Failed);
     assert_eq!(f.color("left").await.as_deref(), Some("blue"));
 }
+
+#[tokio::test]
+async fn diff_lists_what_an_app_that_left_git_would_have_pruned() {
+    let f = Fixture::new("diff-gone").await;
+    let ns = f.ns.clone();
+    f.repo.write("web/kept.yaml", &configmap(&ns, "kept", "blue"));
+    f.repo.write("gone/left.yaml", &configmap(&ns, "left", "blue"));
+    f.repo.commit_and_push("two apps");
+    assert!(f.sync().await.is_clean());
+    f.repo.remove("gone/left.yaml");
+    f.repo.commit_and_push("app gone leaves Git");
+    let (listed, _) = f.diff_then_sync().await;
+    assert_eq!(
+        listed,
+        Changes {
+            written: BTreeSet::new(),
+            deleted: set(&[("ConfigMap", "left")]),
+        }
+    );
+    assert_eq!(f.color("left").await, None);
+    assert_eq!(f.color("kept").await.as_deref(), Some("blue"));
+}

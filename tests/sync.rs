@@ -525,3 +525,59 @@ async fn an_inventory_that_cannot_be_read_stops_prune_says_so_and_is_kept() {
         "the inventory is kept as it was, never read as empty"
     );
 }
+
+#[tokio::test]
+async fn an_app_whose_directory_left_git_is_pruned_whole_and_its_status_goes() {
+    let f = Fixture::new("sync-app-gone").await;
+    f.repo
+        .write("a/one.yaml", &configmap(&f.ns, "a1", "blue"))
+        .write("b/one.yaml", &configmap(&f.ns, "b1", "blue"))
+        .write("b/two.yaml", &configmap(&f.ns, "b2", "blue"));
+    f.repo.commit_and_push("two apps");
+    assert!(f.sync(true).await.is_clean());
+    let instance = format!("test-{}", f.ns);
+    let status = |app: &'static str| {
+        let instance = instance.clone();
+        let f = &f;
+        async move {
+            AppStatus::load(&f.cluster, &f.ns, &instance, app)
+                .await
+                .expect("statuses read")
+        }
+    };
+    assert!(status("b").await.is_some());
+
+    f.repo.remove("b/one.yaml").remove("b/two.yaml");
+    f.repo.commit_and_push("app b leaves Git");
+    // Without --prune what b made stays, and so does its status.
+    let kept = f.sync(false).await;
+    assert!(kept.app("b").is_none(), "{kept:?}");
+    assert_eq!(f.color("b1").await.as_deref(), Some("blue"));
+    assert!(status("b").await.is_some());
+
+    let pruned = f.sync(true).await;
+    let mut names: Vec<_> = pruned
+        .app("b")
+        .expect("b reported")
+        .pruned
+        .iter()
+        .map(|k| k.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["b1", "b2"]);
+    assert_eq!(f.color("b1").await, None, "b's objects are deleted");
+    assert_eq!(f.color("b2").await, None);
+    assert!(status("b").await.is_none(), "nothing of b is left: nor its status");
+    assert_eq!(f.color("a1").await.as_deref(), Some("blue"), "a is untouched");
+    let again = f.sync(true).await;
+    assert!(again.app("b").is_none() && again.is_clean(), "{again:?}");
+
+    // A revision without any app prunes nothing: a repository emptied whole
+    // is more likely a mistake.
+    f.repo.remove("a/one.yaml");
+    f.repo.commit_and_push("everything leaves Git");
+    let emptied = f.sync(true).await;
+    assert!(emptied.apps.is_empty(), "{emptied:?}");
+    assert_eq!(f.color("a1").await.as_deref(), Some("blue"));
+    assert!(status("a").await.is_some());
+}

@@ -287,8 +287,15 @@ impl Agent {
         let Some(shards) = &self.shards else { return Some(scope) };
         let apps: Vec<&String> = revision.manifests.apps.keys().collect();
         self.metrics.record_shards(shards, &apps);
+        // A whole sync also takes the held apps that left Git, to prune them.
+        let recorded = if scope.is_none() {
+            self.cluster.recorded_apps()
+        } else {
+            BTreeSet::new()
+        };
         let held: BTreeSet<String> = apps
             .into_iter()
+            .chain(&recorded)
             .filter(|app| scope.as_ref().is_none_or(|scope| scope.contains(*app)))
             .filter(|app| shards.holds_app(app))
             .cloned()

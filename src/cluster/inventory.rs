@@ -183,6 +183,47 @@ impl AppStatus {
     }
 }
 
+impl Cluster {
+    /// The apps whose status the last read of the statuses' watch found.
+    pub fn recorded_apps(&self) -> std::collections::BTreeSet<String> {
+        let parsed = self.parsed_statuses.lock().unwrap_or_else(|e| e.into_inner());
+        parsed
+            .values()
+            .filter_map(|(_, status)| Some(status.as_ref()?.app.clone()))
+            .collect()
+    }
+}
+
+impl AppStatus {
+    /// Deletes the app's status (an app that left Git with nothing left of
+    /// it), as `agent`; the one read now, not one written meanwhile.
+    pub async fn remove(agent: &super::Writer<'_>, namespace: &str, instance: &str, app: &str) -> Result<()> {
+        let name = configmap_name(instance, app);
+        let api: Api<ConfigMap> = Api::namespaced(agent.cluster().client.clone(), namespace);
+        let context = || format!("deleting the status of app {app}, which left Git");
+        let Some(live) = api.get_opt(&name).await.map_err(Error::kube(context()))? else {
+            return Ok(());
+        };
+        let deletion = crate::plan::Deletion {
+            api_version: "v1".into(),
+            key: crate::manifest::ObjectKey {
+                group: String::new(),
+                kind: "ConfigMap".into(),
+                namespace: Some(namespace.to_string()),
+                name,
+            },
+            uid: live.metadata.uid.unwrap_or_default(),
+            resource_version: live.metadata.resource_version,
+            foreground: false,
+        };
+        agent
+            .delete(&deletion, super::Mode::Apply)
+            .await
+            .map_err(Error::kube(context()))?;
+        Ok(())
+    }
+}
+
 /// Applies an object of gitcanary's own bookkeeping, as the agent.
 async fn write_own(agent: &super::Writer<'_>, body: &serde_json::Value, ours: bool, context: String) -> Result<()> {
     let (api_version, kind) = (

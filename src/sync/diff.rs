@@ -21,7 +21,8 @@ pub async fn diff(
     let mut diffs = Vec::new();
     let mut problems = Vec::new();
     let mut notes = Vec::new();
-    for app in revision.manifests.apps.values() {
+    let gone = gone_apps(&revision.manifests, &statuses, None, options);
+    for app in revision.manifests.apps.values().chain(&gone) {
         let previous = statuses.get(&app.name).map(AsRef::as_ref);
         let commit = revision.commit_for(&app.name);
         match observe_and_plan(cluster, app, commit, &observed, previous, options, false).await? {
