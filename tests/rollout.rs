@@ -1001,7 +1001,9 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
     };
     write("1");
     scenario.repo.commit_and_push("db 1");
-    let _agent = scenario.start_agent();
+    // Every request the agent sends, in its log.
+    let trace = [("GITCANARY_LOG", "gitcanary=info,gitcanary::cluster::requests=trace")];
+    let agent = support::agent::AgentProcess::start_with(&scenario.repo, &ns, scenario.cache.path(), &[], &trace);
     let sts: Api<StatefulSet> = Api::namespaced(scenario.client.clone(), &ns);
     let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &ns);
     eventually("db ready", WAIT, || async {
@@ -1081,6 +1083,24 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
         "the partition only goes down: {partitions:?}"
     );
     assert!(partitions.contains(&1), "{partitions:?}");
+    // Each step read the stable template from the current revision: each
+    // ControllerRevision once, its data being immutable.
+    let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
+    let mut reads = BTreeMap::<&str, usize>::new();
+    let revisions = format!("/apis/apps/v1/namespaces/{ns}/controllerrevisions/");
+    for line in log.lines().filter(|line| line.contains("method=GET")) {
+        if let Some(name) = line
+            .split_once(revisions.as_str())
+            .and_then(|(_, rest)| rest.split([' ', '?']).next())
+        {
+            *reads.entry(name).or_default() += 1;
+        }
+    }
+    assert!(
+        !reads.is_empty(),
+        "the stable revision is read: the log has no such request"
+    );
+    assert!(reads.values().all(|n| *n == 1), "a revision read again: {reads:?}");
     let pods: Api<Pod> = Api::namespaced(scenario.client.clone(), &ns);
     let mut batches = BTreeMap::new();
     for pod in pods

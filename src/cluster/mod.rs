@@ -54,7 +54,13 @@ pub struct Cluster {
     discovery_generation: std::sync::atomic::AtomicU64,
     /// Status ConfigMaps as last parsed, by name: their resourceVersion and status.
     parsed_statuses: std::sync::Mutex<ParsedStatuses>,
+    /// The pod template of each StatefulSet revision read, by namespace and
+    /// ControllerRevision name (see `stable_template`).
+    revision_templates: std::sync::Mutex<std::collections::HashMap<(String, String), serde_json::Value>>,
 }
+
+/// How many StatefulSet revisions' templates are kept before they are read afresh.
+const REVISION_TEMPLATES_KEPT: usize = 1024;
 
 type ParsedStatuses = std::collections::HashMap<String, (Box<str>, Option<std::sync::Arc<AppStatus>>)>;
 
@@ -157,7 +163,37 @@ impl Cluster {
             capabilities: std::sync::Mutex::default(),
             discovery_generation: std::sync::atomic::AtomicU64::new(0),
             parsed_statuses: std::sync::Mutex::default(),
+            revision_templates: std::sync::Mutex::default(),
         })
+    }
+
+    /// The pod template a StatefulSet's ControllerRevision `name` holds,
+    /// read once: the API server refuses any change to a revision's data,
+    /// and its name carries the hash of that data, so a name read before is
+    /// answered from memory. `None` when there is no such revision.
+    pub async fn revision_template(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
+        use k8s_openapi::api::apps::v1::ControllerRevision;
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(template) = self
+            .revision_templates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Some(template.clone());
+        }
+        let revisions: kube::Api<ControllerRevision> = kube::Api::namespaced(self.client.clone(), namespace);
+        let mut template = revisions.get_opt(name).await.ok()??.data?.0["spec"]["template"].take();
+        if let Some(map) = template.as_object_mut() {
+            map.remove("$patch");
+        }
+        let mut kept = self.revision_templates.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded: a long-lived agent sees many revisions come and go.
+        if kept.len() >= REVISION_TEMPLATES_KEPT {
+            kept.clear();
+        }
+        kept.insert(key, template.clone());
+        Some(template)
     }
 
     /// Runs discovery again, after CRDs were added.

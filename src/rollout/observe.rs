@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
@@ -631,16 +630,10 @@ pub(super) async fn observe_statefulset(
         observed.canary_ready = list.items.iter().filter(|p| pod_ready(p)).count() as i32;
     }
     // The stable template lives in the ControllerRevision of the current revision.
-    let revisions: Api<ControllerRevision> = Api::namespaced(cluster.client.clone(), namespace);
-    let stable_template = match revisions.get_opt(&current).await {
-        Ok(Some(revision)) => revision.data.map(|d| {
-            let mut template = d.0["spec"]["template"].clone();
-            if let Some(map) = template.as_object_mut() {
-                map.remove("$patch");
-            }
-            template
-        }),
-        _ => None,
+    let stable_template = if current.is_empty() {
+        None
+    } else {
+        cluster.revision_template(namespace, &current).await
     };
     let revisions = Revisions {
         stable: current,
