@@ -233,6 +233,11 @@ fn main() {
             millis(percentile(&noops, 0.5))
         ));
         let mut changes = Vec::new();
+        // Where a change's time goes: the load (fetch, parse, validate) and the syncs.
+        let (loads_before, syncs_before) = (
+            metric("gitcanary_git_fetch_duration_seconds_sum"),
+            metric("gitcanary_sync_duration_seconds_sum"),
+        );
         for i in 0..5 {
             let file = repo.work.join("app-00007/app.yaml");
             let text = std::fs::read_to_string(&file).expect("app");
@@ -250,6 +255,12 @@ fn main() {
             "| one changed object in {n}, webhook → applied (p50 of 5) | {} |",
             millis(percentile(&changes, 0.5))
         ));
+        let per_change = |total: f64| Duration::from_secs_f64(total / 5.0);
+        eprintln!(
+            "bench:   a change's load (fetch, parse, validate) {:?} and syncs {:?}, means of 5",
+            per_change(metric("gitcanary_git_fetch_duration_seconds_sum") - loads_before),
+            per_change(metric("gitcanary_sync_duration_seconds_sum") - syncs_before)
+        );
         agent_rows.push(format!(
             "| agent peak RSS with {n} managed objects | {:.0} MiB |",
             agent.peak_rss_mib()

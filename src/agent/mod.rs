@@ -30,7 +30,7 @@ use crate::cluster::Cluster;
 use crate::github::GitHub;
 use crate::report::{WritebackConfig, write_back};
 use crate::source::Source;
-use crate::sync::{SyncMemo, SyncOptions, SyncReport, sync_validated};
+use crate::sync::{AppResult, SyncMemo, SyncOptions, SyncReport, sync_validated};
 use crate::telemetry::Metrics;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,6 +201,9 @@ impl Agent {
         let _ = triggers.try_send(Trigger::Start);
         let load_wanted = tokio::sync::Notify::new();
         let mut requeues = Requeues::default();
+        // The revision whose every app was last synced without a failure
+        // (its commit and apps' prints): a newer one syncs what it changed.
+        let mut settled: Option<(String, scope::AppPrints)> = None;
         let reconcile = async {
             loop {
                 let first = tokio::select! {
@@ -239,7 +242,13 @@ impl Agent {
                 let Some((revision, owners)) = self.revision() else {
                     continue;
                 };
-                let scope = scope::apps_of(&news, &owners);
+                let loaded = news.iter().any(|t| matches!(t, Trigger::Loaded));
+                let changed = settled
+                    .as_ref()
+                    .filter(|_| loaded)
+                    .and_then(|settled| scope::changed_apps(settled, &revision));
+                let scope = scope::apps_of_with(&news, &owners, changed.as_ref());
+                let whole = scope.is_none();
                 let Some(scope) = self.within_shards(scope, &revision) else {
                     continue;
                 };
@@ -249,6 +258,17 @@ impl Agent {
                 let timer = self.metrics.sync_duration.start_timer();
                 let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
                 drop(timer);
+                let failed = outcome.as_ref().map_or(true, |report| {
+                    report.apps.iter().any(|app| app.result == AppResult::Failed)
+                });
+                settled = match (failed, whole, changed) {
+                    (true, _, _) => None,
+                    (false, true, _) => Some((revision.commit.clone(), scope::app_prints(&revision))),
+                    (false, false, Some(changed)) => settled
+                        .take()
+                        .map(|(_, prints)| (revision.commit.clone(), scope::reprint(prints, &revision, &changed))),
+                    (false, false, None) => settled,
+                };
                 drop(revision);
                 match outcome {
                     Ok(report) => {
@@ -293,9 +313,11 @@ impl Agent {
         } else {
             BTreeSet::new()
         };
+        let named = scope.iter().flatten();
         let held: BTreeSet<String> = apps
             .into_iter()
             .chain(&recorded)
+            .chain(named.filter(|app| !revision.manifests.apps.contains_key(*app)))
             .filter(|app| scope.as_ref().is_none_or(|scope| scope.contains(*app)))
             .filter(|app| shards.holds_app(app))
             .cloned()

@@ -8,7 +8,8 @@ use std::collections::{BTreeSet, HashMap};
 use kube::api::DynamicObject;
 
 use super::Trigger;
-use crate::manifest::{ManifestSet, ObjectKey};
+use crate::manifest::{App, ManifestSet, ObjectKey};
+use crate::source::Revision;
 
 /// A watched object that changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,10 +98,22 @@ pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners
 }
 
 /// The apps `triggers` concern, or `None` for all of them.
+#[cfg(test)]
 pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>) -> Option<BTreeSet<String>> {
+    apps_of_with(triggers, owners, None)
+}
+
+/// [`apps_of`], where a new revision loaded concerns the apps `changed`
+/// (see [`changed_apps`]) when they are known, and all of them otherwise.
+pub(super) fn apps_of_with(
+    triggers: &[&Trigger],
+    owners: &HashMap<ObjectKey, String>,
+    changed: Option<&BTreeSet<String>>,
+) -> Option<BTreeSet<String>> {
     let mut apps = BTreeSet::new();
     for trigger in triggers {
         match trigger {
+            Trigger::Loaded => apps.extend(changed?.iter().cloned()),
             Trigger::Due(due) => apps.extend(due.iter().map(|(app, _)| app.clone())),
             Trigger::WrittenBack(written) => apps.extend(written.iter().cloned()),
             // The app whose Git holds the object and the app of the Rollout
@@ -117,6 +130,60 @@ pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>
         }
     }
     Some(apps)
+}
+
+/// What each app of a revision is to a sync: a hash of its manifests,
+/// the commit it is synced at and its problems.
+pub(super) type AppPrints = HashMap<String, [u8; 32]>;
+
+fn print_of(revision: &Revision, app: &App) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(app.digest());
+    hasher.update(revision.commit_for(&app.name).as_bytes());
+    for problem in &app.problems {
+        hasher.update(problem.to_string().as_bytes());
+        hasher.update([0]);
+    }
+    hasher.finalize().into()
+}
+
+/// Every app of `revision`, printed.
+pub(super) fn app_prints(revision: &Revision) -> AppPrints {
+    let apps = revision.manifests.apps.values();
+    apps.map(|app| (app.name.clone(), print_of(revision, app))).collect()
+}
+
+/// The prints of `synced` brought to `revision` for the apps `changed`.
+pub(super) fn reprint(mut synced: AppPrints, revision: &Revision, changed: &BTreeSet<String>) -> AppPrints {
+    for name in changed {
+        match revision.manifests.apps.get(name) {
+            Some(app) => synced.insert(name.clone(), print_of(revision, app)),
+            None => synced.remove(name),
+        };
+    }
+    synced
+}
+
+/// The apps a newly loaded `revision` changed since the one whose every app
+/// was last synced in order (`synced`: its commit and prints): new ones,
+/// changed ones (manifests, commit or problems) and the ones it no longer
+/// holds. The others were synced from the same manifests, and what moved
+/// in the cluster since has woken their own syncs. `None` for the same
+/// commit (a poll of an unchanged source looks at every app, as always).
+pub(super) fn changed_apps(synced: &(String, AppPrints), revision: &Revision) -> Option<BTreeSet<String>> {
+    let (commit, prints) = synced;
+    if *commit == revision.commit {
+        return None;
+    }
+    let apps = &revision.manifests.apps;
+    let mut changed: BTreeSet<String> = apps
+        .values()
+        .filter(|app| prints.get(&app.name) != Some(&print_of(revision, app)))
+        .map(|app| app.name.clone())
+        .collect();
+    changed.extend(prints.keys().filter(|name| !apps.contains_key(*name)).cloned());
+    Some(changed)
 }
 
 #[cfg(test)]
@@ -161,6 +228,62 @@ mod tests {
             std::sync::Arc::make_mut(&mut entry.manifests).push(manifest);
         }
         set
+    }
+
+    #[test]
+    fn a_new_revision_concerns_the_apps_it_changed_and_an_unchanged_commit_concerns_all() {
+        let first = Revision::new(
+            "c1".into(),
+            set(&[
+                ("web", "ConfigMap", "a"),
+                ("api", "ConfigMap", "b"),
+                ("old", "ConfigMap", "c"),
+            ]),
+        );
+        let synced = ("c1".to_string(), app_prints(&first));
+        // Each app is synced at the commit that last changed it.
+        assert_eq!(changed_apps(&synced, &first), None, "the same commit: every app");
+        let mut second = Revision::new(
+            "c2".into(),
+            set(&[
+                ("web", "ConfigMap", "a2"),
+                ("api", "ConfigMap", "b"),
+                ("new", "ConfigMap", "d"),
+            ]),
+        );
+        second.app_commits = [("api", "c1"), ("web", "c2"), ("new", "c2")]
+            .map(|(app, commit)| (app.to_string(), commit.to_string()))
+            .into();
+        let names = |apps: &[&str]| apps.iter().map(|a| a.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(
+            changed_apps(&synced, &second),
+            Some(names(&["new", "old", "web"])),
+            "changed, new and gone; api is as it was"
+        );
+        // A problem found in an app that did not change (another's duplicate), or a commit of its own.
+        let api = second.manifests.apps.get_mut("api").expect("api");
+        api.problems.push(crate::manifest::Problem {
+            file: "api/x.yaml".into(),
+            line: 1,
+            message: "duplicate".into(),
+        });
+        assert!(changed_apps(&synced, &second).expect("changed").contains("api"));
+        second.manifests.apps.get_mut("api").expect("api").problems.clear();
+        second.app_commits.insert("api".into(), "c2".into());
+        assert!(changed_apps(&synced, &second).expect("changed").contains("api"));
+
+        // Brought to the second revision, only what changed since is new.
+        let changed = changed_apps(&synced, &second).expect("changed");
+        let synced = ("c2".to_string(), reprint(synced.1, &second, &changed));
+        assert_eq!(synced.1, app_prints(&second));
+        let loaded = Trigger::Loaded;
+        let drift = Trigger::Drift(Some(seen(key("ConfigMap", Some("web"), "settings"))));
+        let owners: Owners = [(key("ConfigMap", Some("web"), "settings"), "web".to_string())].into();
+        assert_eq!(
+            apps_of_with(&[&loaded, &drift], &owners, Some(&names(&["api"]))),
+            Some(names(&["api", "web"]))
+        );
+        assert_eq!(apps_of_with(&[&loaded], &owners, None), None, "not known: every app");
     }
 
     #[test]

@@ -33,6 +33,17 @@ pub struct Revision {
 }
 
 impl Revision {
+    /// `manifests` at `commit`, without history or app commits, not validated.
+    pub fn new(commit: String, manifests: ManifestSet) -> Revision {
+        Revision {
+            commit,
+            manifests,
+            app_commits: Default::default(),
+            history: None,
+            validated: 0,
+        }
+    }
+
     /// The commit that last changed the app: what a release of it is for.
     pub fn commit_for(&self, app: &str) -> &str {
         self.app_commits.get(app).map_or(&self.commit, String::as_str)
@@ -83,13 +94,10 @@ impl Source {
     pub fn fetch(&self) -> Result<Revision> {
         match self {
             Source::Git(git) => git.fetch(),
-            Source::Dir { root, renderers } => Ok(Revision {
-                commit: "local".to_string(),
-                manifests: crate::render::load_dir(root, renderers)?,
-                app_commits: Default::default(),
-                history: None,
-                validated: 0,
-            }),
+            Source::Dir { root, renderers } => Ok(Revision::new(
+                "local".to_string(),
+                crate::render::load_dir(root, renderers)?,
+            )),
         }
     }
 
