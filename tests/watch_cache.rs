@@ -158,6 +158,62 @@ async fn a_drift_replans_only_the_app_that_holds_the_object() {
 }
 
 #[tokio::test]
+async fn a_push_replans_only_the_app_it_changed() {
+    let scenario = Scenario::new("cache-push").await;
+    scenario.repo.write("a/cm.yaml", &config_map(&scenario.ns, "a1"));
+    scenario.repo.write("b/cm.yaml", &config_map(&scenario.ns, "b1"));
+    scenario.repo.commit_and_push("two apps");
+    // No poll: the push is told by webhook.
+    let agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--poll-interval", "3600"],
+        &[("GITCANARY_WEBHOOK_SECRET", "s3cret")],
+    );
+    eventually("synced", WAIT, || async {
+        color(&scenario.client, &scenario.ns, "b1").await
+    })
+    .await;
+    // Both kinds' watches (the apps' ConfigMaps, the status ConfigMaps) have listed.
+    eventually("the watches run", WAIT, || async {
+        (agent.counter(WATCHES).await >= 2).then_some(())
+    })
+    .await;
+    let planned = "gitcanary_apps_planned_total";
+    let (recalled, planned_before) = (agent.counter(RECALLED).await, agent.counter(planned).await);
+    scenario.repo.write(
+        "a/cm.yaml",
+        &config_map(&scenario.ns, "a1").replace("color: blue", "color: green"),
+    );
+    let commit = scenario.repo.commit_and_push("a1 green");
+    let push = format!("{{\"ref\":\"refs/heads/main\",\"after\":\"{commit}\"}}");
+    let signature = gitcanary::source::webhook::sign(b"s3cret", push.as_bytes());
+    let headers = [("X-GitHub-Event", "push"), ("X-Hub-Signature-256", signature.as_str())];
+    let answer = support::http(&agent.address().await, "POST", "/webhook", &headers, push.as_bytes());
+    assert_eq!(answer.map(|(status, _)| status), Some(202), "accepted");
+    eventually("a1 applied", WAIT, || async {
+        (color(&scenario.client, &scenario.ns, "a1").await? == "green").then_some(())
+    })
+    .await;
+    // Counted once the sync is over.
+    eventually("the push's sync counted", WAIT, || async {
+        (agent.counter(planned).await > planned_before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        agent.counter(planned).await,
+        planned_before + 1,
+        "app a planned, and only a"
+    );
+    assert_eq!(
+        agent.counter(RECALLED).await,
+        recalled,
+        "app b, unchanged in Git, was not looked at, not even to be recalled from memory"
+    );
+}
+
+#[tokio::test]
 async fn after_an_api_server_outage_the_watches_list_once_miss_no_drift_and_write_nothing_twice() {
     let plane = support::DedicatedControlPlane::start();
     let client = plane.client().await;
