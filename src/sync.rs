@@ -357,21 +357,28 @@ pub async fn sync_validated(
 /// (their directory was removed), in scope, when prune is on: each is
 /// synced as an app without objects, so that what it made is pruned as an
 /// object that left Git would be, and its status goes once nothing is left.
-/// Without prune they are left as they are, objects and status. A revision
-/// without any app prunes nothing (Argo CD's `allowEmpty: false`): a
-/// repository emptied whole is more likely a mistake than a wish.
+/// Without prune they are left as they are, objects and status. Only an app
+/// whose status names this sync's source (repository, branch, path) is
+/// pruned: a `sync --once` of another path under the same instance prunes
+/// nothing of the agent's. Nor is an app that names no tenant where tenants
+/// are required (it would be pruned as the agent). A revision without any
+/// app prunes nothing (Argo CD's `allowEmpty: false`): a repository emptied
+/// whole is more likely a mistake than a wish.
 fn gone_apps(
     manifests: &crate::manifest::ManifestSet,
     statuses: &BTreeMap<String, Arc<AppStatus>>,
     scope: Option<&BTreeSet<String>>,
     options: &SyncOptions,
 ) -> Vec<App> {
-    if !options.prune || manifests.apps.is_empty() {
+    if !options.prune || manifests.apps.is_empty() || options.source.is_empty() {
         return Vec::new();
     }
     statuses
-        .keys()
-        .filter(|name| !manifests.apps.contains_key(*name))
+        .iter()
+        .filter(|(name, status)| !manifests.apps.contains_key(*name) && status.source == options.source)
+        // An app that may not write as the agent is not pruned as the agent.
+        .filter(|(name, _)| options.tenant_problem(name).is_none())
+        .map(|(name, _)| name)
         .filter(|name| scope.is_none_or(|apps| apps.contains(*name)))
         .map(|name| App {
             name: name.clone(),
@@ -602,6 +609,7 @@ async fn save_status(
 ) -> Result<(AppStatus, bool)> {
     let status = AppStatus {
         app: report.app.clone(),
+        source: options.source.clone(),
         commit: commit.to_string(),
         result: report.result.as_str().to_string(),
         message: report

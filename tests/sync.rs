@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use gitcanary::cluster::AppStatus;
-use gitcanary::sync::{AppResult, SyncReport, sync};
+use gitcanary::sync::{AppResult, SyncOptions, SyncReport, sync};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -554,6 +554,18 @@ async fn an_app_whose_directory_left_git_is_pruned_whole_and_its_status_goes() {
     assert!(kept.app("b").is_none(), "{kept:?}");
     assert_eq!(f.color("b1").await.as_deref(), Some("blue"));
     assert!(status("b").await.is_some());
+
+    // A sync of another source under the same instance (`sync --once` of
+    // another path, say) does not take b for one of its own.
+    let elsewhere = SyncOptions {
+        source: "file:///elsewhere main /".into(),
+        ..f.options(true)
+    };
+    let other = sync(&f.cluster, &f.revision().await, &elsewhere)
+        .await
+        .expect("sync runs");
+    assert!(other.app("b").is_none(), "{other:?}");
+    assert_eq!(f.color("b1").await.as_deref(), Some("blue"));
 
     let pruned = f.sync(true).await;
     let mut names: Vec<_> = pruned

@@ -258,17 +258,7 @@ impl Agent {
                 let timer = self.metrics.sync_duration.start_timer();
                 let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
                 drop(timer);
-                let failed = outcome.as_ref().map_or(true, |report| {
-                    report.apps.iter().any(|app| app.result == AppResult::Failed)
-                });
-                settled = match (failed, whole, changed) {
-                    (true, _, _) => None,
-                    (false, true, _) => Some((revision.commit.clone(), scope::app_prints(&revision))),
-                    (false, false, Some(changed)) => settled
-                        .take()
-                        .map(|(_, prints)| (revision.commit.clone(), scope::reprint(prints, &revision, &changed))),
-                    (false, false, None) => settled,
-                };
+                settled = settle(settled.take(), &outcome, &revision, whole, changed);
                 drop(revision);
                 match outcome {
                     Ok(report) => {
@@ -377,6 +367,33 @@ impl Agent {
 /// The apps of `report` whose shard this replica still holds (all of them
 /// without shards): a shard lost during the sync takes its write-backs,
 /// notifications and GitHub reports with it.
+/// What the next new commit is compared with after a sync (see
+/// `scope::changed_apps`): every app's print when the sync was whole, the
+/// last ones brought up to date with the apps a new commit changed, and
+/// nothing after a failed sync. An app that met a problem or failed is left
+/// out, so that the next commit syncs it again (a kind another app now
+/// serves, a write the API server refused).
+fn settle(
+    settled: Option<(String, scope::AppPrints)>,
+    outcome: &crate::Result<SyncReport>,
+    revision: &crate::source::Revision,
+    whole: bool,
+    changed: Option<BTreeSet<String>>,
+) -> Option<(String, scope::AppPrints)> {
+    let report = outcome.as_ref().ok()?;
+    let (commit, mut prints) = match (whole, changed) {
+        (true, _) => (revision.commit.clone(), scope::app_prints(revision)),
+        (false, Some(changed)) => (revision.commit.clone(), scope::reprint(settled?.1, revision, &changed)),
+        (false, None) => settled?,
+    };
+    for app in &report.apps {
+        if app.result != AppResult::Synced || !app.problems.is_empty() {
+            prints.remove(&app.app);
+        }
+    }
+    Some((commit, prints))
+}
+
 fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> SyncReport {
     if let Some(shards) = shards {
         report.apps.retain(|app| shards.holds_app(&app.app));
@@ -617,7 +634,7 @@ impl Drop for DriftWatch {
 #[cfg(test)]
 mod tests {
     use super::requeue::Requeues;
-    use super::{Trigger, next_burst, pending_signal, trigger_channel};
+    use super::{AppResult, SyncReport, Trigger, next_burst, pending_signal, requeue, scope, settle, trigger_channel};
     use crate::rollout::plan::RequeueReason;
     use kube::api::DynamicObject;
     use serde_json::json;
@@ -632,6 +649,35 @@ mod tests {
         .expect("a Rollout")
     }
 
+    #[test]
+    fn an_app_that_met_a_problem_is_synced_again_by_the_next_commit() {
+        let mut manifests = crate::manifest::ManifestSet::default();
+        for name in ["web", "api"] {
+            manifests.apps.insert(
+                name.to_string(),
+                crate::manifest::App {
+                    name: name.to_string(),
+                    ..Default::default()
+                },
+            );
+        }
+        let revision = crate::source::Revision::new("c1".into(), manifests);
+        let mut invalid = crate::sync::AppReport::new("api", AppResult::Invalid);
+        invalid.problems.push(crate::manifest::Problem {
+            file: "api/crd-user.yaml".into(),
+            line: 1,
+            message: "no kind Widget is served".into(),
+        });
+        let synced = crate::sync::AppReport::new("web", AppResult::Synced);
+        let report = requeue::tests::report(vec![synced, invalid]);
+        let settled = settle(None, &Ok(report), &revision, true, None).expect("settled");
+        assert_eq!(settled.1.keys().collect::<Vec<_>>(), vec!["web"]);
+        let next = crate::source::Revision::new("c2".into(), revision.manifests.clone());
+        let changed = scope::changed_apps(&settled, &next).expect("a new commit");
+        assert!(changed.contains("api"), "{changed:?}");
+        let failed: crate::Result<SyncReport> = Err(crate::Error::Usage("the API server went away".into()));
+        assert!(settle(Some(settled), &failed, &revision, true, None).is_none());
+    }
     #[tokio::test]
     async fn a_signal_ends_a_burst_of_drift_at_once() {
         let (triggers, mut queue) = trigger_channel();

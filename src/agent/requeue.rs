@@ -10,7 +10,10 @@ use tokio::time::Instant;
 
 use crate::rollout::api::Phase;
 use crate::rollout::plan::{Requeue, RequeueReason};
-use crate::sync::SyncReport;
+use crate::sync::{AppResult, SyncReport};
+
+/// The soonest an app whose sync met problems is looked at again.
+const FLOOR_AFTER_PROBLEMS: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Default)]
 pub(super) struct Requeues {
@@ -94,8 +97,14 @@ impl Requeues {
         }
         for app in &report.apps {
             if let Some(requeue) = app.requeue {
-                self.due
-                    .insert((app.app.clone(), requeue.reason), due_at(&requeue, planned_at, clock));
+                let mut at = due_at(&requeue, planned_at, clock);
+                // A plan that asks to look again at once assumes its pass was
+                // written (a Rollout's status says it waited): one that was
+                // not would ask again, each pass.
+                if app.result == AppResult::Failed || !app.problems.is_empty() {
+                    at = at.max(clock.0 + FLOOR_AFTER_PROBLEMS);
+                }
+                self.due.insert((app.app.clone(), requeue.reason), at);
             }
             // A release waiting at a pause, or moving through a step (an
             // abort may come by comment at any time), is looked at.
@@ -244,6 +253,32 @@ pub(super) mod tests {
         assert_eq!(
             requeues.due.get(&("web".to_string(), RequeueReason::Pause)),
             Some(&(clock.0 + Duration::from_secs(1)))
+        );
+    }
+
+    #[test]
+    fn a_look_at_once_is_held_back_when_the_apps_sync_met_a_problem() {
+        let now = (Instant::now(), jiff::Timestamp::from_second(1_000_000).expect("a time"));
+        let at_once = Requeue {
+            after: Duration::ZERO,
+            reason: RequeueReason::Grace,
+            at: Some(now.1),
+        };
+        let mut requeues = Requeues::default();
+        let mut failed = app("web", Some(at_once), false);
+        failed.result = AppResult::Failed;
+        requeues.replace_at(
+            &report(vec![app("api", Some(at_once), false), failed]),
+            now.0,
+            None,
+            now,
+        );
+        let due = |app: &str| requeues.due[&(app.to_string(), RequeueReason::Grace)];
+        assert_eq!(due("api"), now.0, "a clean pass: at once");
+        assert_eq!(
+            due("web"),
+            now.0 + FLOOR_AFTER_PROBLEMS,
+            "a pass whose writes failed would ask again and again"
         );
     }
 

@@ -466,6 +466,7 @@ fn parse_tenant(value: &str) -> Result<(String, ServiceAccountRef), String> {
 pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
     SyncOptions {
         instance: args.instance.clone(),
+        source: source_of(&args.repo, &args.branch, &args.path),
         state_namespace: args.state_namespace.clone(),
         prune: args.prune,
         allowed: args.allowed.to_allowed(),
@@ -476,6 +477,16 @@ pub(crate) fn options(args: &SourceArgs) -> SyncOptions {
         prometheus: args.prometheus.iter().cloned().collect(),
         ..SyncOptions::default()
     }
+}
+
+/// What an app's status records as its source: the repository (without
+/// credentials), the branch and the path.
+pub(crate) fn source_of(repo: &str, branch: &str, path: &str) -> String {
+    format!(
+        "{} {branch} /{}",
+        crate::source::redact_url(repo),
+        path.trim_matches('/')
+    )
 }
 
 pub(crate) fn open_source(args: &SourceArgs) -> Result<Source, Error> {

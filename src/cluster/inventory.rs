@@ -24,6 +24,8 @@ pub fn status_selector(instance: &str) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppStatus {
     pub app: String,
+    /// The source the app was synced from (see `SyncOptions::source`).
+    pub source: String,
     pub commit: String,
     /// `Synced`, `Invalid` (not applied: the manifests have problems) or `Failed`.
     pub result: String,
@@ -143,6 +145,7 @@ impl AppStatus {
         };
         AppStatus {
             app: app.to_string(),
+            source: field("source"),
             commit: field("commit"),
             result: field("result"),
             message: field("message"),
@@ -156,6 +159,7 @@ impl AppStatus {
     pub async fn save(&self, agent: &super::Writer<'_>, namespace: &str, instance: &str) -> Result<()> {
         let data: BTreeMap<String, String> = [
             ("app", self.app.clone()),
+            ("source", self.source.clone()),
             ("commit", self.commit.clone()),
             ("result", self.result.clone()),
             ("message", self.message.clone()),
@@ -204,6 +208,11 @@ impl AppStatus {
         let Some(live) = api.get_opt(&name).await.map_err(Error::kube(context()))? else {
             return Ok(());
         };
+        // Another app whose name makes the same ConfigMap name (`my_app`
+        // gone, `my-app` new) may have written it since: not this app's.
+        if live.data.as_ref().and_then(|data| data.get("app")).map(String::as_str) != Some(app) {
+            return Ok(());
+        }
         let deletion = crate::plan::Deletion {
             api_version: "v1".into(),
             key: crate::manifest::ObjectKey {

@@ -46,6 +46,7 @@ impl Fixture {
     pub fn options(&self, prune: bool) -> SyncOptions {
         SyncOptions {
             instance: format!("test-{}", self.ns),
+            source: self.repo.file_url(),
             state_namespace: self.ns.clone(),
             prune,
             ..SyncOptions::default()

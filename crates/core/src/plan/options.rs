@@ -37,6 +37,10 @@ impl std::fmt::Debug for HookEndpoint {
 pub struct SyncOptions {
     /// Agent instance name, the value of the `gitcanary.io/managed-by` label.
     pub instance: String,
+    /// Where the apps come from (repository, branch and path), recorded in
+    /// each app's status: an app that left Git is pruned whole only by a
+    /// sync of the source that made it. Empty: none is.
+    pub source: String,
     /// Namespace of the per-app status ConfigMaps.
     pub state_namespace: String,
     /// Delete managed objects that left Git.
@@ -151,6 +155,7 @@ impl Default for SyncOptions {
     fn default() -> Self {
         SyncOptions {
             instance: crate::DEFAULT_INSTANCE.to_string(),
+            source: String::new(),
             state_namespace: "gitcanary-system".to_string(),
             prune: false,
             allowed: Allowed::default(),
