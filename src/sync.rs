@@ -203,6 +203,7 @@ async fn observe_revision<'r>(
     revision: &'r Revision,
     options: &SyncOptions,
     memo: &'r SyncMemo,
+    wanted: Option<&std::collections::HashSet<ObjectKey>>,
 ) -> Result<Observed<'r>> {
     let history = revision.history.clone();
     let manifests = &revision.manifests;
@@ -225,7 +226,7 @@ async fn observe_revision<'r>(
             break;
         }
     }
-    let live = observe::list_live(cluster, &manifests.apps, options).await?;
+    let live = observe::list_live(cluster, &manifests.apps, options, wanted).await?;
     Ok(Observed {
         crd_kinds,
         live,
@@ -269,23 +270,17 @@ pub async fn sync_validated(
         let in_scope = |app: &&App| scope.is_none_or(|apps| apps.contains(&app.name));
         // Before the live objects are read: a change after this is seen by
         // the plan and misses the memo next time, never the other way round.
-        let mut inputs = BTreeMap::new();
-        let mut recalled = BTreeMap::new();
-        for app in manifests.apps.values().filter(in_scope) {
-            let app_commit = revision.commit_for(&app.name);
-            let previous = statuses.get(&app.name).map(AsRef::as_ref);
-            if let Some((found, keys)) = memo::inputs_of(cluster, app, app_commit, options).await {
-                if let Some(report) = memo.recall(&app.name, &found, previous) {
-                    recalled.insert(app.name.as_str(), report);
-                } else if memo::holds_exactly(previous, keys) {
-                    inputs.insert(app.name.as_str(), found);
-                }
-            }
-        }
+        let in_scope_apps = manifests.apps.values().filter(in_scope);
+        let (inputs, recalled) = recall_apps(cluster, revision, in_scope_apps, &statuses, options, memo).await;
         memo.keep_only(manifests.apps.keys().map(String::as_str));
         let gone = gone_apps(manifests, &statuses, scope, options);
-        // Observed once, and only if some app is planned at all.
+        // Observed once, and only if some app is planned at all; a sync of
+        // some apps reads the live objects of those apps only.
         let observed = tokio::sync::OnceCell::new();
+        let wanted = || {
+            let apps = manifests.apps.values().filter(in_scope).chain(&gone);
+            scope.map(|_| keys_of(apps, &statuses, options))
+        };
         // Apps that hold Namespaces or CRDs go first: other apps may use them.
         let (first, mut rest): (Vec<&App>, Vec<&App>) = manifests
             .apps
@@ -306,7 +301,7 @@ pub async fn sync_validated(
                 return Ok(Some(report.clone()));
             }
             let observed = observed
-                .get_or_try_init(|| observe_revision(cluster, revision, options, memo))
+                .get_or_try_init(|| async { observe_revision(cluster, revision, options, memo, wanted().as_ref()).await })
                 .await?;
             // The app's own commit: a push that leaves the app alone rewrites nothing of it.
             let app_commit = revision.commit_for(&app.name);
@@ -353,6 +348,33 @@ pub async fn sync_validated(
     .await
 }
 
+/// For each app: its answer from the last sync when nothing it reads
+/// changed since (see [`SyncMemo`]), else the inputs its answer is
+/// remembered under if it turns out to have nothing to do.
+async fn recall_apps<'a>(
+    cluster: &Cluster,
+    revision: &Revision,
+    apps: impl Iterator<Item = &'a App>,
+    statuses: &BTreeMap<String, Arc<AppStatus>>,
+    options: &SyncOptions,
+    memo: &SyncMemo,
+) -> (BTreeMap<&'a str, memo::Inputs>, BTreeMap<&'a str, AppReport>) {
+    let mut inputs = BTreeMap::new();
+    let mut recalled = BTreeMap::new();
+    for app in apps {
+        let app_commit = revision.commit_for(&app.name);
+        let previous = statuses.get(&app.name).map(AsRef::as_ref);
+        if let Some((found, keys)) = memo::inputs_of(cluster, app, app_commit, options).await {
+            if let Some(report) = memo.recall(&app.name, &found, previous) {
+                recalled.insert(app.name.as_str(), report);
+            } else if memo::holds_exactly(previous, keys) {
+                inputs.insert(app.name.as_str(), found);
+            }
+        }
+    }
+    (inputs, recalled)
+}
+
 /// The apps this instance recorded a status for that Git no longer holds
 /// (their directory was removed), in scope, when prune is on: each is
 /// synced as an app without objects, so that what it made is pruned as an
@@ -385,6 +407,35 @@ fn gone_apps(
             ..App::default()
         })
         .collect()
+}
+
+/// The keys of every object `apps` hold in Git (a manifest without a
+/// namespace under the default one too) and of every object their statuses
+/// record: what a sync of those apps alone reads of the live objects.
+fn keys_of<'a>(
+    apps: impl Iterator<Item = &'a App>,
+    statuses: &BTreeMap<String, Arc<AppStatus>>,
+    options: &SyncOptions,
+) -> std::collections::HashSet<ObjectKey> {
+    let mut keys = std::collections::HashSet::new();
+    for app in apps {
+        for manifest in app.manifests.iter() {
+            let key = manifest.key();
+            if key.namespace.is_none() {
+                keys.insert(ObjectKey {
+                    namespace: Some(options.allowed.default_namespace.clone()),
+                    ..key.clone()
+                });
+            }
+            keys.insert(key);
+        }
+        let recorded = statuses
+            .get(&app.name)
+            .map(|status| &status.inventory[..])
+            .unwrap_or_default();
+        keys.extend(recorded.iter().map(InventoryEntry::key));
+    }
+    keys
 }
 
 /// Every (apiVersion, kind) the revision holds.

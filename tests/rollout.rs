@@ -1101,7 +1101,10 @@ async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
         !reads.is_empty(),
         "the stable revision is read: the log has no such request"
     );
-    assert!(reads.values().all(|n| *n <= 2), "a revision read again and again: {reads:?}");
+    assert!(
+        reads.values().all(|n| *n <= 2),
+        "a revision read again and again: {reads:?}"
+    );
     let pods: Api<Pod> = Api::namespaced(scenario.client.clone(), &ns);
     let mut batches = BTreeMap::new();
     for pod in pods

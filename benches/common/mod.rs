@@ -456,12 +456,23 @@ impl Repo {
                 message,
             ],
         );
-        let _ = Command::new("git")
-            .args(["pull", "-q", "--rebase", "origin", "main"])
-            .current_dir(&self.work)
-            .output();
-        run(&self.work, "git", &["push", "-q", "origin", "HEAD:main"]);
-        run(&self.work, "git", &["rev-parse", "HEAD"]).trim().to_string()
+        // The agent pushes its own status commits: one may land between the
+        // pull and the push, and the push is then made again on top of it.
+        for _ in 0..5 {
+            let _ = Command::new("git")
+                .args(["pull", "-q", "--rebase", "origin", "main"])
+                .current_dir(&self.work)
+                .output();
+            let pushed = Command::new("git")
+                .args(["push", "-q", "origin", "HEAD:main"])
+                .current_dir(&self.work)
+                .output()
+                .is_ok_and(|output| output.status.success());
+            if pushed {
+                return run(&self.work, "git", &["rev-parse", "HEAD"]).trim().to_string();
+            }
+        }
+        panic!("five pushes in a row lost the race with the agent's own")
     }
 }
 

@@ -222,19 +222,7 @@ impl Agent {
                 if burst.iter().any(Trigger::reads_source) {
                     load_wanted.notify_one();
                 }
-                let wakes: Vec<&Trigger> = burst.iter().filter(|t| !t.reads_source()).collect();
-                // The watch events of the last sync's own applies are no news (they
-                // are read after that sync, when all its writes are recorded).
-                let own_echo = |trigger: &&Trigger| match trigger {
-                    Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {
-                        self.cluster.own_writes.wrote(&seen.uid, &seen.version)
-                    }
-                    _ => false,
-                };
-                let (echoes, news): (Vec<&Trigger>, Vec<&Trigger>) = wakes.into_iter().partition(own_echo);
-                self.metrics
-                    .own_write_events
-                    .fetch_add(echoes.len() as u64, Ordering::Relaxed);
+                let news = self.news_in(&burst);
                 if news.is_empty() {
                     continue;
                 }
@@ -285,6 +273,24 @@ impl Agent {
             () = reconcile => {}
             () = self.follow_source(&load_wanted, &triggers) => {}
         }
+    }
+
+    /// What of `burst` the loop acts on at once: not what reads the source
+    /// (the loader's sync follows), nor the watch events of the last sync's
+    /// own applies (read after that sync, when all its writes are recorded).
+    fn news_in<'b>(&self, burst: &'b [Trigger]) -> Vec<&'b Trigger> {
+        let wakes = burst.iter().filter(|t| !t.reads_source());
+        let own_echo = |trigger: &&Trigger| match trigger {
+            Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {
+                self.cluster.own_writes.wrote(&seen.uid, &seen.version)
+            }
+            _ => false,
+        };
+        let (echoes, news): (Vec<&Trigger>, Vec<&Trigger>) = wakes.partition(own_echo);
+        self.metrics
+            .own_write_events
+            .fetch_add(echoes.len() as u64, Ordering::Relaxed);
+        news
     }
 
     /// With shards, the apps of `scope` (every app, when `None`) whose shard

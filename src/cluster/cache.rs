@@ -247,6 +247,25 @@ impl WatchCache {
         self.kind(resolved, scope, selector)?.snapshot()
     }
 
+    /// [`WatchCache::objects`], only those whose key `wanted` keeps: a sync
+    /// of one app copies its objects, not every object of their kinds.
+    pub fn objects_where(
+        &self,
+        resolved: &Resolved,
+        scope: Option<&str>,
+        selector: &str,
+        wanted: impl Fn(&ObjectKey) -> bool,
+    ) -> Option<Vec<(ObjectKey, Box<str>)>> {
+        let mut kept = Vec::new();
+        let cache = self.kind(resolved, scope, selector)?;
+        let current = cache.visit(|key, _, text| {
+            if wanted(key) {
+                kept.push((key.clone(), Box::from(text)));
+            }
+        });
+        current.then_some(kept)
+    }
+
     /// What gitcanary's own write returned, at once: the next sync must not
     /// find the state before it because the watch event is still on its way.
     pub fn wrote(&self, resolved: &Resolved, object: &DynamicObject) {

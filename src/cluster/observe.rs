@@ -15,7 +15,13 @@ use crate::{Error, MANAGED_BY_LABEL, Result};
 /// Every live object of this instance, of the kinds the apps hold. Under
 /// `--namespaces`, namespaced kinds are listed in those namespaces only, so
 /// that Roles there (deploy/namespaced/) are all the agent needs.
-pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options: &SyncOptions) -> Result<LiveObjects> {
+/// With `wanted`, only the objects whose key it holds (a sync of some apps).
+pub async fn list_live(
+    cluster: &Cluster,
+    apps: &BTreeMap<String, App>,
+    options: &SyncOptions,
+    wanted: Option<&std::collections::HashSet<ObjectKey>>,
+) -> Result<LiveObjects> {
     let mut kinds: BTreeMap<&(String, String), Resolved> = BTreeMap::new();
     // Each kind once, not each object.
     for id in apps.values().flat_map(|a| a.kinds()) {
@@ -35,7 +41,8 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
         let selector = selector.clone();
         async move {
             // The agent's watches keep the kind current: no request.
-            if let Some(objects) = cluster.watch_cache.objects(&resolved, scope, &selector) {
+            let keep = |key: &ObjectKey| wanted.is_none_or(|wanted| wanted.contains(key));
+            if let Some(objects) = cluster.watch_cache.objects_where(&resolved, scope, &selector, keep) {
                 return Ok(objects);
             }
             let api = cluster.api(&resolved, scope);
@@ -52,7 +59,8 @@ pub async fn list_live(cluster: &Cluster, apps: &BTreeMap<String, App>, options:
                 objects.extend(
                     page.items
                         .into_iter()
-                        .map(|object| super::cache::entry(&resolved.resource, object)),
+                        .map(|object| super::cache::entry(&resolved.resource, object))
+                        .filter(|(key, _)| keep(key)),
                 );
                 match next {
                     Some(token) => params = params.continue_token(&token),

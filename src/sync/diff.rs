@@ -16,7 +16,7 @@ pub async fn diff(
     let mut revision = revision.clone();
     validate_revision(&mut revision, options);
     let memo = SyncMemo::default();
-    let observed = observe_revision(cluster, &revision, options, &memo).await?;
+    let observed = observe_revision(cluster, &revision, options, &memo, None).await?;
     let statuses = AppStatus::load_all(cluster, &options.state_namespace, &options.instance).await?;
     let mut diffs = Vec::new();
     let mut problems = Vec::new();
