@@ -108,29 +108,36 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
     );
 }
 
-#[tokio::test]
-async fn a_drift_replans_only_the_app_that_holds_the_object() {
-    let scenario = Scenario::new("cache-scope").await;
+/// Apps a (ConfigMap a1) and b (b1), synced by an agent that never polls
+/// (every sync after the first is woken by a watch, or a webhook signed
+/// with `s3cret`), once both kinds' watches (the apps' ConfigMaps, the
+/// status ConfigMaps) have listed.
+async fn two_apps_without_a_poll(prefix: &str) -> (Scenario, AgentProcess) {
+    let scenario = Scenario::new(prefix).await;
     scenario.repo.write("a/cm.yaml", &config_map(&scenario.ns, "a1"));
     scenario.repo.write("b/cm.yaml", &config_map(&scenario.ns, "b1"));
     scenario.repo.commit_and_push("two apps");
-    // No poll: every sync after the first is woken by a watch.
     let agent = AgentProcess::start_with(
         &scenario.repo,
         &scenario.ns,
         scenario.cache.path(),
         &["--poll-interval", "3600"],
-        &[],
+        &[("GITCANARY_WEBHOOK_SECRET", "s3cret")],
     );
     eventually("synced", WAIT, || async {
         color(&scenario.client, &scenario.ns, "b1").await
     })
     .await;
-    // Both kinds' watches (the apps' ConfigMaps, the status ConfigMaps) have listed.
     eventually("the watches run", WAIT, || async {
         (agent.counter(WATCHES).await >= 2).then_some(())
     })
     .await;
+    (scenario, agent)
+}
+
+#[tokio::test]
+async fn a_drift_replans_only_the_app_that_holds_the_object() {
+    let (scenario, agent) = two_apps_without_a_poll("cache-scope").await;
     let configmaps = Api::<ConfigMap>::namespaced(scenario.client.clone(), &scenario.ns);
     let drift_a1 = async |color_now: &str| {
         let syncs = agent.syncs().await;
@@ -159,27 +166,7 @@ async fn a_drift_replans_only_the_app_that_holds_the_object() {
 
 #[tokio::test]
 async fn a_push_replans_only_the_app_it_changed() {
-    let scenario = Scenario::new("cache-push").await;
-    scenario.repo.write("a/cm.yaml", &config_map(&scenario.ns, "a1"));
-    scenario.repo.write("b/cm.yaml", &config_map(&scenario.ns, "b1"));
-    scenario.repo.commit_and_push("two apps");
-    // No poll: the push is told by webhook.
-    let agent = AgentProcess::start_with(
-        &scenario.repo,
-        &scenario.ns,
-        scenario.cache.path(),
-        &["--poll-interval", "3600"],
-        &[("GITCANARY_WEBHOOK_SECRET", "s3cret")],
-    );
-    eventually("synced", WAIT, || async {
-        color(&scenario.client, &scenario.ns, "b1").await
-    })
-    .await;
-    // Both kinds' watches (the apps' ConfigMaps, the status ConfigMaps) have listed.
-    eventually("the watches run", WAIT, || async {
-        (agent.counter(WATCHES).await >= 2).then_some(())
-    })
-    .await;
+    let (scenario, agent) = two_apps_without_a_poll("cache-push").await;
     let planned = "gitcanary_apps_planned_total";
     let (recalled, planned_before) = (agent.counter(RECALLED).await, agent.counter(planned).await);
     scenario.repo.write(
