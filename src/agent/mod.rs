@@ -230,7 +230,8 @@ impl Agent {
                 let Some((revision, owners)) = self.revision() else {
                     continue;
                 };
-                let changed = self.changed_by_load(&news, settled.as_ref(), &revision);
+                let writing_back = !self.memo.written_back().is_empty();
+                let changed = scope::changed_by_load(&news, settled.as_ref(), &revision, writing_back);
                 let scope = scope::apps_of_with(&news, &owners, changed.as_ref());
                 let whole = scope.is_none();
                 let Some(scope) = self.within_shards(scope, &revision) else {
@@ -269,21 +270,6 @@ impl Agent {
             () = reconcile => {}
             () = self.follow_source(&load_wanted, &triggers) => {}
         }
-    }
-
-    /// With a new revision loaded among `news`, the apps it changed since
-    /// `settled` (see `scope::changed_apps`); `None` for every app.
-    fn changed_by_load(
-        &self,
-        news: &[&Trigger],
-        settled: Option<&(String, scope::AppPrints)>,
-        revision: &crate::source::Revision,
-    ) -> Option<BTreeSet<String>> {
-        let loaded = news.iter().any(|t| matches!(t, Trigger::Loaded));
-        // A write-back waiting to be recorded in its Rollout's status (its
-        // commit changes no app's files) is for every app's sync to record.
-        let recorded = self.memo.written_back().is_empty();
-        scope::changed_apps(settled.filter(|_| loaded && recorded)?, revision)
     }
 
     /// What of `burst` the loop acts on at once: not what reads the source

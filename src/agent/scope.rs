@@ -186,6 +186,20 @@ pub(super) fn changed_apps(synced: &(String, AppPrints), revision: &Revision) ->
     Some(changed)
 }
 
+/// With a new revision loaded among `news`, the apps it changed since
+/// `settled` ([`changed_apps`]); `None` (every app) otherwise, and while a
+/// write-back waits to be recorded in its Rollout's status: its commit
+/// changes no app's files, and every app's sync is where it is recorded.
+pub(super) fn changed_by_load(
+    news: &[&Trigger],
+    settled: Option<&(String, AppPrints)>,
+    revision: &Revision,
+    writing_back: bool,
+) -> Option<BTreeSet<String>> {
+    let loaded = news.iter().any(|t| matches!(t, Trigger::Loaded));
+    changed_apps(settled.filter(|_| loaded && !writing_back)?, revision)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +298,24 @@ mod tests {
             Some(names(&["api", "web"]))
         );
         assert_eq!(apps_of_with(&[&loaded], &owners, None), None, "not known: every app");
+
+        let third = Revision::new("c3".into(), second.manifests.clone());
+        assert!(changed_by_load(&[&loaded], Some(&synced), &third, false).is_some());
+        assert_eq!(
+            changed_by_load(&[&loaded], Some(&synced), &third, true),
+            None,
+            "a write-back to record: every app"
+        );
+        assert_eq!(
+            changed_by_load(&[&drift], Some(&synced), &third, false),
+            None,
+            "nothing loaded"
+        );
+        assert_eq!(
+            changed_by_load(&[&loaded], None, &third, false),
+            None,
+            "nothing settled"
+        );
     }
 
     #[test]
