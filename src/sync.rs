@@ -203,7 +203,7 @@ async fn observe_revision<'r>(
     revision: &'r Revision,
     options: &SyncOptions,
     memo: &'r SyncMemo,
-    wanted: Option<&std::collections::HashSet<ObjectKey>>,
+    wanted: Option<&RevisionKeys>,
 ) -> Result<Observed<'r>> {
     let history = revision.history.clone();
     let manifests = &revision.manifests;
@@ -409,32 +409,18 @@ fn gone_apps(
         .collect()
 }
 
-/// The keys of every object `apps` hold in Git (a manifest without a
-/// namespace under the default one too) and of every object their statuses
-/// record: what a sync of those apps alone reads of the live objects.
+/// The keys of every object `apps` hold in Git (as [`RevisionKeys`] has
+/// them) and of every object their statuses record: what a sync of those
+/// apps alone reads of the live objects.
 fn keys_of<'a>(
-    apps: impl Iterator<Item = &'a App>,
+    apps: impl Iterator<Item = &'a App> + Clone,
     statuses: &BTreeMap<String, Arc<AppStatus>>,
     options: &SyncOptions,
-) -> std::collections::HashSet<ObjectKey> {
-    let mut keys = std::collections::HashSet::new();
-    for app in apps {
-        for manifest in app.manifests.iter() {
-            let key = manifest.key();
-            if key.namespace.is_none() {
-                keys.insert(ObjectKey {
-                    namespace: Some(options.allowed.default_namespace.clone()),
-                    ..key.clone()
-                });
-            }
-            keys.insert(key);
-        }
-        let recorded = statuses
-            .get(&app.name)
-            .map(|status| &status.inventory[..])
-            .unwrap_or_default();
-        keys.extend(recorded.iter().map(InventoryEntry::key));
-    }
+) -> RevisionKeys {
+    let manifests = apps.clone().flat_map(|app| app.manifests.iter());
+    let mut keys = RevisionKeys::of(manifests, &options.allowed.default_namespace);
+    let recorded = apps.filter_map(|app| statuses.get(&app.name));
+    keys.extend(recorded.flat_map(|status| status.inventory.iter().map(InventoryEntry::key)));
     keys
 }
 

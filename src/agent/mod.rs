@@ -230,7 +230,7 @@ impl Agent {
                 let Some((revision, owners)) = self.revision() else {
                     continue;
                 };
-                let writing_back = !self.memo.written_back().is_empty();
+                let writing_back = self.memo.writing_back();
                 let changed = scope::changed_by_load(&news, settled.as_ref(), &revision, writing_back);
                 let scope = scope::apps_of_with(&news, &owners, changed.as_ref());
                 let whole = scope.is_none();
@@ -367,9 +367,6 @@ impl Agent {
     }
 }
 
-/// The apps of `report` whose shard this replica still holds (all of them
-/// without shards): a shard lost during the sync takes its write-backs,
-/// notifications and GitHub reports with it.
 /// What the next new commit is compared with after a sync (see
 /// `scope::changed_apps`): every app's print when the sync was whole, the
 /// last ones brought up to date with the apps a new commit changed, and
@@ -397,6 +394,9 @@ fn settle(
     Some((commit, prints))
 }
 
+/// The apps of `report` whose shard this replica still holds (all of them
+/// without shards): a shard lost during the sync takes its write-backs,
+/// notifications and GitHub reports with it.
 fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> SyncReport {
     if let Some(shards) = shards {
         report.apps.retain(|app| shards.holds_app(&app.app));

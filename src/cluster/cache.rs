@@ -113,14 +113,6 @@ impl KindCache {
         self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn snapshot(&self) -> Option<Vec<(ObjectKey, Box<str>)>> {
-        if !self.synced.load(Ordering::SeqCst) {
-            return None;
-        }
-        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        Some(objects.iter().map(|(k, v)| (k.clone(), v.text.clone())).collect())
-    }
-
     /// Calls `visit` with each object's key, resourceVersion and JSON;
     /// `false` (and no call) when the cache is not current.
     pub fn visit(&self, mut visit: impl FnMut(&ObjectKey, &str, &str)) -> bool {
@@ -236,19 +228,9 @@ impl WatchCache {
         self.changes.load(Ordering::SeqCst)
     }
 
-    /// The objects of the kind in the scope that the selector selects, when a
-    /// watch keeps them current.
-    pub fn objects(
-        &self,
-        resolved: &Resolved,
-        scope: Option<&str>,
-        selector: &str,
-    ) -> Option<Vec<(ObjectKey, Box<str>)>> {
-        self.kind(resolved, scope, selector)?.snapshot()
-    }
-
-    /// [`WatchCache::objects`], only those whose key `wanted` keeps: a sync
-    /// of one app copies its objects, not every object of their kinds.
+    /// The objects of the kind in the scope that the selector selects and
+    /// whose key `wanted` keeps, when a watch keeps them current: a sync of
+    /// one app copies its objects, not every object of their kinds.
     pub fn objects_where(
         &self,
         resolved: &Resolved,

@@ -185,20 +185,7 @@ impl AppStatus {
         });
         write_own(agent, &body, true, format!("writing the status of app {}", self.app)).await
     }
-}
 
-impl Cluster {
-    /// The apps whose status the last read of the statuses' watch found.
-    pub fn recorded_apps(&self) -> std::collections::BTreeSet<String> {
-        let parsed = self.parsed_statuses.lock().unwrap_or_else(|e| e.into_inner());
-        parsed
-            .values()
-            .filter_map(|(_, status)| Some(status.as_ref()?.app.clone()))
-            .collect()
-    }
-}
-
-impl AppStatus {
     /// Deletes the app's status (an app that left Git with nothing left of
     /// it), as `agent`; the one read now, not one written meanwhile.
     pub async fn remove(agent: &super::Writer<'_>, namespace: &str, instance: &str, app: &str) -> Result<()> {
@@ -230,6 +217,17 @@ impl AppStatus {
             .await
             .map_err(Error::kube(context()))?;
         Ok(())
+    }
+}
+
+impl Cluster {
+    /// The apps whose status the last read of the statuses' watch found.
+    pub fn recorded_apps(&self) -> std::collections::BTreeSet<String> {
+        let parsed = self.parsed_statuses.lock().unwrap_or_else(|e| e.into_inner());
+        parsed
+            .values()
+            .filter_map(|(_, status)| Some(status.as_ref()?.app.clone()))
+            .collect()
     }
 }
 

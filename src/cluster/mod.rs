@@ -55,7 +55,7 @@ pub struct Cluster {
     /// Status ConfigMaps as last parsed, by name: their resourceVersion and status.
     parsed_statuses: std::sync::Mutex<ParsedStatuses>,
     /// The pod template of each StatefulSet revision read, by namespace and
-    /// ControllerRevision name (see `stable_template`).
+    /// ControllerRevision name (see `Cluster::revision_template`).
     revision_templates: std::sync::Mutex<std::collections::HashMap<(String, String), serde_json::Value>>,
 }
 

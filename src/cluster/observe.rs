@@ -20,7 +20,7 @@ pub async fn list_live(
     cluster: &Cluster,
     apps: &BTreeMap<String, App>,
     options: &SyncOptions,
-    wanted: Option<&std::collections::HashSet<ObjectKey>>,
+    wanted: Option<&crate::plan::RevisionKeys>,
 ) -> Result<LiveObjects> {
     let mut kinds: BTreeMap<&(String, String), Resolved> = BTreeMap::new();
     // Each kind once, not each object.
@@ -41,7 +41,7 @@ pub async fn list_live(
         let selector = selector.clone();
         async move {
             // The agent's watches keep the kind current: no request.
-            let keep = |key: &ObjectKey| wanted.is_none_or(|wanted| wanted.contains(key));
+            let keep = |key: &ObjectKey| wanted.is_none_or(|wanted| wanted.holds(key));
             if let Some(objects) = cluster.watch_cache.objects_where(&resolved, scope, &selector, keep) {
                 return Ok(objects);
             }

@@ -171,6 +171,11 @@ impl SyncMemo {
         all.insert((namespace.to_string(), name.to_string()), written);
     }
 
+    /// Whether a write-back waits to be recorded in its Rollout's status.
+    pub fn writing_back(&self) -> bool {
+        !self.written_back.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
     pub fn written_back(&self) -> WrittenBacks {
         self.written_back.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }

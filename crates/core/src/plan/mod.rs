@@ -454,6 +454,12 @@ impl RevisionKeys {
     }
 }
 
+impl Extend<ObjectKey> for RevisionKeys {
+    fn extend<I: IntoIterator<Item = ObjectKey>>(&mut self, keys: I) {
+        self.keys.extend(keys);
+    }
+}
+
 /// What one app's plan is made from.
 pub struct AppInputs<'a, 'o> {
     pub app: &'a str,
