@@ -1,12 +1,17 @@
 //! gitcanary against the tools users would pick instead, each on a fresh
 //! control plane of its own, on the same manifests, in one run. Sync:
-//! gitcanary, Flux (source- and kustomize-controller) and kubectl. Canary:
-//! gitcanary, Argo Rollouts and Flagger. The peers are built from their Go
-//! modules by benches/peers/build.sh (cached). Prints markdown tables.
+//! gitcanary, Flux (source- and kustomize-controller) with a Kustomization
+//! per app and with one over the tree, and kubectl. Canary: gitcanary, Argo
+//! Rollouts and Flagger. Every tool runs as its install runs it (leader
+//! election on, its default intervals), and every moment is taken from a
+//! watch this process opened before the action, the same for every tool.
+//! The peers are built from their Go modules by benches/peers/build.sh
+//! (cached). Prints markdown tables.
 //!
 //!   cargo bench --bench peers
 //!   GITCANARY_PEERS_SIZES=1000,5000     # objects (default)
 //!   GITCANARY_PEERS_STEADY_SECONDS=600  # the window with no change (default 10 minutes)
+//!   GITCANARY_PEERS_CHANGES=5           # one-change rounds per tool
 //!   GITCANARY_PEERS_WORKLOADS=100       # governed workloads for the canary tools' memory
 //!   GITCANARY_PEERS_ONLY=sync           # or canary
 //!   GITCANARY_PEERS_TOOLS=gitcanary,argo-rollouts,flagger   # the canary tools to run (default all)
@@ -200,7 +205,8 @@ impl Peers {
     }
 }
 
-/// Flux's source- and kustomize-controller, out of cluster, with their CRDs.
+/// Flux's source- and kustomize-controller, out of cluster, with their CRDs,
+/// run as `flux install` runs them (leader election on).
 struct Flux {
     source: Process,
     kustomize: Process,
@@ -209,15 +215,24 @@ struct Flux {
 
 const FLUX_NAMESPACE: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: flux-system}\n";
 
+/// How the Kustomizations cover the tree.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// One per app directory (and one for the namespaces, which each app's depends on).
+    PerApp,
+    /// One over the whole tree, as `flux bootstrap` points one at a cluster directory.
+    Tree,
+}
+
 impl Flux {
-    fn start(cluster: &ControlPlane, peers: &Peers, work: &Path) -> Flux {
+    fn start(cluster: &ControlPlane, peers: &Peers, work: &Path, layout: Layout) -> Flux {
         for name in ["source-controller", "kustomize-controller"] {
             let crds = peers.dir(name).join("crds");
             cluster.kubectl(&["apply", "--server-side", "-f", &crds.display().to_string()]);
         }
         cluster.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"]);
         cluster.apply_yaml(FLUX_NAMESPACE);
-        let storage = work.join("flux-storage");
+        let storage = work.join(format!("flux-storage-{layout:?}"));
         std::fs::create_dir_all(&storage).expect("mkdir");
         let storage_addr = format!("127.0.0.1:{}", free_port());
         let metrics = [free_port(), free_port()];
@@ -229,18 +244,20 @@ impl Flux {
                 format!("--storage-adv-addr={storage_addr}"),
                 format!("--metrics-addr=127.0.0.1:{}", metrics[0]),
                 format!("--health-addr=127.0.0.1:{}", free_port()),
+                "--enable-leader-election".to_string(),
             ],
             &cluster.kubeconfig,
-            &work.join("source-controller.log"),
+            &work.join(format!("source-controller-{layout:?}.log")),
         );
         let kustomize = Process::start(
             &peers.dir("kustomize-controller").join("bin/kustomize-controller"),
             &[
                 format!("--metrics-addr=127.0.0.1:{}", metrics[1]),
                 format!("--health-addr=127.0.0.1:{}", free_port()),
+                "--enable-leader-election".to_string(),
             ],
             &cluster.kubeconfig,
-            &work.join("kustomize-controller.log"),
+            &work.join(format!("kustomize-controller-{layout:?}.log")),
         );
         let flux = Flux {
             source,
@@ -265,38 +282,88 @@ impl Flux {
         cpu_seconds(self.source.pid()) + cpu_seconds(self.kustomize.pid())
     }
 
-    /// One GitRepository and one Kustomization over the whole tree, at the
-    /// intervals `flux bootstrap` writes (1m and 10m), pruning.
-    fn follow(cluster: &ControlPlane, url: &str) {
-        cluster.apply_yaml(&format!(
-            "apiVersion: source.toolkit.fluxcd.io/v1\nkind: GitRepository\nmetadata: {{name: bench, namespace: flux-system}}\nspec:\n  interval: 1m0s\n  url: {url}\n  ref: {{branch: main}}\n---\napiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {{name: bench, namespace: flux-system}}\nspec:\n  interval: 10m0s\n  sourceRef: {{kind: GitRepository, name: bench}}\n  path: ./\n  prune: true\n"
-        ));
+    fn peak_rss_mib(&self) -> f64 {
+        peak_rss_mib(self.source.pid()) + peak_rss_mib(self.kustomize.pid())
     }
 
-    fn applied_revision(cluster: &ControlPlane) -> String {
-        cluster.kubectl(&[
-            "get",
-            "kustomization",
-            "bench",
-            "-n",
-            "flux-system",
-            "-o",
-            "jsonpath={.status.lastAppliedRevision}",
-        ])
+    /// One GitRepository, and Kustomizations over the tree as `layout` says,
+    /// at the intervals `flux bootstrap` writes (1m and 10m), pruning.
+    fn follow(cluster: &ControlPlane, url: &str, layout: Layout, tree: &Path) {
+        let kustomization = |name: &str, path: &str, depends: &str| {
+            format!(
+                "apiVersion: kustomize.toolkit.fluxcd.io/v1\nkind: Kustomization\nmetadata: {{name: {name}, namespace: flux-system}}\nspec:\n  interval: 10m0s\n  sourceRef: {{kind: GitRepository, name: bench}}\n  path: {path}\n  prune: true\n{depends}"
+            )
+        };
+        let mut documents = vec![format!(
+            "apiVersion: source.toolkit.fluxcd.io/v1\nkind: GitRepository\nmetadata: {{name: bench, namespace: flux-system}}\nspec:\n  interval: 1m0s\n  url: {url}\n  ref: {{branch: main}}\n"
+        )];
+        match layout {
+            Layout::Tree => documents.push(kustomization("bench", "./", "")),
+            Layout::PerApp => {
+                documents.push(kustomization("namespaces", "./00-namespaces", ""));
+                let mut apps: Vec<String> = std::fs::read_dir(tree)
+                    .expect("the tree")
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                    .filter(|name| name.starts_with("app-"))
+                    .collect();
+                apps.sort();
+                for app in apps {
+                    documents.push(kustomization(
+                        &app,
+                        &format!("./{app}"),
+                        "  dependsOn: [{name: namespaces}]\n",
+                    ));
+                }
+            }
+        }
+        cluster.apply_yaml(&documents.join("---\n"));
+    }
+}
+
+/// What a Flux Receiver does on a push: ask the GitRepository to reconcile
+/// now. Sent from this process (no kubectl start-up in Flux's figure).
+struct ReconcileRequest {
+    runtime: tokio::runtime::Runtime,
+    api: kube::Api<kube::api::DynamicObject>,
+}
+
+impl ReconcileRequest {
+    fn of(cluster: &ControlPlane) -> ReconcileRequest {
+        use kube::api::{ApiResource, GroupVersionKind};
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+        let api = runtime.block_on(async {
+            let file = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).expect("kubeconfig");
+            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .expect("config");
+            let client = kube::Client::try_from(config).expect("client");
+            let gvk = GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository");
+            let resource = ApiResource::from_gvk_with_plural(&gvk, "gitrepositories");
+            kube::Api::namespaced_with(client, "flux-system", &resource)
+        });
+        ReconcileRequest { runtime, api }
     }
 
-    /// What a Flux Receiver does on a push: ask the GitRepository to reconcile now.
-    fn request_reconcile(cluster: &ControlPlane) {
+    /// Sends it (on a thread of its own: the caller may be inside a runtime).
+    fn send(&self) {
         let at = format!("{:?}", std::time::SystemTime::now());
-        cluster.kubectl(&[
-            "annotate",
-            "--overwrite",
-            "gitrepository",
-            "bench",
-            "-n",
-            "flux-system",
-            &format!("reconcile.fluxcd.io/requestedAt={at}"),
-        ]);
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": at}}
+        });
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    self.runtime.block_on(self.api.patch(
+                        "bench",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    ))
+                })
+                .join()
+                .expect("the request's thread")
+                .expect("the GitRepository annotated");
+        });
     }
 }
 
@@ -308,10 +375,11 @@ fn agent_requests(agent: &Agent) -> f64 {
     )
 }
 
-fn agent_syncs(agent: &Agent) -> f64 {
+/// Requests the control plane's API server has served, whoever sent them.
+fn served_requests(cluster: &ControlPlane) -> f64 {
     metric_sum(
-        &agent.get("/metrics").unwrap_or_default(),
-        "gitcanary_sync_duration_seconds_count",
+        &cluster.kubectl(&["get", "--raw", "/metrics"]),
+        "apiserver_request_total",
     )
 }
 
@@ -333,130 +401,249 @@ fn change_one(repo: &Repo, round: usize) -> String {
     after.to_string()
 }
 
-struct SyncFigures {
-    first: [Duration; 3],
-    change: [Duration; 2],
-    /// Per tool (gitcanary, Flux, none): requests, tool CPU s, API server CPU s, response bytes.
-    steady: [(f64, f64, f64, f64); 3],
-    rss: [f64; 2],
+/// The columns of the sync table, in order.
+const SYNC_TOOLS: [&str; 4] = [
+    "gitcanary",
+    "Flux, a Kustomization per app",
+    "Flux, one Kustomization over the tree",
+    "kubectl apply --server-side -R",
+];
+
+/// What one control plane did in the window with no change.
+#[derive(Debug, Default, Clone, Copy)]
+struct Steady {
+    /// As the tool counts its own (none for kubectl's idle plane).
+    tool_requests: f64,
+    /// As the API server counts every request it served (controller-manager,
+    /// scheduler and kwok included: the idle plane is their baseline).
+    served: f64,
+    tool_cpu: f64,
+    apiserver_cpu: f64,
+    bytes: f64,
 }
 
-fn bench_sync(peers: &Peers, n: usize, steady: Duration) -> SyncFigures {
-    eprintln!("bench: {n} objects: three control planes (gitcanary, Flux, kubectl)");
+struct SyncFigures {
+    first: [Duration; 4],
+    /// Every round, sorted, of gitcanary and both Flux layouts.
+    changes: [Vec<Duration>; 3],
+    steady: [Steady; 4],
+    rss: [f64; 3],
+}
+
+/// A tool's first sync of the tree, from `act` to the last object's arrival
+/// at a watch opened before it.
+fn first_sync(name: &str, cluster: &ControlPlane, prefix: &str, n: usize, act: impl FnOnce()) -> Duration {
+    let tree = TreeObserver::start(cluster, prefix);
+    wait_quiet();
+    let started = Instant::now();
+    act();
+    let done = tree.all_applied(started, n, Duration::from_secs(3600));
+    eprintln!("bench:   {name} first sync {:?}", done - started);
+    done - started
+}
+
+fn bench_sync(peers: &Peers, n: usize, steady: Duration, rounds: usize) -> SyncFigures {
+    eprintln!("bench: {n} objects: four control planes ({})", SYNC_TOOLS.join(", "));
     let ours = ControlPlane::start();
-    let flux_cluster = ControlPlane::start();
+    let flux_apps_cluster = ControlPlane::start();
+    let flux_tree_cluster = ControlPlane::start();
     let kubectl_cluster = ControlPlane::start();
     let work = ours.dir.path().join("peers");
     std::fs::create_dir_all(&work).expect("mkdir");
-    // The same tree twice, so that each tool sees only the pushes meant for it
-    // (Flux polls every minute, and would take the other's commit on its own).
-    let repo = Repo::create(&work, &format!("tree{n}"));
-    generate(&repo.work, &format!("t{n}"), n);
-    repo.commit_and_push("synthetic");
-    let flux_repo = Repo::create(&work, &format!("flux{n}"));
-    generate(&flux_repo.work, &format!("t{n}"), n);
-    let head = flux_repo.commit_and_push("synthetic");
+    // The same tree once per tool that follows Git, so that each sees only the
+    // pushes meant for it (each polls every minute).
+    let prefix = format!("t{n}");
+    let repos: Vec<Repo> = ["tree", "flux-apps", "flux-tree"]
+        .iter()
+        .map(|name| {
+            let repo = Repo::create(&work, &format!("{name}{n}"));
+            generate(&repo.work, &prefix, n);
+            repo.commit_and_push("synthetic");
+            repo
+        })
+        .collect();
     let git = GitHttp::start(&work);
-    let flux = Flux::start(&flux_cluster, peers, &work);
+    let flux_apps = Flux::start(&flux_apps_cluster, peers, &work, Layout::PerApp);
+    let flux_tree = Flux::start(&flux_tree_cluster, peers, &work, Layout::Tree);
 
     // First sync: each tool from nothing, on a quiet machine.
-    wait_quiet();
-    let started = Instant::now();
-    let agent = Agent::start(
-        &ours,
-        &git.url(&repo),
-        "bench-peers",
-        &work.join("gitcanary-cache"),
-        &work.join("gitcanary.log"),
-    );
-    wait_until("gitcanary's first sync", Duration::from_secs(1800), || {
-        agent_syncs(&agent) >= 1.0
-    });
-    let gitcanary_first = started.elapsed();
-    eprintln!("bench:   gitcanary first sync {gitcanary_first:?}");
-    wait_quiet();
-    let started = Instant::now();
-    Flux::follow(&flux_cluster, &git.url(&flux_repo));
-    wait_until("Flux's first sync", Duration::from_secs(1800), || {
-        Flux::applied_revision(&flux_cluster).contains(&head)
-    });
-    let flux_first = started.elapsed();
-    eprintln!("bench:   Flux first sync {flux_first:?}");
-    wait_quiet();
-    let started = Instant::now();
-    kubectl_cluster.kubectl(&[
-        "apply",
-        "--server-side",
-        "--field-manager=bench",
-        "-R",
-        "-f",
-        &repo.work.display().to_string(),
-    ]);
-    let kubectl_first = started.elapsed();
-    eprintln!("bench:   kubectl first apply {kubectl_first:?}");
+    let mut agent = None;
+    let first = [
+        first_sync(SYNC_TOOLS[0], &ours, &prefix, n, || {
+            agent = Some(Agent::start_as_installed(
+                &ours,
+                &git.url(&repos[0]),
+                "bench-peers",
+                &work.join("gitcanary-cache"),
+                &work.join("gitcanary.log"),
+            ));
+        }),
+        first_sync(SYNC_TOOLS[1], &flux_apps_cluster, &prefix, n, || {
+            Flux::follow(&flux_apps_cluster, &git.url(&repos[1]), Layout::PerApp, &repos[1].work)
+        }),
+        first_sync(SYNC_TOOLS[2], &flux_tree_cluster, &prefix, n, || {
+            Flux::follow(&flux_tree_cluster, &git.url(&repos[2]), Layout::Tree, &repos[2].work)
+        }),
+        first_sync(SYNC_TOOLS[3], &kubectl_cluster, &prefix, n, || {
+            kubectl_cluster.kubectl(&[
+                "apply",
+                "--server-side",
+                "--field-manager=bench",
+                "-R",
+                "-f",
+                &repos[0].work.display().to_string(),
+            ]);
+        }),
+    ];
+    let agent = agent.expect("the agent started");
 
     // One changed object, pushed: gitcanary through its webhook, Flux
     // through a reconcile request on the GitRepository (a Receiver's work).
-    let mut gitcanary_changes = Vec::new();
-    let mut flux_changes = Vec::new();
-    let ns = format!("t{n}-7");
-    // From the push: the figure includes a local `git push` for both.
-    for round in 0..5 {
-        let color = change_one(&repo, round);
-        wait_quiet();
-        let (started, done) = ours.time_until_color(&ns, "app-00007", &color, || {
-            agent.push(&repo.commit_and_push("one change"));
-        });
-        gitcanary_changes.push(done - started);
-        change_one(&flux_repo, round);
-        wait_quiet();
-        let (started, done) = flux_cluster.time_until_color(&ns, "app-00007", &color, || {
-            flux_repo.commit_and_push("one change");
-            Flux::request_reconcile(&flux_cluster);
-        });
-        flux_changes.push(done - started);
+    // From the push: the figure includes a local `git push` for every tool.
+    let ns = format!("{prefix}-7");
+    let requests = [
+        ReconcileRequest::of(&flux_apps_cluster),
+        ReconcileRequest::of(&flux_tree_cluster),
+    ];
+    let mut changes: [Vec<Duration>; 3] = Default::default();
+    for round in 0..rounds {
+        for (tool, repo) in repos.iter().enumerate() {
+            let color = change_one(repo, round);
+            let cluster = [&ours, &flux_apps_cluster, &flux_tree_cluster][tool];
+            wait_quiet();
+            let (started, done) = cluster.time_until_color(&ns, "app-00007", &color, || {
+                let commit = repo.commit_and_push("one change");
+                match tool {
+                    0 => agent.push(&commit),
+                    _ => requests[tool - 1].send(),
+                }
+            });
+            changes[tool].push(done - started);
+        }
         eprintln!(
-            "bench:   change {round}: gitcanary {:?}, Flux {:?}",
-            gitcanary_changes[round], flux_changes[round]
+            "bench:   change {round}: gitcanary {:?}, Flux per app {:?}, Flux tree {:?}",
+            changes[0][round], changes[1][round], changes[2][round]
         );
     }
-    gitcanary_changes.sort();
-    flux_changes.sort();
+    for rounds in &mut changes {
+        rounds.sort();
+    }
 
-    // The steady state at each tool's default interval, nothing changing; the
+    // The steady state at each tool's default intervals, nothing changing; the
     // kubectl control plane idles beside them as the baseline.
     wait_quiet();
     eprintln!("bench:   {} s with no change", steady.as_secs());
-    let clusters = [&ours, &flux_cluster, &kubectl_cluster];
-    let before_requests = [agent_requests(&agent), flux.requests(), 0.0];
-    let before_cpu = [cpu_seconds(agent.child.id()), flux.cpu_seconds(), 0.0];
-    let before_server: Vec<(f64, f64)> = clusters
-        .iter()
-        .map(|c| (cpu_seconds(c.apiserver_pid()), c.response_bytes()))
-        .collect();
+    let clusters = [&ours, &flux_apps_cluster, &flux_tree_cluster, &kubectl_cluster];
+    let look = || -> Vec<Steady> {
+        let tool_requests = [agent_requests(&agent), flux_apps.requests(), flux_tree.requests(), 0.0];
+        let tool_cpu = [
+            cpu_seconds(agent.child.id()),
+            flux_apps.cpu_seconds(),
+            flux_tree.cpu_seconds(),
+            0.0,
+        ];
+        clusters
+            .iter()
+            .enumerate()
+            .map(|(i, cluster)| Steady {
+                tool_requests: tool_requests[i],
+                served: served_requests(cluster),
+                tool_cpu: tool_cpu[i],
+                apiserver_cpu: cpu_seconds(cluster.apiserver_pid()),
+                bytes: cluster.response_bytes(),
+            })
+            .collect()
+    };
+    let before = look();
     std::thread::sleep(steady);
-    let after_requests = [agent_requests(&agent), flux.requests(), 0.0];
-    let after_cpu = [cpu_seconds(agent.child.id()), flux.cpu_seconds(), 0.0];
-    let mut steady_figures = [(0.0, 0.0, 0.0, 0.0); 3];
-    for (i, cluster) in clusters.iter().enumerate() {
-        steady_figures[i] = (
-            after_requests[i] - before_requests[i],
-            after_cpu[i] - before_cpu[i],
-            cpu_seconds(cluster.apiserver_pid()) - before_server[i].0,
-            cluster.response_bytes() - before_server[i].1,
-        );
+    let after = look();
+    let mut steady_figures = [Steady::default(); 4];
+    for (i, figures) in steady_figures.iter_mut().enumerate() {
+        *figures = Steady {
+            tool_requests: after[i].tool_requests - before[i].tool_requests,
+            served: after[i].served - before[i].served,
+            tool_cpu: after[i].tool_cpu - before[i].tool_cpu,
+            apiserver_cpu: after[i].apiserver_cpu - before[i].apiserver_cpu,
+            bytes: after[i].bytes - before[i].bytes,
+        };
     }
     eprintln!("bench:   steady: {steady_figures:?}");
-    let rss = [
-        agent.peak_rss_mib(),
-        peak_rss_mib(flux.source.pid()) + peak_rss_mib(flux.kustomize.pid()),
-    ];
     SyncFigures {
-        first: [gitcanary_first, flux_first, kubectl_first],
-        change: [percentile(&gitcanary_changes, 0.5), percentile(&flux_changes, 0.5)],
+        first,
+        changes,
         steady: steady_figures,
-        rss,
+        rss: [agent.peak_rss_mib(), flux_apps.peak_rss_mib(), flux_tree.peak_rss_mib()],
     }
+}
+
+/// The sync table's rows for one size: raw figures, each tool's own.
+fn sync_rows(n: usize, steady: Duration, f: &SyncFigures) -> Vec<String> {
+    let row = |what: String, cells: Vec<String>| format!("| {what} | {} |", cells.join(" | "));
+    let dash = || "—".to_string();
+    let changes = |i: usize| {
+        let rounds = &f.changes[i];
+        format!(
+            "{} ({}–{})",
+            millis(percentile(rounds, 0.5)),
+            millis(*rounds.first().unwrap_or(&Duration::ZERO)),
+            millis(*rounds.last().unwrap_or(&Duration::ZERO))
+        )
+    };
+    let minutes = steady.as_secs_f64() / 60.0;
+    let rounds = f.changes[0].len();
+    let steady_row = |what: String, value: &dyn Fn(&Steady) -> String, idle: bool| {
+        let mut cells: Vec<String> = f.steady[..3].iter().map(value).collect();
+        cells.push(if idle {
+            format!("{} (idle plane)", value(&f.steady[3]))
+        } else {
+            dash()
+        });
+        row(what, cells)
+    };
+    vec![
+        row(
+            format!("first sync, {n} objects (to the last object's arrival at a watch)"),
+            f.first.iter().map(|d| seconds(*d)).collect(),
+        ),
+        row(
+            format!("one changed object in {n} → applied (p50 of {rounds}, min–max)"),
+            vec![changes(0), changes(1), changes(2), dash()],
+        ),
+        steady_row(
+            format!("{minutes:.0} min with no change, {n} objects: API requests the tool counted"),
+            &|s| format!("{:.0}", s.tool_requests),
+            false,
+        ),
+        steady_row(
+            "… requests the API server served (all clients)".to_string(),
+            &|s| format!("{:.0}", s.served),
+            true,
+        ),
+        steady_row(
+            "… CPU-seconds of the tool".to_string(),
+            &|s| format!("{:.2}", s.tool_cpu),
+            false,
+        ),
+        steady_row(
+            "… CPU-seconds of kube-apiserver".to_string(),
+            &|s| format!("{:.2}", s.apiserver_cpu),
+            true,
+        ),
+        steady_row(
+            "… bytes the API server sent".to_string(),
+            &|s| format!("{:.1} MiB", s.bytes / 1048576.0),
+            true,
+        ),
+        row(
+            format!("peak RSS, {n} objects"),
+            vec![
+                format!("{:.0} MiB", f.rss[0]),
+                format!("{:.0} MiB (both controllers)", f.rss[1]),
+                format!("{:.0} MiB (both controllers)", f.rss[2]),
+                dash(),
+            ],
+        ),
+    ]
 }
 
 fn main() {
@@ -471,6 +658,10 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(600),
     );
+    let rounds: usize = std::env::var("GITCANARY_PEERS_CHANGES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let only = std::env::var("GITCANARY_PEERS_ONLY").unwrap_or_default();
     let workloads: usize = std::env::var("GITCANARY_PEERS_WORKLOADS")
         .ok()
@@ -494,46 +685,8 @@ fn main() {
     let mut rows = Vec::new();
     let sizes = if only == "canary" { Vec::new() } else { sizes };
     for &n in &sizes {
-        let f = bench_sync(&peers, n, steady);
-        let ratio = |theirs: Duration, ours: Duration| theirs.as_secs_f64() / ours.as_secs_f64().max(1e-9);
-        rows.push(format!(
-            "| first sync, {n} objects | {} | {} ({:.2}×) | {} ({:.2}×) |",
-            seconds(f.first[0]),
-            seconds(f.first[1]),
-            ratio(f.first[1], f.first[0]),
-            seconds(f.first[2]),
-            ratio(f.first[2], f.first[0]),
-        ));
-        rows.push(format!(
-            "| one changed object in {n} → applied (p50 of 5) | {} | {} ({:.1}×) | — |",
-            millis(f.change[0]),
-            millis(f.change[1]),
-            ratio(f.change[1], f.change[0]),
-        ));
-        let minutes = steady.as_secs_f64() / 60.0;
-        let [ours, flux, idle] = f.steady;
-        rows.push(format!(
-            "| {minutes:.0} min with no change, {n} objects: API requests | {:.0} | {:.0} | — |",
-            ours.0, flux.0
-        ));
-        rows.push(format!(
-            "| … CPU-seconds of the tool | {:.2} | {:.2} | — |",
-            ours.1, flux.1
-        ));
-        rows.push(format!(
-            "| … CPU-seconds of kube-apiserver (an idle control plane: {:.2}) | {:.2} | {:.2} | — |",
-            idle.2, ours.2, flux.2
-        ));
-        rows.push(format!(
-            "| … bytes the API server sent (an idle control plane: {:.1} MiB) | {:.1} MiB | {:.1} MiB | — |",
-            idle.3 / 1048576.0,
-            ours.3 / 1048576.0,
-            flux.3 / 1048576.0
-        ));
-        rows.push(format!(
-            "| peak RSS, {n} objects | {:.0} MiB | {:.0} MiB (both controllers) | — |",
-            f.rss[0], f.rss[1]
-        ));
+        let f = bench_sync(&peers, n, steady, rounds);
+        rows.extend(sync_rows(n, steady, &f));
         eprintln!("bench: so far\n{}", rows.join("\n"));
     }
     let canary_rows = if only == "sync" {
@@ -547,7 +700,7 @@ fn main() {
             peers.version("source-controller"),
             peers.version("kustomize-controller")
         );
-        println!("| sync | gitcanary | Flux | kubectl apply --server-side -R |\n| --- | --- | --- | --- |");
+        println!("| sync | {} |\n| --- | --- | --- | --- | --- |", SYNC_TOOLS.join(" | "));
         println!("{}\n", rows.join("\n"));
     }
     if !canary_rows.is_empty() {

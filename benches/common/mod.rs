@@ -124,59 +124,77 @@ impl ControlPlane {
     }
 }
 
-/// Every change of one kind in one namespace, as a watch from this process
-/// delivers it, with the moment it arrived: the one observer the benchmarks
-/// time the agent (and its peers) by, so that no CLI's start-up or polling
-/// interval is counted as theirs.
+/// Every change of one kind, in one namespace or in all, as a watch from
+/// this process delivers it, with the moment it arrived: the one observer
+/// the benchmarks time the agent and its peers by, so that no CLI's start-up
+/// or polling interval is counted as theirs. A deletion is recorded as
+/// `{"deleted": object}`.
 pub struct Observer {
     seen: std::sync::Arc<std::sync::Mutex<Vec<(Instant, serde_json::Value)>>>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Ends the watch (and its connection) when the observer is dropped.
+    stop: tokio::task::AbortHandle,
 }
 
 impl ControlPlane {
     /// Starts watching `kind` (`group/version` or `version`, `plural`) in
     /// `namespace`; returns once the watch's first list is done.
     pub fn observe(&self, api_version: &str, kind: &str, plural: &str, namespace: &str) -> Observer {
+        self.observe_in(api_version, kind, plural, Some(namespace))
+    }
+
+    /// As [`ControlPlane::observe`], in every namespace (or of a cluster-scoped kind).
+    pub fn observe_all(&self, api_version: &str, kind: &str, plural: &str) -> Observer {
+        self.observe_in(api_version, kind, plural, None)
+    }
+
+    fn observe_in(&self, api_version: &str, kind: &str, plural: &str, namespace: Option<&str>) -> Observer {
         use futures::StreamExt;
         use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
         use kube::runtime::watcher;
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
         let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let (kubeconfig, namespace) = (self.kubeconfig.clone(), namespace.to_string());
-        let (seen_by_watch, stopped) = (seen.clone(), stop.clone());
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+        let (kubeconfig, namespace) = (self.kubeconfig.clone(), namespace.map(str::to_string));
+        let seen_by_watch = seen.clone();
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a runtime");
-            runtime.block_on(async move {
+            let watching = runtime.spawn(async move {
                 let file = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
                 let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
                     .await
                     .expect("config");
                 let client = kube::Client::try_from(config).expect("client");
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &resource);
+                let api: Api<DynamicObject> = match &namespace {
+                    Some(namespace) => Api::namespaced_with(client, namespace, &resource),
+                    None => Api::all_with(client, &resource),
+                };
                 let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
                 while let Some(event) = events.next().await {
-                    if stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                        return;
-                    }
-                    let object = match event {
+                    let value = match event {
                         Ok(watcher::Event::InitDone) => {
                             let _ = ready_tx.send(());
                             continue;
                         }
-                        Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => object,
+                        Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                            serde_json::to_value(object).unwrap_or_default()
+                        }
+                        Ok(watcher::Event::Delete(object)) => {
+                            serde_json::json!({ "deleted": serde_json::to_value(object).unwrap_or_default() })
+                        }
                         _ => continue,
                     };
-                    let value = serde_json::to_value(object).unwrap_or_default();
                     seen_by_watch.lock().expect("observed").push((Instant::now(), value));
                 }
             });
+            let _ = stop_tx.send(watching.abort_handle());
+            let _ = runtime.block_on(watching);
         });
+        let stop = stop_rx.recv().expect("the watch starts");
         ready_rx
             .recv_timeout(Duration::from_secs(60))
             .expect("the watch lists within a minute");
@@ -222,6 +240,41 @@ impl Observer {
         }
     }
 
+    /// When the watch had delivered, at `since` or after, `count` distinct
+    /// objects (namespace and name) for which `check` holds: the arrival of
+    /// the last of them. Deletions are not counted.
+    pub fn when_seen(
+        &self,
+        what: &str,
+        since: Instant,
+        timeout: Duration,
+        count: usize,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> Instant {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut firsts = std::collections::HashMap::new();
+            for (at, object) in self.seen.lock().expect("observed").iter() {
+                if *at >= since && object.get("deleted").is_none() && check(object) {
+                    let key = (
+                        object["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
+                        object["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                    );
+                    firsts.entry(key).or_insert(*at);
+                }
+            }
+            if firsts.len() >= count {
+                return firsts.into_values().max().unwrap_or(since);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {} of {count}",
+                firsts.len()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The last object seen named `name`, as its last event had it.
     pub fn last(&self, name: &str) -> Option<serde_json::Value> {
         let seen = self.seen.lock().expect("observed");
@@ -239,7 +292,7 @@ impl Observer {
 
 impl Drop for Observer {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop.abort();
     }
 }
 
@@ -274,6 +327,61 @@ pub fn generate(root: &Path, prefix: &str, objects: usize) {
             "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  replicas: 0\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      containers:\n      - name: web\n        image: registry.test/{name}:1.0\n        ports: [{{containerPort: 8080}}]\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  selector: {{app: {name}}}\n  ports:\n  - port: 80\n    targetPort: 8080\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: {ns}\ndata:\n  color: blue\n  size: \"{app}\"\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  parentRefs: [{{name: public}}]\n  hostnames: [{name}.example]\n  rules:\n  - backendRefs:\n    - {{name: {name}, port: 80}}\n"
         );
         std::fs::write(dir.join("app.yaml"), yaml).expect("write");
+    }
+}
+
+/// Watches of every kind [`generate`] writes, opened before a tool's first
+/// sync: when the last of a tree's objects arrived is that sync's end, seen
+/// the same way for every tool.
+pub struct TreeObserver {
+    prefix: String,
+    kinds: Vec<(&'static str, Observer)>,
+}
+
+impl TreeObserver {
+    pub fn start(cluster: &ControlPlane, prefix: &str) -> TreeObserver {
+        let kinds = vec![
+            ("Namespace", cluster.observe_all("v1", "Namespace", "namespaces")),
+            (
+                "Deployment",
+                cluster.observe_all("apps/v1", "Deployment", "deployments"),
+            ),
+            ("Service", cluster.observe_all("v1", "Service", "services")),
+            ("ConfigMap", cluster.observe_all("v1", "ConfigMap", "configmaps")),
+            (
+                "HTTPRoute",
+                cluster.observe_all("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+            ),
+        ];
+        TreeObserver {
+            prefix: prefix.to_string(),
+            kinds,
+        }
+    }
+
+    /// When every object of the `objects`-object tree had arrived, from `since`.
+    pub fn all_applied(&self, since: Instant, objects: usize, timeout: Duration) -> Instant {
+        let namespaces = 10;
+        let apps = (objects - namespaces) / 4;
+        let prefix = format!("{}-", self.prefix);
+        self.kinds
+            .iter()
+            .map(|(kind, observer)| {
+                if *kind == "Namespace" {
+                    observer.when_seen(kind, since, timeout, namespaces, |o| {
+                        o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(&prefix))
+                    })
+                } else {
+                    observer.when_seen(kind, since, timeout, apps, |o| {
+                        o["metadata"]["namespace"]
+                            .as_str()
+                            .is_some_and(|n| n.starts_with(&prefix))
+                            && o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("app-"))
+                    })
+                }
+            })
+            .max()
+            .unwrap_or(since)
     }
 }
 
@@ -319,6 +427,12 @@ impl Agent {
         Agent::start_with(cluster, repo, instance, cache, log, &[], &[])
     }
 
+    /// As a default install runs it: leader election on, the default poll
+    /// (60 s); only where to find things is given.
+    pub fn start_as_installed(cluster: &ControlPlane, repo: &str, instance: &str, cache: &Path, log: &Path) -> Agent {
+        Agent::spawn(cluster, repo, instance, cache, log, &[], &[], true)
+    }
+
     /// As [`Agent::start`], with more arguments and environment.
     pub fn start_with(
         cluster: &ControlPlane,
@@ -329,20 +443,34 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
+        Agent::spawn(cluster, repo, instance, cache, log, args, env, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn(
+        cluster: &ControlPlane,
+        repo: &str,
+        instance: &str,
+        cache: &Path,
+        log: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        as_installed: bool,
+    ) -> Agent {
         let port = free_port();
         let child = Command::new(GITCANARY)
             .args(["run", "--repo", repo, "--kubeconfig", &cluster.kubeconfig])
             .args(["--instance", instance, "--state-namespace", "gitcanary-bench"])
             .args(["--cache-dir", &cache.display().to_string()])
             .args(
-                (!args.contains(&"--poll-interval"))
+                (!as_installed && !args.contains(&"--poll-interval"))
                     .then_some(["--poll-interval", "300"])
                     .into_iter()
                     .flatten(),
             )
             .args(["--listen", &format!("127.0.0.1:{port}")])
             // Shards are held on Leases; one agent alone needs none.
-            .args((!args.contains(&"--shards")).then_some("--no-leader-election"))
+            .args((!as_installed && !args.contains(&"--shards")).then_some("--no-leader-election"))
             .args(args)
             .envs(env.iter().copied())
             .env("GITCANARY_WEBHOOK_SECRET", WEBHOOK_SECRET)

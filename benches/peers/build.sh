@@ -27,15 +27,27 @@ export GOFLAGS="-buildvcs=false -trimpath"
 export CGO_ENABLED=0
 module_dir() { go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
 
-# build NAME MODULE VERSION PACKAGE CRD_GLOB: one binary and its CRDs.
+# Out of cluster, controller-runtime finds no namespace for its leader
+# election Lease (it reads the service account's namespace file) and the
+# Flux controllers give it none: this names the one their install runs them
+# in, RUNTIME_NAMESPACE, which they already read. Nothing else is changed.
+flux_lease_namespace() {
+  sed -i 's/^\(\s*\)LeaderElectionID:\(\s*\)leaderElectionId,$/&\n\1LeaderElectionNamespace: os.Getenv("RUNTIME_NAMESPACE"),/' main.go
+  grep -q 'LeaderElectionNamespace: os.Getenv("RUNTIME_NAMESPACE")' main.go
+}
+
+# build NAME MODULE VERSION PACKAGE CRD_GLOB [EDIT]: one binary and its CRDs;
+# EDIT, a function run in the module's source before the build, is recorded
+# in the cache so that a change of it rebuilds.
 build() {
-  local name=$1 module=$2 version=$3 package=$4 crds=$5
+  local name=$1 module=$2 version=$3 package=$4 crds=$5 edit=${6:-}
   local cache="$root/$name-$version"
-  [ -f "$cache/.complete" ] && return 0
+  built() { [ -f "$cache/.complete" ] && [ "$(cat "$cache/.complete")" = "$edit" ]; }
+  built && return 0
   mkdir -p "$cache"
   exec 9>"$cache.lock"
   flock 9
-  [ -f "$cache/.complete" ] && return 0
+  built && return 0
   say "building $name $version (several minutes the first time)"
   local started=$SECONDS dir
   dir=$(module_dir "$module@$version")
@@ -48,20 +60,21 @@ build() {
     for local_replace in $(go mod edit -json | python3 -c 'import json,sys; print(" ".join(r["Old"]["Path"] for r in json.load(sys.stdin).get("Replace") or [] if r["New"]["Path"].startswith(".")))'); do
       go mod edit -dropreplace "$local_replace"
     done
+    [ -z "$edit" ] || "$edit"
     go build -mod=mod -o "$cache/bin/$name" "$package"
   )
   mkdir -p "$cache/crds"
   # shellcheck disable=SC2086 # the glob is the point
   cp "$cache"/src/$crds "$cache/crds/"
   rm -rf "$cache/src"
-  touch "$cache/.complete"
+  printf '%s' "$edit" > "$cache/.complete"
   say "built $name in $((SECONDS - started)) s"
 }
 
 want="${1:-all}"
 if [ "$want" = all ] || [ "$want" = flux ]; then
-  build source-controller github.com/fluxcd/source-controller "$SOURCE_CONTROLLER_VERSION" . "config/crd/bases/*.yaml"
-  build kustomize-controller github.com/fluxcd/kustomize-controller "$KUSTOMIZE_CONTROLLER_VERSION" . "config/crd/bases/*.yaml"
+  build source-controller github.com/fluxcd/source-controller "$SOURCE_CONTROLLER_VERSION" . "config/crd/bases/*.yaml" flux_lease_namespace
+  build kustomize-controller github.com/fluxcd/kustomize-controller "$KUSTOMIZE_CONTROLLER_VERSION" . "config/crd/bases/*.yaml" flux_lease_namespace
 fi
 if [ "$want" = all ] || [ "$want" = argo-rollouts ]; then
   build argo-rollouts github.com/argoproj/argo-rollouts "$ARGO_ROLLOUTS_VERSION" ./cmd/rollouts-controller "manifests/crds/*-crd.yaml"

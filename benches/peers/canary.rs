@@ -90,13 +90,7 @@ impl Reader {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|i| i["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary"] == "true")
-            .and_then(|i| {
-                i["metadata"]["annotations"]["nginx.ingress.kubernetes.io/canary-weight"]
-                    .as_str()?
-                    .parse()
-                    .ok()
-            })
+            .find_map(canary_weight_of)
             .unwrap_or(0)
     }
 
@@ -112,6 +106,26 @@ impl Reader {
 }
 
 const NS: &str = "bench-canary";
+
+/// The weight of an nginx canary Ingress; `None` for any other Ingress.
+fn canary_weight_of(ingress: &Value) -> Option<u32> {
+    let annotations = &ingress["metadata"]["annotations"];
+    if annotations["nginx.ingress.kubernetes.io/canary"] != "true" {
+        return None;
+    }
+    Some(
+        annotations["nginx.ingress.kubernetes.io/canary-weight"]
+            .as_str()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+/// An Observer's event of an Ingress that leaves every request on stable:
+/// the canary Ingress at weight 0, or deleted.
+fn all_on_stable(event: &Value) -> bool {
+    canary_weight_of(event) == Some(0) || canary_weight_of(&event["deleted"]).is_some()
+}
 
 fn image(tag: usize) -> String {
     format!("registry.test/echo:{tag}")
@@ -246,7 +260,7 @@ impl<'a> Runner<'a> {
                 let repo = Repo::create(&work, "canary");
                 std::fs::write(repo.work.join("keep"), "").expect("write");
                 repo.commit_and_push("empty");
-                runner.agent = Some(Agent::start(
+                runner.agent = Some(Agent::start_as_installed(
                     cluster,
                     &repo.url(),
                     "bench-canary",
@@ -261,7 +275,6 @@ impl<'a> Runner<'a> {
                 cluster.kubectl(&["create", "namespace", "argo-rollouts"]);
                 let args = [
                     format!("--kubeconfig={}", cluster.kubeconfig),
-                    "--leader-elect=false".to_string(),
                     format!("--metricsPort={}", free_port()),
                     format!("--healthzPort={}", free_port()),
                 ];
@@ -282,6 +295,8 @@ impl<'a> Runner<'a> {
                     format!("-metrics-server=http://127.0.0.1:{}", free_port()),
                     format!("-port={}", free_port()),
                     "-log-level=info".to_string(),
+                    // Off by default in Flagger and its chart; on here as for every tool.
+                    "-enable-leader-election=true".to_string(),
                 ];
                 runner.process = Some(Process::start(
                     &dir.join("bin/flagger"),
@@ -418,6 +433,10 @@ pub fn bench_canary(tool: Tool, peers: &Peers, workloads: usize) -> CanaryFigure
     wait_until("the first version, settled", Duration::from_secs(300), || {
         runner.reader.pod_of(NS, &image(1)) && runner.settled("echo")
     });
+    // Every moment below is when a watch from this process saw the change.
+    let pods = cluster.observe("v1", "Pod", "pods", NS);
+    let ingresses = cluster.observe("networking.k8s.io/v1", "Ingress", "ingresses", NS);
+    let long = Duration::from_secs(300);
     let mut to_canary = Vec::new();
     let mut gaps = Vec::new();
     for release in 0..RELEASES {
@@ -425,45 +444,42 @@ pub fn bench_canary(tool: Tool, peers: &Peers, workloads: usize) -> CanaryFigure
         wait_quiet();
         let started = Instant::now();
         runner.apply(&echo, tag, false);
-        let created = wait_until("a canary pod", Duration::from_secs(300), || {
-            runner.reader.pod_of(NS, &image(tag))
+        let (created, _) = pods.first_after("a canary pod", started, long, |pod| {
+            pod["spec"]["containers"][0]["image"] == image(tag) && pod["metadata"]["deletionTimestamp"].is_null()
         });
         to_canary.push(created - started);
-        let at_20 = wait_until("20%", Duration::from_secs(300), || {
-            runner.reader.canary_weight(NS) >= 20
-        });
-        let at_50 = wait_until("50%", Duration::from_secs(300), || {
-            runner.reader.canary_weight(NS) >= 50
-        });
+        let weight_at_least = |least: u32| move |ingress: &Value| canary_weight_of(ingress).is_some_and(|w| w >= least);
+        let (at_20, _) = ingresses.first_after("20%", started, long, weight_at_least(20));
+        let (at_50, _) = ingresses.first_after("50%", at_20, long, weight_at_least(50));
         gaps.push(at_50 - at_20);
-        wait_until("the release over", Duration::from_secs(300), || {
+        wait_until("the release over", long, || {
             runner.reader.canary_weight(NS) == 0 && runner.settled("echo")
         });
         eprintln!(
             "bench:   release {tag}: canary pod after {:?}, 20% → 50% after {:?}",
             to_canary[release], gaps[release]
         );
+        pods.forget_before(at_50);
+        ingresses.forget_before(at_50);
     }
     // Abort mid-release: from the command to every request on stable.
     let mut aborts = Vec::new();
     for sample in 0..ABORTS {
         let tag = RELEASES + 2 + sample;
         wait_quiet();
+        let started = Instant::now();
         runner.apply(&echo, tag, false);
-        wait_until("20% before the abort", Duration::from_secs(300), || {
-            runner.reader.canary_weight(NS) >= 20
+        ingresses.first_after("20% before the abort", started, long, |ingress| {
+            canary_weight_of(ingress).is_some_and(|w| w >= 20)
         });
         let started = Instant::now();
         runner.abort("echo");
-        let done = wait_until("all on stable", Duration::from_secs(300), || {
-            runner.reader.canary_weight(NS) == 0
-        });
+        let (done, _) = ingresses.first_after("all on stable", started, long, all_on_stable);
         aborts.push(done - started);
         eprintln!("bench:   abort {tag}: all on stable after {:?}", aborts[sample]);
-        wait_until("the aborted release over", Duration::from_secs(300), || {
-            runner.settled("echo")
-        });
+        wait_until("the aborted release over", long, || runner.settled("echo"));
     }
+    drop((pods, ingresses));
 
     // Memory with many governed workloads, each initialised by its tool.
     let names: Vec<String> = (0..workloads).map(|i| format!("w{i:03}")).collect();
