@@ -12,6 +12,7 @@
 //!   GITCANARY_PEERS_SIZES=1000,5000     # objects (default)
 //!   GITCANARY_PEERS_STEADY_SECONDS=600  # the window with no change (default 10 minutes)
 //!   GITCANARY_PEERS_CHANGES=5           # one-change rounds per tool
+//!   GITCANARY_PEERS_PER_APP_UP_TO=1000  # sizes Flux runs with a Kustomization per app
 //!   GITCANARY_PEERS_WORKLOADS=100       # governed workloads for the canary tools' memory
 //!   GITCANARY_PEERS_ONLY=sync           # or canary
 //!   GITCANARY_PEERS_TOOLS=gitcanary,argo-rollouts,flagger   # the canary tools to run (default all)
@@ -423,11 +424,12 @@ struct Steady {
 }
 
 struct SyncFigures {
-    first: [Duration; 4],
+    /// Per column of [`SYNC_TOOLS`]; `None` for a column not run at this size.
+    first: [Option<Duration>; 4],
     /// Every round, sorted, of gitcanary and both Flux layouts.
     changes: [Vec<Duration>; 3],
-    steady: [Steady; 4],
-    rss: [f64; 3],
+    steady: [Option<Steady>; 4],
+    rss: [Option<f64>; 3],
 }
 
 /// A tool's first sync of the tree, from `act` to the last object's arrival
@@ -442,88 +444,107 @@ fn first_sync(name: &str, cluster: &ControlPlane, prefix: &str, n: usize, act: i
     done - started
 }
 
+/// One tool that follows Git: its control plane, its copy of the tree, and
+/// how a push reaches it.
+struct Follower {
+    cluster: ControlPlane,
+    repo: Repo,
+    flux: Option<(Flux, ReconcileRequest)>,
+}
+
+/// Flux with a Kustomization per app on `n` objects: every commit reconciles
+/// every Kustomization of the GitRepository, so above this size one run
+/// would take hours (see docs/benchmarks.md).
+fn per_app_up_to() -> usize {
+    std::env::var("GITCANARY_PEERS_PER_APP_UP_TO")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000)
+}
+
 fn bench_sync(peers: &Peers, n: usize, steady: Duration, rounds: usize) -> SyncFigures {
-    eprintln!("bench: {n} objects: four control planes ({})", SYNC_TOOLS.join(", "));
-    let ours = ControlPlane::start();
-    let flux_apps_cluster = ControlPlane::start();
-    let flux_tree_cluster = ControlPlane::start();
+    let per_app = n <= per_app_up_to();
+    eprintln!(
+        "bench: {n} objects: {} (Flux per app: {per_app})",
+        SYNC_TOOLS.join(", ")
+    );
     let kubectl_cluster = ControlPlane::start();
-    let work = ours.dir.path().join("peers");
+    let work = kubectl_cluster.dir.path().join("peers");
     std::fs::create_dir_all(&work).expect("mkdir");
     // The same tree once per tool that follows Git, so that each sees only the
     // pushes meant for it (each polls every minute).
     let prefix = format!("t{n}");
-    let repos: Vec<Repo> = ["tree", "flux-apps", "flux-tree"]
-        .iter()
-        .map(|name| {
-            let repo = Repo::create(&work, &format!("{name}{n}"));
-            generate(&repo.work, &prefix, n);
-            repo.commit_and_push("synthetic");
-            repo
-        })
-        .collect();
+    let follower = |name: &str, layout: Option<Layout>| {
+        let repo = Repo::create(&work, &format!("{name}{n}"));
+        generate(&repo.work, &prefix, n);
+        repo.commit_and_push("synthetic");
+        let cluster = ControlPlane::start();
+        let flux = layout.map(|layout| {
+            let flux = Flux::start(&cluster, peers, &work, layout);
+            let request = ReconcileRequest::of(&cluster);
+            (flux, request)
+        });
+        Follower { cluster, repo, flux }
+    };
+    let followers: [Option<Follower>; 3] = [
+        Some(follower("tree", None)),
+        per_app.then(|| follower("flux-apps", Some(Layout::PerApp))),
+        Some(follower("flux-tree", Some(Layout::Tree))),
+    ];
     let git = GitHttp::start(&work);
-    let flux_apps = Flux::start(&flux_apps_cluster, peers, &work, Layout::PerApp);
-    let flux_tree = Flux::start(&flux_tree_cluster, peers, &work, Layout::Tree);
 
     // First sync: each tool from nothing, on a quiet machine.
+    let ours = followers[0].as_ref().expect("gitcanary's");
     let mut agent = None;
-    let first = [
-        first_sync(SYNC_TOOLS[0], &ours, &prefix, n, || {
-            agent = Some(Agent::start_as_installed(
-                &ours,
-                &git.url(&repos[0]),
-                "bench-peers",
-                &work.join("gitcanary-cache"),
-                &work.join("gitcanary.log"),
-            ));
-        }),
-        first_sync(SYNC_TOOLS[1], &flux_apps_cluster, &prefix, n, || {
-            Flux::follow(&flux_apps_cluster, &git.url(&repos[1]), Layout::PerApp, &repos[1].work)
-        }),
-        first_sync(SYNC_TOOLS[2], &flux_tree_cluster, &prefix, n, || {
-            Flux::follow(&flux_tree_cluster, &git.url(&repos[2]), Layout::Tree, &repos[2].work)
-        }),
-        first_sync(SYNC_TOOLS[3], &kubectl_cluster, &prefix, n, || {
-            kubectl_cluster.kubectl(&[
-                "apply",
-                "--server-side",
-                "--field-manager=bench",
-                "-R",
-                "-f",
-                &repos[0].work.display().to_string(),
-            ]);
-        }),
-    ];
+    let mut first = [None; 4];
+    first[0] = Some(first_sync(SYNC_TOOLS[0], &ours.cluster, &prefix, n, || {
+        agent = Some(Agent::start_as_installed(
+            &ours.cluster,
+            &git.url(&ours.repo),
+            "bench-peers",
+            &work.join("gitcanary-cache"),
+            &work.join("gitcanary.log"),
+        ));
+    }));
     let agent = agent.expect("the agent started");
+    for (column, layout) in [(1, Layout::PerApp), (2, Layout::Tree)] {
+        if let Some(flux) = &followers[column] {
+            first[column] = Some(first_sync(SYNC_TOOLS[column], &flux.cluster, &prefix, n, || {
+                Flux::follow(&flux.cluster, &git.url(&flux.repo), layout, &flux.repo.work)
+            }));
+        }
+    }
+    first[3] = Some(first_sync(SYNC_TOOLS[3], &kubectl_cluster, &prefix, n, || {
+        kubectl_cluster.kubectl(&[
+            "apply",
+            "--server-side",
+            "--field-manager=bench",
+            "-R",
+            "-f",
+            &ours.repo.work.display().to_string(),
+        ]);
+    }));
 
     // One changed object, pushed: gitcanary through its webhook, Flux
     // through a reconcile request on the GitRepository (a Receiver's work).
     // From the push: the figure includes a local `git push` for every tool.
     let ns = format!("{prefix}-7");
-    let requests = [
-        ReconcileRequest::of(&flux_apps_cluster),
-        ReconcileRequest::of(&flux_tree_cluster),
-    ];
     let mut changes: [Vec<Duration>; 3] = Default::default();
     for round in 0..rounds {
-        for (tool, repo) in repos.iter().enumerate() {
-            let color = change_one(repo, round);
-            let cluster = [&ours, &flux_apps_cluster, &flux_tree_cluster][tool];
+        for (tool, follower) in followers.iter().enumerate() {
+            let Some(follower) = follower else { continue };
+            let color = change_one(&follower.repo, round);
             wait_quiet();
-            let (started, done) = cluster.time_until_color(&ns, "app-00007", &color, || {
-                let commit = repo.commit_and_push("one change");
-                match tool {
-                    0 => agent.push(&commit),
-                    _ => requests[tool - 1].send(),
+            let (started, done) = follower.cluster.time_until_color(&ns, "app-00007", &color, || {
+                let commit = follower.repo.commit_and_push("one change");
+                match &follower.flux {
+                    None => agent.push(&commit),
+                    Some((_, request)) => request.send(),
                 }
             });
             changes[tool].push(done - started);
         }
-        eprintln!(
-            "bench:   change {round}: gitcanary {:?}, Flux per app {:?}, Flux tree {:?}",
-            changes[0][round], changes[1][round], changes[2][round]
-        );
+        eprintln!("bench:   change {round}: gitcanary, Flux per app, Flux tree: {changes:?}");
     }
     for rounds in &mut changes {
         rounds.sort();
@@ -533,46 +554,66 @@ fn bench_sync(peers: &Peers, n: usize, steady: Duration, rounds: usize) -> SyncF
     // kubectl control plane idles beside them as the baseline.
     wait_quiet();
     eprintln!("bench:   {} s with no change", steady.as_secs());
-    let clusters = [&ours, &flux_apps_cluster, &flux_tree_cluster, &kubectl_cluster];
-    let look = || -> Vec<Steady> {
-        let tool_requests = [agent_requests(&agent), flux_apps.requests(), flux_tree.requests(), 0.0];
-        let tool_cpu = [
-            cpu_seconds(agent.child.id()),
-            flux_apps.cpu_seconds(),
-            flux_tree.cpu_seconds(),
-            0.0,
-        ];
-        clusters
-            .iter()
-            .enumerate()
-            .map(|(i, cluster)| Steady {
-                tool_requests: tool_requests[i],
-                served: served_requests(cluster),
-                tool_cpu: tool_cpu[i],
-                apiserver_cpu: cpu_seconds(cluster.apiserver_pid()),
-                bytes: cluster.response_bytes(),
-            })
-            .collect()
+    let look = || -> [Option<Steady>; 4] {
+        let mut looks = [None; 4];
+        for (i, follower) in followers.iter().enumerate() {
+            let Some(follower) = follower else { continue };
+            let (tool_requests, tool_cpu) = match &follower.flux {
+                None => (agent_requests(&agent), cpu_seconds(agent.child.id())),
+                Some((flux, _)) => (flux.requests(), flux.cpu_seconds()),
+            };
+            looks[i] = Some(Steady {
+                tool_requests,
+                tool_cpu,
+                ..Steady::of(&follower.cluster)
+            });
+        }
+        looks[3] = Some(Steady::of(&kubectl_cluster));
+        looks
     };
     let before = look();
     std::thread::sleep(steady);
     let after = look();
-    let mut steady_figures = [Steady::default(); 4];
+    let mut steady_figures = [None; 4];
     for (i, figures) in steady_figures.iter_mut().enumerate() {
-        *figures = Steady {
-            tool_requests: after[i].tool_requests - before[i].tool_requests,
-            served: after[i].served - before[i].served,
-            tool_cpu: after[i].tool_cpu - before[i].tool_cpu,
-            apiserver_cpu: after[i].apiserver_cpu - before[i].apiserver_cpu,
-            bytes: after[i].bytes - before[i].bytes,
-        };
+        if let (Some(before), Some(after)) = (before[i], after[i]) {
+            *figures = Some(after.since(&before));
+        }
     }
     eprintln!("bench:   steady: {steady_figures:?}");
+    let mut rss = [Some(agent.peak_rss_mib()), None, None];
+    for column in [1, 2] {
+        if let Some((flux, _)) = followers[column].as_ref().and_then(|f| f.flux.as_ref()) {
+            rss[column] = Some(flux.peak_rss_mib());
+        }
+    }
     SyncFigures {
         first,
         changes,
         steady: steady_figures,
-        rss: [agent.peak_rss_mib(), flux_apps.peak_rss_mib(), flux_tree.peak_rss_mib()],
+        rss,
+    }
+}
+
+impl Steady {
+    /// What the control plane's API server has counted so far.
+    fn of(cluster: &ControlPlane) -> Steady {
+        Steady {
+            served: served_requests(cluster),
+            apiserver_cpu: cpu_seconds(cluster.apiserver_pid()),
+            bytes: cluster.response_bytes(),
+            ..Steady::default()
+        }
+    }
+
+    fn since(&self, before: &Steady) -> Steady {
+        Steady {
+            tool_requests: self.tool_requests - before.tool_requests,
+            served: self.served - before.served,
+            tool_cpu: self.tool_cpu - before.tool_cpu,
+            apiserver_cpu: self.apiserver_cpu - before.apiserver_cpu,
+            bytes: self.bytes - before.bytes,
+        }
     }
 }
 
@@ -580,30 +621,37 @@ fn bench_sync(peers: &Peers, n: usize, steady: Duration, rounds: usize) -> SyncF
 fn sync_rows(n: usize, steady: Duration, f: &SyncFigures) -> Vec<String> {
     let row = |what: String, cells: Vec<String>| format!("| {what} | {} |", cells.join(" | "));
     let dash = || "—".to_string();
+    let not_run = || format!("not run (above {} objects)", per_app_up_to());
     let changes = |i: usize| {
         let rounds = &f.changes[i];
-        format!(
-            "{} ({}–{})",
-            millis(percentile(rounds, 0.5)),
-            millis(*rounds.first().unwrap_or(&Duration::ZERO)),
-            millis(*rounds.last().unwrap_or(&Duration::ZERO))
-        )
+        match (rounds.first(), rounds.last()) {
+            (Some(min), Some(max)) => format!(
+                "{} ({}–{})",
+                millis(percentile(rounds, 0.5)),
+                millis(*min),
+                millis(*max)
+            ),
+            _ => not_run(),
+        }
     };
     let minutes = steady.as_secs_f64() / 60.0;
     let rounds = f.changes[0].len();
     let steady_row = |what: String, value: &dyn Fn(&Steady) -> String, idle: bool| {
-        let mut cells: Vec<String> = f.steady[..3].iter().map(value).collect();
-        cells.push(if idle {
-            format!("{} (idle plane)", value(&f.steady[3]))
-        } else {
-            dash()
+        let mut cells: Vec<String> = f.steady[..3]
+            .iter()
+            .map(|s| s.as_ref().map_or_else(not_run, value))
+            .collect();
+        cells.push(match (&f.steady[3], idle) {
+            (Some(s), true) => format!("{} (idle plane)", value(s)),
+            _ => dash(),
         });
         row(what, cells)
     };
+    let rss = |i: usize, whose: &str| f.rss[i].map_or_else(not_run, |r| format!("{r:.0} MiB{whose}"));
     vec![
         row(
             format!("first sync, {n} objects (to the last object's arrival at a watch)"),
-            f.first.iter().map(|d| seconds(*d)).collect(),
+            f.first.iter().map(|d| d.map_or_else(not_run, seconds)).collect(),
         ),
         row(
             format!("one changed object in {n} → applied (p50 of {rounds}, min–max)"),
@@ -637,9 +685,9 @@ fn sync_rows(n: usize, steady: Duration, f: &SyncFigures) -> Vec<String> {
         row(
             format!("peak RSS, {n} objects"),
             vec![
-                format!("{:.0} MiB", f.rss[0]),
-                format!("{:.0} MiB (both controllers)", f.rss[1]),
-                format!("{:.0} MiB (both controllers)", f.rss[2]),
+                rss(0, ""),
+                rss(1, " (both controllers)"),
+                rss(2, " (both controllers)"),
                 dash(),
             ],
         ),

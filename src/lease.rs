@@ -44,6 +44,11 @@ pub struct Leadership {
     config: LeaseConfig,
     /// The record last seen (holder and renew time) and when this agent first saw it.
     observed: std::sync::Mutex<Option<(String, Instant)>>,
+    /// The Lease as this agent last wrote it, holding it: a renewal is then
+    /// one write, a compare-and-swap on that resourceVersion (client-go's
+    /// way), instead of a read and a write. Another agent's write since
+    /// makes the swap conflict, and the renewal reads the Lease again.
+    held: std::sync::Mutex<Option<Lease>>,
 }
 
 fn lease_error(context: &str) -> impl FnOnce(kube::Error) -> Error + '_ {
@@ -63,6 +68,34 @@ impl Leadership {
             api: Api::namespaced(cluster.client.clone(), &config.namespace),
             config,
             observed: std::sync::Mutex::new(None),
+            held: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews the Lease as last written, in one request; `None` when there
+    /// is none held or another agent wrote it since (then read it again).
+    async fn renew_held(&self) -> Result<Option<(bool, String)>> {
+        let Some(mut lease) = self.held().take() else {
+            return Ok(None);
+        };
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        }
+        match self
+            .api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(written) => {
+                *self.held() = Some(written);
+                Ok(Some((true, self.config.identity.clone())))
+            }
+            Err(e) if is_conflict(&e) => Ok(None),
+            Err(e) => Err(lease_error("renewing the lease")(e)),
         }
     }
 
@@ -73,6 +106,9 @@ impl Leadership {
     /// One attempt to take or renew the lease. Returns whether this agent
     /// holds it, and who does otherwise.
     pub async fn try_acquire_or_renew(&self) -> Result<(bool, String)> {
+        if let Some(renewed) = self.renew_held().await? {
+            return Ok(renewed);
+        }
         let me = &self.config.identity;
         let now = MicroTime(jiff::Timestamp::now());
         let duration_seconds = self.config.duration.as_secs().max(1) as i32;
@@ -99,7 +135,10 @@ impl Leadership {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok((true, me.clone())),
+                Ok(written) => {
+                    *self.held() = Some(written);
+                    Ok((true, me.clone()))
+                }
                 Err(e) if is_conflict(&e) => Ok((false, String::new())),
                 Err(e) => Err(lease_error("creating the lease")(e)),
             };
@@ -132,10 +171,11 @@ impl Leadership {
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => {
+            Ok(written) => {
                 if holder != *me {
                     info!(lease = %self.config.name, previous = %holder, "lease acquired");
                 }
+                *self.held() = Some(written);
                 Ok((true, me.clone()))
             }
             Err(e) if is_conflict(&e) => Ok((false, holder)),
@@ -231,6 +271,7 @@ impl Leadership {
 
     /// Gives the lease up, so a successor need not wait for it to expire.
     pub async fn release(&self) {
+        self.held().take();
         let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
             return;
         };

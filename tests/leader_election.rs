@@ -155,3 +155,71 @@ async fn a_leader_stopped_with_sigterm_hands_the_lease_over_at_once() {
     assert!(stopped.elapsed() < Duration::from_secs(20), "{:?}", stopped.elapsed());
     assert!(a.log_text().contains("lease released"), "{}", a.log_text());
 }
+
+/// A holder renews its Lease in one request (a compare-and-swap on the
+/// version it wrote), not a read and a write; and a Lease another agent
+/// took since is noticed at the next renewal, which then reads it.
+#[tokio::test]
+async fn a_renewal_is_one_request_and_a_taken_lease_is_noticed_at_the_next() {
+    use gitcanary::cluster::Cluster;
+    use gitcanary::lease::{Leadership, LeaseConfig};
+
+    let client = support::client().await;
+    let ns = support::namespace(&client, "lease").await;
+    let connect = || Cluster::connect(Some(support::kubeconfig()), None);
+    let (first_cluster, second_cluster) = (connect().await.expect("a cluster"), connect().await.expect("a cluster"));
+    let config = |identity: &str| LeaseConfig {
+        namespace: ns.clone(),
+        name: "leader".into(),
+        identity: identity.into(),
+        duration: Duration::from_secs(1),
+        annotations: Default::default(),
+    };
+    let first = Leadership::new(&first_cluster, config("first"));
+    assert_eq!(
+        first.try_acquire_or_renew().await.expect("acquired"),
+        (true, "first".into())
+    );
+
+    let before = first_cluster.requests.leases();
+    for _ in 0..5 {
+        assert!(first.try_acquire_or_renew().await.expect("renewed").0);
+    }
+    assert_eq!(first_cluster.requests.leases() - before, 5, "one request a renewal");
+    let renewed = holder_and_renewal(&client, &ns).await;
+
+    // The second agent takes it once it has seen the record unchanged for a
+    // whole lease duration (the first stopped renewing meanwhile).
+    let second = Leadership::new(&second_cluster, config("second"));
+    let deadline = Instant::now() + WAIT;
+    while !second.try_acquire_or_renew().await.expect("a look").0 {
+        assert!(Instant::now() < deadline, "the second agent never took the lease");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_ne!(holder_and_renewal(&client, &ns).await, renewed);
+
+    let before = first_cluster.requests.leases();
+    assert_eq!(
+        first.try_acquire_or_renew().await.expect("a renewal"),
+        (false, "second".into()),
+        "the first agent's stale renewal must conflict, not win"
+    );
+    assert_eq!(
+        first_cluster.requests.leases() - before,
+        2,
+        "the conflicting write, then a read"
+    );
+    assert_eq!(holder_and_renewal(&client, &ns).await.0, "second");
+}
+
+async fn holder_and_renewal(client: &kube::Client, ns: &str) -> (String, String) {
+    let lease = Api::<Lease>::namespaced(client.clone(), ns)
+        .get("leader")
+        .await
+        .expect("the lease");
+    let spec = lease.spec.unwrap_or_default();
+    (
+        spec.holder_identity.unwrap_or_default(),
+        spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default(),
+    )
+}
