@@ -254,13 +254,16 @@ impl Leadership {
             // Counted from before the request: an answer read late must not
             // stretch the deadline past what a successor allows.
             let asked = Instant::now();
-            match self.try_acquire_or_renew().await {
-                Ok((true, _)) => last_renewed = asked,
-                Ok((false, holder)) => {
+            // Nor may a request that hangs: it is given up at the deadline.
+            let left = self.config.renew_deadline().saturating_sub(last_renewed.elapsed());
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
+                Ok(Ok((true, _))) => last_renewed = asked,
+                Ok(Ok((false, holder))) => {
                     warn!(%holder, "the lease was taken by another agent");
                     return;
                 }
-                Err(error) => debug!(%error, "lease renewal failed; retrying"),
+                Ok(Err(error)) => debug!(%error, "lease renewal failed; retrying"),
+                Err(_) => debug!("lease renewal still unanswered at the renew deadline"),
             }
             if last_renewed.elapsed() >= self.config.renew_deadline() {
                 warn!("the lease could not be renewed in time");

@@ -80,6 +80,9 @@ pub struct Shards {
     members_seen: std::sync::Mutex<Seen>,
     /// The replicas counted last (kept when the list fails).
     replicas: std::sync::atomic::AtomicUsize,
+    /// The task that keeps the Leases: stopped before they are released, so
+    /// that a round in flight cannot renew or retake one after its release.
+    keeper: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// On each shard Lease: its holder's `--shards`, so that replicas started
@@ -223,7 +226,13 @@ impl Shards {
             terms: std::sync::Mutex::new(vec![0; count as usize]),
             members_seen: std::sync::Mutex::default(),
             replicas: std::sync::atomic::AtomicUsize::new(1),
+            keeper: std::sync::Mutex::default(),
         }
+    }
+
+    /// Records the task that keeps the Leases (see [`Shards::release_all`]).
+    pub fn kept_by(&self, task: tokio::task::JoinHandle<()>) {
+        *self.keeper.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
     }
 
     /// Whether this replica may act for `app` now.
@@ -422,6 +431,11 @@ impl Shards {
     /// Gives every shard and the member Lease back (a clean shutdown, once
     /// the agent's last sync has ended).
     pub async fn release_all(&self) {
+        let keeper = self.keeper.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(keeper) = keeper {
+            keeper.abort();
+            let _ = keeper.await;
+        }
         for shard in self.held() {
             self.set(shard, None);
             self.leases[shard as usize].release().await;

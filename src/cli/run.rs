@@ -240,27 +240,36 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
     };
     let running = agent.run(triggers, queue, stopped.clone());
     tokio::pin!(running);
-    let lost = async {
+    let mut lost = Box::pin(async {
         match &leadership {
             Some(leadership) => leadership.keep().await,
             None => std::future::pending().await,
         }
+    });
+    // Another agent may act once the Lease is lost: stop at once, and let
+    // the restart rejoin as a follower.
+    let lost_leadership = || {
+        tracing::error!("leadership lost; exiting so that only one agent acts");
+        Ok(ExitCode::from(3))
     };
     tokio::select! {
         _ = &mut running => {}
         _ = stopped.wait_for(|s| *s) => {
-            if tokio::time::timeout(Duration::from_secs(30), &mut running).await.is_err() {
-                tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
+            // The Lease is renewed while the last sync finishes: left to
+            // expire, it would let a successor act beside that sync.
+            tokio::select! {
+                finished = tokio::time::timeout(Duration::from_secs(30), &mut running) => {
+                    if finished.is_err() {
+                        tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
+                    }
+                }
+                _ = &mut lost => return lost_leadership(),
             }
         }
-        _ = lost => {
-            // Another agent may act from now on: stop at once, and let the
-            // restart rejoin as a follower.
-            tracing::error!("leadership lost; exiting so that only one agent acts");
-            return Ok(ExitCode::from(3));
-        }
+        _ = &mut lost => return lost_leadership(),
     }
     signals.abort();
+    drop(lost);
     if let Some(leadership) = leadership {
         leadership.release().await;
     }
@@ -337,12 +346,12 @@ async fn share(
     agent.options.fence = Some(shards.fence());
     agent.shards = Some(shards.clone());
     let (keeper, triggers, mut stop) = (shards.clone(), triggers.clone(), stopped.clone());
-    tokio::spawn(async move {
+    shards.kept_by(tokio::spawn(async move {
         let changed = || {
             let _ = triggers.try_send(crate::agent::Trigger::Shards);
         };
         keeper.run(changed, &mut stop).await;
-    });
+    }));
     Ok(shards)
 }
 
