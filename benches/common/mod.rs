@@ -188,7 +188,9 @@ impl ControlPlane {
                         }
                         _ => continue,
                     };
-                    seen_by_watch.lock().expect("observed").push((Instant::now(), value));
+                    // The moment before the lock: a scan holding it must not delay it.
+                    let at = Instant::now();
+                    seen_by_watch.lock().expect("observed").push((at, value));
                 }
             });
             let _ = stop_tx.send(watching.abort_handle());

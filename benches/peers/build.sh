@@ -41,8 +41,9 @@ flux_lease_namespace() {
 # in the cache so that a change of it rebuilds.
 build() {
   local name=$1 module=$2 version=$3 package=$4 crds=$5 edit=${6:-}
-  local cache="$root/$name-$version"
-  built() { [ -f "$cache/.complete" ] && [ "$(cat "$cache/.complete")" = "$edit" ]; }
+  local cache="$root/$name-$version" recipe=""
+  [ -z "$edit" ] || recipe="$edit $(declare -f "$edit" | sha256sum | cut -c1-16)"
+  built() { [ -f "$cache/.complete" ] && [ "$(cat "$cache/.complete")" = "$recipe" ]; }
   built && return 0
   mkdir -p "$cache"
   exec 9>"$cache.lock"
@@ -67,7 +68,7 @@ build() {
   # shellcheck disable=SC2086 # the glob is the point
   cp "$cache"/src/$crds "$cache/crds/"
   rm -rf "$cache/src"
-  printf '%s' "$edit" > "$cache/.complete"
+  printf '%s' "$recipe" > "$cache/.complete"
   say "built $name in $((SECONDS - started)) s"
 }
 

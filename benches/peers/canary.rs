@@ -54,10 +54,13 @@ impl Tool {
     }
 }
 
-/// Fast reads of the API server, for timing (no kubectl start-up in the figures).
+/// Reads and writes of the API server from this process, as a controller
+/// sends them: no CLI's start-up in any tool's figures.
 pub struct Reader {
     runtime: tokio::runtime::Runtime,
     client: kube::Client,
+    /// Resolved kinds, so that a timed apply sends only its writes.
+    kinds: std::sync::Mutex<std::collections::HashMap<String, kube::api::ApiResource>>,
 }
 
 impl Reader {
@@ -70,7 +73,69 @@ impl Reader {
                 .expect("config");
             kube::Client::try_from(config).expect("client")
         });
-        Reader { runtime, client }
+        Reader {
+            runtime,
+            client,
+            kinds: Default::default(),
+        }
+    }
+
+    /// Server-side applies every document of `yaml`, as Argo CD or Flux
+    /// would apply a new template.
+    pub fn apply(&self, yaml: &str) {
+        use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
+        let documents: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("the bench's YAML");
+        self.runtime.block_on(async {
+            for document in documents {
+                let object: DynamicObject = serde_json::from_value(document).expect("an object");
+                let types = object.types.clone().expect("apiVersion and kind");
+                let resource = self.kind(&GroupVersionKind::try_from(&types).expect("a kind")).await;
+                let name = object.metadata.name.clone().expect("a name");
+                let api: Api<DynamicObject> = match &object.metadata.namespace {
+                    Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+                    None => Api::all_with(self.client.clone(), &resource),
+                };
+                api.patch(&name, &PatchParams::apply("bench").force(), &Patch::Apply(&object))
+                    .await
+                    .unwrap_or_else(|e| panic!("{} {name} applied: {e}", types.kind));
+            }
+        });
+    }
+
+    async fn kind(&self, gvk: &kube::api::GroupVersionKind) -> kube::api::ApiResource {
+        let key = format!("{}/{}/{}", gvk.group, gvk.version, gvk.kind);
+        if let Some(resource) = self.kinds.lock().expect("kinds").get(&key) {
+            return resource.clone();
+        }
+        let (resource, _) = kube::discovery::pinned_kind(&self.client, gvk)
+            .await
+            .unwrap_or_else(|e| panic!("{key} is served: {e}"));
+        self.kinds.lock().expect("kinds").insert(key, resource.clone());
+        resource
+    }
+
+    /// A merge patch of an object's status.
+    pub fn patch_status(&self, gvk: &kube::api::GroupVersionKind, ns: &str, name: &str, patch: &Value) {
+        use kube::api::{Api, DynamicObject, Patch, PatchParams};
+        self.runtime.block_on(async {
+            let resource = self.kind(gvk).await;
+            let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &resource);
+            api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap_or_else(|e| panic!("{name}'s status patched: {e}"));
+        });
+    }
+
+    /// What `gitcanary abort` sends, from this process.
+    pub fn gitcanary_abort(&self, ns: &str, name: &str) {
+        self.runtime.block_on(async {
+            let cluster = gitcanary::cluster::Cluster::from_client(self.client.clone())
+                .await
+                .expect("a cluster");
+            gitcanary::rollout::cli::send_signal(&cluster, ns, name, gitcanary::rollout::api::Signal::Abort)
+                .await
+                .expect("the abort sent");
+        });
     }
 
     pub fn get(&self, path: &str) -> Value {
@@ -225,9 +290,8 @@ impl RollbackGate {
 }
 
 /// A tool running against its own control plane, able to release a new tag.
-struct Runner<'a> {
+struct Runner {
     tool: Tool,
-    cluster: &'a ControlPlane,
     reader: Reader,
     work: std::path::PathBuf,
     process: Option<Process>,
@@ -236,14 +300,13 @@ struct Runner<'a> {
     gate: RollbackGate,
 }
 
-impl<'a> Runner<'a> {
-    fn start(tool: Tool, cluster: &'a ControlPlane, peers: &Peers) -> Runner<'a> {
+impl Runner {
+    fn start(tool: Tool, cluster: &ControlPlane, peers: &Peers) -> Runner {
         let work = cluster.dir.path().join("canary");
         std::fs::create_dir_all(&work).expect("mkdir");
         let gate = RollbackGate::start();
         let mut runner = Runner {
             tool,
-            cluster,
             reader: Reader::of(cluster),
             work: work.clone(),
             process: None,
@@ -352,7 +415,7 @@ impl<'a> Runner<'a> {
                         yaml.extend(documents.into_iter().take(1));
                     }
                 }
-                self.cluster.apply_yaml(&yaml.join("---\n"));
+                self.reader.apply(&yaml.join("---\n"));
             }
         }
     }
@@ -389,26 +452,12 @@ impl<'a> Runner<'a> {
 
     fn abort(&self, name: &str) {
         match self.tool {
-            Tool::Gitcanary => {
-                run(
-                    &self.work,
-                    GITCANARY,
-                    &["abort", name, "-n", NS, "--kubeconfig", &self.cluster.kubeconfig],
-                );
-            }
+            Tool::Gitcanary => self.reader.gitcanary_abort(NS, name),
             Tool::ArgoRollouts => {
                 // What `kubectl argo rollouts abort` sends.
-                self.cluster.kubectl(&[
-                    "patch",
-                    "rollout",
-                    name,
-                    "-n",
-                    NS,
-                    "--type=merge",
-                    "--subresource=status",
-                    "-p",
-                    "{\"status\":{\"abort\":true}}",
-                ]);
+                let rollout = kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout");
+                self.reader
+                    .patch_status(&rollout, NS, name, &serde_json::json!({"status": {"abort": true}}));
             }
             Tool::Flagger => self.gate.abort.store(true, Ordering::Relaxed),
         }
