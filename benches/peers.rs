@@ -807,7 +807,7 @@ fn canary_table(peers: &Peers, workloads: usize, tools: &[Tool]) -> Vec<String> 
     vec![
         row(
             &format!(
-                "change → first canary pod (p50 of {RELEASES}; gitcanary: git push + webhook; the others: kubectl apply, as Argo CD or Flux would)"
+                "change → first canary pod (p50 of {RELEASES}; gitcanary: git push + webhook; the others: the new template applied from the benchmark process, as Argo CD or Flux would)"
             ),
             &|f| f.to_canary,
         ),
