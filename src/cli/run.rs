@@ -239,21 +239,40 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         None => return Ok(ExitCode::SUCCESS),
     };
     let running = agent.run(triggers, queue, stopped.clone());
+    if !run_while_leading(running, leadership.as_ref(), &mut stopped).await {
+        // Another agent may act from now on: stop at once, and let the
+        // restart rejoin as a follower.
+        tracing::error!("leadership lost; exiting so that only one agent acts");
+        return Ok(ExitCode::from(3));
+    }
+    signals.abort();
+    if let Some(leadership) = leadership {
+        leadership.release().await;
+    }
+    if let Some(shards) = shards {
+        shards.release_all().await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the agent until it ends, or until asked to stop and its last sync
+/// has finished (30 s at most), renewing the Lease throughout; `false` as
+/// soon as the Lease is lost.
+async fn run_while_leading(
+    running: impl std::future::Future<Output = ()>,
+    leadership: Option<&Leadership>,
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+) -> bool {
     tokio::pin!(running);
-    let mut lost = Box::pin(async {
-        match &leadership {
+    let lost = async {
+        match leadership {
             Some(leadership) => leadership.keep().await,
             None => std::future::pending().await,
         }
-    });
-    // Another agent may act once the Lease is lost: stop at once, and let
-    // the restart rejoin as a follower.
-    let lost_leadership = || {
-        tracing::error!("leadership lost; exiting so that only one agent acts");
-        Ok(ExitCode::from(3))
     };
+    tokio::pin!(lost);
     tokio::select! {
-        _ = &mut running => {}
+        _ = &mut running => true,
         _ = stopped.wait_for(|s| *s) => {
             // The Lease is renewed while the last sync finishes: left to
             // expire, it would let a successor act beside that sync.
@@ -262,21 +281,13 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
                     if finished.is_err() {
                         tracing::warn!("the sync in progress did not finish within 30 s; stopping anyway");
                     }
+                    true
                 }
-                _ = &mut lost => return lost_leadership(),
+                _ = &mut lost => false,
             }
         }
-        _ = &mut lost => return lost_leadership(),
+        _ = &mut lost => false,
     }
-    signals.abort();
-    drop(lost);
-    if let Some(leadership) = leadership {
-        leadership.release().await;
-    }
-    if let Some(shards) = shards {
-        shards.release_all().await;
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// How replicas of the agent share the work: the leader's Lease (one acts),
