@@ -422,6 +422,11 @@ async fn hooks_are_called_in_order_a_failing_pre_promote_reverts_and_receivers_h
                  "template": {"metadata": {"labels": {"app": "squatter"}}, "spec": {"containers": [{"name": "x", "image": "x"}]}}}
     }))
     .expect("a Deployment");
+    // The reverted release's canary may still be going (its pods first).
+    eventually("the reverted canary gone", WAIT, || async {
+        matches!(deployments.get_opt("echo-canary").await, Ok(None)).then_some(())
+    })
+    .await;
     deployments
         .create(&Default::default(), &squatter)
         .await
