@@ -334,11 +334,7 @@ impl ReconcileRequest {
         use kube::api::{ApiResource, GroupVersionKind};
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
         let api = runtime.block_on(async {
-            let file = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).expect("kubeconfig");
-            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .expect("config");
-            let client = kube::Client::try_from(config).expect("client");
+            let client = client_of(&cluster.kubeconfig).await;
             let gvk = GroupVersionKind::gvk("source.toolkit.fluxcd.io", "v1", "GitRepository");
             let resource = ApiResource::from_gvk_with_plural(&gvk, "gitrepositories");
             kube::Api::namespaced_with(client, "flux-system", &resource)

@@ -77,6 +77,15 @@ impl ControlPlane {
     }
 }
 
+/// A client of the control plane whose kubeconfig is at `kubeconfig`.
+pub async fn client_of(kubeconfig: &str) -> kube::Client {
+    let file = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
 impl ControlPlane {
     /// Runs `act` with a watch of the ConfigMap already open, and returns
     /// when `act` began and when the watch saw `data.color` become `wanted`
@@ -87,11 +96,7 @@ impl ControlPlane {
         use kube::api::{Api, WatchEvent, WatchParams};
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
         runtime.block_on(async {
-            let file = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
-            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .expect("config");
-            let client = kube::Client::try_from(config).expect("client");
+            let client = client_of(&self.kubeconfig).await;
             let api = Api::<ConfigMap>::namespaced(client, ns);
             let color = |object: &ConfigMap| object.data.as_ref().and_then(|d| d.get("color")).cloned();
             let current = api.get(name).await.expect("the ConfigMap");
@@ -164,11 +169,7 @@ impl ControlPlane {
                 .build()
                 .expect("a runtime");
             let watching = runtime.spawn(async move {
-                let file = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
-                let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-                    .await
-                    .expect("config");
-                let client = kube::Client::try_from(config).expect("client");
+                let client = client_of(&kubeconfig).await;
                 let api: Api<DynamicObject> = match &namespace {
                     Some(namespace) => Api::namespaced_with(client, namespace, &resource),
                     None => Api::all_with(client, &resource),

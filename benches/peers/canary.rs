@@ -66,13 +66,7 @@ pub struct Reader {
 impl Reader {
     pub fn of(cluster: &ControlPlane) -> Reader {
         let runtime = tokio::runtime::Runtime::new().expect("a runtime");
-        let client = runtime.block_on(async {
-            let file = kube::config::Kubeconfig::read_from(&cluster.kubeconfig).expect("kubeconfig");
-            let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .expect("config");
-            kube::Client::try_from(config).expect("client")
-        });
+        let client = runtime.block_on(client_of(&cluster.kubeconfig));
         Reader {
             runtime,
             client,
