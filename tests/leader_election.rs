@@ -223,3 +223,146 @@ async fn holder_and_renewal(client: &kube::Client, ns: &str) -> (String, String)
         spec.renew_time.map(|t| t.0.to_string()).unwrap_or_default(),
     )
 }
+
+/// A leader whose renewal hangs (an API server that takes the request and
+/// never answers) stops leading at its renew deadline, while the Lease it
+/// last renewed still holds it, instead of waiting on the request.
+#[tokio::test]
+async fn a_leader_whose_renewal_hangs_steps_down_before_its_lease_expires() {
+    use gitcanary::cluster::Cluster;
+    use gitcanary::lease::{Leadership, LeaseConfig};
+
+    let direct = support::client().await;
+    let ns = support::namespace(&direct, "lease-hang").await;
+    let (proxy, proxied) = StallingProxy::start().await;
+    let cluster = Cluster::from_client(proxied)
+        .await
+        .expect("a cluster through the proxy");
+    let config = LeaseConfig {
+        namespace: ns.clone(),
+        name: "leader".into(),
+        identity: "hung-leader".into(),
+        duration: Duration::from_secs(6),
+        annotations: Default::default(),
+    };
+    let (lease_duration, renew_deadline) = (config.duration, config.renew_deadline());
+    let leadership = std::sync::Arc::new(Leadership::new(&cluster, config));
+    assert!(leadership.try_acquire_or_renew().await.expect("acquired").0);
+    let acquired = holder_and_renewal(&direct, &ns).await;
+    let keeping = tokio::spawn({
+        let leadership = leadership.clone();
+        async move {
+            leadership.keep().await;
+            (Instant::now(), jiff::Timestamp::now())
+        }
+    });
+    // A renewal by keep() went through the proxy: its connection is the one that hangs.
+    eventually("keep() renews the lease", WAIT, || async {
+        (holder_and_renewal(&direct, &ns).await != acquired).then_some(())
+    })
+    .await;
+    proxy.stall();
+    let stalled = Instant::now();
+    let give_up = lease_duration + Duration::from_secs(3);
+    let (returned, returned_at) = tokio::time::timeout(give_up, keeping)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("keep() still waited on a hung renewal {give_up:?} after the stall (lease {lease_duration:?})")
+        })
+        .expect("keep() does not panic");
+
+    // Its last renewal was before the stall, so keep() must give up by the renew deadline after it
+    // (1 s of slack for scheduling).
+    let after_stall = returned - stalled;
+    assert!(
+        after_stall <= renew_deadline + Duration::from_secs(1),
+        "keep() returned {after_stall:?} after the stall; its renew deadline is {renew_deadline:?}"
+    );
+    // Read directly (the proxy hangs): nothing could change the Lease since the leader's last write.
+    let (holder, renewed) = holder_and_renewal(&direct, &ns).await;
+    assert_eq!(
+        holder, "hung-leader",
+        "the Lease still named the leader when it stepped down"
+    );
+    let expires = renewed.parse::<jiff::Timestamp>().expect("a renew time") + lease_duration;
+    assert!(
+        returned_at < expires,
+        "keep() returned at {returned_at}, but the Lease, last renewed at {renewed}, expired for the others at {expires}"
+    );
+}
+
+/// A TCP proxy to the test API server that can be made to hang: once
+/// stalled it passes no byte either way, on open or new connections, yet
+/// keeps them all open. TLS passes through untouched.
+struct StallingProxy {
+    stalled: tokio::sync::watch::Sender<bool>,
+}
+
+impl StallingProxy {
+    /// The proxy, and a client of the test control plane that connects through it.
+    async fn start() -> (StallingProxy, kube::Client) {
+        use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+
+        let file = Kubeconfig::read_from(support::kubeconfig()).expect("the test kubeconfig is readable");
+        let mut config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+            .await
+            .expect("the test kubeconfig is valid");
+        let host = config.cluster_url.host().expect("an API server host").to_string();
+        let upstream = format!("{host}:{}", config.cluster_url.port_u16().unwrap_or(443));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("an address");
+        let (stalled, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(forward(client, upstream.clone(), watch.clone()));
+            }
+        });
+        config.cluster_url = format!("https://{addr}").parse().expect("the proxy's URL");
+        // The certificate names the API server's host, not the proxy's address.
+        config
+            .tls_server_name
+            .get_or_insert_with(|| host.trim_matches(['[', ']']).to_string());
+        let client = kube::Client::try_from(config).expect("a client through the proxy");
+        (StallingProxy { stalled }, client)
+    }
+
+    fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+}
+
+async fn forward(client: tokio::net::TcpStream, upstream: String, stalled: tokio::sync::watch::Receiver<bool>) {
+    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+        return;
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::join!(
+        pump(client_read, server_write, stalled.clone()),
+        pump(server_read, client_write, stalled),
+    );
+}
+
+/// Copies bytes until the proxy stalls, then holds both ends open forever.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = tokio::select! {
+            biased;
+            _ = stalled.wait_for(|stalled| *stalled) => break,
+            read = from.read(&mut buffer) => read,
+        };
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) if to.write_all(&buffer[..n]).await.is_err() => return,
+            Ok(_) => {}
+        }
+    }
+    std::future::pending::<()>().await
+}
