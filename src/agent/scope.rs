@@ -3,12 +3,14 @@
 //! the app that asked for it. Anything else (a new revision, a GitHub
 //! decision, an object no app holds) concerns every app. Pure.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use kube::api::DynamicObject;
 
 use super::Trigger;
-use crate::manifest::{App, ManifestSet, ObjectKey};
+use crate::manifest::{App, ByKeyHash, Manifest, ManifestSet, ObjectKey, key_hash};
 use crate::source::Revision;
 
 /// A watched object that changed.
@@ -52,8 +54,96 @@ impl Seen {
     }
 }
 
-/// Which app holds each object of a revision.
-pub(super) type Owners = HashMap<ObjectKey, String>;
+/// Which app holds each object of a revision: an index of the revision's
+/// manifests by [`key_hash`] (no key copied: an app a load took over keeps
+/// its hashes), each lookup checked against the manifest's own key.
+#[derive(Default)]
+pub(super) struct Owners {
+    default_namespace: String,
+    /// Each app's name, and whether it is valid (an invalid app holds nothing).
+    apps: Vec<(String, bool)>,
+    by_hash: ByKeyHash<Claim>,
+    /// Keys whose hash an earlier key has too (rare), by key.
+    shared_hash: HashMap<ObjectKey, Claim>,
+}
+
+/// An object key claimed by a manifest: its own, or (`defaulted`) with the
+/// default namespace when the manifest names none.
+struct Claim {
+    /// Index into `Owners::apps`; `None` once a second app claims the key.
+    app: Option<usize>,
+    manifests: Arc<Vec<Manifest>>,
+    index: usize,
+    defaulted: bool,
+}
+
+impl Claim {
+    fn manifest(&self) -> &Manifest {
+        &self.manifests[self.index]
+    }
+
+    fn namespace<'a>(&'a self, default_namespace: &'a str) -> Option<&'a str> {
+        if self.defaulted {
+            Some(default_namespace)
+        } else {
+            self.manifest().namespace()
+        }
+    }
+
+    fn is(&self, key: &ObjectKey, default_namespace: &str) -> bool {
+        let manifest = self.manifest();
+        manifest.has_key(&key.group, &key.kind, manifest.namespace(), &key.name)
+            && key.namespace.as_deref() == self.namespace(default_namespace)
+    }
+
+    fn key(&self, default_namespace: &str) -> ObjectKey {
+        ObjectKey {
+            namespace: self.namespace(default_namespace).map(str::to_string),
+            ..self.manifest().key()
+        }
+    }
+}
+
+impl Owners {
+    /// The app that holds the object `key` names, if one alone does and it
+    /// is valid.
+    pub(super) fn get(&self, key: &ObjectKey) -> Option<&String> {
+        let hash = key_hash(&key.group, &key.kind, key.namespace.as_deref(), &key.name);
+        let claim = self
+            .by_hash
+            .get(&hash)
+            .filter(|claim| claim.is(key, &self.default_namespace))
+            .or_else(|| self.shared_hash.get(key))?;
+        let (app, valid) = &self.apps[claim.app?];
+        valid.then_some(app)
+    }
+
+    fn claim(&mut self, hash: u64, claim: Claim) {
+        let default_namespace = self.default_namespace.as_str();
+        let first = match self.by_hash.entry(hash) {
+            Entry::Vacant(slot) => {
+                slot.insert(claim);
+                return;
+            }
+            Entry::Occupied(first) => first.into_mut(),
+        };
+        let key = claim.key(default_namespace);
+        let first = if first.is(&key, default_namespace) {
+            first
+        } else {
+            match self.shared_hash.entry(key) {
+                Entry::Vacant(slot) => {
+                    slot.insert(claim);
+                    return;
+                }
+                Entry::Occupied(first) => first.into_mut(),
+            }
+        };
+        if first.app != claim.app {
+            first.app = None;
+        }
+    }
+}
 
 /// Which app holds each object of a revision. An object whose manifest
 /// names no namespace is found under `default_namespace` too. Only apps
@@ -62,44 +152,40 @@ pub(super) type Owners = HashMap<ObjectKey, String>;
 /// one app's manifests cannot make the events of another's objects look
 /// elsewhere.
 pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners {
-    let mut owners = Owners::new();
-    let mut claimed_twice = Vec::new();
-    let mut claim = |key: ObjectKey, app: &str| match owners.get(&key) {
-        Some(owner) if owner != app => claimed_twice.push(key),
-        Some(_) => {}
-        None => {
-            owners.insert(key, app.to_string());
-        }
+    let objects = manifests.apps.values().map(|app| app.manifests.len()).sum();
+    let mut owners = Owners {
+        default_namespace: default_namespace.to_string(),
+        apps: Vec::with_capacity(manifests.apps.len()),
+        by_hash: ByKeyHash::with_capacity_and_hasher(objects, Default::default()),
+        shared_hash: HashMap::new(),
     };
-    for app in manifests.apps.values() {
-        for manifest in app.manifests.iter() {
-            let key = manifest.key();
-            if key.namespace.is_none() {
-                let defaulted = ObjectKey {
-                    namespace: Some(default_namespace.to_string()),
-                    ..key.clone()
-                };
-                claim(defaulted, &app.name);
+    for (app_index, app) in manifests.apps.values().enumerate() {
+        owners.apps.push((app.name.clone(), app.problems.is_empty()));
+        for (index, (manifest, hash)) in app.manifests.iter().zip(app.key_hashes()).enumerate() {
+            let claim = |defaulted| Claim {
+                app: Some(app_index),
+                manifests: app.manifests.clone(),
+                index,
+                defaulted,
+            };
+            if !hash.names_namespace {
+                let defaulted = key_hash(
+                    manifest.group(),
+                    manifest.kind(),
+                    Some(default_namespace),
+                    manifest.name(),
+                );
+                owners.claim(defaulted, claim(true));
             }
-            claim(key, &app.name);
+            owners.claim(hash.hash, claim(false));
         }
     }
-    for key in claimed_twice {
-        owners.remove(&key);
-    }
-    let invalid: Vec<&str> = manifests
-        .apps
-        .values()
-        .filter(|app| !app.problems.is_empty())
-        .map(|app| app.name.as_str())
-        .collect();
-    owners.retain(|_, app| !invalid.contains(&app.as_str()));
     owners
 }
 
 /// The apps `triggers` concern, or `None` for all of them.
 #[cfg(test)]
-pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>) -> Option<BTreeSet<String>> {
+pub(super) fn apps_of(triggers: &[&Trigger], owners: &Owners) -> Option<BTreeSet<String>> {
     apps_of_with(triggers, owners, None)
 }
 
@@ -107,7 +193,7 @@ pub(super) fn apps_of(triggers: &[&Trigger], owners: &HashMap<ObjectKey, String>
 /// (see [`changed_apps`]) when they are known, and all of them otherwise.
 pub(super) fn apps_of_with(
     triggers: &[&Trigger],
-    owners: &HashMap<ObjectKey, String>,
+    owners: &Owners,
     changed: Option<&BTreeSet<String>>,
 ) -> Option<BTreeSet<String>> {
     let mut apps = BTreeSet::new();
@@ -226,6 +312,35 @@ mod tests {
         }
     }
 
+    /// The owners of a revision whose apps hold these objects.
+    fn owners_of(held: &[(ObjectKey, &str)]) -> Owners {
+        let mut set = ManifestSet::default();
+        for (key, app) in held {
+            let api_version = if key.group.is_empty() {
+                "v1".to_string()
+            } else {
+                format!("{}/v1", key.group)
+            };
+            let mut object =
+                serde_json::json!({"apiVersion": api_version, "kind": key.kind, "metadata": {"name": key.name}});
+            if let Some(namespace) = &key.namespace {
+                object["metadata"]["namespace"] = namespace.as_str().into();
+            }
+            let entry = set.apps.entry(app.to_string()).or_insert_with(|| crate::manifest::App {
+                name: app.to_string(),
+                ..crate::manifest::App::default()
+            });
+            let file = format!("{app}/x.yaml");
+            std::sync::Arc::make_mut(&mut entry.manifests).push(Manifest {
+                app: app.to_string(),
+                file,
+                line: 1,
+                object,
+            });
+        }
+        super::owners(&set, "default")
+    }
+
     fn set(apps: &[(&str, &str, &str)]) -> ManifestSet {
         let mut set = ManifestSet::default();
         for (app, kind, name) in apps {
@@ -292,7 +407,7 @@ mod tests {
         assert_eq!(synced.1, app_prints(&second));
         let loaded = Trigger::Loaded;
         let drift = Trigger::Drift(Some(seen(key("ConfigMap", Some("web"), "settings"))));
-        let owners: Owners = [(key("ConfigMap", Some("web"), "settings"), "web".to_string())].into();
+        let owners = owners_of(&[(key("ConfigMap", Some("web"), "settings"), "web")]);
         assert_eq!(
             apps_of_with(&[&loaded, &drift], &owners, Some(&names(&["api"]))),
             Some(names(&["api", "web"]))
@@ -320,12 +435,10 @@ mod tests {
 
     #[test]
     fn an_event_concerns_the_app_that_holds_the_object_and_nothing_else_concerns_all() {
-        let owners: HashMap<ObjectKey, String> = [
-            (key("ConfigMap", Some("web"), "settings"), "web".to_string()),
-            (key("Rollout", Some("shop"), "shop"), "shop".to_string()),
-        ]
-        .into_iter()
-        .collect();
+        let owners = owners_of(&[
+            (key("ConfigMap", Some("web"), "settings"), "web"),
+            (key("Rollout", Some("shop"), "shop"), "shop"),
+        ]);
         let drift = Trigger::Drift(Some(seen(key("ConfigMap", Some("web"), "settings"))));
         let signal = Trigger::Signal(Some(seen(key("Rollout", Some("shop"), "shop"))));
         let due = Trigger::Due(vec![(
@@ -362,9 +475,8 @@ mod tests {
         .expect("an object");
         let canary = Seen::of("apps", "Deployment", &object).expect("seen");
         assert_eq!(canary.rollout, Some(key("Rollout", Some("shop"), "shop")));
-        let mut owners: Owners = [(key("Rollout", Some("shop"), "shop"), "shop".to_string())]
-            .into_iter()
-            .collect();
+        let rollout = (key("Rollout", Some("shop"), "shop"), "shop");
+        let owners = owners_of(std::slice::from_ref(&rollout));
         let trigger = Trigger::Drift(Some(canary.clone()));
         assert_eq!(
             apps_of(&[&trigger], &owners),
@@ -373,7 +485,7 @@ mod tests {
         // An object Git holds is its app's too, whatever owns it.
         let mut in_git = canary.key.clone();
         in_git.group = "apps".into();
-        owners.insert(in_git, "platform".into());
+        let owners = owners_of(&[rollout, (in_git, "platform")]);
         assert_eq!(
             apps_of(&[&trigger], &owners),
             Some(["platform".to_string(), "shop".to_string()].into_iter().collect())
@@ -386,6 +498,46 @@ mod tests {
                 .map(String::as_str),
             Some("web")
         );
+    }
+
+    #[test]
+    fn keys_that_share_a_hash_keep_their_own_apps() {
+        let held = set(&[
+            ("web", "ConfigMap", "settings"),
+            ("api", "ConfigMap", "limits"),
+            ("zz-copycat", "ConfigMap", "limits"),
+        ]);
+        let settings = key("ConfigMap", Some("default"), "settings");
+        let limits = key("ConfigMap", Some("default"), "limits");
+        let mut owners = Owners {
+            default_namespace: "default".into(),
+            apps: vec![("web".into(), true), ("api".into(), true), ("zz-copycat".into(), true)],
+            ..Owners::default()
+        };
+        // All three claims under the hash of the first key: what two keys
+        // that share a hash look like.
+        let shared = key_hash("", "ConfigMap", Some("default"), "settings");
+        for (app_index, app) in ["web", "api"].into_iter().enumerate() {
+            let claim = Claim {
+                app: Some(app_index),
+                manifests: held.apps[app].manifests.clone(),
+                index: 0,
+                defaulted: true,
+            };
+            owners.claim(shared, claim);
+        }
+        assert_eq!(owners.get(&settings).map(String::as_str), Some("web"));
+        assert_eq!(owners.get(&limits).map(String::as_str), Some("api"));
+        assert_eq!(owners.get(&key("ConfigMap", Some("default"), "other")), None);
+        let copycat = Claim {
+            app: Some(2),
+            manifests: held.apps["zz-copycat"].manifests.clone(),
+            index: 0,
+            defaulted: true,
+        };
+        owners.claim(shared, copycat);
+        assert_eq!(owners.get(&limits), None, "claimed twice: nobody's");
+        assert_eq!(owners.get(&settings).map(String::as_str), Some("web"));
     }
 
     #[test]

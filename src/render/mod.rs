@@ -548,9 +548,18 @@ pub struct Rendering {
 
 impl Rendering {
     pub fn plan(tree: &dyn SourceTree) -> Rendering {
+        Rendering::plan_except(tree, |_| false)
+    }
+
+    /// [`Rendering::plan`], where the apps `known_plain` names are plain
+    /// without a look (a load takes them over: their directory is the same).
+    pub fn plan_except(tree: &dyn SourceTree, known_plain: impl Fn(&str) -> bool) -> Rendering {
         let mut rendering = Rendering::default();
         let apps = tree.list("").unwrap_or_default();
-        for (app, _) in apps.into_iter().filter(|(_, kind)| *kind == tree::Entry::Dir) {
+        let apps = apps
+            .into_iter()
+            .filter(|(app, kind)| *kind == tree::Entry::Dir && !known_plain(app));
+        for (app, _) in apps {
             let detected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| detect(tree, &app)));
             let detected = detected.unwrap_or_else(|_| {
                 Err(refusal(

@@ -192,16 +192,23 @@ impl GitSource {
         let repo = self.open_mirror()?;
         let commit = self.find_commit(&repo, commit)?;
         let fingerprints = app_fingerprints(&repo, &commit, &self.path);
-        let mut reused = BTreeMap::new();
+        let mut reused = Reused::default();
         let mut known = None;
         if let Some((mut set, files)) = previous {
-            for (name, (fingerprint, bytes)) in files.apps {
-                let same = fingerprints.as_ref().and_then(|f| f.get(&name)) == Some(&fingerprint)
-                    && name != manifest::ROOT_APP;
-                if let Some(app) = set.apps.remove(&name).filter(|app| same && app.problems.is_empty()) {
-                    reused.insert(name, (app, bytes));
-                }
-            }
+            // In place: a push that changes one app of thousands moves none
+            // of the others.
+            let same = |name: &String| {
+                let now = fingerprints.as_ref().and_then(|f| f.get(name));
+                name != manifest::ROOT_APP && now.is_some() && now == files.apps.get(name).map(|(f, _)| f)
+            };
+            set.apps.retain(|name, app| app.problems.is_empty() && same(name));
+            reused.bytes = files
+                .apps
+                .into_iter()
+                .filter(|(name, _)| set.apps.contains_key(name))
+                .map(|(name, (_, bytes))| (name, bytes))
+                .collect();
+            reused.apps = set.apps;
             known = files.commits;
         }
         let (manifests, mut files) = self.read_tree_reusing(&repo, &commit, reused)?;
@@ -253,17 +260,16 @@ impl GitSource {
     }
 
     pub(crate) fn read_tree(&self, repo: &Repository, commit: &git2::Commit<'_>) -> Result<manifest::ManifestSet> {
-        Ok(self.read_tree_reusing(repo, commit, BTreeMap::new())?.0)
+        Ok(self.read_tree_reusing(repo, commit, Reused::default())?.0)
     }
 
-    /// `read_tree`, with the apps `reused` (name -> app, bytes of its files)
-    /// taken as they are; the bytes of every app are tallied (its
-    /// fingerprint is left for the caller).
+    /// `read_tree`, with the apps `reused` taken as they are; the bytes of
+    /// every app are tallied (its fingerprint is left for the caller).
     fn read_tree_reusing(
         &self,
         repo: &Repository,
         commit: &git2::Commit<'_>,
-        reused: BTreeMap<String, (manifest::App, u64)>,
+        reused: Reused,
     ) -> Result<(manifest::ManifestSet, AppFiles)> {
         let root = commit.tree().map_err(Error::git("reading the commit tree"))?;
         let tree = if self.path.is_empty() {
@@ -281,21 +287,27 @@ impl GitSource {
             repo,
             root: tree.clone(),
         };
-        let rendering = Rendering::plan(&source_tree);
+        // An app taken over is plain: its directory is the one read before.
+        let rendering = Rendering::plan_except(&source_tree, |app| reused.apps.contains_key(app));
         let mut files = Vec::new();
         let mut failure = None;
         let mut sizes = manifest::SizeCheck::default();
-        let mut app_files = AppFiles::default();
         // What is taken over still counts toward the revision's size limit.
-        for (name, (_, bytes)) in &reused {
-            sizes.add(*bytes);
-            app_files.apps.insert(name.clone(), (String::new(), *bytes));
-        }
+        sizes.add(reused.bytes.values().sum());
+        let mut app_files = AppFiles {
+            apps: reused
+                .bytes
+                .into_iter()
+                .map(|(name, bytes)| (name, (String::new(), bytes)))
+                .collect(),
+            commits: None,
+        };
         let odb = repo.odb().map_err(Error::git("opening the object database"))?;
         let revision = format!("commit {}", commit.id());
         let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
             let name = entry.name().unwrap_or_default();
-            if name.starts_with('.') || (dir.is_empty() && (rendering.skip.contains(name) || reused.contains_key(name)))
+            if name.starts_with('.')
+                || (dir.is_empty() && (rendering.skip.contains(name) || reused.apps.contains_key(name)))
             {
                 return git2::TreeWalkResult::Skip;
             }
@@ -332,14 +344,12 @@ impl GitSource {
             return Err(e);
         }
         walked.map_err(Error::git("walking the commit tree"))?;
-        let mut set = manifest::load_files(files.into_iter());
+        let read = manifest::load_files(files.into_iter());
+        // The apps read join the ones taken over (never the same: a walk
+        // skips what is taken over), not the other way round.
+        let mut set = manifest::ManifestSet { apps: reused.apps };
+        set.apps.extend(read.apps);
         sizes.report(&mut set);
-        // An app that became a rendered one is rendered instead.
-        for (name, (app, _)) in reused {
-            if !rendering.skip.contains(&name) {
-                set.apps.insert(name, app);
-            }
-        }
         rendering.finish(&source_tree, &self.renderers, &mut set);
         Ok((set, app_files))
     }
@@ -433,6 +443,14 @@ pub struct AppFiles {
     apps: BTreeMap<String, (String, u64)>,
     /// The commit that last changed each app, as the load found it.
     commits: Option<AppCommits>,
+}
+
+/// The plain apps a load takes over from the last one, with the bytes of
+/// their files.
+#[derive(Default)]
+struct Reused {
+    apps: BTreeMap<String, manifest::App>,
+    bytes: BTreeMap<String, u64>,
 }
 
 /// The commit that last changed each app of `head`'s tree.

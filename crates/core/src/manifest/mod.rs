@@ -61,6 +61,14 @@ impl Manifest {
             None => "",
         }
     }
+    /// [`key_hash`] of this manifest's key.
+    pub fn key_hash(&self) -> u64 {
+        key_hash(self.group(), self.kind(), self.namespace(), self.name())
+    }
+    /// Whether this manifest's key is (group, kind, namespace, name).
+    pub fn has_key(&self, group: &str, kind: &str, namespace: Option<&str>, name: &str) -> bool {
+        self.name() == name && self.kind() == kind && self.namespace() == namespace && self.group() == group
+    }
     pub fn key(&self) -> ObjectKey {
         ObjectKey {
             group: self.group().to_string(),
@@ -136,7 +144,48 @@ pub struct App {
     pub checked: Option<u64>,
     /// See [`App::kinds`].
     pub kinds: std::sync::OnceLock<Vec<(String, String)>>,
+    /// See [`App::key_hashes`].
+    pub key_hashes: std::sync::OnceLock<Vec<KeyHash>>,
 }
+
+/// A manifest's [`key_hash`], and whether it names its namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHash {
+    pub hash: u64,
+    pub names_namespace: bool,
+}
+
+/// A hash of an object's key, the same for the same key all through one
+/// process and unforeseeable outside it. Equal hashes are only candidates:
+/// whoever compares them compares the keys too.
+pub fn key_hash(group: &str, kind: &str, namespace: Option<&str>, name: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(Default::default);
+    SEED.hash_one((group, kind, namespace, name))
+}
+
+/// A [`key_hash`] taken as the hash it already is.
+#[derive(Default)]
+pub struct KeyHashed(u64);
+
+impl std::hash::Hasher for KeyHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are hashed with it; anything else is mixed in anyway.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+}
+
+/// A map keyed by [`key_hash`]es.
+pub type ByKeyHash<V> = HashMap<u64, V, std::hash::BuildHasherDefault<KeyHashed>>;
 
 impl App {
     pub fn is_valid(&self) -> bool {
@@ -148,6 +197,19 @@ impl App {
         self.kinds.get_or_init(|| {
             let kinds: BTreeSet<(&str, &str)> = self.manifests.iter().map(|m| (m.api_version(), m.kind())).collect();
             kinds.into_iter().map(|(a, k)| (a.to_string(), k.to_string())).collect()
+        })
+    }
+
+    /// The [`key_hash`] of each manifest, in order: made once for an app a
+    /// later load takes over, so that the checks across apps read only the
+    /// objects of the apps that changed.
+    pub fn key_hashes(&self) -> &[KeyHash] {
+        self.key_hashes.get_or_init(|| {
+            let hash = |m: &Manifest| KeyHash {
+                hash: m.key_hash(),
+                names_namespace: m.namespace().is_some(),
+            };
+            self.manifests.iter().map(hash).collect()
         })
     }
 
@@ -245,16 +307,38 @@ impl ManifestSet {
     /// repository has tens of thousands of objects.
     fn duplicates(&self) -> HashMap<String, Vec<(usize, Problem)>> {
         type Key<'m> = (&'m str, &'m str, Option<&'m str>, &'m str);
-        let mut seen: HashMap<Key<'_>, (&str, &Manifest)> = HashMap::new();
+        fn key_of(m: &Manifest) -> Key<'_> {
+            (m.group(), m.kind(), m.namespace(), m.name())
+        }
+        let objects = self.apps.values().map(|app| app.manifests.len()).sum();
+        // By hash first (no object read); keys that share a hash and differ
+        // (rare) by key.
+        let mut seen: ByKeyHash<(&str, &Manifest)> = ByKeyHash::with_capacity_and_hasher(objects, Default::default());
+        let mut shared_hash: HashMap<Key<'_>, (&str, &Manifest)> = HashMap::new();
         let mut found: HashMap<String, Vec<(usize, Problem)>> = HashMap::new();
         for app in self.apps.values() {
-            for (index, manifest) in app.manifests.iter().enumerate() {
-                let key = (manifest.group(), manifest.kind(), manifest.namespace(), manifest.name());
-                let Some((other_app, other)) = seen.get(&key) else {
-                    seen.insert(key, (app.name.as_str(), manifest));
-                    continue;
+            for ((index, manifest), hash) in app.manifests.iter().enumerate().zip(app.key_hashes()) {
+                let first = match seen.entry(hash.hash) {
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        slot.insert((app.name.as_str(), manifest));
+                        continue;
+                    }
+                    std::collections::hash_map::Entry::Occupied(first) => *first.get(),
                 };
-                let where_ = if *other_app == app.name {
+                let key = key_of(manifest);
+                let first = if key_of(first.1) == key {
+                    first
+                } else {
+                    match shared_hash.entry(key) {
+                        std::collections::hash_map::Entry::Vacant(slot) => {
+                            slot.insert((app.name.as_str(), manifest));
+                            continue;
+                        }
+                        std::collections::hash_map::Entry::Occupied(first) => *first.get(),
+                    }
+                };
+                let (other_app, other) = first;
+                let where_ = if other_app == app.name {
                     other.location()
                 } else {
                     format!("{} (app {other_app})", other.location())
@@ -488,6 +572,49 @@ mod tests {
         assert!(text[1].starts_with("b/two.yaml:5: missing apiVersion"));
         assert!(text[2].contains("metadata.name \"Bad_Name\" is not a valid name"));
         assert!(set.apps["a"].is_valid());
+    }
+
+    #[test]
+    fn keys_that_share_a_hash_are_told_apart_and_a_duplicate_of_either_is_found() {
+        let mut set = load_files(
+            [
+                (
+                    "a/x.yaml",
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: demo}\n",
+                ),
+                (
+                    "b/y.yaml",
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: limits, namespace: demo}\n",
+                ),
+                (
+                    "c/y.yaml",
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: limits, namespace: demo}\n",
+                ),
+            ]
+            .into_iter()
+            .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())),
+        );
+        // Every key hashed alike, as two keys of thousands may be.
+        let same = KeyHash {
+            hash: 7,
+            names_namespace: true,
+        };
+        for app in set.apps.values_mut() {
+            app.key_hashes.set(vec![same]).expect("not made yet");
+        }
+        set.validate(&Allowed::default());
+        assert!(
+            set.apps["a"].is_valid() && set.apps["b"].is_valid(),
+            "{:?}",
+            set.problems().collect::<Vec<_>>()
+        );
+        let text: Vec<String> = set.problems().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 1, "{text:?}");
+        assert!(
+            text[0]
+                .starts_with("c/y.yaml:1: duplicate object ConfigMap demo/limits, first defined at b/y.yaml:1 (app b)"),
+            "{text:?}"
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub fn cap_documents(app: &mut App) {
     // Made from the manifests just dropped, if made already.
     app.kinds = Default::default();
     app.digest = Default::default();
+    app.key_hashes = Default::default();
     app.problems.push(Problem {
         file,
         line,
