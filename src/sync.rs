@@ -217,8 +217,8 @@ async fn observe_revision<'r>(
     // A kind the API server did not serve when discovery last ran may be
     // served now (a CRD installed by hand): look again, at most every 10 s.
     // Each kind once, not each object.
-    let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
-    for (api_version, kind) in kinds {
+    let kinds = memo.revision_kinds(revision.validated(), || kinds_of(manifests));
+    for (api_version, kind) in kinds.iter() {
         let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
         let known = crd_kinds.contains(&(group.to_string(), kind.clone()));
         if !known && cluster.resolve(api_version, kind).await.is_none() {
@@ -226,7 +226,7 @@ async fn observe_revision<'r>(
             break;
         }
     }
-    let live = observe::list_live(cluster, &manifests.apps, options, wanted).await?;
+    let live = observe::list_live(cluster, &kinds, options, wanted).await?;
     Ok(Observed {
         crd_kinds,
         live,
@@ -336,7 +336,7 @@ pub async fn sync_validated(
         let report = SyncReport {
             commit: revision.commit.clone(),
             apps: reports,
-            kinds: kinds_of(manifests),
+            kinds: (*memo.revision_kinds(revision.validated(), || kinds_of(manifests))).clone(),
             scoped: scope.is_some(),
             recalled: false,
         };

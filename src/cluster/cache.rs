@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use kube::api::DynamicObject;
 
 use crate::manifest::ObjectKey;
-use crate::plan::Resolved;
+use crate::plan::{Resolved, RevisionKeys};
 
 /// apiVersion, kind, the namespace watched (`None`: all), and the label
 /// selector (`key=value`).
@@ -126,6 +126,22 @@ impl KindCache {
         true
     }
 
+    /// The objects of `keys` the cache holds, with their JSON; `None` when
+    /// the cache is not current.
+    pub fn get_each<'k>(&self, keys: impl Iterator<Item = &'k ObjectKey>) -> Option<Vec<(ObjectKey, Box<str>)>> {
+        if !self.synced.load(Ordering::SeqCst) {
+            return None;
+        }
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let held = keys.filter_map(|key| Some((key.clone(), objects.get(key)?.text.clone())));
+        Some(held.collect())
+    }
+
+    /// How many objects the cache holds.
+    pub fn held(&self) -> usize {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// The object's resourceVersion (`None`: not in the cache); `None` outside
     /// when the cache is not current.
     pub fn version(&self, key: &ObjectKey) -> Option<Option<Box<str>>> {
@@ -236,10 +252,22 @@ impl WatchCache {
         resolved: &Resolved,
         scope: Option<&str>,
         selector: &str,
-        wanted: impl Fn(&ObjectKey) -> bool,
+        wanted: Option<&RevisionKeys>,
     ) -> Option<Vec<(ObjectKey, Box<str>)>> {
-        let mut kept = Vec::new();
         let cache = self.kind(resolved, scope, selector)?;
+        let resource = &resolved.resource;
+        if let Some(wanted) = wanted
+            && wanted.len() < cache.held()
+        {
+            // A sync of a few apps of thousands: each object looked up, not
+            // every object of the kind visited.
+            let of_kind = wanted
+                .iter()
+                .filter(|key| key.kind == resource.kind && key.group == resource.group);
+            return cache.get_each(of_kind);
+        }
+        let wanted = |key: &ObjectKey| wanted.is_none_or(|wanted| wanted.holds(key));
+        let mut kept = Vec::new();
         let current = cache.visit(|key, _, text| {
             if wanted(key) {
                 kept.push((key.clone(), Box::from(text)));
@@ -357,6 +385,62 @@ mod tests {
                 .expect("kept")
                 .contains("\"currentStepIndex\":4")
         );
+    }
+
+    #[test]
+    fn the_objects_a_sync_wants_are_the_ones_it_names_whether_looked_up_or_visited() {
+        let resource = ApiResource {
+            group: "gitcanary.io".into(),
+            kind: "Rollout".into(),
+            ..ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+        };
+        let resolved = Resolved {
+            resource: resource.clone(),
+            namespaced: true,
+        };
+        let caches = WatchCache::default();
+        let cache = caches.register(&resolved, Some("web"), "a=b");
+        let named = |name: &str| ObjectKey {
+            name: name.into(),
+            ..key()
+        };
+        let wanted_of = |names: &[&str]| {
+            let mut wanted = RevisionKeys::default();
+            wanted.extend(names.iter().map(|name| named(name)));
+            // Another kind of the same name is no Rollout.
+            wanted.extend([ObjectKey {
+                kind: "ConfigMap".into(),
+                group: String::new(),
+                ..named("a")
+            }]);
+            wanted
+        };
+        let names = |objects: Option<Vec<(ObjectKey, Box<str>)>>| {
+            let mut names: Vec<String> = objects.expect("current").into_iter().map(|(key, _)| key.name).collect();
+            names.sort();
+            names
+        };
+        assert!(
+            caches
+                .objects_where(&resolved, Some("web"), "a=b", Some(&wanted_of(&["a"])))
+                .is_none(),
+            "not listed yet"
+        );
+        cache.list_started();
+        for name in ["a", "b", "c", "d"] {
+            let mut object = rollout("10", 0);
+            object.metadata.name = Some(name.into());
+            cache.listed(&resource, object);
+        }
+        cache.list_done();
+        // Fewer wanted than held: looked up; as many or more: visited.
+        for wanted in [&["a", "gone"][..], &["a", "b", "c", "gone", "also-gone"]] {
+            let found = caches.objects_where(&resolved, Some("web"), "a=b", Some(&wanted_of(wanted)));
+            let expected: Vec<&str> = wanted.iter().copied().filter(|name| !name.contains("gone")).collect();
+            assert_eq!(names(found), expected, "{wanted:?}");
+        }
+        let everything = caches.objects_where(&resolved, Some("web"), "a=b", None);
+        assert_eq!(names(everything), ["a", "b", "c", "d"]);
     }
 
     #[test]

@@ -18,16 +18,12 @@ use crate::{Error, MANAGED_BY_LABEL, Result};
 /// With `wanted`, only the objects whose key it holds (a sync of some apps).
 pub async fn list_live(
     cluster: &Cluster,
-    apps: &BTreeMap<String, App>,
+    revision_kinds: &BTreeSet<(String, String)>,
     options: &SyncOptions,
     wanted: Option<&crate::plan::RevisionKeys>,
 ) -> Result<LiveObjects> {
     let mut kinds: BTreeMap<&(String, String), Resolved> = BTreeMap::new();
-    // Each kind once, not each object.
-    for id in apps.values().flat_map(|a| a.kinds()) {
-        if kinds.contains_key(id) {
-            continue;
-        }
+    for id in revision_kinds {
         if let Some(resolved) = cluster.resolve(&id.0, &id.1).await {
             kinds.insert(id, resolved);
         }
@@ -41,10 +37,10 @@ pub async fn list_live(
         let selector = selector.clone();
         async move {
             // The agent's watches keep the kind current: no request.
-            let keep = |key: &ObjectKey| wanted.is_none_or(|wanted| wanted.holds(key));
-            if let Some(objects) = cluster.watch_cache.objects_where(&resolved, scope, &selector, keep) {
+            if let Some(objects) = cluster.watch_cache.objects_where(&resolved, scope, &selector, wanted) {
                 return Ok(objects);
             }
+            let keep = |key: &ObjectKey| wanted.is_none_or(|wanted| wanted.holds(key));
             let api = cluster.api(&resolved, scope);
             let mut params = ListParams::default().labels(&selector).limit(500);
             let mut objects = Vec::new();

@@ -32,6 +32,9 @@ struct Remembered {
     report: AppReport,
 }
 
+/// (apiVersion, kind) pairs.
+type Kinds = BTreeSet<(String, String)>;
+
 #[derive(Default)]
 pub struct SyncMemo {
     apps: Mutex<HashMap<String, Remembered>>,
@@ -39,6 +42,8 @@ pub struct SyncMemo {
     written_back: Mutex<WrittenBacks>,
     /// Every object of the last revision synced, under its validation id.
     revision_keys: Mutex<Option<(u64, Arc<RevisionKeys>)>>,
+    /// Every (apiVersion, kind) of the last revision synced, under its validation id.
+    revision_kinds: Mutex<Option<(u64, Arc<Kinds>)>>,
     /// The last sync, when it recalled every app it synced.
     whole: Mutex<Option<(SyncInputs, SyncReport)>>,
 }
@@ -162,6 +167,23 @@ impl SyncMemo {
             *kept = Some((validated, keys.clone()));
         }
         keys
+    }
+
+    /// Every (apiVersion, kind) of the revision validated as `validated`,
+    /// made once per revision (as [`SyncMemo::revision_keys`]).
+    pub fn revision_kinds(&self, validated: u64, make: impl FnOnce() -> Kinds) -> Arc<Kinds> {
+        let mut kept = self.revision_kinds.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, kinds)) = kept.as_ref()
+            && *id == validated
+            && validated != 0
+        {
+            return kinds.clone();
+        }
+        let kinds = Arc::new(make());
+        if validated != 0 {
+            *kept = Some((validated, kinds.clone()));
+        }
+        kinds
     }
 
     /// Hands a write-back done to Git to the next plan of its Rollout.

@@ -452,6 +452,18 @@ impl RevisionKeys {
     pub fn holds(&self, key: &ObjectKey) -> bool {
         self.keys.contains(key)
     }
+
+    pub fn iter(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.keys.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
 }
 
 impl Extend<ObjectKey> for RevisionKeys {
