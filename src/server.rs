@@ -9,7 +9,6 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::agent::Trigger;
@@ -20,7 +19,7 @@ use crate::telemetry::Metrics;
 pub struct ServerState {
     pub webhook_secret: Option<Arc<[u8]>>,
     pub branch: String,
-    pub triggers: mpsc::Sender<Trigger>,
+    pub triggers: crate::agent::Triggers,
     /// Set once the first sync has finished.
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
@@ -288,7 +287,7 @@ fn webhook_answer(state: &ServerState, headers: &HeaderMap, body: &Bytes) -> (St
                     commit = push.after.as_deref().unwrap_or_default(),
                     "push webhook: syncing"
                 );
-                // A full queue already holds a sync that will see this push.
+                // A full queue refuses it, and its next burst reads the head anyway.
                 let _ = state.triggers.try_send(Trigger::Webhook);
                 (StatusCode::ACCEPTED, "sync triggered".into())
             }
@@ -350,7 +349,7 @@ mod tests {
         status_of(&mut stream).await
     }
 
-    fn test_state() -> (ServerState, mpsc::Receiver<Trigger>) {
+    fn test_state() -> (ServerState, crate::agent::TriggerQueue) {
         let (triggers, queue) = crate::agent::trigger_channel();
         let state = ServerState {
             webhook_secret: Some(Arc::from(&b"s3cret"[..])),

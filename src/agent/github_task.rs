@@ -4,7 +4,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{Trigger, held_only};
@@ -31,7 +30,7 @@ impl GitHubTask {
         cluster: Arc<Cluster>,
         source: Arc<Source>,
         author: crate::writeback::Author,
-        triggers: mpsc::Sender<Trigger>,
+        triggers: crate::agent::Triggers,
         shards: Option<Arc<crate::shards::Shards>>,
     ) -> GitHubTask {
         let fence = shards.as_ref().map(crate::shards::Shards::fence);

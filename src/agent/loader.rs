@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tracing::error;
 
 use super::scope::Owners;
@@ -39,7 +39,7 @@ impl Agent {
 
     /// Loads the head each time `wanted` is notified (a request during a
     /// load makes one more load after it), then asks for a sync of it.
-    pub(super) async fn follow_source(&self, wanted: &Notify, triggers: &mpsc::Sender<Trigger>) {
+    pub(super) async fn follow_source(&self, wanted: &Notify, triggers: &crate::agent::Triggers) {
         loop {
             wanted.notified().await;
             match self.load_head().await {

@@ -5,11 +5,14 @@
 
 mod github_task;
 mod loader;
+mod queue;
 mod requeue;
 mod scope;
 
 use github_task::GitHubTask;
 use loader::Loaded;
+use queue::next_burst;
+pub use queue::{TriggerQueue, Triggers, trigger_channel};
 use requeue::Requeues;
 pub use scope::Seen;
 
@@ -21,7 +24,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info};
 
@@ -61,6 +63,9 @@ pub enum Trigger {
     Loaded,
     /// This replica's shards changed: sync every app it holds now.
     Shards,
+    /// The queue was full and refused a trigger: read the head, look at
+    /// every app and at GitHub.
+    Overflowed,
 }
 
 impl Trigger {
@@ -79,6 +84,7 @@ impl Trigger {
             Trigger::WrittenBack(_) => "written back",
             Trigger::Loaded => "loaded",
             Trigger::Shards => "shards",
+            Trigger::Overflowed => "queue overflowed",
         }
     }
 
@@ -88,15 +94,27 @@ impl Trigger {
     fn reads_source(&self) -> bool {
         matches!(
             self,
-            Trigger::Start | Trigger::Poll | Trigger::FileChange | Trigger::Webhook | Trigger::Pushed
+            Trigger::Start
+                | Trigger::Poll
+                | Trigger::FileChange
+                | Trigger::Webhook
+                | Trigger::Pushed
+                | Trigger::Overflowed
         )
+    }
+
+    /// Whether the loop syncs the revision already loaded for it, at once.
+    /// A refused trigger may have been any: the head is read, and meanwhile
+    /// the revision loaded is synced whole and looked at on GitHub.
+    fn syncs_the_loaded_revision(&self) -> bool {
+        !self.reads_source() || matches!(self, Trigger::Overflowed)
     }
 
     /// Whether the sync it starts looks at GitHub for gates' approvals and
     /// commands (any sync reports the releases that moved).
     fn looks_at_github(&self) -> bool {
         match self {
-            Trigger::Decided | Trigger::GitHubEvent => true,
+            Trigger::Decided | Trigger::GitHubEvent | Trigger::Overflowed => true,
             Trigger::Due(due) => due
                 .iter()
                 .any(|(_, reason)| *reason == crate::rollout::plan::RequeueReason::Command),
@@ -140,48 +158,10 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
 pub use requeue::CommandPoll;
 
-/// Capacity of the trigger queue; more pending triggers add nothing.
-const TRIGGER_QUEUE: usize = 64;
-/// Quiet time that coalesces bursts of triggers into one sync.
-const DEBOUNCE: Duration = Duration::from_millis(100);
-
-/// The triggers one sync answers. Bursts (drift events, file saves) are
-/// merged over a quiet period; a due timer, a webhook or a signal is acted
-/// on at once, even when it arrives or falls due during a burst's quiet
-/// period (a pause that ends while a canary's pods report in is not held
-/// back for them).
-async fn next_burst(first: Trigger, queue: &mut mpsc::Receiver<Trigger>, requeues: &mut Requeues) -> Vec<Trigger> {
-    let mut burst = vec![first];
-    while burst.iter().all(Trigger::may_wait) {
-        tokio::select! {
-            // A timer due at the same moment as the quiet period's end is not left to chance.
-            biased;
-            due = requeues.next_due() => burst.push(Trigger::Due(due)),
-            next = tokio::time::timeout(DEBOUNCE, queue.recv()) => match next {
-                Ok(Some(next)) => burst.push(next),
-                _ => break,
-            },
-        }
-    }
-    while let Ok(next) = queue.try_recv() {
-        burst.push(next);
-    }
-    burst
-}
-
-pub fn trigger_channel() -> (mpsc::Sender<Trigger>, mpsc::Receiver<Trigger>) {
-    mpsc::channel(TRIGGER_QUEUE)
-}
-
 impl Agent {
     /// Runs until the trigger channel closes or `stop` turns true; a sync in
     /// progress (and its write-back) is finished first.
-    pub async fn run(
-        &self,
-        triggers: mpsc::Sender<Trigger>,
-        mut queue: mpsc::Receiver<Trigger>,
-        mut stop: tokio::sync::watch::Receiver<bool>,
-    ) {
+    pub async fn run(&self, triggers: Triggers, mut queue: TriggerQueue, mut stop: tokio::sync::watch::Receiver<bool>) {
         let _poller = spawn_poller(triggers.clone(), self.poll_interval);
         let _file_watcher = self
             .source
@@ -276,7 +256,7 @@ impl Agent {
     /// (the loader's sync follows), nor the watch events of the last sync's
     /// own applies (read after that sync, when all its writes are recorded).
     fn news_in<'b>(&self, burst: &'b [Trigger]) -> Vec<&'b Trigger> {
-        let wakes = burst.iter().filter(|t| !t.reads_source());
+        let wakes = burst.iter().filter(|t| t.syncs_the_loaded_revision());
         let own_echo = |trigger: &&Trigger| match trigger {
             Trigger::Drift(Some(seen)) | Trigger::Signal(Some(seen)) => {
                 self.cluster.own_writes.wrote(&seen.uid, &seen.version)
@@ -328,7 +308,7 @@ impl Agent {
         &self,
         report: SyncReport,
         look_at_github: bool,
-        triggers: &mpsc::Sender<Trigger>,
+        triggers: &Triggers,
         drift: &mut DriftWatch,
         github: Option<&GitHubTask>,
     ) {
@@ -404,7 +384,7 @@ fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> 
     report
 }
 
-fn spawn_poller(triggers: mpsc::Sender<Trigger>, interval: Duration) -> JoinHandle<()> {
+fn spawn_poller(triggers: Triggers, interval: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.tick().await;
@@ -418,7 +398,7 @@ fn spawn_poller(triggers: mpsc::Sender<Trigger>, interval: Duration) -> JoinHand
     })
 }
 
-fn watch_files(dir: &std::path::Path, triggers: mpsc::Sender<Trigger>) -> Option<notify::RecommendedWatcher> {
+fn watch_files(dir: &std::path::Path, triggers: Triggers) -> Option<notify::RecommendedWatcher> {
     use notify::Watcher;
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if event.is_ok_and(|e| !e.kind.is_access()) {
@@ -473,7 +453,7 @@ impl DriftWatch {
         cluster: &Arc<Cluster>,
         kinds: &BTreeSet<(String, String)>,
         options: &SyncOptions,
-        triggers: &mpsc::Sender<Trigger>,
+        triggers: &Triggers,
     ) {
         let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
         for (api_version, kind) in kinds {
@@ -561,7 +541,7 @@ impl DriftWatch {
         resolved: &crate::plan::Resolved,
         namespace: Option<&str>,
         selector: &str,
-        triggers: Option<mpsc::Sender<Trigger>>,
+        triggers: Option<Triggers>,
     ) -> JoinHandle<()> {
         let api: Api<DynamicObject> = match namespace {
             Some(ns) => Api::namespaced_with(cluster.client.clone(), ns, &resolved.resource),
@@ -636,12 +616,9 @@ impl Drop for DriftWatch {
 
 #[cfg(test)]
 mod tests {
-    use super::requeue::Requeues;
-    use super::{AppResult, SyncReport, Trigger, next_burst, pending_signal, requeue, scope, settle, trigger_channel};
-    use crate::rollout::plan::RequeueReason;
+    use super::{AppResult, SyncReport, pending_signal, requeue, scope, settle};
     use kube::api::DynamicObject;
     use serde_json::json;
-    use std::time::Duration;
 
     fn rollout(annotations: serde_json::Value, status: serde_json::Value) -> DynamicObject {
         serde_json::from_value(json!({
@@ -681,60 +658,6 @@ mod tests {
         let failed: crate::Result<SyncReport> = Err(crate::Error::Usage("the API server went away".into()));
         assert!(settle(Some(settled), &failed, &revision, true, None).is_none());
     }
-    #[tokio::test]
-    async fn a_signal_ends_a_burst_of_drift_at_once() {
-        let (triggers, mut queue) = trigger_channel();
-        // Drift every 30 ms for 1.2 s (each within the quiet period of the
-        // one before), a promote or abort token after the third.
-        let sender = tokio::spawn(async move {
-            for i in 0..40 {
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                let _ = triggers.send(Trigger::Drift(None)).await;
-                if i == 2 {
-                    let _ = triggers.send(Trigger::Signal(None)).await;
-                }
-            }
-        });
-        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut Requeues::default()).await;
-        sender.abort();
-        assert!(burst.iter().any(|t| matches!(t, Trigger::Signal(_))));
-        let drifts = burst.iter().filter(|t| matches!(t, Trigger::Drift(_))).count();
-        assert!(
-            drifts < 20,
-            "the sync waited for the drift to end: {drifts} drift triggers"
-        );
-    }
-
-    // Paused time: the clock moves only when every task waits, so "at once" is exact.
-    #[tokio::test(start_paused = true)]
-    async fn a_timer_that_falls_due_ends_a_burst_of_drift_at_once() {
-        let (_triggers, mut queue) = trigger_channel();
-        let start = tokio::time::Instant::now();
-        for (due_in, what) in [(10, "before"), (100, "as")] {
-            let mut requeues = Requeues::default();
-            let pause_ends = tokio::time::Instant::now() + Duration::from_millis(due_in);
-            requeues.retry([("echo".to_string(), RequeueReason::Pause)], pause_ends);
-            let burst = next_burst(Trigger::Drift(None), &mut queue, &mut requeues).await;
-            assert!(
-                burst.iter().any(|t| matches!(t, Trigger::Due(due) if due.len() == 1)),
-                "a pause that ends {what} the quiet period does: {} triggers",
-                burst.len()
-            );
-            assert_eq!(tokio::time::Instant::now(), pause_ends, "taken when it fell due");
-        }
-        assert!(start.elapsed() < Duration::from_millis(200));
-    }
-
-    #[tokio::test]
-    async fn drift_alone_is_merged_until_it_is_quiet() {
-        let (triggers, mut queue) = trigger_channel();
-        for _ in 0..5 {
-            triggers.send(Trigger::Drift(None)).await.expect("queued");
-        }
-        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut Requeues::default()).await;
-        assert_eq!(burst.len(), 6);
-    }
-
     #[test]
     fn only_a_token_not_acted_on_is_a_pending_signal() {
         let token = json!({"gitcanary.io/abort": "the CLI at 12:00"});

@@ -297,7 +297,7 @@ async fn coordinate(
     agent: &mut Agent,
     source: &SourceArgs,
     leader: Option<LeaderArgs>,
-    triggers: &tokio::sync::mpsc::Sender<crate::agent::Trigger>,
+    triggers: &crate::agent::Triggers,
     stopped: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<(Option<Leadership>, Option<Arc<crate::shards::Shards>>)>, Error> {
     let Some(leader) = leader else {
@@ -340,7 +340,7 @@ async fn share(
     source: &SourceArgs,
     leader: &LeaderArgs,
     count: u32,
-    triggers: &tokio::sync::mpsc::Sender<crate::agent::Trigger>,
+    triggers: &crate::agent::Triggers,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Arc<crate::shards::Shards>, Error> {
     if count == 0 {

@@ -1,0 +1,190 @@
+//! The queue of triggers the reconcile loop answers. A full queue drops
+//! nothing silently: a trigger it cannot take (a push, a shard taken, the
+//! drift of an app no queued trigger names) turns the next burst into a
+//! load of the head and a sync of every app.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::Trigger;
+use super::requeue::Requeues;
+
+/// Where triggers are sent from (watches, the webhook server, the poller,
+/// GitHub, shards).
+#[derive(Clone)]
+pub struct Triggers {
+    sender: mpsc::Sender<Trigger>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl Triggers {
+    /// Queues `trigger` without waiting; whether it was. When the queue is
+    /// full it is not queued, and the loop is told so: its next burst looks
+    /// at everything.
+    pub fn try_send(&self, trigger: Trigger) -> bool {
+        match self.sender.try_send(trigger) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.overflowed.store(true, Ordering::SeqCst);
+                // Room made meanwhile: the loop may be waiting on an empty
+                // queue and would not see the mark until the next trigger.
+                let _ = self.sender.try_send(Trigger::Overflowed);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Queues `trigger`, waiting for room.
+    pub async fn send(&self, trigger: Trigger) -> Result<(), mpsc::error::SendError<Trigger>> {
+        self.sender.send(trigger).await
+    }
+
+    /// Whether the loop is gone.
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+}
+
+/// What the reconcile loop reads triggers from.
+pub struct TriggerQueue {
+    queue: mpsc::Receiver<Trigger>,
+    overflowed: Arc<AtomicBool>,
+}
+
+impl TriggerQueue {
+    pub async fn recv(&mut self) -> Option<Trigger> {
+        self.queue.recv().await
+    }
+
+    pub fn try_recv(&mut self) -> Result<Trigger, mpsc::error::TryRecvError> {
+        self.queue.try_recv()
+    }
+}
+
+/// Capacity of the trigger queue; a trigger past it is marked, not kept.
+const TRIGGER_QUEUE: usize = 64;
+/// Quiet time that coalesces bursts of triggers into one sync.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The triggers one sync answers. Bursts (drift events, file saves) are
+/// merged over a quiet period; a due timer, a webhook or a signal is acted
+/// on at once, even when it arrives or falls due during a burst's quiet
+/// period (a pause that ends while a canary's pods report in is not held
+/// back for them).
+pub(super) async fn next_burst(first: Trigger, queue: &mut TriggerQueue, requeues: &mut Requeues) -> Vec<Trigger> {
+    let mut burst = vec![first];
+    while burst.iter().all(Trigger::may_wait) {
+        tokio::select! {
+            // A timer due at the same moment as the quiet period's end is not left to chance.
+            biased;
+            due = requeues.next_due() => burst.push(Trigger::Due(due)),
+            next = tokio::time::timeout(DEBOUNCE, queue.queue.recv()) => match next {
+                Ok(Some(next)) => burst.push(next),
+                _ => break,
+            },
+        }
+    }
+    while let Ok(next) = queue.queue.try_recv() {
+        burst.push(next);
+    }
+    // After the queue is emptied: a trigger refused before it is seen here.
+    if queue.overflowed.swap(false, Ordering::SeqCst) {
+        burst.push(Trigger::Overflowed);
+    }
+    burst
+}
+
+pub fn trigger_channel() -> (Triggers, TriggerQueue) {
+    let (sender, queue) = mpsc::channel(TRIGGER_QUEUE);
+    let overflowed = Arc::new(AtomicBool::new(false));
+    let triggers = Triggers {
+        sender,
+        overflowed: overflowed.clone(),
+    };
+    (triggers, TriggerQueue { queue, overflowed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::plan::RequeueReason;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_trigger_a_full_queue_refuses_makes_the_next_burst_look_at_everything() {
+        let (triggers, mut queue) = trigger_channel();
+        for _ in 0..TRIGGER_QUEUE {
+            assert!(triggers.try_send(Trigger::Drift(None)), "room");
+        }
+        assert!(!triggers.try_send(Trigger::Webhook), "the queue is full");
+        let first = queue.recv().await.expect("queued");
+        let burst = next_burst(first, &mut queue, &mut Requeues::default()).await;
+        assert_eq!(burst.len(), TRIGGER_QUEUE + 1, "every drift, and the mark");
+        let mark = burst.last().expect("a trigger");
+        assert!(matches!(mark, Trigger::Overflowed), "{mark:?}");
+        assert!(
+            mark.reads_source(),
+            "a push may have been refused: the head is read again"
+        );
+
+        assert!(!queue.overflowed.load(Ordering::SeqCst), "seen once");
+    }
+
+    #[tokio::test]
+    async fn a_signal_ends_a_burst_of_drift_at_once() {
+        let (triggers, mut queue) = trigger_channel();
+        // Drift every 30 ms for 1.2 s (each within the quiet period of the
+        // one before), a promote or abort token after the third.
+        let sender = tokio::spawn(async move {
+            for i in 0..40 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let _ = triggers.send(Trigger::Drift(None)).await;
+                if i == 2 {
+                    let _ = triggers.send(Trigger::Signal(None)).await;
+                }
+            }
+        });
+        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut Requeues::default()).await;
+        sender.abort();
+        assert!(burst.iter().any(|t| matches!(t, Trigger::Signal(_))));
+        let drifts = burst.iter().filter(|t| matches!(t, Trigger::Drift(_))).count();
+        assert!(
+            drifts < 20,
+            "the sync waited for the drift to end: {drifts} drift triggers"
+        );
+    }
+
+    // Paused time: the clock moves only when every task waits, so "at once" is exact.
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_that_falls_due_ends_a_burst_of_drift_at_once() {
+        let (_triggers, mut queue) = trigger_channel();
+        let start = tokio::time::Instant::now();
+        for (due_in, what) in [(10, "before"), (100, "as")] {
+            let mut requeues = Requeues::default();
+            let pause_ends = tokio::time::Instant::now() + Duration::from_millis(due_in);
+            requeues.retry([("echo".to_string(), RequeueReason::Pause)], pause_ends);
+            let burst = next_burst(Trigger::Drift(None), &mut queue, &mut requeues).await;
+            assert!(
+                burst.iter().any(|t| matches!(t, Trigger::Due(due) if due.len() == 1)),
+                "a pause that ends {what} the quiet period does: {} triggers",
+                burst.len()
+            );
+            assert_eq!(tokio::time::Instant::now(), pause_ends, "taken when it fell due");
+        }
+        assert!(start.elapsed() < Duration::from_millis(200));
+    }
+
+    #[tokio::test]
+    async fn drift_alone_is_merged_until_it_is_quiet() {
+        let (triggers, mut queue) = trigger_channel();
+        for _ in 0..5 {
+            triggers.send(Trigger::Drift(None)).await.expect("queued");
+        }
+        let burst = next_burst(Trigger::Drift(None), &mut queue, &mut Requeues::default()).await;
+        assert_eq!(burst.len(), 6);
+    }
+}
