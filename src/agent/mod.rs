@@ -63,9 +63,9 @@ pub enum Trigger {
     Loaded,
     /// This replica's shards changed: sync every app it holds now.
     Shards,
-    /// The queue was full and refused a trigger: read the head, look at
-    /// every app and at GitHub.
-    Overflowed,
+    /// The queue was full and refused triggers: sync every app, and read
+    /// the head or look at GitHub if one of them asked for it.
+    Overflowed(queue::Refused),
 }
 
 impl Trigger {
@@ -84,7 +84,7 @@ impl Trigger {
             Trigger::WrittenBack(_) => "written back",
             Trigger::Loaded => "loaded",
             Trigger::Shards => "shards",
-            Trigger::Overflowed => "queue overflowed",
+            Trigger::Overflowed(_) => "queue overflowed",
         }
     }
 
@@ -92,29 +92,26 @@ impl Trigger {
     /// reads it, and a sync follows once it is loaded. The others sync the
     /// revision already loaded, at once.
     fn reads_source(&self) -> bool {
-        matches!(
-            self,
-            Trigger::Start
-                | Trigger::Poll
-                | Trigger::FileChange
-                | Trigger::Webhook
-                | Trigger::Pushed
-                | Trigger::Overflowed
-        )
+        match self {
+            Trigger::Start | Trigger::Poll | Trigger::FileChange | Trigger::Webhook | Trigger::Pushed => true,
+            Trigger::Overflowed(refused) => refused.reads_source,
+            _ => false,
+        }
     }
 
-    /// Whether the loop syncs the revision already loaded for it, at once.
-    /// A refused trigger may have been any: the head is read, and meanwhile
-    /// the revision loaded is synced whole and looked at on GitHub.
+    /// Whether the loop syncs the revision already loaded for it, at once:
+    /// a refused trigger may have been a drift, so every app is, even while
+    /// the head is read for one that was a push.
     fn syncs_the_loaded_revision(&self) -> bool {
-        !self.reads_source() || matches!(self, Trigger::Overflowed)
+        !self.reads_source() || matches!(self, Trigger::Overflowed(_))
     }
 
     /// Whether the sync it starts looks at GitHub for gates' approvals and
     /// commands (any sync reports the releases that moved).
     fn looks_at_github(&self) -> bool {
         match self {
-            Trigger::Decided | Trigger::GitHubEvent | Trigger::Overflowed => true,
+            Trigger::Decided | Trigger::GitHubEvent => true,
+            Trigger::Overflowed(refused) => refused.looks_at_github,
             Trigger::Due(due) => due
                 .iter()
                 .any(|(_, reason)| *reason == crate::rollout::plan::RequeueReason::Command),

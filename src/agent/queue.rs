@@ -1,10 +1,10 @@
 //! The queue of triggers the reconcile loop answers. A full queue drops
-//! nothing silently: a trigger it cannot take (a push, a shard taken, the
-//! drift of an app no queued trigger names) turns the next burst into a
-//! load of the head and a sync of every app.
+//! nothing silently: what a trigger it cannot take asked for (a sync of its
+//! app, a load of the head, a look at GitHub) is marked, and the next burst
+//! does it, for every app.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -12,26 +12,53 @@ use tokio::sync::mpsc;
 use super::Trigger;
 use super::requeue::Requeues;
 
+/// What the triggers a full queue refused asked for besides a sync of
+/// every app, merged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refused {
+    pub reads_source: bool,
+    pub looks_at_github: bool,
+}
+
+/// The mark's bits: something was refused; what it asked for.
+const ANY: u8 = 1;
+const READS_SOURCE: u8 = 2;
+const LOOKS_AT_GITHUB: u8 = 4;
+
+impl Refused {
+    fn bits_of(trigger: &Trigger) -> u8 {
+        let github = matches!(trigger, Trigger::Decided | Trigger::GitHubEvent) || trigger.looks_at_github();
+        ANY | if trigger.reads_source() { READS_SOURCE } else { 0 } | if github { LOOKS_AT_GITHUB } else { 0 }
+    }
+
+    fn of_bits(bits: u8) -> Option<Refused> {
+        (bits & ANY != 0).then_some(Refused {
+            reads_source: bits & READS_SOURCE != 0,
+            looks_at_github: bits & LOOKS_AT_GITHUB != 0,
+        })
+    }
+}
+
 /// Where triggers are sent from (watches, the webhook server, the poller,
 /// GitHub, shards).
 #[derive(Clone)]
 pub struct Triggers {
     sender: mpsc::Sender<Trigger>,
-    overflowed: Arc<AtomicBool>,
+    refused: Arc<AtomicU8>,
 }
 
 impl Triggers {
     /// Queues `trigger` without waiting; whether it was. When the queue is
-    /// full it is not queued, and the loop is told so: its next burst looks
-    /// at everything.
+    /// full it is not queued, and what it asked for is marked for the
+    /// loop's next burst.
     pub fn try_send(&self, trigger: Trigger) -> bool {
         match self.sender.try_send(trigger) {
             Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.overflowed.store(true, Ordering::SeqCst);
+            Err(mpsc::error::TrySendError::Full(trigger)) => {
+                self.refused.fetch_or(Refused::bits_of(&trigger), Ordering::SeqCst);
                 // Room made meanwhile: the loop may be waiting on an empty
                 // queue and would not see the mark until the next trigger.
-                let _ = self.sender.try_send(Trigger::Overflowed);
+                let _ = self.sender.try_send(Trigger::Overflowed(Refused::default()));
                 false
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
@@ -52,7 +79,7 @@ impl Triggers {
 /// What the reconcile loop reads triggers from.
 pub struct TriggerQueue {
     queue: mpsc::Receiver<Trigger>,
-    overflowed: Arc<AtomicBool>,
+    refused: Arc<AtomicU8>,
 }
 
 impl TriggerQueue {
@@ -62,6 +89,10 @@ impl TriggerQueue {
 
     pub fn try_recv(&mut self) -> Result<Trigger, mpsc::error::TryRecvError> {
         self.queue.try_recv()
+    }
+
+    fn any_refused(&self) -> bool {
+        self.refused.load(Ordering::SeqCst) != 0
     }
 }
 
@@ -74,10 +105,11 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// merged over a quiet period; a due timer, a webhook or a signal is acted
 /// on at once, even when it arrives or falls due during a burst's quiet
 /// period (a pause that ends while a canary's pods report in is not held
-/// back for them).
+/// back for them). A trigger the full queue refused is acted on at once too:
+/// it may have been a signal.
 pub(super) async fn next_burst(first: Trigger, queue: &mut TriggerQueue, requeues: &mut Requeues) -> Vec<Trigger> {
     let mut burst = vec![first];
-    while burst.iter().all(Trigger::may_wait) {
+    while !queue.any_refused() && burst.iter().all(Trigger::may_wait) {
         tokio::select! {
             // A timer due at the same moment as the quiet period's end is not left to chance.
             biased;
@@ -92,20 +124,20 @@ pub(super) async fn next_burst(first: Trigger, queue: &mut TriggerQueue, requeue
         burst.push(next);
     }
     // After the queue is emptied: a trigger refused before it is seen here.
-    if queue.overflowed.swap(false, Ordering::SeqCst) {
-        burst.push(Trigger::Overflowed);
+    if let Some(refused) = Refused::of_bits(queue.refused.swap(0, Ordering::SeqCst)) {
+        burst.push(Trigger::Overflowed(refused));
     }
     burst
 }
 
 pub fn trigger_channel() -> (Triggers, TriggerQueue) {
     let (sender, queue) = mpsc::channel(TRIGGER_QUEUE);
-    let overflowed = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicU8::new(0));
     let triggers = Triggers {
         sender,
-        overflowed: overflowed.clone(),
+        refused: refused.clone(),
     };
-    (triggers, TriggerQueue { queue, overflowed })
+    (triggers, TriggerQueue { queue, refused })
 }
 
 #[cfg(test)]
@@ -114,24 +146,76 @@ mod tests {
     use crate::rollout::plan::RequeueReason;
     use std::time::Duration;
 
-    #[tokio::test]
-    async fn a_trigger_a_full_queue_refuses_makes_the_next_burst_look_at_everything() {
+    /// The burst that follows a full queue of drift and one refused `trigger`.
+    async fn burst_after_refusing(trigger: Trigger) -> Vec<Trigger> {
         let (triggers, mut queue) = trigger_channel();
         for _ in 0..TRIGGER_QUEUE {
             assert!(triggers.try_send(Trigger::Drift(None)), "room");
         }
-        assert!(!triggers.try_send(Trigger::Webhook), "the queue is full");
+        assert!(!triggers.try_send(trigger), "the queue is full");
+        let first = queue.recv().await.expect("queued");
+        next_burst(first, &mut queue, &mut Requeues::default()).await
+    }
+
+    #[tokio::test]
+    async fn what_a_full_queue_refuses_is_done_by_the_next_burst_for_every_app() {
+        let refusals = [
+            (Trigger::Webhook, true, false),
+            (Trigger::Pushed, true, false),
+            (Trigger::GitHubEvent, false, true),
+            (Trigger::Decided, false, true),
+            (Trigger::Shards, false, false),
+            (Trigger::Drift(None), false, false),
+        ];
+        for (trigger, reads_source, looks_at_github) in refusals {
+            let what = format!("{trigger:?}");
+            let burst = burst_after_refusing(trigger).await;
+            assert_eq!(burst.len(), TRIGGER_QUEUE + 1, "{what}: every drift, and the mark");
+            let mark = burst.last().expect("a trigger");
+            let expected = Refused {
+                reads_source,
+                looks_at_github,
+            };
+            assert!(
+                matches!(mark, Trigger::Overflowed(refused) if *refused == expected),
+                "{what}: {mark:?}"
+            );
+            assert_eq!(mark.reads_source(), reads_source, "{what}");
+            assert_eq!(mark.looks_at_github(), looks_at_github, "{what}");
+            assert!(mark.syncs_the_loaded_revision(), "{what}");
+            let owners = super::super::scope::Owners::default();
+            assert_eq!(
+                super::super::scope::apps_of(&[mark], &owners),
+                None,
+                "{what}: every app"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_signal_the_full_queue_refused_ends_a_burst_of_drift_at_once() {
+        let (triggers, mut queue) = trigger_channel();
+        for _ in 0..TRIGGER_QUEUE {
+            assert!(triggers.try_send(Trigger::Drift(None)), "room");
+        }
+        assert!(!triggers.try_send(Trigger::Signal(None)), "the queue is full");
+        // More drift every 30 ms for 1.2 s, each within the quiet period.
+        let storm = triggers.clone();
+        let sender = tokio::spawn(async move {
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let _ = storm.send(Trigger::Drift(None)).await;
+            }
+        });
         let first = queue.recv().await.expect("queued");
         let burst = next_burst(first, &mut queue, &mut Requeues::default()).await;
-        assert_eq!(burst.len(), TRIGGER_QUEUE + 1, "every drift, and the mark");
-        let mark = burst.last().expect("a trigger");
-        assert!(matches!(mark, Trigger::Overflowed), "{mark:?}");
+        sender.abort();
+        assert!(burst.iter().any(|t| matches!(t, Trigger::Overflowed(_))));
+        let drifts = burst.iter().filter(|t| matches!(t, Trigger::Drift(_))).count();
         assert!(
-            mark.reads_source(),
-            "a push may have been refused: the head is read again"
+            drifts < TRIGGER_QUEUE + 20,
+            "the sync waited for the drift to end: {drifts} drift triggers"
         );
-
-        assert!(!queue.overflowed.load(Ordering::SeqCst), "seen once");
     }
 
     #[tokio::test]

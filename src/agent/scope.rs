@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 
 use super::Trigger;
-use crate::manifest::{App, ByKeyHash, Manifest, ManifestSet, ObjectKey, key_hash};
+use crate::manifest::{App, ByKeyHash, Manifest, ManifestSet, ObjectKey, key_hash, key_hash_in};
 use crate::source::Revision;
 
 /// A watched object that changed.
@@ -91,8 +91,7 @@ impl Claim {
     }
 
     fn is(&self, key: &ObjectKey, default_namespace: &str) -> bool {
-        let manifest = self.manifest();
-        manifest.has_key(&key.group, &key.kind, manifest.namespace(), &key.name)
+        self.manifest().is_named(&key.group, &key.kind, &key.name)
             && key.namespace.as_deref() == self.namespace(default_namespace)
     }
 
@@ -161,7 +160,7 @@ pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners
     };
     for (app_index, app) in manifests.apps.values().enumerate() {
         owners.apps.push((app.name.clone(), app.problems.is_empty()));
-        for (index, (manifest, hash)) in app.manifests.iter().zip(app.key_hashes()).enumerate() {
+        for (index, hash) in app.key_hashes().iter().enumerate() {
             let claim = |defaulted| Claim {
                 app: Some(app_index),
                 manifests: app.manifests.clone(),
@@ -169,13 +168,7 @@ pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners
                 defaulted,
             };
             if !hash.names_namespace {
-                let defaulted = key_hash(
-                    manifest.group(),
-                    manifest.kind(),
-                    Some(default_namespace),
-                    manifest.name(),
-                );
-                owners.claim(defaulted, claim(true));
+                owners.claim(key_hash_in(hash.name_hash, Some(default_namespace)), claim(true));
             }
             owners.claim(hash.hash, claim(false));
         }

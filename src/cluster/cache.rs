@@ -407,7 +407,7 @@ mod tests {
         let wanted_of = |names: &[&str]| {
             let mut wanted = RevisionKeys::default();
             wanted.extend(names.iter().map(|name| named(name)));
-            // Another kind of the same name is no Rollout.
+            // Another kind's object of the same name, which no Rollout cache holds.
             wanted.extend([ObjectKey {
                 kind: "ConfigMap".into(),
                 group: String::new(),

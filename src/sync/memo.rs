@@ -35,15 +35,42 @@ struct Remembered {
 /// (apiVersion, kind) pairs.
 type Kinds = BTreeSet<(String, String)>;
 
+/// A value made once for the revision validated as a given id; never kept
+/// for one not validated (id 0).
+struct PerRevision<T>(Mutex<Option<(u64, Arc<T>)>>);
+
+impl<T> Default for PerRevision<T> {
+    fn default() -> Self {
+        PerRevision(Mutex::new(None))
+    }
+}
+
+impl<T> PerRevision<T> {
+    fn get(&self, validated: u64, make: impl FnOnce() -> T) -> Arc<T> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, value)) = kept.as_ref()
+            && *id == validated
+            && validated != 0
+        {
+            return value.clone();
+        }
+        let value = Arc::new(make());
+        if validated != 0 {
+            *kept = Some((validated, value.clone()));
+        }
+        value
+    }
+}
+
 #[derive(Default)]
 pub struct SyncMemo {
     apps: Mutex<HashMap<String, Remembered>>,
     /// Write-backs done and not yet recorded in their Rollouts' statuses.
     written_back: Mutex<WrittenBacks>,
     /// Every object of the last revision synced, under its validation id.
-    revision_keys: Mutex<Option<(u64, Arc<RevisionKeys>)>>,
+    revision_keys: PerRevision<RevisionKeys>,
     /// Every (apiVersion, kind) of the last revision synced, under its validation id.
-    revision_kinds: Mutex<Option<(u64, Arc<Kinds>)>>,
+    revision_kinds: PerRevision<Kinds>,
     /// The last sync, when it recalled every app it synced.
     whole: Mutex<Option<(SyncInputs, SyncReport)>>,
 }
@@ -155,35 +182,13 @@ impl SyncMemo {
     /// made once per revision rather than once per sync (a drift's sync of
     /// one app needs them too). A revision not validated is not remembered.
     pub fn revision_keys(&self, validated: u64, make: impl FnOnce() -> RevisionKeys) -> Arc<RevisionKeys> {
-        let mut kept = self.revision_keys.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((id, keys)) = kept.as_ref()
-            && *id == validated
-            && validated != 0
-        {
-            return keys.clone();
-        }
-        let keys = Arc::new(make());
-        if validated != 0 {
-            *kept = Some((validated, keys.clone()));
-        }
-        keys
+        self.revision_keys.get(validated, make)
     }
 
     /// Every (apiVersion, kind) of the revision validated as `validated`,
     /// made once per revision (as [`SyncMemo::revision_keys`]).
     pub fn revision_kinds(&self, validated: u64, make: impl FnOnce() -> Kinds) -> Arc<Kinds> {
-        let mut kept = self.revision_kinds.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((id, kinds)) = kept.as_ref()
-            && *id == validated
-            && validated != 0
-        {
-            return kinds.clone();
-        }
-        let kinds = Arc::new(make());
-        if validated != 0 {
-            *kept = Some((validated, kinds.clone()));
-        }
-        kinds
+        self.revision_kinds.get(validated, make)
     }
 
     /// Hands a write-back done to Git to the next plan of its Rollout.
@@ -391,6 +396,30 @@ mod tests {
         keys(0);
         assert!(!Arc::ptr_eq(&first, &keys(7)), "another revision came in between");
         assert_eq!(made, 5);
+    }
+
+    #[test]
+    fn a_revisions_kinds_are_made_once_per_validation() {
+        let memo = SyncMemo::default();
+        let mut made = 0;
+        let mut kinds = |validated, kind: &str| {
+            memo.revision_kinds(validated, || {
+                made += 1;
+                [("v1".to_string(), kind.to_string())].into()
+            })
+        };
+        assert!(kinds(7, "ConfigMap").contains(&("v1".into(), "ConfigMap".into())));
+        assert!(
+            kinds(7, "Secret").contains(&("v1".into(), "ConfigMap".into())),
+            "the same revision"
+        );
+        assert!(
+            kinds(8, "Secret").contains(&("v1".into(), "Secret".into())),
+            "another revision"
+        );
+        kinds(0, "Secret");
+        kinds(0, "Secret");
+        assert_eq!(made, 4);
     }
 
     fn report(recalled: &[bool]) -> crate::sync::SyncReport {

@@ -61,13 +61,9 @@ impl Manifest {
             None => "",
         }
     }
-    /// [`key_hash`] of this manifest's key.
-    pub fn key_hash(&self) -> u64 {
-        key_hash(self.group(), self.kind(), self.namespace(), self.name())
-    }
-    /// Whether this manifest's key is (group, kind, namespace, name).
-    pub fn has_key(&self, group: &str, kind: &str, namespace: Option<&str>, name: &str) -> bool {
-        self.name() == name && self.kind() == kind && self.namespace() == namespace && self.group() == group
+    /// Whether this manifest names (group, kind, name), in any namespace.
+    pub fn is_named(&self, group: &str, kind: &str, name: &str) -> bool {
+        self.name() == name && self.kind() == kind && self.group() == group
     }
     pub fn key(&self) -> ObjectKey {
         ObjectKey {
@@ -148,22 +144,48 @@ pub struct App {
     pub key_hashes: std::sync::OnceLock<Vec<KeyHash>>,
 }
 
-/// A manifest's [`key_hash`], and whether it names its namespace.
+/// A manifest's [`key_hash`], the hash of its key without the namespace
+/// (for the key in another namespace) and whether it names its namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyHash {
     pub hash: u64,
+    pub name_hash: u64,
     pub names_namespace: bool,
 }
 
-/// A hash of an object's key, the same for the same key all through one
-/// process and unforeseeable outside it. Equal hashes are only candidates:
-/// whoever compares them compares the keys too.
-pub fn key_hash(group: &str, kind: &str, namespace: Option<&str>, name: &str) -> u64 {
-    use std::hash::BuildHasher;
-    static SEED: std::sync::LazyLock<std::collections::hash_map::RandomState> =
-        std::sync::LazyLock::new(Default::default);
-    SEED.hash_one((group, kind, namespace, name))
+impl KeyHash {
+    fn of(manifest: &Manifest) -> KeyHash {
+        let name_hash = name_hash(manifest.group(), manifest.kind(), manifest.name());
+        KeyHash {
+            hash: key_hash_in(name_hash, manifest.namespace()),
+            name_hash,
+            names_namespace: manifest.namespace().is_some(),
+        }
+    }
 }
+
+/// A hash of an object's key, the same for the same key all through one
+/// process and unforeseeable outside it (the seed is the process's own: the
+/// one read of the environment in this crate, and no output depends on it).
+/// Equal hashes are only candidates: whoever compares them compares the
+/// keys too.
+pub fn key_hash(group: &str, kind: &str, namespace: Option<&str>, name: &str) -> u64 {
+    key_hash_in(name_hash(group, kind, name), namespace)
+}
+
+/// The hash of (group, kind, name), which [`key_hash_in`] places in a namespace.
+pub fn name_hash(group: &str, kind: &str, name: &str) -> u64 {
+    use std::hash::BuildHasher;
+    SEED.hash_one((group, kind, name))
+}
+
+/// [`key_hash`] from a [`name_hash`].
+pub fn key_hash_in(name_hash: u64, namespace: Option<&str>) -> u64 {
+    use std::hash::BuildHasher;
+    SEED.hash_one((name_hash, namespace))
+}
+
+static SEED: std::sync::LazyLock<std::collections::hash_map::RandomState> = std::sync::LazyLock::new(Default::default);
 
 /// A [`key_hash`] taken as the hash it already is.
 #[derive(Default)]
@@ -203,14 +225,17 @@ impl App {
     /// The [`key_hash`] of each manifest, in order: made once for an app a
     /// later load takes over, so that the checks across apps read only the
     /// objects of the apps that changed.
-    pub fn key_hashes(&self) -> &[KeyHash] {
-        self.key_hashes.get_or_init(|| {
-            let hash = |m: &Manifest| KeyHash {
-                hash: m.key_hash(),
-                names_namespace: m.namespace().is_some(),
-            };
-            self.manifests.iter().map(hash).collect()
-        })
+    /// Made again when the manifests changed after (the fields are public):
+    /// a hash missing would leave an object out of every check.
+    pub fn key_hashes(&self) -> std::borrow::Cow<'_, [KeyHash]> {
+        let kept = self
+            .key_hashes
+            .get_or_init(|| self.manifests.iter().map(KeyHash::of).collect());
+        if kept.len() == self.manifests.len() {
+            std::borrow::Cow::Borrowed(kept)
+        } else {
+            std::borrow::Cow::Owned(self.manifests.iter().map(KeyHash::of).collect())
+        }
     }
 
     /// A hash of the app's manifests (content, file and line): equal
@@ -317,7 +342,7 @@ impl ManifestSet {
         let mut shared_hash: HashMap<Key<'_>, (&str, &Manifest)> = HashMap::new();
         let mut found: HashMap<String, Vec<(usize, Problem)>> = HashMap::new();
         for app in self.apps.values() {
-            for ((index, manifest), hash) in app.manifests.iter().enumerate().zip(app.key_hashes()) {
+            for ((index, manifest), hash) in app.manifests.iter().enumerate().zip(app.key_hashes().iter()) {
                 let first = match seen.entry(hash.hash) {
                     std::collections::hash_map::Entry::Vacant(slot) => {
                         slot.insert((app.name.as_str(), manifest));
@@ -597,6 +622,7 @@ mod tests {
         // Every key hashed alike, as two keys of thousands may be.
         let same = KeyHash {
             hash: 7,
+            name_hash: 7,
             names_namespace: true,
         };
         for app in set.apps.values_mut() {
@@ -613,6 +639,29 @@ mod tests {
         assert!(
             text[0]
                 .starts_with("c/y.yaml:1: duplicate object ConfigMap demo/limits, first defined at b/y.yaml:1 (app b)"),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn hashes_kept_from_before_a_change_of_the_manifests_are_made_again() {
+        let mut set = load_files(
+            [(
+                "a/x.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: demo}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: demo}\n",
+            )]
+            .into_iter()
+            .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())),
+        );
+        let app = set.apps.get_mut("a").expect("app");
+        // Hashes of the first manifest alone, as if made before the second came.
+        let first = KeyHash::of(&app.manifests[0]);
+        app.key_hashes.set(vec![first]).expect("not made yet");
+        set.validate(&Allowed::default());
+        let text: Vec<String> = set.problems().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 1, "{text:?}");
+        assert!(
+            text[0].starts_with("a/x.yaml:5: duplicate object ConfigMap demo/settings"),
             "{text:?}"
         );
     }
