@@ -139,9 +139,10 @@ pub struct App {
     /// not checked again).
     pub checked: Option<u64>,
     /// See [`App::kinds`].
-    pub kinds: std::sync::OnceLock<Vec<(String, String)>>,
+    /// Shared, as the hashes: a load that copies an app copies neither.
+    pub kinds: std::sync::OnceLock<std::sync::Arc<[(String, String)]>>,
     /// See [`App::key_hashes`].
-    pub key_hashes: std::sync::OnceLock<Vec<KeyHash>>,
+    pub key_hashes: std::sync::OnceLock<std::sync::Arc<[KeyHash]>>,
 }
 
 /// A manifest's [`key_hash`], the hash of its key without the namespace
@@ -626,7 +627,7 @@ mod tests {
             names_namespace: true,
         };
         for app in set.apps.values_mut() {
-            app.key_hashes.set(vec![same]).expect("not made yet");
+            app.key_hashes.set(vec![same].into()).expect("not made yet");
         }
         set.validate(&Allowed::default());
         assert!(
@@ -656,7 +657,7 @@ mod tests {
         let app = set.apps.get_mut("a").expect("app");
         // Hashes of the first manifest alone, as if made before the second came.
         let first = KeyHash::of(&app.manifests[0]);
-        app.key_hashes.set(vec![first]).expect("not made yet");
+        app.key_hashes.set(vec![first].into()).expect("not made yet");
         set.validate(&Allowed::default());
         let text: Vec<String> = set.problems().map(ToString::to_string).collect();
         assert_eq!(text.len(), 1, "{text:?}");
