@@ -506,7 +506,9 @@ impl Agent {
     }
 
     pub fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(600);
+        // A first sync of 50,000 objects takes 500–600 s here, more with a
+        // second control plane up beside it (the shard replicas' run).
+        let deadline = Instant::now() + Duration::from_secs(1800);
         while self.get("/readyz").is_none() {
             assert!(Instant::now() < deadline, "the agent never became ready");
             std::thread::sleep(Duration::from_millis(50));
