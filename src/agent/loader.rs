@@ -24,7 +24,7 @@ pub(crate) struct Loaded {
     /// What the next load takes unchanged apps from; moved to the loader
     /// (the reconcile loop never reads it), so that it is never copied.
     files: Arc<AppFiles>,
-    capabilities: crate::render::Capabilities,
+    capabilities: Arc<crate::render::Capabilities>,
 }
 
 impl Agent {
@@ -81,7 +81,7 @@ impl Agent {
 
     /// The newly loaded revision, or none when the head is the one loaded
     /// (same commit and cluster, no problem to read again).
-    async fn fetch_and_load(&self, capabilities: crate::render::Capabilities) -> Result<Option<Loaded>> {
+    async fn fetch_and_load(&self, capabilities: Arc<crate::render::Capabilities>) -> Result<Option<Loaded>> {
         let source = self.source.clone();
         let head = crate::blocking("fetching", move || source.git().map(|git| git.fetch_head()).transpose()).await??;
         // The reconcile loop keeps syncing the current revision meanwhile: it
@@ -114,7 +114,7 @@ fn load(
     source: &Source,
     head: Option<String>,
     previous: Option<Loaded>,
-    capabilities: crate::render::Capabilities,
+    capabilities: Arc<crate::render::Capabilities>,
     options: &SyncOptions,
 ) -> Result<Loaded> {
     let (Some(git), Some(head)) = (source.git(), head) else {
@@ -138,7 +138,7 @@ impl Loaded {
     fn new(
         revision: Revision,
         files: AppFiles,
-        capabilities: crate::render::Capabilities,
+        capabilities: Arc<crate::render::Capabilities>,
         options: &SyncOptions,
     ) -> Loaded {
         let owners = super::scope::owners(&revision.manifests, &options.allowed.default_namespace);

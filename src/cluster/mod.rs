@@ -49,7 +49,7 @@ pub struct Cluster {
     /// a sync asks once per manifest, and kube's lookup copies a whole group.
     resolved: std::sync::Mutex<std::collections::HashMap<(String, String), Option<Resolved>>>,
     /// What `capabilities` made, and from which discovery run.
-    capabilities: std::sync::Mutex<Option<(u64, crate::render::Capabilities)>>,
+    capabilities: std::sync::Mutex<Option<(u64, std::sync::Arc<crate::render::Capabilities>)>>,
     /// Counts discovery runs: what was decided from an older one may be stale.
     discovery_generation: std::sync::atomic::AtomicU64,
     /// Status ConfigMaps as last parsed, by name: their resourceVersion and status.
@@ -222,7 +222,7 @@ impl Cluster {
 
     /// The version and API versions the cluster serves, as `helm template`
     /// takes them (`apps/v1` and `apps/v1/Deployment`).
-    pub async fn capabilities(&self) -> crate::render::Capabilities {
+    pub async fn capabilities(&self) -> std::sync::Arc<crate::render::Capabilities> {
         let discovery = self.discovery.read().await;
         // Made once per discovery run: every load of the head asks.
         let generation = self.discovery_generation();
@@ -248,10 +248,10 @@ impl Cluster {
         }
         api_versions.sort();
         api_versions.dedup();
-        let capabilities = crate::render::Capabilities {
+        let capabilities = std::sync::Arc::new(crate::render::Capabilities {
             kube_version: self.kube_version.clone(),
             api_versions,
-        };
+        });
         *kept = Some((generation, capabilities.clone()));
         capabilities
     }

@@ -57,7 +57,7 @@ pub(super) fn prepare(
     })
 }
 
-fn fingerprint(capabilities: &Option<Capabilities>) -> u64 {
+fn fingerprint(capabilities: &Option<std::sync::Arc<Capabilities>>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     capabilities.hash(&mut hasher);
@@ -104,7 +104,7 @@ fn check_dependencies(tree: &dyn SourceTree, app: &str, chart_file: &str) -> Res
 struct Invocation {
     program: PathBuf,
     config: RenderConfig,
-    capabilities: Option<Capabilities>,
+    capabilities: Option<std::sync::Arc<Capabilities>>,
     release: String,
     namespace: String,
     values: Vec<String>,

@@ -70,7 +70,7 @@ pub struct Renderers {
     /// Where clean renders are kept between runs (`sync --once`, a
     /// restarted agent); none: in memory only.
     pub disk: Option<PathBuf>,
-    capabilities: RwLock<Option<Capabilities>>,
+    capabilities: RwLock<Option<Arc<Capabilities>>>,
     versions: Mutex<HashMap<PathBuf, String>>,
     cache: Mutex<HashMap<String, Arc<[Manifest]>>>,
     /// Renders that failed or timed out, by key: not run again until their
@@ -91,8 +91,8 @@ impl Renderers {
 
     /// Sets what Helm renders for; renders made for other capabilities are
     /// not reused.
-    pub fn set_capabilities(&self, capabilities: Capabilities) {
-        *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = Some(capabilities);
+    pub fn set_capabilities(&self, capabilities: impl Into<Arc<Capabilities>>) {
+        *self.capabilities.write().unwrap_or_else(|e| e.into_inner()) = Some(capabilities.into());
     }
 
     /// A clean render of `key`, from memory or disk.
@@ -164,7 +164,7 @@ impl Renderers {
         self.running.clone()
     }
 
-    fn capabilities(&self) -> Option<Capabilities> {
+    fn capabilities(&self) -> Option<Arc<Capabilities>> {
         self.capabilities.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 

@@ -72,8 +72,10 @@ pub struct GitSource {
     /// Where this agent's status files, gates and trailers are.
     pub(crate) records: Arc<crate::rollout::record::Records>,
     /// Fetches into the mirror one at a time: the loader's and a
-    /// write-back's would otherwise race for the same refs' locks.
-    fetching: Arc<std::sync::Mutex<()>>,
+    /// write-back's would otherwise race for the same refs' locks. Holds
+    /// the mirror as the branch's fetch opened it: a poll opens it once, not
+    /// every time (reading the repository's config files again).
+    fetching: Arc<std::sync::Mutex<Option<Repository>>>,
 }
 
 /// How long a Git server may take to accept a connection.
@@ -155,7 +157,18 @@ impl GitSource {
 
     /// Fetches the branch; its head commit's id.
     pub fn fetch_head(&self) -> Result<String> {
-        let repo = self.open_mirror()?;
+        let mut kept = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
+        let repo = match kept.take() {
+            Some(repo) => repo,
+            None => self.open_mirror()?,
+        };
+        let head = self.fetch_head_into(&repo)?;
+        // Kept only after a fetch that worked: a mirror that failed is opened again.
+        *kept = Some(repo);
+        Ok(head)
+    }
+
+    fn fetch_head_into(&self, repo: &Repository) -> Result<String> {
         let mut remote = repo
             .remote_anonymous(&self.url)
             .map_err(Error::git(format!("opening remote {}", redact_url(&self.url))))?;
@@ -166,7 +179,6 @@ impl GitSource {
         if !self.url.starts_with("file://") {
             options.depth(APP_HISTORY as i32 + 1);
         }
-        let _one_at_a_time = self.fetching.lock().unwrap_or_else(|e| e.into_inner());
         remote
             .fetch(&[&refspec], Some(&mut options), None)
             .map_err(|e| Error::Git {
