@@ -97,6 +97,8 @@ pub struct SyncReport {
     pub apps: Vec<AppReport>,
     /// Every (apiVersion, kind) the revision holds.
     pub kinds: BTreeSet<(String, String)>,
+    /// Where the revision's Rollouts release which kind of workload.
+    pub released: Arc<crate::rollout::overlay::Released>,
     /// Only some apps were synced (a scoped sync): the others are not in `apps`.
     pub scoped: bool,
     /// The whole sync was answered from the last one (see `SyncInputs`).
@@ -337,6 +339,7 @@ pub async fn sync_validated(
             commit: revision.commit.clone(),
             apps: reports,
             kinds: (*memo.revision_kinds(revision.validated(), || kinds_of(manifests))).clone(),
+            released: released_of(memo, revision, options),
             scoped: scope.is_some(),
             recalled: false,
         };
@@ -425,6 +428,13 @@ fn keys_of<'a>(
 }
 
 /// Every (apiVersion, kind) the revision holds.
+/// Where the revision's Rollouts release which workloads, made once per revision.
+fn released_of(memo: &SyncMemo, revision: &Revision, options: &SyncOptions) -> Arc<crate::rollout::overlay::Released> {
+    memo.released(revision.validated(), || {
+        crate::rollout::overlay::released_workloads(&revision.manifests, &options.allowed.default_namespace)
+    })
+}
+
 fn kinds_of(manifests: &crate::manifest::ManifestSet) -> BTreeSet<(String, String)> {
     let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
     kinds.into_iter().cloned().collect()

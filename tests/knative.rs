@@ -222,10 +222,19 @@ fn validate(scenario: &Scenario) -> (Option<i32>, String, String) {
 
 /// Version 1.0 pushed and serving under a started agent; its Revision's name.
 async fn serving_1_0(scenario: &Scenario, function: &Function<'_>) -> (support::agent::AgentProcess, Knative, String) {
+    serving_1_0_with(scenario, function, &[]).await
+}
+
+/// As `serving_1_0`, with the agent's environment extended by `env`.
+async fn serving_1_0_with(
+    scenario: &Scenario,
+    function: &Function<'_>,
+    env: &[(&str, &str)],
+) -> (support::agent::AgentProcess, Knative, String) {
     let knative = Knative::of(scenario).await;
     function.write(scenario);
     scenario.repo.commit_and_push("fn 1.0");
-    let agent = scenario.start_agent();
+    let agent = support::agent::AgentProcess::start_with(&scenario.repo, &scenario.ns, scenario.cache.path(), &[], env);
     let stable = knative.healthy_on("1.0").await;
     (agent, knative, stable)
 }
@@ -236,7 +245,9 @@ const STEPS_TO_PROMOTE: &str = "      steps:\n      - {traffic: 20%, pause: {dur
 #[tokio::test]
 async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_promoted() {
     let scenario = Scenario::new("kn-promote").await;
-    let (_agent, knative, stable) = serving_1_0(&scenario, &Function::new("1.0", STEPS_TO_PROMOTE)).await;
+    // Every request the agent sends, in its log.
+    let trace = [("GITCANARY_LOG", "gitcanary=info,gitcanary::cluster::requests=trace")];
+    let (agent, knative, stable) = serving_1_0_with(&scenario, &Function::new("1.0", STEPS_TO_PROMOTE), &trace).await;
     assert_eq!(knative.revisions().await.len(), 1, "no release for the first version");
     let (code, stdout, stderr) = validate(&scenario);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
@@ -295,6 +306,7 @@ async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_pr
         stdout.contains(&format!("stable Revision {stable}, canary Revision {canary}")) && stdout.contains("step 2/3"),
         "{stdout}"
     );
+    read_from_the_watches_at_a_pause(&scenario, &agent).await;
 
     let (code, _, stderr) = scenario.run_cli(&["promote", "fn", "-n", &scenario.ns]);
     assert_eq!(code, 0, "{stderr}");
@@ -315,6 +327,48 @@ async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_pr
     })
     .await;
     assert!(record.contains("registry.test/fn:2.0"), "{record}");
+}
+
+/// Someone annotates the paused Rollout: its app is planned again, and the
+/// step reads the Service's Revisions and their pods from the watches.
+async fn read_from_the_watches_at_a_pause(scenario: &Scenario, agent: &support::agent::AgentProcess) {
+    let ns = &scenario.ns;
+    let before = agent.log_text().len();
+    Api::<Rollout>::namespaced(scenario.client.clone(), ns)
+        .patch(
+            "fn",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"example.test/seen": "yes"}}})),
+        )
+        .await
+        .expect("annotate the Rollout");
+    eventually("the app planned again", WAIT, || async {
+        let log = agent.log_text();
+        let planned = log
+            .get(before..)?
+            .lines()
+            .any(|l| l.contains("app{app=fn ") && l.contains("app synced"));
+        planned.then_some(())
+    })
+    .await;
+    let requests = agent.requests_since(before);
+    assert!(
+        requests.iter().any(|(_, path)| path.ends_with("/rollouts/fn")),
+        "the app's sync is in the log: {requests:#?}"
+    );
+    for kept in [
+        format!("/apis/serving.knative.dev/v1/namespaces/{ns}/revisions"),
+        format!("/api/v1/namespaces/{ns}/pods"),
+    ] {
+        let reads: Vec<_> = requests
+            .iter()
+            .filter(|(method, path)| method == "GET" && *path == kept)
+            .collect();
+        assert!(
+            reads.is_empty(),
+            "{kept} was listed though a watch keeps it: {reads:#?}"
+        );
+    }
 }
 
 /// The canary Revision's share of real requests at each step, through

@@ -562,21 +562,8 @@ async fn a_release_is_observed_from_the_watch_caches_not_read_again() {
     })
     .await;
     agent.wait_for_syncs(1).await;
-    let log = std::fs::read_to_string(&agent.log).expect("the agent's log");
-    // (method, path) of each request the agent sent since.
-    let requests: Vec<(&str, &str)> = log[before..]
-        .lines()
-        .filter_map(|line| {
-            let method = line.split_once("method=")?.1.split_whitespace().next()?;
-            let uri = line.split_once("uri=")?.1.split_whitespace().next()?;
-            let path = uri
-                .split_once("://")
-                .map_or(uri, |(_, rest)| &rest[rest.find('/').unwrap_or(0)..]);
-            // A watch request is the watch itself, not a read of the sync's.
-            let watch = path.contains("watch=true");
-            (!watch).then(|| (method, path.split('?').next().unwrap_or(path)))
-        })
-        .collect();
+    let requests = agent.requests_since(before);
+    let requests: Vec<(&str, &str)> = requests.iter().map(|(m, p)| (m.as_str(), p.as_str())).collect();
     assert!(
         requests.contains(&(
             "PATCH",
@@ -585,11 +572,13 @@ async fn a_release_is_observed_from_the_watch_caches_not_read_again() {
         "the drift's sync is in the log: {requests:#?}"
     );
     let ns = &scenario.ns;
-    // The workload, canary objects, route and the ReplicaSets that name the
-    // revisions' pod-template-hash: the watches keep them. (The Rollout itself
-    // is read: its status is the release's state.)
+    // The workload, canary objects, route, the ReplicaSets that name the
+    // revisions' pod-template-hash and the canary pods the step labels with
+    // its batch: the watches keep them. (The Rollout itself is read: its
+    // status is the release's state.)
     for kept in [
         format!("/apis/apps/v1/namespaces/{ns}/replicasets"),
+        format!("/api/v1/namespaces/{ns}/pods"),
         format!("/apis/apps/v1/namespaces/{ns}/deployments/echo"),
         format!("/apis/apps/v1/namespaces/{ns}/deployments/echo-canary"),
         format!("/api/v1/namespaces/{ns}/services/echo-canary"),
@@ -985,20 +974,97 @@ async fn an_abort_takes_the_canary_ingress_away_before_the_canary_pods() {
     .await;
 }
 
+/// A StatefulSet `db` of three pods on `image`, released by a Rollout with `steps`.
+fn write_db(scenario: &Scenario, image: &str, steps: &str) {
+    let ns = &scenario.ns;
+    scenario.repo.write(
+        "db/statefulset.yaml",
+        &format!("apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: db\n  namespace: {ns}\nspec:\n  replicas: 3\n  serviceName: db\n  podManagementPolicy: Parallel\n  selector:\n    matchLabels: {{app: db}}\n  template:\n    metadata:\n      labels: {{app: db}}\n    spec:\n      containers:\n      - name: db\n        image: registry.test/db:{image}\n"),
+    );
+    scenario.repo.write(
+        "db/rollout.yaml",
+        &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: db\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: StatefulSet, name: db}}\n  strategy:\n    canary:\n      steps:\n{steps}"),
+    );
+}
+
+#[tokio::test]
+async fn a_statefulset_step_counts_and_labels_its_pods_from_the_watch_not_a_list() {
+    let scenario = Scenario::new("ro-sts-kept").await;
+    let ns = scenario.ns.clone();
+    let steps = "      - {replicas: 1, pause: {}}\n      - {replicas: 3}\n";
+    write_db(&scenario, "1", steps);
+    scenario.repo.commit_and_push("db 1");
+    let trace = [("GITCANARY_LOG", "gitcanary=info,gitcanary::cluster::requests=trace")];
+    let agent = support::agent::AgentProcess::start_with(&scenario.repo, &ns, scenario.cache.path(), &[], &trace);
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &ns);
+    let phase_and_step = || async {
+        let status = rollouts.get("db").await.ok()?.status?;
+        Some((status.phase, status.canary_status.map_or(0, |c| c.current_step_index)))
+    };
+    eventually("db healthy", WAIT, || async {
+        (phase_and_step().await?.0 == Phase::Healthy).then_some(())
+    })
+    .await;
+    write_db(&scenario, "2", steps);
+    scenario.repo.commit_and_push("db 2");
+    eventually("paused at step 1 with its pod ready and labelled", WAIT, || async {
+        let paused = phase_and_step().await? == (Phase::Paused, 1);
+        let pod = Api::<Pod>::namespaced(scenario.client.clone(), &ns)
+            .get("db-2")
+            .await
+            .ok()?;
+        let labelled = pod
+            .metadata
+            .labels?
+            .get("gitcanary.io/rollout-batch-id")
+            .map(String::as_str)
+            == Some("1");
+        (paused && labelled).then_some(())
+    })
+    .await;
+    let before = agent.log_text().len();
+
+    // Someone annotates the Rollout: its app is planned again, the step observed.
+    rollouts
+        .patch(
+            "db",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {"example.test/seen": "yes"}}})),
+        )
+        .await
+        .expect("annotate the Rollout");
+    eventually("the app planned again", WAIT, || async {
+        let log = agent.log_text();
+        let planned = log
+            .get(before..)?
+            .lines()
+            .any(|l| l.contains("app{app=db ") && l.contains("app synced"));
+        planned.then_some(())
+    })
+    .await;
+    assert_eq!(phase_and_step().await, Some((Phase::Paused, 1)), "still at step 1");
+    let requests = agent.requests_since(before);
+    assert!(
+        requests.iter().any(|(_, path)| path.ends_with("/rollouts/db")),
+        "the app's sync is in the log: {requests:#?}"
+    );
+    // The ready canary pods and the batch labels: the pod watch keeps them.
+    let listed: Vec<_> = requests
+        .iter()
+        .filter(|(method, path)| method == "GET" && *path == format!("/api/v1/namespaces/{ns}/pods"))
+        .collect();
+    assert!(
+        listed.is_empty(),
+        "the step listed pods though a watch keeps them: {listed:#?}"
+    );
+}
+
 #[tokio::test]
 async fn a_statefulset_is_released_in_three_batches_through_its_partition() {
     let scenario = Scenario::new("ro-sts").await;
     let ns = scenario.ns.clone();
-    let write = |image: &str| {
-        scenario.repo.write(
-            "db/statefulset.yaml",
-            &format!("apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: db\n  namespace: {ns}\nspec:\n  replicas: 3\n  serviceName: db\n  podManagementPolicy: Parallel\n  selector:\n    matchLabels: {{app: db}}\n  template:\n    metadata:\n      labels: {{app: db}}\n    spec:\n      containers:\n      - name: db\n        image: registry.test/db:{image}\n"),
-        );
-        scenario.repo.write(
-            "db/rollout.yaml",
-            &format!("apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: db\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: StatefulSet, name: db}}\n  strategy:\n    canary:\n      steps:\n      - {{replicas: 1, pause: {{duration: 2}}}}\n      - {{replicas: 2, pause: {{duration: 2}}}}\n      - {{replicas: 3}}\n"),
-        );
-    };
+    let steps = "      - {replicas: 1, pause: {duration: 2}}\n      - {replicas: 2, pause: {duration: 2}}\n      - {replicas: 3}\n";
+    let write = |image: &str| write_db(&scenario, image, steps);
     write("1");
     scenario.repo.commit_and_push("db 1");
     // Every request the agent sends, in its log.

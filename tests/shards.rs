@@ -458,6 +458,7 @@ fn report_of_echo(
             ..AppReport::new("echo-app", AppResult::Synced)
         }],
         kinds: Default::default(),
+        released: Default::default(),
         scoped: false,
         recalled: false,
     }

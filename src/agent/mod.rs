@@ -3,12 +3,14 @@
 //! Triggers that arrive while a sync runs are merged into the next one.
 //! Reading the source (fetch, parse, render) runs beside it (`loader`).
 
+mod drift;
 mod github_task;
 mod loader;
 mod queue;
 mod requeue;
 mod scope;
 
+use drift::DriftWatch;
 use github_task::GitHubTask;
 use loader::Loaded;
 use queue::next_burst;
@@ -16,18 +18,14 @@ pub use queue::{TriggerQueue, Triggers, trigger_channel};
 use requeue::Requeues;
 pub use scope::Seen;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::api::{Api, DynamicObject};
-use kube::runtime::watcher;
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info};
 
-use crate::MANAGED_BY_LABEL;
 use crate::cluster::Cluster;
 use crate::github::GitHub;
 use crate::report::{WritebackConfig, write_back};
@@ -335,9 +333,7 @@ impl Agent {
         if let Some(github) = github {
             github.submit(report.clone(), look_at_github);
         }
-        drift
-            .follow(&self.cluster, &report.kinds, &self.options, triggers)
-            .await;
+        drift.follow(&self.cluster, &report, &self.options, triggers).await;
         if !report.is_clean() {
             info!(commit = %report.commit, "sync finished with problems; the affected apps keep what they had");
         }
@@ -411,220 +407,9 @@ fn watch_files(dir: &std::path::Path, triggers: Triggers) -> Option<notify::Reco
     Some(watcher)
 }
 
-/// Whether a Rollout carries a promote or abort token its status has not
-/// acted on yet.
-fn pending_signal(rollout: &DynamicObject) -> bool {
-    use crate::rollout::api::{ABORT_ANNOTATION, PROMOTE_ANNOTATION};
-    let annotations = rollout.metadata.annotations.as_ref();
-    let status = &rollout.data["status"];
-    [
-        (PROMOTE_ANNOTATION, "lastPromoteSignal"),
-        (ABORT_ANNOTATION, "lastAbortSignal"),
-    ]
-    .into_iter()
-    .any(|(annotation, acted_on)| {
-        let token = annotations.and_then(|a| a.get(annotation));
-        crate::rollout::signal::unspent(token, status[acted_on].as_str().unwrap_or_default()).is_some()
-    })
-}
-
-/// Watches on the kinds gitcanary manages: they keep the cluster's watch
-/// cache current (so a resync lists nothing) and wake a sync when someone
-/// else changes an object (`kubectl edit`, a deletion), to put it back.
-#[derive(Default)]
-struct DriftWatch {
-    /// By apiVersion, kind and namespace (`None`: all namespaces).
-    watches: HashMap<(String, String, Option<String>), JoinHandle<()>>,
-    /// The app status ConfigMaps, which the sync reads every time.
-    statuses: Option<JoinHandle<()>>,
-    /// The ReplicaSets of namespaces where a Rollout's Deployment runs, by scope.
-    replica_sets: HashMap<Option<String>, JoinHandle<()>>,
-}
-
-/// Wait before a broken watch lists again.
-const WATCH_RESTART: Duration = Duration::from_secs(1);
-
-impl DriftWatch {
-    async fn follow(
-        &mut self,
-        cluster: &Arc<Cluster>,
-        kinds: &BTreeSet<(String, String)>,
-        options: &SyncOptions,
-        triggers: &Triggers,
-    ) {
-        let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
-        for (api_version, kind) in kinds {
-            let Some(resolved) = cluster.resolve(api_version, kind).await else {
-                continue;
-            };
-            // Where the sync lists the kind.
-            for scope in options.scopes(resolved.namespaced) {
-                let id = (api_version.clone(), kind.clone(), scope.map(str::to_string));
-                if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
-                    continue;
-                }
-                let handle = Self::watch(cluster, &resolved, id.2.as_deref(), &selector, Some(triggers.clone()));
-                self.watches.insert(id, handle);
-            }
-        }
-        if self.statuses.as_ref().is_none_or(|w| w.is_finished())
-            && let Some(resolved) = cluster.resolve("v1", "ConfigMap").await
-        {
-            let selector = crate::cluster::status_selector(&options.instance);
-            self.statuses = Some(Self::watch(
-                cluster,
-                &resolved,
-                Some(&options.state_namespace),
-                &selector,
-                None,
-            ));
-        }
-        // Where the managed kinds are watched: one watch of all namespaces,
-        // or one for each namespace the agent is limited to.
-        let scopes = options.scopes(true);
-        for namespace in cluster.replica_sets.wanted() {
-            let Some(scope) = scopes.iter().find(|s| s.is_none_or(|s| s == namespace)) else {
-                continue;
-            };
-            let scope = scope.map(str::to_string);
-            if self.replica_sets.get(&scope).is_none_or(|w| w.is_finished()) {
-                let handle = Self::watch_replica_sets(cluster, scope.clone());
-                self.replica_sets.insert(scope, handle);
-            }
-        }
-    }
-
-    /// Keeps the namespace's ReplicaSets (their metadata only) for the
-    /// Rollouts' observe. Their changes wake nothing: a Deployment's own
-    /// watch does, and a revision the watch has not seen yet is listed.
-    fn watch_replica_sets(cluster: &Arc<Cluster>, scope: Option<String>) -> JoinHandle<()> {
-        use k8s_openapi::api::apps::v1::ReplicaSet;
-        use kube::core::PartialObjectMeta;
-        // Metadata only: a ReplicaSet's spec and status are never read.
-        let api: Api<PartialObjectMeta<ReplicaSet>> = match &scope {
-            Some(namespace) => Api::namespaced(cluster.client.clone(), namespace),
-            None => Api::all(cluster.client.clone()),
-        };
-        let cluster = cluster.clone();
-        tokio::spawn(async move {
-            let sets = &cluster.replica_sets;
-            loop {
-                let mut events = std::pin::pin!(watcher(api.clone(), watcher::Config::default()));
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(watcher::Event::Init) => sets.list_started(&scope),
-                        Ok(watcher::Event::InitApply(set)) => sets.listed(&scope, &set.metadata),
-                        Ok(watcher::Event::InitDone) => sets.list_done(&scope),
-                        Ok(watcher::Event::Apply(set)) => sets.changed(&scope, &set.metadata),
-                        Ok(watcher::Event::Delete(set)) => sets.deleted(&scope, &set.metadata),
-                        Err(error) => {
-                            debug!(%error, ?scope, "ReplicaSet watch interrupted; it lists again");
-                            sets.interrupted(&scope);
-                            break;
-                        }
-                    }
-                }
-                tokio::time::sleep(WATCH_RESTART).await;
-            }
-        })
-    }
-
-    /// Keeps the kind's cache in `namespace` (`None`: all) and, with
-    /// `triggers`, wakes a sync on every change. A watch that breaks lists
-    /// again (and wakes a sync, for what changed in between); its cache does
-    /// not answer until that list is done.
-    fn watch(
-        cluster: &Arc<Cluster>,
-        resolved: &crate::plan::Resolved,
-        namespace: Option<&str>,
-        selector: &str,
-        triggers: Option<Triggers>,
-    ) -> JoinHandle<()> {
-        let api: Api<DynamicObject> = match namespace {
-            Some(ns) => Api::namespaced_with(cluster.client.clone(), ns, &resolved.resource),
-            None => Api::all_with(cluster.client.clone(), &resolved.resource),
-        };
-        let config = watcher::Config::default().labels(selector);
-        let cache = cluster.watch_cache.register(resolved, namespace, selector);
-        let resource = resolved.resource.clone();
-        let cluster = cluster.clone();
-        let rollouts = resource.group == crate::API_GROUP && resource.kind == crate::rollout::api::KIND;
-        let wake = move |version, signal: bool| {
-            if let Some(triggers) = &triggers {
-                let trigger = if signal {
-                    Trigger::Signal(version)
-                } else {
-                    Trigger::Drift(version)
-                };
-                let _ = triggers.try_send(trigger);
-            }
-        };
-        tokio::spawn(async move {
-            let mut relist = false;
-            loop {
-                let mut events = std::pin::pin!(watcher(api.clone(), config.clone()));
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(watcher::Event::Init) => cache.list_started(),
-                        Ok(watcher::Event::InitApply(object)) => cache.listed(&resource, object),
-                        Ok(watcher::Event::InitDone) => {
-                            cache.list_done();
-                            if relist {
-                                wake(None, false);
-                            }
-                        }
-                        Ok(watcher::Event::Apply(object)) => {
-                            let version = Seen::of(&resource.group, &resource.kind, &object);
-                            let signal = rollouts && pending_signal(&object);
-                            cache.changed(&resource, object);
-                            wake(version, signal);
-                        }
-                        Ok(watcher::Event::Delete(object)) => {
-                            cluster.own_writes.forget(object.metadata.uid.as_deref());
-                            cache.deleted(&crate::cluster::cache::entry(&resource, object).0);
-                            wake(None, false);
-                        }
-                        Err(error) => {
-                            debug!(%error, kind = %resource.kind, "watch interrupted; it lists again");
-                            cache.interrupted();
-                            break;
-                        }
-                    }
-                }
-                relist = true;
-                tokio::time::sleep(WATCH_RESTART).await;
-            }
-        })
-    }
-}
-
-impl Drop for DriftWatch {
-    fn drop(&mut self) {
-        for handle in self
-            .watches
-            .values()
-            .chain(self.statuses.as_ref())
-            .chain(self.replica_sets.values())
-        {
-            handle.abort();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{AppResult, SyncReport, pending_signal, requeue, scope, settle};
-    use kube::api::DynamicObject;
-    use serde_json::json;
-
-    fn rollout(annotations: serde_json::Value, status: serde_json::Value) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "gitcanary.io/v1alpha1", "kind": "Rollout",
-            "metadata": {"name": "echo", "annotations": annotations},
-            "status": status,
-        }))
-        .expect("a Rollout")
-    }
+    use super::{AppResult, SyncReport, requeue, scope, settle};
 
     #[test]
     fn an_app_that_met_a_problem_is_synced_again_by_the_next_commit() {
@@ -654,22 +439,5 @@ mod tests {
         assert!(changed.contains("api"), "{changed:?}");
         let failed: crate::Result<SyncReport> = Err(crate::Error::Usage("the API server went away".into()));
         assert!(settle(Some(settled), &failed, &revision, true, None).is_none());
-    }
-    #[test]
-    fn only_a_token_not_acted_on_is_a_pending_signal() {
-        let token = json!({"gitcanary.io/abort": "the CLI at 12:00"});
-        assert!(pending_signal(&rollout(token.clone(), json!({"phase": "Paused"}))));
-        assert!(!pending_signal(&rollout(
-            token,
-            json!({"phase": "Failed", "lastAbortSignal": "the CLI at 12:00"})
-        )));
-        assert!(!pending_signal(&rollout(json!({}), json!({"phase": "Paused"}))));
-        // As the planner reads it: an empty annotation is new only once a token was acted on.
-        assert!(!pending_signal(&rollout(
-            json!({"gitcanary.io/abort": ""}),
-            json!({"phase": "Paused"})
-        )));
-        let spent = json!({"phase": "Failed", "lastAbortSignal": "the CLI at 12:00"});
-        assert!(pending_signal(&rollout(json!({"gitcanary.io/abort": ""}), spent)));
     }
 }

@@ -205,6 +205,7 @@ pub(super) mod tests {
             commit: "c".into(),
             apps,
             kinds: Default::default(),
+            released: Default::default(),
             scoped: false,
             recalled: false,
         }

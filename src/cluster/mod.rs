@@ -5,7 +5,9 @@ mod apply;
 pub mod cache;
 mod diff;
 mod inventory;
+pub mod kept;
 pub mod observe;
+pub mod pods;
 pub mod replica_sets;
 mod requests;
 
@@ -45,6 +47,10 @@ pub struct Cluster {
     pub watch_cache: cache::WatchCache,
     /// The ReplicaSets of Rollouts' namespaces, kept by the agent's watches.
     pub replica_sets: replica_sets::ReplicaSets,
+    /// The pods of the workloads Rollouts release, kept likewise.
+    pub revision_pods: pods::RevisionPods,
+    /// The Knative Revisions of Rollouts' namespaces (without managedFields), kept likewise.
+    pub knative_revisions: kept::Kept<serde_json::Value>,
     /// What each (apiVersion, kind) resolved to in the current discovery:
     /// a sync asks once per manifest, and kube's lookup copies a whole group.
     resolved: std::sync::Mutex<std::collections::HashMap<(String, String), Option<Resolved>>>,
@@ -159,6 +165,8 @@ impl Cluster {
             impersonating: std::sync::Mutex::default(),
             watch_cache: cache::WatchCache::default(),
             replica_sets: replica_sets::ReplicaSets::default(),
+            revision_pods: pods::RevisionPods::default(),
+            knative_revisions: kept::Kept::default(),
             resolved: std::sync::Mutex::default(),
             capabilities: std::sync::Mutex::default(),
             discovery_generation: std::sync::atomic::AtomicU64::new(0),

@@ -5,15 +5,13 @@
 //! the first sync that asks; until its list is done (and in `sync --once`)
 //! the caller lists as before.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
-
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
 use super::Cluster;
+use super::kept::Kept;
 use crate::{Error, Result};
 
 const REVISION_ANNOTATION: &str = "deployment.kubernetes.io/revision";
@@ -21,14 +19,14 @@ const HASH_LABEL: &str = "pod-template-hash";
 
 /// What a ReplicaSet says of the Deployment revision it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Held {
+pub struct Held {
     owners: Vec<String>,
     revision: Option<String>,
     hash: String,
 }
 
 impl Held {
-    fn of(meta: &ObjectMeta) -> Held {
+    pub fn of(meta: &ObjectMeta) -> Held {
         Held {
             owners: meta.owner_references.iter().flatten().map(|o| o.uid.clone()).collect(),
             revision: meta
@@ -46,114 +44,22 @@ impl Held {
     }
 }
 
-/// What one watch keeps: all namespaces (`None`) or one.
-#[derive(Default)]
-struct Watched {
-    /// The watch's list is done and nothing broke it since.
-    listed: bool,
-    /// By namespace, then name: a lookup reads one namespace's.
-    sets: HashMap<String, HashMap<String, Held>>,
-    /// What a list in progress has found so far.
-    listing: HashMap<String, HashMap<String, Held>>,
-}
+/// The ReplicaSets of the namespaces where a Rollout's Deployment runs, kept
+/// by one watch per scope (all namespaces, or each one the agent is limited
+/// to) however many Rollouts there are.
+pub type ReplicaSets = Kept<Held>;
 
-fn namespace_and_name(meta: &ObjectMeta) -> (String, String) {
-    (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
-
-/// The ReplicaSets of the namespaces where a Rollout's Deployment runs, by
-/// the scope of the watch that keeps them: the agent watches where it
-/// watches the kinds it manages (all namespaces, or each one it is limited
-/// to), one watch per scope however many Rollouts there are.
-#[derive(Default)]
-pub struct ReplicaSets {
-    wanted: Mutex<BTreeSet<String>>,
-    scopes: Mutex<HashMap<Option<String>, Watched>>,
-}
-
-impl ReplicaSets {
-    /// A sync needs the namespace's ReplicaSets: the agent keeps them from then on.
-    pub fn want(&self, namespace: &str) {
-        let mut wanted = self.wanted.lock().unwrap_or_else(|e| e.into_inner());
-        if !wanted.contains(namespace) {
-            wanted.insert(namespace.to_string());
-        }
-    }
-
-    /// The namespaces a sync asked for.
-    pub fn wanted(&self) -> BTreeSet<String> {
-        self.wanted.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
+impl Kept<Held> {
     /// The pod-template-hash of the ReplicaSet `owner` (a Deployment's uid)
     /// made for `revision`, when a watch covering the namespace knows it.
     /// `None` (not listed yet, or no such ReplicaSet seen yet) asks the API server.
     pub fn hash_of(&self, namespace: &str, owner: &str, revision: Option<&str>) -> Option<String> {
         let revision = revision?;
-        let scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
-        let watched = [Some(namespace.to_string()), None]
-            .iter()
-            .find_map(|scope| scopes.get(scope).filter(|w| w.listed))?;
-        let set = watched
-            .sets
-            .get(namespace)?
-            .values()
-            .find(|set| set.revision.as_deref() == Some(revision) && set.owners.iter().any(|uid| uid == owner))?;
-        Some(set.hash.clone())
-    }
-
-    fn with(&self, scope: &Option<String>, change: impl FnOnce(&mut Watched)) {
-        let mut scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
-        change(scopes.entry(scope.clone()).or_default());
-    }
-
-    pub fn list_started(&self, scope: &Option<String>) {
-        self.with(scope, |watched| {
-            watched.listed = false;
-            watched.listing.clear();
-        });
-    }
-
-    pub fn listed(&self, scope: &Option<String>, meta: &ObjectMeta) {
-        let (namespace, name) = namespace_and_name(meta);
-        self.with(scope, |watched| {
-            watched
-                .listing
-                .entry(namespace)
-                .or_default()
-                .insert(name, Held::of(meta));
-        });
-    }
-
-    pub fn list_done(&self, scope: &Option<String>) {
-        self.with(scope, |watched| {
-            watched.sets = std::mem::take(&mut watched.listing);
-            watched.listed = true;
-        });
-    }
-
-    pub fn changed(&self, scope: &Option<String>, meta: &ObjectMeta) {
-        let (namespace, name) = namespace_and_name(meta);
-        self.with(scope, |watched| {
-            watched.sets.entry(namespace).or_default().insert(name, Held::of(meta));
-        });
-    }
-
-    pub fn deleted(&self, scope: &Option<String>, meta: &ObjectMeta) {
-        let (namespace, name) = namespace_and_name(meta);
-        self.with(scope, |watched| {
-            if let Some(sets) = watched.sets.get_mut(&namespace) {
-                sets.remove(&name);
-            }
-        });
-    }
-
-    /// The watch broke: nothing is answered until it has listed again.
-    pub fn interrupted(&self, scope: &Option<String>) {
-        self.with(scope, |watched| watched.listed = false);
+        self.read(namespace, |sets| {
+            sets.values()
+                .find(|set| set.revision.as_deref() == Some(revision) && set.owners.iter().any(|uid| uid == owner))
+                .map(|set| set.hash.clone())
+        })?
     }
 }
 
@@ -169,15 +75,13 @@ fn owner(deployment: &Value) -> Owner {
 /// The pod-template-hash each Deployment's current revision runs ("" for
 /// none, or none found): from the watch when it knows them all, else from a
 /// list of the namespace's ReplicaSets (its watch has not listed yet, or has
-/// not seen a new revision's ReplicaSet yet). Either way the namespace is
-/// kept from now on.
+/// not seen a new revision's ReplicaSet yet).
 pub async fn current_hashes<const N: usize>(
     cluster: &Cluster,
     namespace: &str,
     deployments: [Option<&Value>; N],
 ) -> Result<[String; N]> {
     let owners = deployments.map(|deployment| deployment.map(owner));
-    cluster.replica_sets.want(namespace);
     let remembered = owners.each_ref().map(|owner| match owner {
         None => Some(String::new()),
         Some((uid, revision)) => cluster.replica_sets.hash_of(namespace, uid, revision.as_deref()),
@@ -205,6 +109,7 @@ pub async fn current_hashes<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::kept::place_of;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn set(name: &str, owner: &str, revision: &str, hash: &str) -> ObjectMeta {
@@ -222,11 +127,12 @@ mod tests {
     }
 
     #[test]
-    fn a_revision_is_answered_only_once_a_watch_covering_the_namespace_has_listed_and_while_it_holds() {
+    fn a_revision_is_answered_by_the_replica_set_its_deployment_owns_once_the_watch_has_listed() {
         for scope in [None, Some("shop".to_string())] {
             let sets = ReplicaSets::default();
+            let listed = |meta: ObjectMeta| sets.listed(&scope, place_of(&meta), Held::of(&meta));
             sets.list_started(&scope);
-            sets.listed(&scope, &set("echo-1", "uid-echo", "1", "aaa"));
+            listed(set("echo-1", "uid-echo", "1", "aaa"));
             assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")), None, "not listed yet");
             sets.list_done(&scope);
             assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")).as_deref(), Some("aaa"));
@@ -235,9 +141,10 @@ mod tests {
             assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
             assert_eq!(sets.hash_of("shop", "uid-echo", None), None);
             assert_eq!(sets.hash_of("other", "uid-echo", Some("1")), None);
-            sets.changed(&scope, &set("echo-2", "uid-echo", "2", "bbb"));
+            let changed = set("echo-2", "uid-echo", "2", "bbb");
+            sets.changed(&scope, place_of(&changed), Held::of(&changed));
             assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")).as_deref(), Some("bbb"));
-            sets.deleted(&scope, &set("echo-1", "uid-echo", "1", "aaa"));
+            sets.deleted(&scope, &place_of(&set("echo-1", "uid-echo", "1", "aaa")));
             assert_eq!(sets.hash_of("shop", "uid-echo", Some("1")), None);
             sets.interrupted(&scope);
             assert_eq!(
@@ -245,18 +152,6 @@ mod tests {
                 None,
                 "a broken watch answers nothing"
             );
-            // A list again replaces what the watch held: a set deleted meanwhile is gone.
-            sets.list_done(&scope);
-            sets.list_started(&scope);
-            assert_eq!(
-                sets.hash_of("shop", "uid-echo", Some("2")),
-                None,
-                "a list in progress answers nothing"
-            );
-            sets.listed(&scope, &set("echo-3", "uid-echo", "3", "ccc"));
-            sets.list_done(&scope);
-            assert_eq!(sets.hash_of("shop", "uid-echo", Some("2")), None);
-            assert_eq!(sets.hash_of("shop", "uid-echo", Some("3")).as_deref(), Some("ccc"));
         }
     }
 }

@@ -141,17 +141,36 @@ async fn label_batch(agent: &Writer<'_>, work: &RolloutWork, step: u32, rollout_
         .served("v1", "Pod")
         .await
         .map_err(Error::kube("labelling canary pods"))?;
-    let selector = format!("{}={}", work.kind.revision_label(), work.revisions.canary);
-    let list = pods
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(Error::kube(format!("listing canary pods in {}", work.namespace)))?;
-    for pod in list.items {
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        if labels.contains_key(BATCH_ID_LABEL) {
-            continue;
+    let canary = &work.revisions.canary;
+    // Without a canary count (a promotion's pods), the pods are listed.
+    let kept = work.plan.intent.canary_replicas.and_then(|expected| {
+        let expected = expected.max(0) as usize;
+        let pods = cluster.revision_pods.of(work.kind);
+        pods.read(&work.namespace, |held| {
+            crate::cluster::pods::unbatched(held, canary, expected)
+        })?
+    });
+    let unbatched = match kept {
+        Some(names) => names,
+        None => {
+            let selector = format!("{}={canary}", work.kind.revision_label());
+            let list = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(Error::kube(format!("listing canary pods in {}", work.namespace)))?;
+            list.items
+                .into_iter()
+                .filter(|pod| {
+                    pod.metadata
+                        .labels
+                        .as_ref()
+                        .is_none_or(|l| !l.contains_key(BATCH_ID_LABEL))
+                })
+                .filter_map(|pod| pod.metadata.name)
+                .collect()
         }
-        let name = pod.metadata.name.clone().unwrap_or_default();
+    };
+    for name in unbatched {
         let patch = json!({"metadata": {"labels": {
             BATCH_ID_LABEL: step.to_string(),
             ROLLOUT_ID_LABEL: rollout_id,

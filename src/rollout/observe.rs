@@ -238,22 +238,16 @@ async fn observe_knative(
     target: &Target,
 ) -> Result<knative::Seen> {
     let (namespace, name) = (&target.namespace, &target.spec.workload_ref.name);
-    let mut revisions = Vec::new();
-    if let Some(resolved) = cluster.resolve(knative::API_VERSION, "Revision").await {
-        let api: Api<DynamicObject> = cluster.api(&resolved, Some(namespace));
-        let selector = format!("{}={name}", knative::SERVICE_LABEL);
-        let list = api
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(Error::kube(format!(
-                "listing the Revisions of Knative Service {namespace}/{name}"
-            )))?;
-        revisions = list
-            .items
-            .into_iter()
-            .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
-            .collect();
-    }
+    let kept = cluster.knative_revisions.read(namespace, |held| {
+        let of_service = held
+            .values()
+            .filter(|r| r["metadata"]["labels"][knative::SERVICE_LABEL].as_str() == Some(name.as_str()));
+        of_service.cloned().collect::<Vec<_>>()
+    });
+    let revisions = match kept {
+        Some(kept) if knative::revisions_agree(live, &kept, &status.stable_revision) => kept,
+        _ => list_knative_revisions(cluster, namespace, name).await?,
+    };
     // A release in flight, or a held failure, keeps its stable Revision pinned.
     let pinned = matches!(
         status.phase,
@@ -280,6 +274,25 @@ async fn observe_knative(
         ));
     }
     Ok(seen)
+}
+
+async fn list_knative_revisions(cluster: &Cluster, namespace: &str, name: &str) -> Result<Vec<Value>> {
+    let Some(resolved) = cluster.resolve(knative::API_VERSION, "Revision").await else {
+        return Ok(Vec::new());
+    };
+    let api: Api<DynamicObject> = cluster.api(&resolved, Some(namespace));
+    let selector = format!("{}={name}", knative::SERVICE_LABEL);
+    let list = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::kube(format!(
+            "listing the Revisions of Knative Service {namespace}/{name}"
+        )))?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|r| serde_json::to_value(r).unwrap_or(Value::Null))
+        .collect())
 }
 
 async fn served_canary_kinds(cluster: &Cluster) -> BTreeMap<&'static str, Resolved> {
@@ -622,12 +635,24 @@ pub(super) async fn observe_statefulset(
         String::new()
     };
     if !canary_revision.is_empty() {
-        let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
-        let list = pods
-            .list(&ListParams::default().labels(&format!("controller-revision-hash={canary_revision}")))
-            .await
-            .map_err(Error::kube(format!("listing pods in {namespace}")))?;
-        observed.canary_ready = list.items.iter().filter(|p| pod_ready(p)).count() as i32;
+        let kept = cluster
+            .revision_pods
+            .of(WorkloadKind::StatefulSet)
+            .read(namespace, |held| {
+                crate::cluster::pods::stateful_set_canary_ready(held, &current, &canary_revision, status)
+            });
+        observed.canary_ready = match kept.flatten() {
+            Some(ready) => ready,
+            None => {
+                let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);
+                let selector = format!("{}={canary_revision}", WorkloadKind::StatefulSet.revision_label());
+                let list = pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(Error::kube(format!("listing pods in {namespace}")))?;
+                list.items.iter().filter(|p| crate::cluster::pods::is_ready(p)).count() as i32
+            }
+        };
     }
     // The stable template lives in the ControllerRevision of the current revision.
     let stable_template = if current.is_empty() {
@@ -643,11 +668,4 @@ pub(super) async fn observe_statefulset(
         revisions,
         stable_template.or_else(|| Some(live["spec"]["template"].clone())),
     ))
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

@@ -71,6 +71,8 @@ pub struct SyncMemo {
     revision_keys: PerRevision<RevisionKeys>,
     /// Every (apiVersion, kind) of the last revision synced, under its validation id.
     revision_kinds: PerRevision<Kinds>,
+    /// Where the last revision synced releases which workloads.
+    released: PerRevision<crate::rollout::overlay::Released>,
     /// The last sync, when it recalled every app it synced.
     whole: Mutex<Option<(SyncInputs, SyncReport)>>,
 }
@@ -189,6 +191,16 @@ impl SyncMemo {
     /// made once per revision (as [`SyncMemo::revision_keys`]).
     pub fn revision_kinds(&self, validated: u64, make: impl FnOnce() -> Kinds) -> Arc<Kinds> {
         self.revision_kinds.get(validated, make)
+    }
+
+    /// Where the Rollouts of the revision validated as `validated` release
+    /// which kind of workload, made once per revision.
+    pub fn released(
+        &self,
+        validated: u64,
+        make: impl FnOnce() -> crate::rollout::overlay::Released,
+    ) -> Arc<crate::rollout::overlay::Released> {
+        self.released.get(validated, make)
     }
 
     /// Hands a write-back done to Git to the next plan of its Rollout.
@@ -434,6 +446,7 @@ mod tests {
                 })
                 .collect(),
             kinds: Default::default(),
+            released: Default::default(),
             scoped: false,
             recalled: false,
         }

@@ -199,6 +199,26 @@ impl AgentProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// (method, path) of each request the agent logged (with
+    /// `gitcanary::cluster::requests=trace`) after the log's first `from`
+    /// bytes, watches left out: a watch is not a read of a sync's.
+    pub fn requests_since(&self, from: usize) -> Vec<(String, String)> {
+        let log = self.log_text();
+        log.get(from..)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let method = line.split_once("method=")?.1.split_whitespace().next()?;
+                let uri = line.split_once("uri=")?.1.split_whitespace().next()?;
+                let path = uri
+                    .split_once("://")
+                    .map_or(uri, |(_, rest)| &rest[rest.find('/').unwrap_or(0)..]);
+                let watch = path.contains("watch=true");
+                (!watch).then(|| (method.to_string(), path.split('?').next().unwrap_or(path).to_string()))
+            })
+            .collect()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -184,6 +184,25 @@ pub fn see(
     }
 }
 
+/// Whether `revisions`, as a watch holds them, can stand for a list: they
+/// hold every Revision the live Service's status and the Rollout's status
+/// (`recorded_stable`) name, and the latest ready one is Ready in them. A
+/// watch that has not seen a change the Service already reports is not
+/// believed (nor one that dropped the pinned Revision: a list says so).
+pub fn revisions_agree(live: Option<&Value>, revisions: &[Value], recorded_stable: &str) -> bool {
+    let Some(live) = live else {
+        return true;
+    };
+    let named = |name: &str| revisions.iter().find(|r| r["metadata"]["name"].as_str() == Some(name));
+    let status = &live["status"];
+    let latest_created = status["latestCreatedRevisionName"].as_str().unwrap_or_default();
+    let latest_ready = status["latestReadyRevisionName"].as_str().unwrap_or_default();
+    [latest_created, latest_ready, recorded_stable]
+        .into_iter()
+        .all(|name| name.is_empty() || named(name).is_some())
+        && (latest_ready.is_empty() || named(latest_ready).is_some_and(is_ready))
+}
+
 /// The Service to apply: Git's, with the release's traffic (and, while a
 /// canary runs, its minimum scale) overlaid. `recorded_template` is the
 /// template Git's status file says is stable, for a Service the cluster
@@ -426,6 +445,27 @@ mod tests {
             "status": {"observedGeneration": 3, "latestCreatedRevisionName": created, "latestReadyRevisionName": ready, "traffic": traffic,
                 "conditions": [{"type": "RoutesReady", "status": "True"}]},
         })
+    }
+
+    #[test]
+    fn revisions_a_watch_holds_stand_for_a_list_only_when_they_hold_what_the_statuses_name() {
+        let service = live("fn-00002", "fn-00001", json!([]));
+        let both = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", false)];
+        assert!(revisions_agree(Some(&service), &both, "fn-00001"));
+        assert!(revisions_agree(Some(&service), &both, ""));
+        assert!(
+            revisions_agree(None, &[], "fn-00001"),
+            "no Service: nothing is read of them"
+        );
+        // The newest Revision not seen yet.
+        assert!(!revisions_agree(Some(&service), &both[..1], "fn-00001"));
+        // The Revision the Rollout pins not held.
+        assert!(!revisions_agree(Some(&service), &both, "fn-00000"));
+        // The Service reports its latest ready Revision Ready before the watch does.
+        let ahead = live("fn-00002", "fn-00002", json!([]));
+        assert!(!revisions_agree(Some(&ahead), &both, "fn-00001"));
+        let caught_up = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", true)];
+        assert!(revisions_agree(Some(&ahead), &caught_up, "fn-00001"));
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub const STABLE_HASH_ANNOTATION: &str = "gitcanary.io/stable-template-hash";
 /// On the canary Deployment: the hash of the Git template it runs.
 pub const CANARY_HASH_ANNOTATION: &str = "gitcanary.io/canary-template-hash";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum WorkloadKind {
     Deployment,
     StatefulSet,
@@ -529,9 +529,74 @@ pub fn canary_ingress(
     })
 }
 
+/// Each kind of workload Rollouts release, with a namespace they release it in.
+pub type Released = std::collections::BTreeSet<(WorkloadKind, String)>;
+
+/// Where the Rollouts of `manifests` release which kind of workload: the
+/// namespaces whose ReplicaSets, pods or Knative Revisions the agent keeps
+/// watched for their observe, and no others. A Rollout naming a workload
+/// of no supported kind reads nothing of them.
+pub fn released_workloads(manifests: &crate::manifest::ManifestSet, default_namespace: &str) -> Released {
+    let rollout_kind = |(api_version, kind): &(String, String)| {
+        kind == super::api::KIND
+            && api_version
+                .rsplit_once('/')
+                .is_some_and(|(group, _)| group == super::api::GROUP)
+    };
+    manifests
+        .apps
+        .values()
+        .filter(|app| app.kinds().iter().any(rollout_kind))
+        .flat_map(|app| app.manifests.iter().filter(|m| super::api::is_rollout(m)))
+        .filter_map(|rollout| {
+            let workload = &rollout.object["spec"]["workloadRef"];
+            let kind = WorkloadKind::parse(
+                workload["apiVersion"].as_str().unwrap_or_default(),
+                workload["kind"].as_str().unwrap_or_default(),
+            )?;
+            Some((kind, rollout.namespace().unwrap_or(default_namespace).to_string()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_workloads_released_are_each_rollouts_kind_in_its_namespace_and_nothing_else() {
+        let rollout = |namespace: &str, api_version: &str, kind: &str| {
+            let namespace = if namespace.is_empty() {
+                String::new()
+            } else {
+                format!("  namespace: {namespace}\n")
+            };
+            format!(
+                "apiVersion: {}\nkind: Rollout\nmetadata:\n  name: r\n{namespace}spec:\n  workloadRef: {{apiVersion: {api_version}, kind: {kind}, name: w}}\n",
+                crate::rollout::api::API_VERSION
+            )
+        };
+        let files = [
+            ("web/rollout.yaml", rollout("shop", "apps/v1", "Deployment")),
+            ("db/rollout.yaml", rollout("", "apps/v1", "StatefulSet")),
+            ("fn/rollout.yaml", rollout("edge", "serving.knative.dev/v1", "Service")),
+            ("odd/rollout.yaml", rollout("odd", "apps/v1", "DaemonSet")),
+            (
+                "plain/cm.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  namespace: plain\n".to_string(),
+            ),
+        ];
+        let set = crate::manifest::parse::load_files(files.into_iter().map(|(p, c)| (p.to_string(), c.into_bytes())));
+        let released: Vec<_> = released_workloads(&set, "apps").into_iter().collect();
+        assert_eq!(
+            released,
+            [
+                (WorkloadKind::Deployment, "shop".to_string()),
+                (WorkloadKind::StatefulSet, "apps".to_string()),
+                (WorkloadKind::KnativeService, "edge".to_string()),
+            ]
+        );
+    }
 
     /// Git's route as a step of `percent` with `matches` routes it.
     fn split(route: &Value, percent: u32, matches: &[RequestMatch]) -> Value {
