@@ -3,14 +3,13 @@
 //! the app that asked for it. Anything else (a new revision, a GitHub
 //! decision, an object no app holds) concerns every app. Pure.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
 
 use super::Trigger;
-use crate::manifest::{App, ByKeyHash, Manifest, ManifestSet, ObjectKey, key_hash, key_hash_in};
+use crate::manifest::{App, KeyIndex, Manifest, ManifestSet, ObjectKey, key_hash, key_hash_in};
 use crate::source::Revision;
 
 /// A watched object that changed.
@@ -57,14 +56,21 @@ impl Seen {
 /// Which app holds each object of a revision: an index of the revision's
 /// manifests by [`key_hash`] (no key copied: an app a load took over keeps
 /// its hashes), each lookup checked against the manifest's own key.
-#[derive(Default)]
 pub(super) struct Owners {
     default_namespace: String,
     /// Each app's name, and whether it is valid (an invalid app holds nothing).
     apps: Vec<(String, bool)>,
-    by_hash: ByKeyHash<Claim>,
-    /// Keys whose hash an earlier key has too (rare), by key.
-    shared_hash: HashMap<ObjectKey, Claim>,
+    claims: KeyIndex<ObjectKey, Claim>,
+}
+
+impl Default for Owners {
+    fn default() -> Self {
+        Owners {
+            default_namespace: String::new(),
+            apps: Vec::new(),
+            claims: KeyIndex::with_capacity(0),
+        }
+    }
 }
 
 /// An object key claimed by a manifest: its own, or (`defaulted`) with the
@@ -109,36 +115,23 @@ impl Owners {
     pub(super) fn get(&self, key: &ObjectKey) -> Option<&String> {
         let hash = key_hash(&key.group, &key.kind, key.namespace.as_deref(), &key.name);
         let claim = self
-            .by_hash
-            .get(&hash)
-            .filter(|claim| claim.is(key, &self.default_namespace))
-            .or_else(|| self.shared_hash.get(key))?;
+            .claims
+            .get(hash, key, |claim, key| claim.is(key, &self.default_namespace))?;
         let (app, valid) = &self.apps[claim.app?];
         valid.then_some(app)
     }
 
+    /// A key two apps claim is neither's.
     fn claim(&mut self, hash: u64, claim: Claim) {
         let default_namespace = self.default_namespace.as_str();
-        let first = match self.by_hash.entry(hash) {
-            Entry::Vacant(slot) => {
-                slot.insert(claim);
-                return;
-            }
-            Entry::Occupied(first) => first.into_mut(),
-        };
-        let key = claim.key(default_namespace);
-        let first = if first.is(&key, default_namespace) {
-            first
-        } else {
-            match self.shared_hash.entry(key) {
-                Entry::Vacant(slot) => {
-                    slot.insert(claim);
-                    return;
-                }
-                Entry::Occupied(first) => first.into_mut(),
-            }
-        };
-        if first.app != claim.app {
+        let app = claim.app;
+        let key_of = |claim: &Claim| claim.key(default_namespace);
+        let first = self
+            .claims
+            .claim(hash, claim, key_of, |claim, key| claim.is(key, default_namespace));
+        if let Some(first) = first
+            && first.app != app
+        {
             first.app = None;
         }
     }
@@ -155,8 +148,7 @@ pub(super) fn owners(manifests: &ManifestSet, default_namespace: &str) -> Owners
     let mut owners = Owners {
         default_namespace: default_namespace.to_string(),
         apps: Vec::with_capacity(manifests.apps.len()),
-        by_hash: ByKeyHash::with_capacity_and_hasher(objects, Default::default()),
-        shared_hash: HashMap::new(),
+        claims: KeyIndex::with_capacity(objects),
     };
     for (app_index, app) in manifests.apps.values().enumerate() {
         owners.apps.push((app.name.clone(), app.problems.is_empty()));

@@ -210,6 +210,63 @@ impl std::hash::Hasher for KeyHashed {
 /// A map keyed by [`key_hash`]es.
 pub type ByKeyHash<V> = HashMap<u64, V, std::hash::BuildHasherDefault<KeyHashed>>;
 
+/// Claims of object keys, found by their [`key_hash`] without a key built
+/// or copied; keys that share a hash and differ (rare) are told apart by
+/// the key itself. The first claim of a key is kept; a later one meets it.
+pub struct KeyIndex<K, C> {
+    by_hash: ByKeyHash<C>,
+    /// Keys whose hash an earlier key has too, by key.
+    shared_hash: HashMap<K, C>,
+}
+
+impl<K: Eq + std::hash::Hash, C> KeyIndex<K, C> {
+    pub fn with_capacity(claims: usize) -> Self {
+        KeyIndex {
+            by_hash: ByKeyHash::with_capacity_and_hasher(claims, Default::default()),
+            shared_hash: HashMap::new(),
+        }
+    }
+
+    /// Claims the key hashed as `hash` for `claim`. `key_of` makes a
+    /// claim's key and `is` tells whether a claim is of a key (each asked
+    /// only when a hash is met again). The first claim of the same key, when
+    /// another came first: `claim` is then dropped.
+    pub fn claim(
+        &mut self,
+        hash: u64,
+        claim: C,
+        key_of: impl Fn(&C) -> K,
+        is: impl Fn(&C, &K) -> bool,
+    ) -> Option<&mut C> {
+        let first = match self.by_hash.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(claim);
+                return None;
+            }
+            std::collections::hash_map::Entry::Occupied(first) => first.into_mut(),
+        };
+        let key = key_of(&claim);
+        if is(first, &key) {
+            return Some(first);
+        }
+        match self.shared_hash.entry(key) {
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(claim);
+                None
+            }
+            std::collections::hash_map::Entry::Occupied(first) => Some(first.into_mut()),
+        }
+    }
+
+    /// The first claim of `key`, hashed as `hash`.
+    pub fn get(&self, hash: u64, key: &K, is: impl Fn(&C, &K) -> bool) -> Option<&C> {
+        self.by_hash
+            .get(&hash)
+            .filter(|claim| is(claim, key))
+            .or_else(|| self.shared_hash.get(key))
+    }
+}
+
 impl App {
     pub fn is_valid(&self) -> bool {
         self.problems.is_empty()
@@ -337,31 +394,14 @@ impl ManifestSet {
             (m.group(), m.kind(), m.namespace(), m.name())
         }
         let objects = self.apps.values().map(|app| app.manifests.len()).sum();
-        // By hash first (no object read); keys that share a hash and differ
-        // (rare) by key.
-        let mut seen: ByKeyHash<(&str, &Manifest)> = ByKeyHash::with_capacity_and_hasher(objects, Default::default());
-        let mut shared_hash: HashMap<Key<'_>, (&str, &Manifest)> = HashMap::new();
+        let mut seen: KeyIndex<Key<'_>, (&str, &Manifest)> = KeyIndex::with_capacity(objects);
         let mut found: HashMap<String, Vec<(usize, Problem)>> = HashMap::new();
         for app in self.apps.values() {
             for ((index, manifest), hash) in app.manifests.iter().enumerate().zip(app.key_hashes().iter()) {
-                let first = match seen.entry(hash.hash) {
-                    std::collections::hash_map::Entry::Vacant(slot) => {
-                        slot.insert((app.name.as_str(), manifest));
-                        continue;
-                    }
-                    std::collections::hash_map::Entry::Occupied(first) => *first.get(),
-                };
-                let key = key_of(manifest);
-                let first = if key_of(first.1) == key {
-                    first
-                } else {
-                    match shared_hash.entry(key) {
-                        std::collections::hash_map::Entry::Vacant(slot) => {
-                            slot.insert((app.name.as_str(), manifest));
-                            continue;
-                        }
-                        std::collections::hash_map::Entry::Occupied(first) => *first.get(),
-                    }
+                let claim = (app.name.as_str(), manifest);
+                let first = seen.claim(hash.hash, claim, |c| key_of(c.1), |c, key| key_of(c.1) == *key);
+                let Some(&mut first) = first else {
+                    continue;
                 };
                 let (other_app, other) = first;
                 let where_ = if other_app == app.name {
