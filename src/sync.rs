@@ -427,7 +427,6 @@ fn keys_of<'a>(
     keys
 }
 
-/// Every (apiVersion, kind) the revision holds.
 /// Where the revision's Rollouts release which workloads, made once per revision.
 fn released_of(memo: &SyncMemo, revision: &Revision, options: &SyncOptions) -> Arc<crate::rollout::overlay::Released> {
     memo.released(revision.validated(), || {
@@ -435,6 +434,7 @@ fn released_of(memo: &SyncMemo, revision: &Revision, options: &SyncOptions) -> A
     })
 }
 
+/// Every (apiVersion, kind) the revision holds.
 fn kinds_of(manifests: &crate::manifest::ManifestSet) -> BTreeSet<(String, String)> {
     let kinds: BTreeSet<&(String, String)> = manifests.apps.values().flat_map(|a| a.kinds()).collect();
     kinds.into_iter().cloned().collect()

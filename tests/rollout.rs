@@ -988,7 +988,7 @@ fn write_db(scenario: &Scenario, image: &str, steps: &str) {
 }
 
 #[tokio::test]
-async fn a_statefulset_step_counts_and_labels_its_pods_from_the_watch_not_a_list() {
+async fn a_statefulset_step_counts_its_ready_pods_and_finds_its_batch_without_a_list() {
     let scenario = Scenario::new("ro-sts-kept").await;
     let ns = scenario.ns.clone();
     let steps = "      - {replicas: 1, pause: {}}\n      - {replicas: 3}\n";
@@ -1048,7 +1048,8 @@ async fn a_statefulset_step_counts_and_labels_its_pods_from_the_watch_not_a_list
         requests.iter().any(|(_, path)| path.ends_with("/rollouts/db")),
         "the app's sync is in the log: {requests:#?}"
     );
-    // The ready canary pods and the batch labels: the pod watch keeps them.
+    // The ready canary pods (the StatefulSet's status says) and the batch
+    // labels (the pod watch keeps them).
     let listed: Vec<_> = requests
         .iter()
         .filter(|(method, path)| method == "GET" && *path == format!("/api/v1/namespaces/{ns}/pods"))

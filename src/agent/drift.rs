@@ -136,14 +136,15 @@ impl DriftWatch {
             ));
         }
         let wanted = kept_watches(&report.released, &options.scopes(true));
-        self.kept.retain(|(read, scope), handle| {
-            let keep = wanted.contains(&(*read, scope.clone()));
-            if !keep {
+        let stopped: Vec<_> = self.kept.keys().filter(|id| !wanted.contains(id)).cloned().collect();
+        for (read, scope) in stopped {
+            if let Some(handle) = self.kept.remove(&(read, scope.clone())) {
+                // Ended before what it kept is dropped: no late event brings it back.
                 handle.abort();
-                read.forget(cluster, scope);
+                let _ = handle.await;
             }
-            keep
-        });
+            read.forget(cluster, &scope);
+        }
         for (read, scope) in wanted {
             if self.kept.get(&(read, scope.clone())).is_some_and(|w| !w.is_finished()) {
                 continue;

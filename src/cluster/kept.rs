@@ -104,6 +104,17 @@ impl<H> Kept<H> {
         self.with(scope, |watched| watched.listed = false);
     }
 
+    /// Changes what every watch holding `namespace`'s `name` keeps of it: a
+    /// write of the agent's own, seen before its event arrives.
+    pub fn amend(&self, namespace: &str, name: &str, change: impl Fn(&mut H)) {
+        let mut scopes = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+        for watched in scopes.values_mut() {
+            if let Some(held) = watched.held.get_mut(namespace).and_then(|n| n.get_mut(name)) {
+                change(held);
+            }
+        }
+    }
+
     /// Takes in one event of the watch of `scope` (`None`: the watch broke),
     /// keeping what `hold` makes of each object.
     pub fn take<K: kube::Resource>(

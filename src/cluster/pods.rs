@@ -1,11 +1,11 @@
 //! The pods of the workloads Rollouts release, by the revision each runs:
-//! whether it is Ready and carries its batch label. One watch per workload
-//! kind and scope keeps them, selected by a label only those pods carry (a
-//! canary Deployment's marker, a StatefulSet's `controller-revision-hash`,
-//! a Knative Revision's name), so that a release step counts its ready
-//! canary pods and labels its batch without listing them. What the watch
-//! holds is trusted only where it agrees with the workload's own count;
-//! otherwise the caller lists as before.
+//! whether it carries its batch label. One watch per workload kind and
+//! scope keeps them, selected by a label: a canary Deployment's marker
+//! (its pods only), `controller-revision-hash` (every StatefulSet's and
+//! DaemonSet's pods in the scope), a Knative Revision's name (every
+//! Revision's pods), so that a release step labels its batch without
+//! listing them. What the watch holds is trusted only where it holds as
+//! many canary pods as the step asks for; otherwise the caller lists.
 
 use std::collections::HashMap;
 
@@ -19,7 +19,6 @@ use gitcanary_core::rollout::overlay::{BATCH_ID_LABEL, CANARY_LABEL, WorkloadKin
 pub struct PodHeld {
     /// The value of the workload kind's revision label.
     pub revision: String,
-    pub ready: bool,
     /// It carries the batch label already.
     pub batched: bool,
 }
@@ -32,7 +31,6 @@ impl PodHeld {
                 .and_then(|l| l.get(kind.revision_label()))
                 .cloned()
                 .unwrap_or_default(),
-            ready: is_ready(pod),
             batched: labels.is_some_and(|l| l.contains_key(BATCH_ID_LABEL)),
         }
     }
@@ -72,32 +70,16 @@ impl RevisionPods {
     }
 }
 
-/// How many pods of a StatefulSet's `update` revision are Ready, from what
-/// the watch holds, when it agrees with the StatefulSet's own `status`: as
-/// many pods of each revision (`currentReplicas`, `updatedReplicas`) and
-/// as many Ready (`readyReplicas`). A watch that has not seen a pod's
-/// latest change yet is not believed.
-pub fn stateful_set_canary_ready(
-    pods: &HashMap<String, PodHeld>,
-    current: &str,
-    update: &str,
-    status: &serde_json::Value,
-) -> Option<i32> {
-    let count = |revision: &str, ready_only: bool| {
-        pods.values()
-            .filter(|p| p.revision == revision && (p.ready || !ready_only))
-            .count() as i64
-    };
-    let field = |name: &str| status[name].as_i64().unwrap_or(0);
-    let ready = if current == update {
-        count(update, true)
-    } else {
-        count(update, true) + count(current, true)
-    };
-    let agrees = ready == field("readyReplicas")
-        && count(update, false) == field("updatedReplicas")
-        && count(current, false) == field("currentReplicas");
-    agrees.then_some(count(update, true) as i32)
+/// How many pods of a StatefulSet's update revision are Ready, from its own
+/// status, where it can say: the controller has seen its latest spec and
+/// every pod it counts is Ready, so every updated one is (`updatedReplicas`).
+/// `None`: the pods are listed (a pod's readiness in a watch may be a moment
+/// old, and two such moments can cancel out in any count the status has).
+pub fn stateful_set_canary_ready(live: &serde_json::Value) -> Option<i32> {
+    let field = |name: &str| live["status"][name].as_i64().unwrap_or(0);
+    let caught_up = field("observedGeneration") >= live["metadata"]["generation"].as_i64().unwrap_or(0);
+    let all_ready = field("readyReplicas") == field("replicas");
+    (caught_up && all_ready).then(|| field("updatedReplicas") as i32)
 }
 
 /// The canary pods (of revision `canary`) to label with their batch, from
@@ -121,12 +103,11 @@ pub fn unbatched(pods: &HashMap<String, PodHeld>, canary: &str, expected: usize)
 mod tests {
     use super::*;
 
-    fn pods(list: &[(&str, &str, bool, bool)]) -> HashMap<String, PodHeld> {
+    fn pods(list: &[(&str, &str, bool)]) -> HashMap<String, PodHeld> {
         list.iter()
-            .map(|(name, revision, ready, batched)| {
+            .map(|(name, revision, batched)| {
                 let held = PodHeld {
                     revision: revision.to_string(),
-                    ready: *ready,
                     batched: *batched,
                 };
                 (name.to_string(), held)
@@ -135,55 +116,29 @@ mod tests {
     }
 
     #[test]
-    fn ready_canary_pods_are_counted_from_the_watch_only_when_it_agrees_with_the_stateful_set() {
-        let status = |ready: i64, current: i64, updated: i64| serde_json::json!({"readyReplicas": ready, "currentReplicas": current, "updatedReplicas": updated});
-        let held = pods(&[
-            ("db-0", "db-old", true, false),
-            ("db-1", "db-old", false, false),
-            ("db-2", "db-new", true, false),
-            ("other-0", "other-1", true, false),
-        ]);
-        assert_eq!(
-            stateful_set_canary_ready(&held, "db-old", "db-new", &status(2, 2, 1)),
-            Some(1)
-        );
-        // The StatefulSet counted a pod's readiness the watch has not seen yet.
-        assert_eq!(
-            stateful_set_canary_ready(&held, "db-old", "db-new", &status(3, 2, 1)),
-            None
-        );
-        assert_eq!(
-            stateful_set_canary_ready(&held, "db-old", "db-new", &status(1, 2, 1)),
-            None
-        );
-        // Or a pod replaced by one of the new revision the watch has not seen yet.
-        assert_eq!(
-            stateful_set_canary_ready(&held, "db-old", "db-new", &status(2, 1, 2)),
-            None
-        );
-        // Every pod on one revision.
-        let held = pods(&[("db-0", "db-new", true, false), ("db-1", "db-new", true, false)]);
-        assert_eq!(
-            stateful_set_canary_ready(&held, "db-new", "db-new", &status(2, 2, 2)),
-            Some(2)
-        );
-        assert_eq!(
-            stateful_set_canary_ready(&held, "db-old", "db-new", &status(2, 0, 2)),
-            Some(2)
-        );
-        // A StatefulSet with no pod reports no counts.
-        assert_eq!(
-            stateful_set_canary_ready(&pods(&[]), "db-old", "db-new", &serde_json::json!({})),
-            Some(0)
-        );
+    fn ready_canary_pods_are_counted_from_the_stateful_set_only_when_every_pod_is_ready() {
+        let set = |generation: i64, observed: i64, replicas: i64, ready: i64, updated: i64| {
+            serde_json::json!({
+                "metadata": {"generation": generation},
+                "status": {"observedGeneration": observed, "replicas": replicas, "readyReplicas": ready, "updatedReplicas": updated},
+            })
+        };
+        assert_eq!(stateful_set_canary_ready(&set(2, 2, 3, 3, 1)), Some(1));
+        assert_eq!(stateful_set_canary_ready(&set(2, 2, 3, 3, 3)), Some(3));
+        // A pod not Ready: which one is not known from the counts.
+        assert_eq!(stateful_set_canary_ready(&set(2, 2, 3, 2, 1)), None);
+        // The controller has not seen the latest spec yet.
+        assert_eq!(stateful_set_canary_ready(&set(3, 2, 3, 3, 1)), None);
+        // No pod at all: none ready.
+        assert_eq!(stateful_set_canary_ready(&serde_json::json!({"status": {}})), Some(0));
     }
 
     #[test]
     fn canary_pods_to_label_come_from_the_watch_once_it_holds_as_many_as_expected() {
         let held = pods(&[
-            ("echo-canary-b", "new", true, false),
-            ("echo-canary-a", "new", false, true),
-            ("echo-old", "old", true, false),
+            ("echo-canary-b", "new", false),
+            ("echo-canary-a", "new", true),
+            ("echo-old", "old", false),
         ]);
         assert_eq!(unbatched(&held, "new", 2), Some(vec!["echo-canary-b".to_string()]));
         assert_eq!(unbatched(&held, "new", 1), Some(vec!["echo-canary-b".to_string()]));

@@ -1,9 +1,8 @@
 //! Which pod-template-hash each Deployment revision runs, kept by a
-//! metadata-only watch of ReplicaSets once a Rollout's Deployment needs it:
-//! a release step reads it from memory instead of listing its namespace's
-//! ReplicaSets every time it is planned. The agent starts the watch after
-//! the first sync that asks; until its list is done (and in `sync --once`)
-//! the caller lists as before.
+//! metadata-only watch of ReplicaSets where the revision's Rollouts release
+//! a Deployment: a release step reads it from memory instead of listing its
+//! namespace's ReplicaSets every time it is planned. Until the watch's list
+//! is done (and in `sync --once`) the caller lists as before.
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

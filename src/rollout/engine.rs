@@ -176,7 +176,11 @@ async fn label_batch(agent: &Writer<'_>, work: &RolloutWork, step: u32, rollout_
             ROLLOUT_ID_LABEL: rollout_id,
         }}});
         match agent.merge(&resolved, Some(&work.namespace), &name, &patch).await {
-            Ok(_) => {}
+            // The next step must not take the pod for one still to label.
+            Ok(_) => cluster
+                .revision_pods
+                .of(work.kind)
+                .amend(&work.namespace, &name, |pod| pod.batched = true),
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             // Pods are written only where a Role grants it (deploy/): the
             // labels tell batches apart, they never hold a release back.

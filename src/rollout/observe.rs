@@ -635,13 +635,7 @@ pub(super) async fn observe_statefulset(
         String::new()
     };
     if !canary_revision.is_empty() {
-        let kept = cluster
-            .revision_pods
-            .of(WorkloadKind::StatefulSet)
-            .read(namespace, |held| {
-                crate::cluster::pods::stateful_set_canary_ready(held, &current, &canary_revision, status)
-            });
-        observed.canary_ready = match kept.flatten() {
+        observed.canary_ready = match crate::cluster::pods::stateful_set_canary_ready(live) {
             Some(ready) => ready,
             None => {
                 let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);

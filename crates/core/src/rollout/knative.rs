@@ -184,11 +184,13 @@ pub fn see(
     }
 }
 
-/// Whether `revisions`, as a watch holds them, can stand for a list: they
-/// hold every Revision the live Service's status and the Rollout's status
-/// (`recorded_stable`) name, and the latest ready one is Ready in them. A
-/// watch that has not seen a change the Service already reports is not
-/// believed (nor one that dropped the pinned Revision: a list says so).
+/// Whether `revisions`, as a watch holds them, can stand for a list: the
+/// Service is at rest (Ready, its latest Revision the latest ready one), and
+/// they hold every Revision its status and the Rollout's status
+/// (`recorded_stable`) name, the latest Ready in them too. A watch that has
+/// not seen a change the Service already reports is not believed, nor one
+/// that dropped the pinned Revision, and while a Revision comes up or goes
+/// down (a moment when a watch may lag) the Revisions are listed.
 pub fn revisions_agree(live: Option<&Value>, revisions: &[Value], recorded_stable: &str) -> bool {
     let Some(live) = live else {
         return true;
@@ -197,10 +199,10 @@ pub fn revisions_agree(live: Option<&Value>, revisions: &[Value], recorded_stabl
     let status = &live["status"];
     let latest_created = status["latestCreatedRevisionName"].as_str().unwrap_or_default();
     let latest_ready = status["latestReadyRevisionName"].as_str().unwrap_or_default();
-    [latest_created, latest_ready, recorded_stable]
-        .into_iter()
-        .all(|name| name.is_empty() || named(name).is_some())
-        && (latest_ready.is_empty() || named(latest_ready).is_some_and(is_ready))
+    let at_rest = is_ready(live) && !latest_ready.is_empty() && latest_created == latest_ready;
+    at_rest
+        && named(latest_ready).is_some_and(is_ready)
+        && (recorded_stable.is_empty() || named(recorded_stable).is_some())
 }
 
 /// The Service to apply: Git's, with the release's traffic (and, while a
@@ -448,24 +450,31 @@ mod tests {
     }
 
     #[test]
-    fn revisions_a_watch_holds_stand_for_a_list_only_when_they_hold_what_the_statuses_name() {
-        let service = live("fn-00002", "fn-00001", json!([]));
-        let both = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", false)];
+    fn revisions_a_watch_holds_stand_for_a_list_only_for_a_service_at_rest_and_all_it_names() {
+        let ready = |mut service: Value| {
+            service["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+            service
+        };
+        let service = ready(live("fn-00002", "fn-00002", json!([])));
+        let both = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", true)];
         assert!(revisions_agree(Some(&service), &both, "fn-00001"));
         assert!(revisions_agree(Some(&service), &both, ""));
         assert!(
             revisions_agree(None, &[], "fn-00001"),
             "no Service: nothing is read of them"
         );
-        // The newest Revision not seen yet.
+        // The latest Revision not seen yet.
         assert!(!revisions_agree(Some(&service), &both[..1], "fn-00001"));
         // The Revision the Rollout pins not held.
         assert!(!revisions_agree(Some(&service), &both, "fn-00000"));
-        // The Service reports its latest ready Revision Ready before the watch does.
-        let ahead = live("fn-00002", "fn-00002", json!([]));
-        assert!(!revisions_agree(Some(&ahead), &both, "fn-00001"));
-        let caught_up = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", true)];
-        assert!(revisions_agree(Some(&ahead), &caught_up, "fn-00001"));
+        // The Service reports its latest Revision Ready before the watch does.
+        let behind = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", false)];
+        assert!(!revisions_agree(Some(&service), &behind, "fn-00001"));
+        // A Revision coming up, or the Service not Ready: listed.
+        let coming_up = ready(live("fn-00002", "fn-00001", json!([])));
+        assert!(!revisions_agree(Some(&coming_up), &both, "fn-00001"));
+        let not_ready = live("fn-00002", "fn-00002", json!([]));
+        assert!(!revisions_agree(Some(&not_ready), &both, "fn-00001"));
     }
 
     #[test]

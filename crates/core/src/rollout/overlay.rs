@@ -532,10 +532,10 @@ pub fn canary_ingress(
 /// Each kind of workload Rollouts release, with a namespace they release it in.
 pub type Released = std::collections::BTreeSet<(WorkloadKind, String)>;
 
-/// Where the Rollouts of `manifests` release which kind of workload: the
-/// namespaces whose ReplicaSets, pods or Knative Revisions the agent keeps
-/// watched for their observe, and no others. A Rollout naming a workload
-/// of no supported kind reads nothing of them.
+/// Where the Rollouts of `manifests` release which kind of workload: what
+/// decides where the agent watches ReplicaSets, pods or Knative Revisions
+/// for their observe. A Rollout of an app with problems (which syncs
+/// nothing) or naming a workload of no supported kind reads nothing.
 pub fn released_workloads(manifests: &crate::manifest::ManifestSet, default_namespace: &str) -> Released {
     let rollout_kind = |(api_version, kind): &(String, String)| {
         kind == super::api::KIND
@@ -546,7 +546,7 @@ pub fn released_workloads(manifests: &crate::manifest::ManifestSet, default_name
     manifests
         .apps
         .values()
-        .filter(|app| app.kinds().iter().any(rollout_kind))
+        .filter(|app| app.problems.is_empty() && app.kinds().iter().any(rollout_kind))
         .flat_map(|app| app.manifests.iter().filter(|m| super::api::is_rollout(m)))
         .filter_map(|rollout| {
             let workload = &rollout.object["spec"]["workloadRef"];
