@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -100,9 +100,11 @@ async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
     let scenario = Scenario::new("shards").await;
     write_apps(&scenario, "1", None);
     scenario.repo.commit_and_push("thirty apps");
-    let a = replica(&scenario, "replica-a");
-    let mut b = replica(&scenario, "replica-b");
-    let c = replica(&scenario, "replica-c");
+    // Every request each replica sends, in its log.
+    let trace = [("GITCANARY_LOG", "gitcanary=info,gitcanary::cluster::requests=trace")];
+    let a = replica_with(&scenario, "replica-a", SHARDS, &[], &trace);
+    let mut b = replica_with(&scenario, "replica-b", SHARDS, &[], &trace);
+    let c = replica_with(&scenario, "replica-c", SHARDS, &[], &trace);
     let shares = balanced(&[&a, &b, &c]).await;
     for i in 0..APPS {
         let app = format!("app-{i:02}");
@@ -141,6 +143,27 @@ async fn replicas_share_the_apps_by_shard_and_take_over_a_dead_ones() {
         .filter_map(|l| l.split("apps ").nth(1)?.trim().parse::<usize>().ok())
         .sum();
     assert_eq!(counted, APPS, "{status}");
+    // Each app's object written once, by one replica: the field manager is
+    // the agent's, the same for every replica (a shard that moves must not
+    // meet its own fields under another manager), so the replicas' own
+    // request logs tell the writers apart.
+    let maps = format!("/api/v1/namespaces/{}/configmaps/", scenario.ns);
+    let app_names: BTreeSet<String> = (0..APPS).map(|i| format!("app-{i:02}")).collect();
+    let mut writers = BTreeMap::<String, Vec<&str>>::new();
+    for (replica, name) in [(&a, "replica-a"), (&b, "replica-b"), (&c, "replica-c")] {
+        for (method, path) in replica.requests_since(0) {
+            // The apps' own ConfigMaps, not the agent's status ConfigMaps beside them.
+            let app = path
+                .strip_prefix(&maps)
+                .filter(|app| method == "PATCH" && app_names.contains(*app));
+            if let Some(app) = app {
+                writers.entry(app.to_string()).or_default().push(name);
+            }
+        }
+    }
+    assert_eq!(writers.len(), APPS, "every app written: {writers:#?}");
+    let twice: Vec<_> = writers.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(twice.is_empty(), "written more than once: {twice:#?}");
 
     // b dies; an app of its shards changes: a or c applies it.
     let of_b = (0..APPS)

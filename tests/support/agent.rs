@@ -201,7 +201,8 @@ impl AgentProcess {
 
     /// (method, path) of each request the agent logged (with
     /// `gitcanary::cluster::requests=trace`) after the log's first `from`
-    /// bytes, watches left out: a watch is not a read of a sync's.
+    /// bytes, watches and dry runs left out: a watch is not a read of a
+    /// sync's, and a dry run writes nothing.
     pub fn requests_since(&self, from: usize) -> Vec<(String, String)> {
         let log = self.log_text();
         log.get(from..)
@@ -213,8 +214,8 @@ impl AgentProcess {
                 let path = uri
                     .split_once("://")
                     .map_or(uri, |(_, rest)| &rest[rest.find('/').unwrap_or(0)..]);
-                let watch = path.contains("watch=true");
-                (!watch).then(|| (method.to_string(), path.split('?').next().unwrap_or(path).to_string()))
+                let watch_or_dry_run = path.contains("watch=true") || path.contains("dryRun=");
+                (!watch_or_dry_run).then(|| (method.to_string(), path.split('?').next().unwrap_or(path).to_string()))
             })
             .collect()
     }
