@@ -50,7 +50,7 @@ pub(super) struct DriftWatch {
     kept: HashMap<(Read, Option<String>), JoinHandle<()>>,
 }
 
-/// What a Rollout's observe reads of objects the agent does not manage.
+/// What a Rollout's release step reads of objects the agent does not manage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Read {
     /// The ReplicaSets of a Deployment (their metadata).
@@ -156,8 +156,9 @@ impl DriftWatch {
     }
 
     /// Starts the watch that keeps `read` in `scope` for the Rollouts'
-    /// observe. Its changes wake nothing: the workload's own watch does, and
-    /// what the watch holds is checked against the workload before use.
+    /// release steps. Its changes wake nothing: the workload's own watch
+    /// does, and what the watch holds is used only where it can stand for a
+    /// list (see its readers).
     async fn watch_read(cluster: &Arc<Cluster>, read: Read, scope: Option<String>) -> Option<JoinHandle<()>> {
         use crate::cluster::pods::{PodHeld, selector};
         use crate::cluster::replica_sets::Held;

@@ -1,5 +1,5 @@
-//! What a watch keeps of the objects a Rollout's observe reads besides its
-//! own (ReplicaSets, StatefulSet pods, Knative Revisions), by the scope of
+//! What a watch keeps of the objects a Rollout's release step reads besides
+//! its own (ReplicaSets, canary pods, Knative Revisions), by the scope of
 //! the watch: all namespaces (`None`) or one. A lookup is answered only
 //! while a watch covering the namespace has listed and holds; otherwise the
 //! caller lists as before.

@@ -21,6 +21,10 @@ pub struct PodHeld {
     pub revision: String,
     /// It carries the batch label already.
     pub batched: bool,
+    /// The version seen: a batch label is written on that version only, so
+    /// that a pod the watch saw before its label was written is not
+    /// labelled again with a later step.
+    pub resource_version: String,
 }
 
 impl PodHeld {
@@ -32,6 +36,7 @@ impl PodHeld {
                 .cloned()
                 .unwrap_or_default(),
             batched: labels.is_some_and(|l| l.contains_key(BATCH_ID_LABEL)),
+            resource_version: pod.metadata.resource_version.clone().unwrap_or_default(),
         }
     }
 }
@@ -82,18 +87,19 @@ pub fn stateful_set_canary_ready(live: &serde_json::Value) -> Option<i32> {
     (caught_up && all_ready).then(|| field("updatedReplicas") as i32)
 }
 
-/// The canary pods (of revision `canary`) to label with their batch, from
-/// what the watch holds; `None` when it holds fewer than the `expected`
-/// canary pods (some may not have reached it yet): the caller lists them.
-pub fn unbatched(pods: &HashMap<String, PodHeld>, canary: &str, expected: usize) -> Option<Vec<String>> {
+/// The canary pods (of revision `canary`) to label with their batch, with
+/// the version seen, from what the watch holds; `None` when it holds fewer
+/// than the `expected` canary pods (some may not have reached it yet): the
+/// caller lists them.
+pub fn unbatched(pods: &HashMap<String, PodHeld>, canary: &str, expected: usize) -> Option<Vec<(String, String)>> {
     let of_canary: Vec<(&String, &PodHeld)> = pods.iter().filter(|(_, p)| p.revision == canary).collect();
     if of_canary.len() < expected {
         return None;
     }
-    let mut names: Vec<String> = of_canary
+    let mut names: Vec<(String, String)> = of_canary
         .into_iter()
         .filter(|(_, p)| !p.batched)
-        .map(|(name, _)| name.clone())
+        .map(|(name, p)| (name.clone(), p.resource_version.clone()))
         .collect();
     names.sort();
     Some(names)
@@ -109,6 +115,7 @@ mod tests {
                 let held = PodHeld {
                     revision: revision.to_string(),
                     batched: *batched,
+                    resource_version: format!("{name}-1"),
                 };
                 (name.to_string(), held)
             })
@@ -140,14 +147,18 @@ mod tests {
             ("echo-canary-a", "new", true),
             ("echo-old", "old", false),
         ]);
-        assert_eq!(unbatched(&held, "new", 2), Some(vec!["echo-canary-b".to_string()]));
-        assert_eq!(unbatched(&held, "new", 1), Some(vec!["echo-canary-b".to_string()]));
+        let canary_b = ("echo-canary-b".to_string(), "echo-canary-b-1".to_string());
+        assert_eq!(unbatched(&held, "new", 2), Some(vec![canary_b.clone()]));
+        assert_eq!(unbatched(&held, "new", 1), Some(vec![canary_b]));
         assert_eq!(
             unbatched(&held, "new", 3),
             None,
             "a third canary pod may not have reached the watch"
         );
-        assert_eq!(unbatched(&held, "old", 1), Some(vec!["echo-old".to_string()]));
+        assert_eq!(
+            unbatched(&held, "old", 1),
+            Some(vec![("echo-old".to_string(), "echo-old-1".to_string())])
+        );
         assert_eq!(unbatched(&held, "gone", 0), Some(vec![]));
     }
 }

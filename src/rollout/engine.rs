@@ -166,12 +166,13 @@ async fn label_batch(agent: &Writer<'_>, work: &RolloutWork, step: u32, rollout_
                         .as_ref()
                         .is_none_or(|l| !l.contains_key(BATCH_ID_LABEL))
                 })
-                .filter_map(|pod| pod.metadata.name)
+                .filter_map(|pod| Some((pod.metadata.name?, pod.metadata.resource_version.unwrap_or_default())))
                 .collect()
         }
     };
-    for name in unbatched {
-        let patch = json!({"metadata": {"labels": {
+    for (name, seen) in unbatched {
+        // On the version seen only: a pod labelled since keeps its batch.
+        let patch = json!({"metadata": {"resourceVersion": seen, "labels": {
             BATCH_ID_LABEL: step.to_string(),
             ROLLOUT_ID_LABEL: rollout_id,
         }}});
@@ -181,7 +182,9 @@ async fn label_batch(agent: &Writer<'_>, work: &RolloutWork, step: u32, rollout_
                 .revision_pods
                 .of(work.kind)
                 .amend(&work.namespace, &name, |pod| pod.batched = true),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            // Gone, or changed since it was seen (labelled, perhaps): the
+            // next step's look decides again.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
             // Pods are written only where a Role grants it (deploy/): the
             // labels tell batches apart, they never hold a release back.
             Err(kube::Error::Api(status)) if status.code == 403 => {

@@ -644,7 +644,14 @@ pub(super) async fn observe_statefulset(
                     .list(&ListParams::default().labels(&selector))
                     .await
                     .map_err(Error::kube(format!("listing pods in {namespace}")))?;
-                list.items.iter().filter(|p| crate::cluster::pods::is_ready(p)).count() as i32
+                // As the StatefulSet counts them: its own pods, not terminating.
+                let uid = live["metadata"]["uid"].as_str().unwrap_or_default();
+                let owned = |pod: &&Pod| {
+                    pod.metadata.deletion_timestamp.is_none()
+                        && pod.metadata.owner_references.iter().flatten().any(|o| o.uid == uid)
+                };
+                let counted = list.items.iter().filter(owned);
+                counted.filter(|p| crate::cluster::pods::is_ready(p)).count() as i32
             }
         };
     }
