@@ -333,24 +333,9 @@ async fn a_function_is_released_in_three_steps_with_stable_pinned_by_name_and_pr
 /// step reads the Service's Revisions and their pods from the watches.
 async fn read_from_the_watches_at_a_pause(scenario: &Scenario, agent: &support::agent::AgentProcess) {
     let ns = &scenario.ns;
-    let before = agent.log_text().len();
-    Api::<Rollout>::namespaced(scenario.client.clone(), ns)
-        .patch(
-            "fn",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"example.test/seen": "yes"}}})),
-        )
-        .await
-        .expect("annotate the Rollout");
-    eventually("the app planned again", WAIT, || async {
-        let log = agent.log_text();
-        let planned = log
-            .get(before..)?
-            .lines()
-            .any(|l| l.contains("app{app=fn ") && l.contains("app synced"));
-        planned.then_some(())
-    })
-    .await;
+    let before = agent
+        .annotate_rollout_and_wait_for_its_app(&scenario.client, ns, "fn", "fn")
+        .await;
     let requests = agent.requests_since(before);
     assert!(
         requests.iter().any(|(_, path)| path.ends_with("/rollouts/fn")),

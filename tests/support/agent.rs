@@ -199,6 +199,46 @@ impl AgentProcess {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Someone annotates the Rollout `namespace/name`: waits until the
+    /// agent has planned `app` again (its "app synced" line). The log's
+    /// length before the annotation, for [`AgentProcess::requests_since`].
+    pub async fn annotate_rollout_and_wait_for_its_app(
+        &self,
+        client: &Client,
+        namespace: &str,
+        name: &str,
+        app: &str,
+    ) -> usize {
+        let before = self.log_text().len();
+        Api::<gitcanary::rollout::api::Rollout>::namespaced(client.clone(), namespace)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"example.test/seen": "yes"}}})),
+            )
+            .await
+            .expect("annotate the Rollout");
+        // A sync that read the Rollout after the annotation, then finished
+        // the app: not one already under way, whose reads came before.
+        let (read, synced) = (format!("/rollouts/{name}"), format!("app{{app={app} "));
+        let reads_the_rollout = |line: &str| {
+            let uri = line
+                .split_once("uri=")
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            line.contains("method=GET") && uri.is_some_and(|uri| uri.split('?').next().unwrap_or(uri).ends_with(&read))
+        };
+        super::eventually("the app planned again", Duration::from_secs(90), || async {
+            let log = self.log_text();
+            let mut lines = log.get(before..)?.lines();
+            lines.find(|l| reads_the_rollout(l))?;
+            lines
+                .any(|l| l.contains(&synced) && l.contains("app synced"))
+                .then_some(())
+        })
+        .await;
+        before
+    }
+
     /// (method, path) of each request the agent logged (with
     /// `gitcanary::cluster::requests=trace`) after the log's first `from`
     /// bytes, watches and dry runs left out: a watch is not a read of a
