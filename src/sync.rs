@@ -95,8 +95,8 @@ pub struct AppReport {
 pub struct SyncReport {
     pub commit: String,
     pub apps: Vec<AppReport>,
-    /// Every (apiVersion, kind) the revision holds.
-    pub kinds: BTreeSet<(String, String)>,
+    /// Every (apiVersion, kind) the revision holds (shared with the memo).
+    pub kinds: Arc<BTreeSet<(String, String)>>,
     /// Where the revision's Rollouts release which kind of workload.
     pub released: Arc<crate::rollout::overlay::Released>,
     /// Only some apps were synced (a scoped sync): the others are not in `apps`.
@@ -338,7 +338,7 @@ pub async fn sync_validated(
         let report = SyncReport {
             commit: revision.commit.clone(),
             apps: reports,
-            kinds: (*memo.revision_kinds(revision.validated(), || kinds_of(manifests))).clone(),
+            kinds: memo.revision_kinds(revision.validated(), || kinds_of(manifests)),
             released: released_of(memo, revision, options),
             scoped: scope.is_some(),
             recalled: false,

@@ -109,7 +109,7 @@ impl DriftWatch {
         triggers: &Triggers,
     ) {
         let selector = format!("{MANAGED_BY_LABEL}={}", options.instance);
-        for (api_version, kind) in &report.kinds {
+        for (api_version, kind) in report.kinds.iter() {
             let Some(resolved) = cluster.resolve(api_version, kind).await else {
                 continue;
             };
@@ -187,10 +187,7 @@ impl DriftWatch {
             }
             Read::KnativeRevisions => {
                 let resolved = cluster.resolve(knative::API_VERSION, "Revision").await?;
-                let api: Api<DynamicObject> = match &scope {
-                    Some(namespace) => Api::namespaced_with(client, namespace, &resolved.resource),
-                    None => Api::all_with(client, &resolved.resource),
-                };
+                let api = cluster.api(&resolved, scope.as_deref());
                 let config = watcher::Config::default().labels(knative::SERVICE_LABEL);
                 keep(read, api, config, scope, move |scope, event| {
                     cluster.knative_revisions.take(scope, event, |revision| {
@@ -216,10 +213,7 @@ impl DriftWatch {
         selector: &str,
         triggers: Option<Triggers>,
     ) -> JoinHandle<()> {
-        let api: Api<DynamicObject> = match namespace {
-            Some(ns) => Api::namespaced_with(cluster.client.clone(), ns, &resolved.resource),
-            None => Api::all_with(cluster.client.clone(), &resolved.resource),
-        };
+        let api = cluster.api(resolved, namespace);
         let config = watcher::Config::default().labels(selector);
         let cache = cluster.watch_cache.register(resolved, namespace, selector);
         let resource = resolved.resource.clone();
@@ -235,42 +229,39 @@ impl DriftWatch {
                 let _ = triggers.try_send(trigger);
             }
         };
-        tokio::spawn(async move {
-            let mut relist = false;
-            loop {
-                let mut events = std::pin::pin!(watcher(api.clone(), config.clone()));
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(watcher::Event::Init) => cache.list_started(),
-                        Ok(watcher::Event::InitApply(object)) => cache.listed(&resource, object),
-                        Ok(watcher::Event::InitDone) => {
-                            cache.list_done();
-                            if relist {
-                                wake(None, false);
-                            }
-                        }
-                        Ok(watcher::Event::Apply(object)) => {
-                            let version = Seen::of(&resource.group, &resource.kind, &object);
-                            let signal = rollouts && pending_signal(&object);
-                            cache.changed(&resource, object);
-                            wake(version, signal);
-                        }
-                        Ok(watcher::Event::Delete(object)) => {
-                            cluster.own_writes.forget(object.metadata.uid.as_deref());
-                            cache.deleted(&crate::cluster::cache::entry(&resource, object).0);
-                            wake(None, false);
-                        }
-                        Err(error) => {
-                            debug!(%error, kind = %resource.kind, "watch interrupted; it lists again");
-                            cache.interrupted();
-                            break;
-                        }
+        // After a break, its list again wakes a sync, for what changed in between.
+        let mut relist = false;
+        keep(
+            resource.kind.clone(),
+            api,
+            config,
+            namespace.map(str::to_string),
+            move |_, event| match event {
+                Some(watcher::Event::Init) => cache.list_started(),
+                Some(watcher::Event::InitApply(object)) => cache.listed(&resource, object),
+                Some(watcher::Event::InitDone) => {
+                    cache.list_done();
+                    if relist {
+                        wake(None, false);
                     }
                 }
-                relist = true;
-                tokio::time::sleep(WATCH_RESTART).await;
-            }
-        })
+                Some(watcher::Event::Apply(object)) => {
+                    let version = Seen::of(&resource.group, &resource.kind, &object);
+                    let signal = rollouts && pending_signal(&object);
+                    cache.changed(&resource, object);
+                    wake(version, signal);
+                }
+                Some(watcher::Event::Delete(object)) => {
+                    cluster.own_writes.forget(object.metadata.uid.as_deref());
+                    cache.deleted(&crate::cluster::cache::entry(&resource, object).0);
+                    wake(None, false);
+                }
+                None => {
+                    cache.interrupted();
+                    relist = true;
+                }
+            },
+        )
     }
 }
 
@@ -286,14 +277,14 @@ where
     }
 }
 
-/// Runs a watch of `api` (for `read`) in `scope` that hands each event to `take` (`None`
-/// when the watch broke), and lists again after a break.
+/// Runs a watch of `api` (of `what`) in `scope` that hands each event to
+/// `take` (`None` when the watch broke), and lists again after a break.
 fn keep<K>(
-    read: Read,
+    what: impl std::fmt::Debug + Send + 'static,
     api: Api<K>,
     config: watcher::Config,
     scope: Option<String>,
-    take: impl Fn(&Option<String>, Option<watcher::Event<K>>) + Send + 'static,
+    mut take: impl FnMut(&Option<String>, Option<watcher::Event<K>>) + Send + 'static,
 ) -> JoinHandle<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
@@ -305,12 +296,12 @@ where
                 match event {
                     Ok(event) => take(&scope, Some(event)),
                     Err(error) => {
-                        debug!(%error, ?read, ?scope, "watch interrupted; it lists again");
-                        take(&scope, None);
+                        debug!(%error, ?what, ?scope, "watch interrupted; it lists again");
                         break;
                     }
                 }
             }
+            take(&scope, None);
             tokio::time::sleep(WATCH_RESTART).await;
         }
     })

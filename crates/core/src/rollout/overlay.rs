@@ -537,12 +537,8 @@ pub type Released = std::collections::BTreeSet<(WorkloadKind, String)>;
 /// for their observe. A Rollout of an app with problems (which syncs
 /// nothing) or naming a workload of no supported kind reads nothing.
 pub fn released_workloads(manifests: &crate::manifest::ManifestSet, default_namespace: &str) -> Released {
-    let rollout_kind = |(api_version, kind): &(String, String)| {
-        kind == super::api::KIND
-            && api_version
-                .rsplit_once('/')
-                .is_some_and(|(group, _)| group == super::api::GROUP)
-    };
+    // The app's kinds first (kept with it), then `is_rollout` on its manifests.
+    let rollout_kind = |(_, kind): &(String, String)| kind == super::api::KIND;
     manifests
         .apps
         .values()
