@@ -6,7 +6,7 @@
 //! to be put back and how many apps that re-plans.
 //!
 //!   cargo bench --bench at_rest
-//!   GITCANARY_BENCH_ROLLOUTS=20 cargo bench --bench at_rest
+//!   GITCANARY_BENCH_ROLLOUTS=1 cargo bench --bench at_rest   # what the agent costs with one
 //!
 //! Not a test: it asserts nothing and is not run by CI.
 
@@ -128,14 +128,16 @@ fn main() {
     // One drift: a canary scaled by hand is put back, re-planning its app only.
     let planned_before = metric("gitcanary_apps_planned_total");
     let drift_started = Instant::now();
-    cluster.kubectl(&["scale", "deployment", "echo-canary", "-n", "rest-007", "--replicas=3"]);
+    // The eighth app's canary (the last one's, with fewer than eight).
+    let drifted = format!("rest-{:03}", count.clamp(1, 8) - 1);
+    cluster.kubectl(&["scale", "deployment", "echo-canary", "-n", &drifted, "--replicas=3"]);
     let healed = wait_until("the canary put back", Duration::from_secs(60), || {
         cluster.kubectl(&[
             "get",
             "deployment",
             "echo-canary",
             "-n",
-            "rest-007",
+            &drifted,
             "-o",
             "jsonpath={.spec.replicas}",
         ]) == "1"

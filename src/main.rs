@@ -133,11 +133,20 @@ fn limit_malloc_arenas() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn limit_malloc_arenas() {}
 
+/// How long an idle blocking thread waits for work before it ends: longer
+/// than a poll's interval (60 s by default), so that each poll's fetch finds
+/// a thread waiting instead of starting one and ending it 10 s later.
+const BLOCKING_THREAD_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(300);
+
 fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime starts");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
+        .build()
+        .expect("a tokio runtime starts");
     match runtime.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(error) => {

@@ -94,7 +94,8 @@ pub struct AppReport {
 #[derive(Debug, Clone)]
 pub struct SyncReport {
     pub commit: String,
-    pub apps: Vec<AppReport>,
+    /// Shared: a sync answered from the last one hands it on without a copy.
+    pub apps: Arc<Vec<AppReport>>,
     /// Every (apiVersion, kind) the revision holds (shared with the memo).
     pub kinds: Arc<BTreeSet<(String, String)>>,
     /// Where the revision's Rollouts release which kind of workload.
@@ -337,7 +338,7 @@ pub async fn sync_validated(
         memo.settle_written(&reports);
         let report = SyncReport {
             commit: revision.commit.clone(),
-            apps: reports,
+            apps: Arc::new(reports),
             kinds: memo.revision_kinds(revision.validated(), || kinds_of(manifests)),
             released: released_of(memo, revision, options),
             scoped: scope.is_some(),

@@ -110,8 +110,9 @@ pub struct Metrics {
     pub renders_running: std::sync::OnceLock<std::sync::Arc<AtomicU64>>,
     /// Requests to the API server, when the cluster client counts them.
     pub kube_requests: std::sync::OnceLock<crate::cluster::RequestCounts>,
-    /// (namespace, rollout) -> phase, as last seen.
-    phases: Mutex<BTreeMap<(String, String), String>>,
+    /// namespace -> rollout -> phase, as last seen; by namespace so that a
+    /// sync that moved nothing looks each one up without a copy of its name.
+    phases: Mutex<BTreeMap<String, BTreeMap<String, crate::rollout::api::Phase>>>,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
@@ -129,7 +130,7 @@ impl Metrics {
         self.syncs_recalled
             .fetch_add(u64::from(report.recalled), Ordering::Relaxed);
         let mut phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        for app in &report.apps {
+        for app in report.apps.iter() {
             self.objects_applied
                 .fetch_add(app.applied.len() as u64, Ordering::Relaxed);
             self.objects_unchanged
@@ -144,11 +145,14 @@ impl Metrics {
                 self.apps_planned.fetch_add(1, Ordering::Relaxed);
             }
             for rollout in &app.rollouts {
-                let phase = format!("{:?}", rollout.status.phase);
-                let key = (rollout.namespace.clone(), rollout.name.clone());
-                if phases.get(&key) != Some(&phase) {
+                let phase = rollout.status.phase;
+                let seen = phases
+                    .get(&rollout.namespace)
+                    .and_then(|names| names.get(&rollout.name));
+                if seen != Some(&phase) {
                     self.rollout_transitions.fetch_add(1, Ordering::Relaxed);
-                    phases.insert(key, phase);
+                    let names = phases.entry(rollout.namespace.clone()).or_default();
+                    names.insert(rollout.name.clone(), phase);
                 }
             }
         }
@@ -372,10 +376,13 @@ impl Metrics {
             "# HELP gitcanary_rollout_phase The phase of each rollout (1 for its current phase).\n# TYPE gitcanary_rollout_phase gauge"
         );
         let phases = self.phases.lock().unwrap_or_else(|e| e.into_inner());
-        for ((namespace, name), phase) in phases.iter() {
+        let each = phases
+            .iter()
+            .flat_map(|(namespace, names)| names.iter().map(move |name| (namespace, name)));
+        for (namespace, (name, phase)) in each {
             let _ = writeln!(
                 out,
-                "gitcanary_rollout_phase{{namespace=\"{namespace}\",rollout=\"{name}\",phase=\"{phase}\"}} 1"
+                "gitcanary_rollout_phase{{namespace=\"{namespace}\",rollout=\"{name}\",phase=\"{phase:?}\"}} 1"
             );
         }
     }

@@ -479,7 +479,8 @@ fn report_of_echo(
                 last_command_comment: 0,
             }],
             ..AppReport::new("echo-app", AppResult::Synced)
-        }],
+        }]
+        .into(),
         kinds: Default::default(),
         released: Default::default(),
         scoped: false,

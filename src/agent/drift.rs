@@ -70,6 +70,14 @@ impl Read {
         }
     }
 
+    /// Its label selects objects of workloads no Rollout governs too: a
+    /// StatefulSet's pods carry `controller-revision-hash`, as every
+    /// DaemonSet's pod on every node does. Watched in the namespaces
+    /// released in only, never in all of them.
+    fn selects_others(self) -> bool {
+        self == Read::Pods(WorkloadKind::StatefulSet)
+    }
+
     /// Drops what the watch of `scope` kept.
     fn forget(self, cluster: &Cluster, scope: &Option<String>) {
         match self {
@@ -91,6 +99,11 @@ fn kept_watches(released: &Released, scopes: &[Option<&str>]) -> BTreeSet<(Read,
             continue;
         };
         for read in Read::of(*kind) {
+            let scope = if read.selects_others() {
+                Some(namespace.as_str())
+            } else {
+                *scope
+            };
             watches.insert((*read, scope.map(str::to_string)));
         }
     }
@@ -346,7 +359,7 @@ mod tests {
             [
                 (Read::ReplicaSets, None),
                 (Read::Pods(Deployment), None),
-                (Read::Pods(StatefulSet), None)
+                (Read::Pods(StatefulSet), Some("db".to_string()))
             ]
         );
         // Limited to some namespaces: only those a Rollout releases in.

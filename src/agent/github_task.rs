@@ -58,7 +58,7 @@ impl GitHubTask {
                         // A sync for anything else (a Git poll, a drift) reports
                         // what moved; a release waiting at a gate is looked at on
                         // its own schedule: the command poll, GitHub's events.
-                        for app in &mut report.apps {
+                        for app in Arc::make_mut(&mut report.apps) {
                             app.rollouts.retain(|r| r.changed);
                         }
                     }
@@ -106,13 +106,14 @@ fn merged_reports(older: SyncReport, mut newer: SyncReport) -> SyncReport {
         .filter(|r| r.changed)
         .map(|r| (r.namespace.clone(), r.name.clone()))
         .collect();
-    for rollout in newer.apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
+    let apps = Arc::make_mut(&mut newer.apps);
+    for rollout in apps.iter_mut().flat_map(|a| a.rollouts.iter_mut()) {
         rollout.changed |= changed.contains(&(rollout.namespace.clone(), rollout.name.clone()));
     }
     if newer.scoped {
-        for app in older.apps {
-            if !newer.apps.iter().any(|a| a.app == app.app) {
-                newer.apps.push(app);
+        for app in older.apps.iter() {
+            if !apps.iter().any(|a| a.app == app.app) {
+                apps.push(app.clone());
             }
         }
         newer.scoped = older.scoped;
@@ -141,7 +142,7 @@ fn catch_up(
     now: jiff::Timestamp,
 ) -> Vec<(String, u64)> {
     let mut terms = Vec::new();
-    for app in &mut report.apps {
+    for app in Arc::make_mut(&mut report.apps) {
         let Some(current) = term(&app.app) else { continue };
         if reported.get(&app.app) != Some(&current) {
             for rollout in app.rollouts.iter_mut().filter(|r| !settled(&r.status, now)) {
@@ -187,7 +188,7 @@ mod tests {
             names
         };
         let mut older = report(vec![app("web", None, false), app("shop", None, true)]);
-        older.apps[1].rollouts[0].changed = true;
+        std::sync::Arc::make_mut(&mut older.apps)[1].rollouts[0].changed = true;
         let mut scoped = report(vec![app("web", None, false)]);
         scoped.scoped = true;
         let merged = merged_reports(older.clone(), scoped);
@@ -218,7 +219,8 @@ mod tests {
             app("fresh", None, false),
         ]);
         for (app, at) in [("old", "2026-12-05T10:30:00Z"), ("fresh", "2026-12-05T11:30:00Z")] {
-            let app = synced.apps.iter_mut().find(|a| a.app == app).expect("the app");
+            let apps = std::sync::Arc::make_mut(&mut synced.apps);
+            let app = apps.iter_mut().find(|a| a.app == app).expect("the app");
             app.rollouts[0].status.step_history = vec![crate::rollout::api::StepRecord {
                 step: 1,
                 started_at: "2026-12-05T10:00:00Z".into(),

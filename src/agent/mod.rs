@@ -354,12 +354,16 @@ fn settle(
     changed: Option<BTreeSet<String>>,
 ) -> Option<(String, scope::AppPrints)> {
     let report = outcome.as_ref().ok()?;
+    // The last sync's answer again: what it settled stands.
+    if report.recalled && whole && settled.as_ref().is_some_and(|(commit, _)| *commit == revision.commit) {
+        return settled;
+    }
     let (commit, mut prints) = match (whole, changed) {
         (true, _) => (revision.commit.clone(), scope::app_prints(revision)),
         (false, Some(changed)) => (revision.commit.clone(), scope::reprint(settled?.1, revision, &changed)),
         (false, None) => settled?,
     };
-    for app in &report.apps {
+    for app in report.apps.iter() {
         if app.result != AppResult::Synced || !app.problems.is_empty() {
             prints.remove(&app.app);
         }
@@ -371,8 +375,10 @@ fn settle(
 /// without shards): a shard lost during the sync takes its write-backs,
 /// notifications and GitHub reports with it.
 fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> SyncReport {
-    if let Some(shards) = shards {
-        report.apps.retain(|app| shards.holds_app(&app.app));
+    if let Some(shards) = shards
+        && !report.apps.iter().all(|app| shards.holds_app(&app.app))
+    {
+        std::sync::Arc::make_mut(&mut report.apps).retain(|app| shards.holds_app(&app.app));
     }
     report
 }

@@ -95,7 +95,7 @@ impl Requeues {
             self.due
                 .retain(|(app, _), _| !report.apps.iter().any(|a| a.app == *app));
         }
-        for app in &report.apps {
+        for app in report.apps.iter() {
             if let Some(requeue) = app.requeue {
                 let mut at = due_at(&requeue, planned_at, clock);
                 // A plan that asks to look again at once assumes its pass was
@@ -203,7 +203,7 @@ pub(super) mod tests {
     pub(in crate::agent) fn report(apps: Vec<AppReport>) -> SyncReport {
         SyncReport {
             commit: "c".into(),
-            apps,
+            apps: apps.into(),
             kinds: Default::default(),
             released: Default::default(),
             scoped: false,

@@ -43,7 +43,7 @@ impl GitHubReporter<'_> {
         let records = self.source.records();
         // A promote in Git opens the next environment's wave pull request.
         let promotes = super::wave::promotes(report);
-        for app in &report.apps {
+        for app in report.apps.iter() {
             // A replica that loses the app's shard meanwhile hands nothing
             // more to its Rollouts, and says nothing more of them on GitHub.
             let writer = self.cluster.writer(None).fenced(self.fence, &app.app);

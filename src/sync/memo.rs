@@ -444,7 +444,8 @@ mod tests {
                     recalled: *recalled,
                     ..crate::sync::AppReport::new(&format!("app-{index}"), crate::sync::AppResult::Synced)
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             kinds: Default::default(),
             released: Default::default(),
             scoped: false,

@@ -133,9 +133,13 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     }
     request.push_str("\r\n");
     stream.write_all(request.as_bytes()).ok()?;
-    stream.write_all(body).ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
+    // A server may answer before it has read the whole body (a 413) and
+    // close: the body's write then fails, and the answer is read all the same.
+    let _ = stream.write_all(body);
+    let mut received = Vec::new();
+    // A reset after the answer arrived ends the read with what it holds.
+    let _ = stream.read_to_end(&mut received);
+    let response = String::from_utf8_lossy(&received);
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
     let body = response
         .split_once("\r\n\r\n")
