@@ -10,8 +10,9 @@ use super::{Trigger, held_only};
 use crate::cluster::Cluster;
 use crate::github::GitHub;
 use crate::report::GitHubReporter;
+use crate::rollout::model::RolloutSummary;
 use crate::source::Source;
-use crate::sync::SyncReport;
+use crate::sync::{AppReport, SyncReport};
 
 /// GitHub reporting in a task of its own, so that a slow or hanging GitHub
 /// delays the comment, never the release. It reports the latest sync, with
@@ -54,7 +55,8 @@ impl GitHubTask {
                     }
                     let term = |app: &str| shards.as_deref().map_or(Some(0), |shards| shards.term_of_app(app));
                     let terms = catch_up(&mut report, &reported, term, jiff::Timestamp::now());
-                    if !look {
+                    let unchanged = |app: &AppReport| app.rollouts.iter().any(|r| !r.changed);
+                    if !look && report.apps.iter().any(unchanged) {
                         // A sync for anything else (a Git poll, a drift) reports
                         // what moved; a release waiting at a gate is looked at on
                         // its own schedule: the command poll, GitHub's events.
@@ -142,14 +144,26 @@ fn catch_up(
     now: jiff::Timestamp,
 ) -> Vec<(String, u64)> {
     let mut terms = Vec::new();
-    for app in Arc::make_mut(&mut report.apps) {
+    let mut new_terms = Vec::new();
+    for (index, app) in report.apps.iter().enumerate() {
         let Some(current) = term(&app.app) else { continue };
         if reported.get(&app.app) != Some(&current) {
-            for rollout in app.rollouts.iter_mut().filter(|r| !settled(&r.status, now)) {
+            new_terms.push(index);
+        }
+        terms.push((app.app.clone(), current));
+    }
+    let unsaid = |r: &RolloutSummary| !r.changed && !settled(&r.status, now);
+    // The report is shared with the memo: copied only when something changes.
+    if new_terms
+        .iter()
+        .any(|&index| report.apps[index].rollouts.iter().any(unsaid))
+    {
+        let apps = Arc::make_mut(&mut report.apps);
+        for index in new_terms {
+            for rollout in apps[index].rollouts.iter_mut().filter(|r| !settled(&r.status, now)) {
                 rollout.changed = true;
             }
         }
-        terms.push((app.app.clone(), current));
     }
     terms
 }
@@ -258,5 +272,11 @@ mod tests {
             catch_up(&mut lost, &reported, |_| None, now).is_empty(),
             "a shard not held records nothing"
         );
+
+        // Nothing to tell: the report the memo shares is not copied.
+        let mut same_term = report(vec![app("web", None, true)]);
+        let shared = same_term.apps.clone();
+        catch_up(&mut same_term, &reported, |_| Some(3), now);
+        assert!(std::sync::Arc::ptr_eq(&shared, &same_term.apps));
     }
 }

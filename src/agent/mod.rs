@@ -444,6 +444,12 @@ mod tests {
         let changed = scope::changed_apps(&settled, &next).expect("a new commit");
         assert!(changed.contains("api"), "{changed:?}");
         let failed: crate::Result<SyncReport> = Err(crate::Error::Usage("the API server went away".into()));
-        assert!(settle(Some(settled), &failed, &revision, true, None).is_none());
+        assert!(settle(Some(settled.clone()), &failed, &revision, true, None).is_none());
+
+        // A sync answered from the last one keeps what that one settled.
+        let mut recalled = requeue::tests::report(vec![crate::sync::AppReport::new("web", AppResult::Synced)]);
+        recalled.recalled = true;
+        let kept = settle(Some(settled.clone()), &Ok(recalled), &revision, true, None).expect("settled");
+        assert_eq!(kept, settled);
     }
 }

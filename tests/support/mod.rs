@@ -137,15 +137,25 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     // close: the body's write then fails, and the answer is read all the same.
     let _ = stream.write_all(body);
     let mut received = Vec::new();
-    // A reset after the answer arrived ends the read with what it holds.
-    let _ = stream.read_to_end(&mut received);
-    let response = String::from_utf8_lossy(&received);
+    let read = stream.read_to_end(&mut received);
+    let response = String::from_utf8(received).ok()?;
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    // A reset after the whole answer arrived (as long as its Content-Length
+    // says) still counts; a read cut short otherwise is no answer.
+    if read.is_err() && body.len() < content_length(head)? {
+        return None;
+    }
+    Some((status, body.to_string()))
+}
+
+fn content_length(head: &str) -> Option<usize> {
+    head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
 }
 
 /// The `color` key of a ConfigMap as the cluster has it now; none when the
