@@ -55,8 +55,8 @@ impl GitHubTask {
                     }
                     let term = |app: &str| shards.as_deref().map_or(Some(0), |shards| shards.term_of_app(app));
                     let terms = catch_up(&mut report, &reported, term, jiff::Timestamp::now());
-                    let unchanged = |app: &AppReport| app.rollouts.iter().any(|r| !r.changed);
-                    if !look && report.apps.iter().any(unchanged) {
+                    let holds_unchanged = |app: &AppReport| app.rollouts.iter().any(|r| !r.changed);
+                    if !look && report.apps.iter().any(holds_unchanged) {
                         // A sync for anything else (a Git poll, a drift) reports
                         // what moved; a release waiting at a gate is looked at on
                         // its own schedule: the command poll, GitHub's events.

@@ -449,7 +449,10 @@ mod tests {
         // A sync answered from the last one keeps what that one settled.
         let mut recalled = requeue::tests::report(vec![crate::sync::AppReport::new("web", AppResult::Synced)]);
         recalled.recalled = true;
-        let kept = settle(Some(settled.clone()), &Ok(recalled), &revision, true, None).expect("settled");
+        let kept = settle(Some(settled.clone()), &Ok(recalled.clone()), &revision, true, None).expect("settled");
         assert_eq!(kept, settled);
+        // …of the same commit only.
+        let moved = settle(Some(settled), &Ok(recalled), &next, true, None).expect("settled");
+        assert_eq!(moved.0, "c2");
     }
 }

@@ -140,13 +140,15 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body
     let read = stream.read_to_end(&mut received);
     let response = String::from_utf8(received).ok()?;
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    // A reset after the whole answer arrived (as long as its Content-Length
-    // says) still counts; a read cut short otherwise is no answer.
-    if read.is_err() && body.len() < content_length(head)? {
-        return None;
-    }
-    Some((status, body.to_string()))
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    // Whole only when all its Content-Length arrived (then a reset after it
+    // still counts: a 413 sent before the body was read); without one, when
+    // the server closed cleanly.
+    let whole = match content_length(head) {
+        Some(length) => body.len() >= length,
+        None => read.is_ok(),
+    };
+    whole.then(|| (status, body.to_string()))
 }
 
 fn content_length(head: &str) -> Option<usize> {
