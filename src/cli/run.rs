@@ -72,14 +72,12 @@ pub async fn sync_once(args: SyncArgs) -> Result<ExitCode, Error> {
             memo.record_written(&namespace, &name, done);
         }
         let recorded = sync_validated(&cluster, &revision, &options, &memo, Some(&written.apps)).await?;
+        let apps = Arc::make_mut(&mut report.apps);
         for app in recorded.apps.iter() {
-            Arc::make_mut(&mut report.apps)
-                .iter_mut()
-                .filter(|a| a.app == app.app)
-                .for_each(|a| {
-                    a.problems.extend(app.problems.iter().cloned());
-                    a.rollouts = app.rollouts.clone();
-                });
+            apps.iter_mut().filter(|a| a.app == app.app).for_each(|a| {
+                a.problems.extend(app.problems.iter().cloned());
+                a.rollouts = app.rollouts.clone();
+            });
         }
     }
     let count = |f: fn(&crate::sync::AppReport) -> usize| report.apps.iter().map(f).sum::<usize>();

@@ -2,9 +2,9 @@
 //! whether it carries its batch label. One watch per workload kind and
 //! scope keeps them, selected by a label: a canary Deployment's marker
 //! (its pods only), `controller-revision-hash` (every StatefulSet's and
-//! DaemonSet's pods, so watched in the namespaces released in only), a Knative Revision's name (every
-//! Revision's pods), so that a release step labels its batch without
-//! listing them. What the watch holds is trusted only where it holds as
+//! DaemonSet's pods, so watched in the namespaces released in only), a
+//! Knative Revision's name (every Revision's pods), so that a release step
+//! labels its batch without listing them. What the watch holds is trusted only where it holds as
 //! many canary pods as the step asks for; otherwise the caller lists.
 
 use std::collections::HashMap;
