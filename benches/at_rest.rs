@@ -77,6 +77,17 @@ fn main() {
     };
     // The agent's own getrusage, to the microsecond (/proc counts 10 ms ticks).
     let cpu = || metric("process_cpu_seconds_total");
+    // Between two readings lies one whole scrape of /metrics (the end of the
+    // first's, the start of the second's): the benchmark's own reading,
+    // taken out of each figure below. The least of a few back-to-back pairs.
+    let scrape = || {
+        (0..5)
+            .map(|_| {
+                let first = cpu();
+                cpu() - first
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
     let syncs = || metric("gitcanary_sync_duration_seconds_count");
     // The sync that paused them moved their statuses: one more resync plans
     // them again and finds them at rest.
@@ -90,16 +101,19 @@ fn main() {
     let fetch_seconds = || metric("gitcanary_git_fetch_duration_seconds_sum");
     let sync_seconds = || metric("gitcanary_sync_duration_seconds_sum");
     let (fetch_before, sync_before) = (fetch_seconds(), sync_seconds());
-    let (requests_before, cpu_before, syncs_before) = (requests(), cpu(), syncs());
+    let scrape_cpu = scrape();
+    let (requests_before, syncs_before) = (requests(), syncs());
+    let cpu_before = cpu();
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60) {
         agent.push(&second);
         std::thread::sleep(Duration::from_secs(5));
     }
+    let cpu_at_rest = cpu() - cpu_before - scrape_cpu;
     let minutes = started.elapsed().as_secs_f64() / 60.0;
     let (requests_at_rest, cpu_at_rest, resyncs) = (
         (requests() - requests_before) / minutes,
-        (cpu() - cpu_before) / minutes,
+        cpu_at_rest / minutes,
         syncs() - syncs_before,
     );
     let per_resync = |seconds: f64| format!("{:.2} ms", seconds * 1000.0 / resyncs.max(1.0));
@@ -117,13 +131,17 @@ fn main() {
     let watches = || metric("gitcanary_kube_reads_total{kind=\"watch\"}");
     let (requests_before, syncs_before, watches_before) = (requests(), syncs(), watches());
     let cpu_before = cpu();
+    // Read between the scrapes, so as to count none of theirs.
+    let woken_before = woken(agent.child.id());
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(180));
-    let cpu_quiet = cpu() - cpu_before;
+    let woken_quiet = woken(agent.child.id()) - woken_before;
+    let cpu_quiet = cpu() - cpu_before - scrape_cpu;
     let minutes_quiet = started.elapsed().as_secs_f64() / 60.0;
     let (requests_quiet, polls_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
     let cpu_quiet = cpu_quiet / minutes_quiet;
     let watches_quiet = (watches() - watches_before) / minutes_quiet;
+    let woken_quiet = woken_quiet as f64 / minutes_quiet;
 
     // One drift: a canary scaled by hand is put back, re-planning its app only.
     let planned_before = metric("gitcanary_apps_planned_total");
@@ -158,11 +176,59 @@ fn main() {
         minutes_quiet * 60.0
     );
     println!("| … agent CPU per minute | {:.2} ms |", cpu_quiet * 1000.0);
+    println!(
+        "| … one scrape of /metrics (the benchmark's reading, taken out of both CPU figures) | {:.2} ms |",
+        scrape_cpu * 1000.0
+    );
     println!("| … watches started again per minute | {watches_quiet:.1} |");
+    println!("| … the agent's threads woken per minute | {woken_quiet:.1} |");
+    println!(
+        "| one wake-up of a sleeping thread on this machine (1 s `std::thread::sleep`, the thread's own CPU) | {:.0} µs |",
+        wake_up_cost() * 1e6
+    );
     println!("| … app syncs planned / answered from memory | {planned_at_rest} / {recalled_at_rest} |");
     println!(
         "| a canary scaled by hand → put back | {} |",
         millis(healed - drift_started)
     );
     println!("| … app syncs planned after it | {planned} |");
+}
+
+/// How many times the threads of process `pid` have gone to sleep and been
+/// woken so far (their voluntary context switches).
+fn woken(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|count| count.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The CPU one wake-up of a sleeping thread costs here, doing nothing else:
+/// the floor under each of the agent's wake-ups (a virtual machine's is
+/// many times a bare machine's).
+fn wake_up_cost() -> f64 {
+    let thread_cpu = || {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage only writes the struct it is given.
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+        // SAFETY: zeroed, then filled in by getrusage.
+        let usage = unsafe { usage.assume_init() };
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    };
+    const WAKE_UPS: u32 = 20;
+    let before = thread_cpu();
+    for _ in 0..WAKE_UPS {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    (thread_cpu() - before) / f64::from(WAKE_UPS)
 }
