@@ -79,14 +79,16 @@ fn main() {
     let cpu = || metric("process_cpu_seconds_total");
     // Between two readings lies one whole scrape of /metrics (the end of the
     // first's, the start of the second's): the benchmark's own reading,
-    // taken out of each figure below. The least of a few back-to-back pairs.
-    let scrape = || {
-        (0..5)
-            .map(|_| {
-                let first = cpu();
-                cpu() - first
+    // taken out of each figure below. The least of a few back-to-back pairs
+    // (a failed reading, 0, leaves its pair out).
+    let scrape_cost = || {
+        let least = (0..5)
+            .filter_map(|_| {
+                let (first, second) = (cpu(), cpu());
+                (first > 0.0 && second > 0.0).then_some(second - first)
             })
-            .fold(f64::INFINITY, f64::min)
+            .fold(f64::INFINITY, f64::min);
+        if least.is_finite() { least } else { 0.0 }
     };
     let syncs = || metric("gitcanary_sync_duration_seconds_count");
     // The sync that paused them moved their statuses: one more resync plans
@@ -101,7 +103,7 @@ fn main() {
     let fetch_seconds = || metric("gitcanary_git_fetch_duration_seconds_sum");
     let sync_seconds = || metric("gitcanary_sync_duration_seconds_sum");
     let (fetch_before, sync_before) = (fetch_seconds(), sync_seconds());
-    let scrape_cpu = scrape();
+    let scrape_cpu = scrape_cost();
     let (requests_before, syncs_before) = (requests(), syncs());
     let cpu_before = cpu();
     let started = Instant::now();
@@ -109,11 +111,11 @@ fn main() {
         agent.push(&second);
         std::thread::sleep(Duration::from_secs(5));
     }
-    let cpu_at_rest = cpu() - cpu_before - scrape_cpu;
+    let cpu_resyncing = cpu() - cpu_before - scrape_cpu;
     let minutes = started.elapsed().as_secs_f64() / 60.0;
     let (requests_at_rest, cpu_at_rest, resyncs) = (
         (requests() - requests_before) / minutes,
-        cpu_at_rest / minutes,
+        cpu_resyncing / minutes,
         syncs() - syncs_before,
     );
     let per_resync = |seconds: f64| format!("{:.2} ms", seconds * 1000.0 / resyncs.max(1.0));
@@ -131,17 +133,17 @@ fn main() {
     let watches = || metric("gitcanary_kube_reads_total{kind=\"watch\"}");
     let (requests_before, syncs_before, watches_before) = (requests(), syncs(), watches());
     let cpu_before = cpu();
-    // Read between the scrapes, so as to count none of theirs.
-    let woken_before = woken(agent.child.id());
+    // Read between the scrapes, so as to count almost none of theirs.
+    let threads_before = woken(agent.child.id());
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(180));
-    let woken_quiet = woken(agent.child.id()) - woken_before;
-    let cpu_quiet = cpu() - cpu_before - scrape_cpu;
+    let wake_ups = wake_ups_between(&threads_before, &woken(agent.child.id()));
+    let cpu_quiet_total = cpu() - cpu_before - scrape_cpu;
     let minutes_quiet = started.elapsed().as_secs_f64() / 60.0;
     let (requests_quiet, polls_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
-    let cpu_quiet = cpu_quiet / minutes_quiet;
+    let cpu_quiet = cpu_quiet_total / minutes_quiet;
     let watches_quiet = (watches() - watches_before) / minutes_quiet;
-    let woken_quiet = woken_quiet as f64 / minutes_quiet;
+    let woken_quiet = wake_ups as f64 / minutes_quiet;
 
     // One drift: a canary scaled by hand is put back, re-planning its app only.
     let planned_before = metric("gitcanary_apps_planned_total");
@@ -162,6 +164,7 @@ fn main() {
     });
     std::thread::sleep(Duration::from_secs(1));
     let planned = metric("gitcanary_apps_planned_total") - planned_before;
+    let one_wake_up = wake_up_cost();
 
     println!("| {count} Rollouts paused at an indefinite step, GitHub off | measured |");
     println!("| --- | --- |");
@@ -171,6 +174,7 @@ fn main() {
     );
     println!("| agent CPU per minute | {:.1} ms |", cpu_at_rest * 1000.0);
     println!("| … a resync's fetch and sync, wall time | {fetch_each}, {sync_each} |");
+    println!("| … app syncs planned / answered from memory | {planned_at_rest} / {recalled_at_rest} |");
     println!(
         "| nothing pushed, the default 60 s poll ({polls_quiet} polls in {:.0} s): API requests per minute | {requests_quiet:.1} |",
         minutes_quiet * 60.0
@@ -183,52 +187,70 @@ fn main() {
     println!("| … watches started again per minute | {watches_quiet:.1} |");
     println!("| … the agent's threads woken per minute | {woken_quiet:.1} |");
     println!(
-        "| one wake-up of a sleeping thread on this machine (1 s `std::thread::sleep`, the thread's own CPU) | {:.0} µs |",
-        wake_up_cost() * 1e6
-    );
-    println!("| … app syncs planned / answered from memory | {planned_at_rest} / {recalled_at_rest} |");
-    println!(
         "| a canary scaled by hand → put back | {} |",
         millis(healed - drift_started)
     );
     println!("| … app syncs planned after it | {planned} |");
+    println!(
+        "| one wake-up of a sleeping thread on this machine (1 s `std::thread::sleep`, the thread's own CPU) | {} |",
+        one_wake_up.map_or("not read".to_string(), |seconds| format!("{:.0} µs", seconds * 1e6))
+    );
 }
 
-/// How many times the threads of process `pid` have gone to sleep and been
-/// woken so far (their voluntary context switches).
-fn woken(pid: u32) -> u64 {
+/// How many times each thread of process `pid` has gone to sleep and been
+/// woken so far (its voluntary context switches), by thread id.
+fn woken(pid: u32) -> std::collections::BTreeMap<String, u64> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return Default::default();
     };
     tasks
         .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .filter_map(|status| {
-            status
+        .filter_map(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let count = status
                 .lines()
-                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|count| count.trim().parse::<u64>().ok())
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((task.file_name().to_string_lossy().into_owned(), count))
         })
-        .sum()
+        .collect()
+}
+
+/// The wake-ups between two readings of `woken`: a thread that ended
+/// meanwhile counts once (its last count went with it), a new one whole.
+fn wake_ups_between(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> u64 {
+    let ended = before.keys().filter(|thread| !after.contains_key(*thread)).count() as u64;
+    let woken: u64 = after
+        .iter()
+        .map(|(thread, count)| count.saturating_sub(before.get(thread).copied().unwrap_or(0)))
+        .sum();
+    woken + ended
 }
 
 /// The CPU one wake-up of a sleeping thread costs here, doing nothing else:
 /// the floor under each of the agent's wake-ups (a virtual machine's is
 /// many times a bare machine's).
-fn wake_up_cost() -> f64 {
+fn wake_up_cost() -> Option<f64> {
     let thread_cpu = || {
         let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
         // SAFETY: getrusage only writes the struct it is given.
-        unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) } != 0 {
+            return None;
+        }
         // SAFETY: zeroed, then filled in by getrusage.
         let usage = unsafe { usage.assume_init() };
         let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        seconds(usage.ru_utime) + seconds(usage.ru_stime)
+        Some(seconds(usage.ru_utime) + seconds(usage.ru_stime))
     };
     const WAKE_UPS: u32 = 20;
-    let before = thread_cpu();
+    let before = thread_cpu()?;
     for _ in 0..WAKE_UPS {
         std::thread::sleep(Duration::from_secs(1));
     }
-    (thread_cpu() - before) / f64::from(WAKE_UPS)
+    Some((thread_cpu()? - before) / f64::from(WAKE_UPS))
 }

@@ -156,7 +156,6 @@ impl Agent {
     /// Runs until the trigger channel closes or `stop` turns true; a sync in
     /// progress (and its write-back) is finished first.
     pub async fn run(&self, triggers: Triggers, mut queue: TriggerQueue, mut stop: tokio::sync::watch::Receiver<bool>) {
-        spawn_poller(triggers.clone(), self.poll_interval);
         let _file_watcher = self
             .source
             .local_dir()
@@ -384,11 +383,11 @@ fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> 
 
 /// Asks for a poll every `interval`, from a thread of its own: tokio's
 /// timer wheel wakes a worker once per level a long deadline moves down
-/// through (three times for 60 s), a thread's sleep wakes once, and at rest
-/// each wake-up is most of what the agent costs. It ends at the first tick
-/// after the agent stopped.
-fn spawn_poller(triggers: Triggers, interval: Duration) {
-    let ticking = std::thread::Builder::new()
+/// through (up to three times for 60 s), a thread's sleep wakes once. It
+/// ends at the first tick after the agent stopped. Without it no new commit
+/// is seen unless a webhook tells, so failing to start it stops the agent.
+pub fn spawn_poller(triggers: Triggers, interval: Duration) -> std::io::Result<()> {
+    std::thread::Builder::new()
         .name("gitcanary-poll".into())
         .spawn(move || {
             loop {
@@ -398,10 +397,8 @@ fn spawn_poller(triggers: Triggers, interval: Duration) {
                 }
                 let _ = triggers.try_send(Trigger::Poll);
             }
-        });
-    if let Err(error) = ticking {
-        error!(%error, "cannot start the poll's thread; the source is read on webhooks and drift only");
-    }
+        })
+        .map(drop)
 }
 
 fn watch_files(dir: &std::path::Path, triggers: Triggers) -> Option<notify::RecommendedWatcher> {
