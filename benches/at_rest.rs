@@ -2,8 +2,9 @@
 //! step, nothing changing, GitHub off. Prints what the agent spends per
 //! minute meanwhile (API requests besides its watches, CPU) while a push of
 //! the same head comes every 5 s, then while nothing comes at all (its own
-//! poll every 60 s, the default), then how long one drift of a canary takes
-//! to be put back and how many apps that re-plans.
+//! poll every 60 s, the default, which finds the head at rest), then how
+//! long one drift of a canary takes to be put back and how many apps that
+//! re-plans.
 //!
 //!   cargo bench --bench at_rest
 //!   GITCANARY_BENCH_ROLLOUTS=1 cargo bench --bench at_rest   # what the agent costs with one
@@ -131,7 +132,10 @@ fn main() {
     // Nothing at all for three minutes: the agent's own polls (every 60 s) only.
     wait_quiet();
     let watches = || metric("gitcanary_kube_reads_total{kind=\"watch\"}");
+    // A poll that finds the head where the agent is at rest neither fetches nor syncs.
+    let polls_at_rest = || metric("gitcanary_git_polls_at_rest_total");
     let (requests_before, syncs_before, watches_before) = (requests(), syncs(), watches());
+    let polls_at_rest_before = polls_at_rest();
     let cpu_before = cpu();
     // Read between the scrapes, so as to count almost none of theirs.
     let threads_before = woken(agent.child.id());
@@ -140,7 +144,8 @@ fn main() {
     let wake_ups = wake_ups_between(&threads_before, &woken(agent.child.id()));
     let cpu_quiet_total = cpu() - cpu_before - scrape_cpu;
     let minutes_quiet = started.elapsed().as_secs_f64() / 60.0;
-    let (requests_quiet, polls_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
+    let (requests_quiet, syncs_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
+    let polls_quiet_at_rest = polls_at_rest() - polls_at_rest_before;
     let cpu_quiet = cpu_quiet_total / minutes_quiet;
     let watches_quiet = (watches() - watches_before) / minutes_quiet;
     let woken_quiet = wake_ups as f64 / minutes_quiet;
@@ -176,7 +181,7 @@ fn main() {
     println!("| … a resync's fetch and sync, wall time | {fetch_each}, {sync_each} |");
     println!("| … app syncs planned / answered from memory | {planned_at_rest} / {recalled_at_rest} |");
     println!(
-        "| nothing pushed, the default 60 s poll ({polls_quiet} polls in {:.0} s): API requests per minute | {requests_quiet:.1} |",
+        "| nothing pushed, the default 60 s poll ({polls_quiet_at_rest} polls found the head at rest, {syncs_quiet} syncs in {:.0} s): API requests per minute | {requests_quiet:.1} |",
         minutes_quiet * 60.0
     );
     println!("| … agent CPU per minute | {:.2} ms |", cpu_quiet * 1000.0);

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub sync_duration: Histogram,
     pub fetch_duration: Histogram,
     pub fetch_errors: AtomicU64,
+    /// Polls that found the branch's head where the agent was at rest.
+    pub polls_at_rest: AtomicU64,
     /// Watch events of gitcanary's own writes, recognised and slept through.
     pub own_write_events: AtomicU64,
     /// Kustomize and Helm runs (cache hits are none), as the source counts them.
@@ -260,12 +262,17 @@ impl Metrics {
     }
 
     /// The plain counters, in the order they are rendered: name, help, value.
-    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 13] {
+    fn counters(&self) -> [(&'static str, &'static str, &AtomicU64); 14] {
         [
             (
                 "gitcanary_git_fetch_errors_total",
                 "Fetches of the source that failed.",
                 &self.fetch_errors,
+            ),
+            (
+                "gitcanary_git_polls_at_rest_total",
+                "Polls that found the branch's head where the agent was at rest (its last whole sync answered from memory): nothing fetched, nothing synced.",
+                &self.polls_at_rest,
             ),
             (
                 "gitcanary_own_write_events_total",

@@ -213,7 +213,7 @@ async fn prometheus_gone_mid_analysis_pauses_the_release_and_never_promotes() {
     let message = paused.canary_status.expect("canary").message;
     assert!(message.contains("inconclusive"), "{message}");
     assert!(message.contains("unreachable"), "{message}");
-    agent.wait_for_syncs(3).await;
+    agent.resyncs(3).await;
     let still = status(&scenario).await.expect("status");
     assert_eq!(still.phase, Phase::Paused, "never promoted on missing data");
     assert_eq!(still.canary_status.expect("canary").current_step_index, 1);
@@ -245,7 +245,7 @@ async fn paused_without_an_answer(name: &str, canary: Option<f64>) -> String {
         .expect("the step's run");
     assert_eq!((run.successful, run.failed), (0, 0), "{run:?}");
     assert!(run.inconclusive >= 2, "{run:?}");
-    agent.wait_for_syncs(3).await;
+    agent.resyncs(3).await;
     let still = status(&scenario).await.expect("status");
     assert_eq!(still.phase, Phase::Paused, "never promoted, never failed, on no answer");
     assert_eq!(still.canary_status.as_ref().expect("canary").current_step_index, 1);

@@ -264,7 +264,7 @@ async fn promotion_pull_requests_are_the_gates_and_merge_into_git() {
     assert_eq!(gates.len(), 2, "one promotion pull request per gate: {gates:?}");
     assert!(gates.iter().all(|p| p.merged_by.is_some()));
     // The gate commits started no release.
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     assert_eq!(phase(&scenario).await, Some(Phase::Healthy));
 }
 
@@ -765,7 +765,7 @@ async fn a_failed_release_is_reported_with_its_revert_and_the_later_commits_it_r
         1
     );
     // Back on stable is no news for the failed release: its comment and status keep the failure.
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     let last_status = fake.statuses_for(&commit).last().cloned().expect("a status");
     assert_eq!(last_status.0, "failure", "{last_status:?}");
     assert!(

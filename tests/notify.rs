@@ -166,7 +166,7 @@ async fn every_event_of_a_promoted_and_a_failed_release_reaches_each_receiver_on
     })
     .await;
     // Later syncs look at the same statuses again: nothing more is told.
-    agent.wait_for_syncs(3).await;
+    agent.resyncs(3).await;
     assert_eq!(events_of(&received, "chat"), chat_events, "no event told twice");
     let hook_events = events_of(&received, "hook");
     assert_eq!(chat_events, hook_events, "the same events, with the same ids");

@@ -71,7 +71,7 @@ async fn a_promote_sent_while_healthy_does_not_pass_the_next_releases_pause() {
         (status(&scenario).await?.phase == Phase::Paused).then_some(())
     })
     .await;
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     assert_eq!(status(&scenario).await.map(|s| s.phase), Some(Phase::Paused));
     let (code, _, stderr) = scenario.run_cli(&["promote", "echo", "-n", &ns]);
     assert_eq!(code, 0, "{stderr}");

@@ -278,6 +278,21 @@ async fn a_git_remote_that_goes_away_leaves_the_cluster_as_it_was_and_sync_resum
         async move { metric_of(&addr, name) }
     };
     assert_eq!(metric("gitcanary_source_up").await, Some(1));
+    // At rest, a poll reads the branch's head and neither fetches nor syncs.
+    let at_rest = || metric("gitcanary_git_polls_at_rest_total");
+    eventually("a poll at rest", WAIT, || async {
+        (at_rest().await? >= 1).then_some(())
+    })
+    .await;
+    let syncs = || metric("gitcanary_sync_duration_seconds_count");
+    let fetches = || metric("gitcanary_git_fetch_duration_seconds_count");
+    let (syncs_at_rest, fetches_at_rest, polls) = (syncs().await, fetches().await, at_rest().await.unwrap_or(0));
+    eventually("three more polls at rest", WAIT, || async {
+        (at_rest().await? >= polls + 3).then_some(())
+    })
+    .await;
+    assert_eq!(syncs().await, syncs_at_rest, "a poll at rest syncs nothing");
+    assert_eq!(fetches().await, fetches_at_rest, "a poll at rest fetches nothing");
 
     let hidden = scenario.repo.bare.with_extension("gone");
     std::fs::rename(&scenario.repo.bare, &hidden).expect("the remote goes away");

@@ -389,7 +389,7 @@ async fn a_canary_that_never_becomes_ready_fails_at_the_deadline_and_traffic_ret
     assert_eq!(cluster.weights().await, restored());
     assert_eq!(cluster.image("echo").await.as_deref(), Some("registry.test/echo:1.0"));
     // It stays failed (no second attempt) while Git still asks for the broken version.
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     assert!(cluster.deployment("echo-canary").await.is_none());
     assert_eq!(cluster.phase_and_step().await.map(|p| p.0), Some(Phase::Failed));
 }
@@ -496,18 +496,29 @@ async fn a_release_paused_for_a_promote_costs_no_request_while_nothing_changes()
     const RECALLED: &str = "gitcanary_apps_recalled_total";
     eventually("a resync answers for the paused app from memory", WAIT, || async {
         let recalled = agent.counter(RECALLED).await;
-        agent.wait_for_syncs(1).await;
+        agent.resync().await;
         (agent.counter(RECALLED).await > recalled).then_some(())
     })
     .await;
     let (requests, syncs) = (requests_besides_watches(&agent).await, agent.syncs().await);
-    agent.wait_for_syncs(3).await;
+    for _ in 0..3 {
+        agent.resync().await;
+    }
     assert_eq!(
         requests_besides_watches(&agent).await,
         requests,
         "{} resyncs of a paused release sent requests",
         agent.syncs().await - syncs
     );
+    // Nor do its own polls: at rest they find the head where it was and sync nothing.
+    let polls_at_rest = || agent.counter("gitcanary_git_polls_at_rest_total");
+    let (polls, syncs) = (polls_at_rest().await, agent.syncs().await);
+    eventually("two polls at rest", WAIT, || async {
+        (polls_at_rest().await >= polls + 2).then_some(())
+    })
+    .await;
+    assert_eq!(agent.syncs().await, syncs, "a poll at rest syncs nothing");
+    assert_eq!(requests_besides_watches(&agent).await, requests, "nor sends a request");
     assert_eq!(cluster.weights().await, vec![w("echo", 70), w("echo-canary", 30)]);
 
     // At rest is not asleep: a promote, and a drift of the canary, are acted on.
@@ -544,7 +555,7 @@ async fn a_release_is_observed_from_the_watch_caches_not_read_again() {
     App::new(&scenario.ns, "2.0", &strategy).write(&scenario);
     scenario.repo.commit_and_push("echo 2.0");
     cluster.wait_for("paused at step 1", Phase::Paused, 1).await;
-    agent.wait_for_syncs(1).await;
+    agent.resyncs(1).await;
     let before = std::fs::read_to_string(&agent.log).expect("the agent's log").len();
 
     // A drift of the canary: its app is planned again, its Rollout observed.
@@ -561,7 +572,7 @@ async fn a_release_is_observed_from_the_watch_caches_not_read_again() {
         (canary.spec?.replicas == Some(1)).then_some(())
     })
     .await;
-    agent.wait_for_syncs(1).await;
+    agent.resyncs(1).await;
     let requests = agent.requests_since(before);
     let requests: Vec<(&str, &str)> = requests.iter().map(|(m, p)| (m.as_str(), p.as_str())).collect();
     assert!(
@@ -787,7 +798,7 @@ async fn putting_a_rollout_on_a_running_deployment_restarts_no_pod() {
         (cluster.phase_and_step().await.map(|p| p.0) == Some(Phase::Healthy)).then_some(())
     })
     .await;
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     assert_eq!(pods(&cluster).await, before, "no pod was replaced");
     assert!(cluster.deployment("echo-canary").await.is_none());
 }
@@ -1233,7 +1244,7 @@ async fn an_autoscaled_deployment_keeps_the_autoscalers_count_through_a_release(
     let cluster = Cluster::of(&scenario);
     // Git says 2; the autoscaler's minimum is 4, and the agent leaves it so.
     healthy_with(&scenario, &cluster, "1.0").await;
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     let replicas = |d: Option<Deployment>| d.and_then(|d| d.spec?.replicas);
     assert_eq!(replicas(cluster.deployment("echo").await), Some(4));
     let annotations = cluster.deployment("echo").await.and_then(|d| d.metadata.annotations);
@@ -1268,7 +1279,7 @@ async fn an_autoscaled_deployment_keeps_the_autoscalers_count_through_a_release(
         cluster.deployment("echo-canary").await.is_none().then_some(())
     })
     .await;
-    agent.wait_for_syncs(1).await;
+    agent.resyncs(1).await;
     assert_eq!(
         replicas(cluster.deployment("echo").await),
         Some(4),

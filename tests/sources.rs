@@ -261,7 +261,7 @@ async fn rendered_apps_sync_and_only_the_app_that_changed_is_rendered_again() {
     assert_eq!(agent.counter("gitcanary_renders_total").await, 2);
 
     // Resyncs with nothing changed render nothing.
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     assert_eq!(agent.counter("gitcanary_renders_total").await, 2);
 
     // One chart's values change: that app alone is rendered again.

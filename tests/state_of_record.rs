@@ -191,7 +191,7 @@ async fn a_held_failure_recorded_in_git_is_not_released_again_on_a_rebuilt_clust
         message.contains("not released again while Git asks for it"),
         "{message}"
     );
-    fresh_agent.wait_for_syncs(2).await;
+    fresh_agent.resyncs(2).await;
     assert!(
         image(&client, &ns, "echo-canary").await.is_none(),
         "3.0 is not released"

@@ -35,7 +35,7 @@ async fn color(client: &kube::Client, ns: &str, name: &str) -> Option<String> {
 async fn settled(agent: &AgentProcess) {
     eventually("the watches answer", WAIT, || async {
         let before = agent.counter(LISTS).await;
-        agent.wait_for_syncs(2).await;
+        agent.resyncs(2).await;
         (agent.counter(LISTS).await == before).then_some(())
     })
     .await;
@@ -62,7 +62,10 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
     settled(&agent).await;
     let (lists, applied) = (agent.counter(LISTS).await, agent.counter(APPLIED).await);
     let (syncs, recalled) = (agent.syncs().await, agent.counter(RECALLED).await);
-    agent.wait_for_syncs(3).await;
+    // Resyncs asked for (at rest, the agent's own polls sync nothing).
+    for _ in 0..3 {
+        agent.resync().await;
+    }
     assert_eq!(agent.counter(LISTS).await, lists, "no list while nothing changes");
     assert_eq!(agent.counter(APPLIED).await, applied, "no write while nothing changes");
     // Both apps' answers come from the last sync: nothing they hold changed.
@@ -101,7 +104,8 @@ async fn resyncs_with_nothing_changed_list_nothing_and_write_nothing() {
     );
     // The drift's own sync looked at cm-3's app only; the resyncs after it
     // answer from memory again.
-    agent.wait_for_syncs(2).await;
+    agent.resync().await;
+    agent.resync().await;
     assert!(
         agent.counter(RECALLED).await > recalled,
         "resyncs after the healing answer from memory again"

@@ -95,7 +95,7 @@ async fn a_promoted_release_writes_its_status_file_to_git_and_starts_nothing() {
         status(&scenario).await?.pending_writeback.is_none().then_some(())
     })
     .await;
-    agent.wait_for_syncs(2).await;
+    agent.resyncs(2).await;
     let status = status(&scenario).await.expect("status");
     assert_eq!(status.phase, Phase::Healthy);
     assert_eq!(status.stable_commit, released);

@@ -49,6 +49,8 @@ impl Agent {
                     }
                 }
                 Err(error) => {
+                    // The next poll loads again, whatever the head.
+                    self.at_rest.set(None);
                     self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
                     error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
                 }

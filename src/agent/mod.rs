@@ -6,6 +6,7 @@
 mod drift;
 mod github_task;
 mod loader;
+mod poll;
 mod queue;
 mod requeue;
 mod scope;
@@ -13,6 +14,7 @@ mod scope;
 use drift::DriftWatch;
 use github_task::GitHubTask;
 use loader::Loaded;
+pub use poll::AtRest;
 use queue::next_burst;
 pub use queue::{TriggerQueue, Triggers, trigger_channel};
 use requeue::Requeues;
@@ -145,6 +147,9 @@ pub struct Agent {
     pub(crate) memo: SyncMemo,
     /// With `--shards`: the shards this replica holds; it syncs only their apps.
     pub shards: Option<Arc<crate::shards::Shards>>,
+    /// The head the agent is at rest on (GitHub off): its poll then reads
+    /// the branch's head itself and wakes the loop only if it moved.
+    pub at_rest: Arc<AtRest>,
 }
 
 /// When a timer whose sync failed is tried again.
@@ -217,6 +222,13 @@ impl Agent {
                 let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
                 drop(timer);
                 settled = settle(settled.take(), &outcome, &revision, whole, changed);
+                // With GitHub on, every poll still syncs: its reports (a wave
+                // pull request to open again, say) are retried by the next sync.
+                let at_rest = github.is_none()
+                    && whole
+                    && outcome.as_ref().is_ok_and(|report| report.recalled)
+                    && revision.manifests.problems().next().is_none();
+                self.at_rest.set(at_rest.then(|| revision.commit.clone()));
                 drop(revision);
                 match outcome {
                     Ok(report) => {
@@ -379,26 +391,6 @@ fn held_only(mut report: SyncReport, shards: Option<&crate::shards::Shards>) -> 
         std::sync::Arc::make_mut(&mut report.apps).retain(|app| shards.holds_app(&app.app));
     }
     report
-}
-
-/// Asks for a poll every `interval`, from a thread of its own: tokio's
-/// timer wheel wakes a worker once per level a long deadline moves down
-/// through (up to three times for 60 s), a thread's sleep wakes once. It
-/// ends at the first tick after the agent stopped. Without it no new commit
-/// is seen unless a webhook tells, so failing to start it stops the agent.
-pub fn spawn_poller(triggers: Triggers, interval: Duration) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("gitcanary-poll".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(interval);
-                if triggers.is_closed() {
-                    return;
-                }
-                let _ = triggers.try_send(Trigger::Poll);
-            }
-        })
-        .map(drop)
 }
 
 fn watch_files(dir: &std::path::Path, triggers: Triggers) -> Option<notify::RecommendedWatcher> {

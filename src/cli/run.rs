@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{LeaderArgs, SourceArgs, SyncArgs, connect, open_source, options};
 use crate::Error;
-use crate::agent::{Agent, spawn_poller, trigger_channel};
+use crate::agent::{Agent, trigger_channel};
 use crate::cluster::ensure_namespace;
 use crate::identity::signing::{Signer, Verifier};
 use crate::lease::{Leadership, LeaseConfig};
@@ -222,6 +222,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         loaded: std::sync::Mutex::default(),
         memo: crate::sync::SyncMemo::default(),
         shards: None,
+        at_rest: Default::default(),
     };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let signals = {
@@ -239,7 +240,8 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         Some(coordination) => coordination,
         None => return Ok(ExitCode::SUCCESS),
     };
-    spawn_poller(triggers.clone(), agent.poll_interval)
+    agent
+        .spawn_poller(triggers.clone())
         .map_err(|e| Error::Usage(format!("cannot start the poll's thread: {e}")))?;
     let running = agent.run(triggers, queue, stopped.clone());
     if !run_while_leading(running, leadership.as_ref(), &mut stopped).await {

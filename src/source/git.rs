@@ -375,6 +375,41 @@ impl GitSource {
         options
     }
 
+    /// The branch's head on the remote as it stands now, read without
+    /// fetching or writing anything: a local repository's branch is read in
+    /// place (the repository kept open in `reader` between looks), any other
+    /// remote's refs are listed.
+    pub fn remote_head(&self, reader: &mut HeadReader) -> Result<String> {
+        let branch = format!("refs/heads/{}", self.branch);
+        if let Some(path) = self.url.strip_prefix("file://") {
+            if reader.local.is_none() {
+                reader.local = Repository::open(path).ok();
+            }
+            if let Some(repo) = &reader.local {
+                match repo.refname_to_id(&branch) {
+                    Ok(id) => return Ok(id.to_string()),
+                    // Opened again next time; the listing below says what is wrong now.
+                    Err(_) => reader.local = None,
+                }
+            }
+        }
+        let context = || format!("listing the branches of {}", redact_url(&self.url));
+        let mut remote = git2::Remote::create_detached(self.url.as_str()).map_err(Error::git(context()))?;
+        remote
+            .connect_auth(git2::Direction::Fetch, Some(self.callbacks()), None)
+            .map_err(Error::git(context()))?;
+        let head = remote
+            .list()
+            .map_err(Error::git(context()))?
+            .iter()
+            .find(|head| head.name() == branch)
+            .map(|head| head.oid().to_string());
+        head.ok_or_else(|| Error::Git {
+            context: context(),
+            source: git2::Error::from_str(&format!("branch {} not found", self.branch)),
+        })
+    }
+
     /// Fetches `refspecs` (branches or commit ids) into the mirror, in full.
     pub(crate) fn fetch_refs(&self, repo: &Repository, refspecs: &[&str]) -> Result<()> {
         let mut remote = repo
@@ -423,6 +458,13 @@ impl GitSource {
         });
         callbacks
     }
+}
+
+/// What `GitSource::remote_head` keeps between looks: a local remote's
+/// repository, open.
+#[derive(Default)]
+pub struct HeadReader {
+    local: Option<Repository>,
 }
 
 /// Removes any `user:password@` from a URL before it is shown, whatever the
@@ -600,6 +642,46 @@ mod tests {
 
     fn config_map(name: &str, color: &str) -> String {
         format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  color: {color}\n")
+    }
+
+    #[test]
+    fn the_remote_head_is_read_as_it_stands_without_fetching() {
+        let root = tempfile::tempdir().expect("root");
+        let cache = tempfile::tempdir().expect("cache");
+        let work = root.path().join("remote");
+        let first = commit(&work, &[("a/cm.yaml", Some(&config_map("a", "blue")))]);
+        let source = |url: String, branch: &str| GitSource::new(url, branch, "", Credentials::default(), cache.path());
+        // In place, and (a plain path is not read in place) listed as any remote's.
+        let local = source(format!("file://{}", work.display()), "main");
+        let listed = source(work.display().to_string(), "main");
+        let (mut kept, mut not_kept) = (HeadReader::default(), HeadReader::default());
+        assert_eq!(local.remote_head(&mut kept).expect("read in place"), first);
+        assert!(
+            kept.local.is_some(),
+            "the local repository stays open for the next look"
+        );
+        assert_eq!(listed.remote_head(&mut not_kept).expect("listed"), first);
+        assert!(not_kept.local.is_none());
+
+        let second = commit(&work, &[("a/cm.yaml", Some(&config_map("a", "green")))]);
+        assert_eq!(
+            local.remote_head(&mut kept).expect("read in place"),
+            second,
+            "read anew each look"
+        );
+        assert_eq!(listed.remote_head(&mut not_kept).expect("listed"), second);
+        assert!(!cache.path().join("repos").exists(), "nothing was fetched");
+
+        let error = source(format!("file://{}", work.display()), "release")
+            .remote_head(&mut HeadReader::default())
+            .expect_err("no such branch");
+        assert!(error.to_string().contains("release"), "{error}");
+        std::fs::rename(&work, root.path().join("gone")).expect("the remote goes away");
+        assert!(
+            local.remote_head(&mut kept).is_err(),
+            "a remote that went away is an error"
+        );
+        assert!(kept.local.is_none(), "and is opened again next time");
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod git;
 pub(crate) mod history;
 pub mod webhook;
 
-pub use git::{AppFiles, Credentials, GitSource, redact_url};
+pub use git::{AppFiles, Credentials, GitSource, HeadReader, redact_url};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

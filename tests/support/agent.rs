@@ -52,7 +52,12 @@ pub async fn install_rollout_crd_on(client: &Client) {
 pub struct AgentProcess {
     child: Child,
     pub log: std::path::PathBuf,
+    /// What its push webhooks are signed with (see `resync`).
+    webhook_secret: String,
 }
+
+/// The webhook secret of an agent started without one of its own.
+const WEBHOOK_SECRET: &str = "agent-test-webhook-secret";
 
 impl AgentProcess {
     pub fn start(repo: &GitRepo, namespace: &str, cache: &Path) -> AgentProcess {
@@ -96,12 +101,23 @@ impl AgentProcess {
             )
             .args(args)
             .env("GITCANARY_LOG", "gitcanary=debug")
+            .env("GITCANARY_WEBHOOK_SECRET", WEBHOOK_SECRET)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
             .expect("the agent starts");
-        AgentProcess { child, log }
+        let webhook_secret = env
+            .iter()
+            .rev()
+            .find(|(name, _)| *name == "GITCANARY_WEBHOOK_SECRET")
+            .map_or(WEBHOOK_SECRET, |(_, secret)| *secret)
+            .to_string();
+        AgentProcess {
+            child,
+            log,
+            webhook_secret,
+        }
     }
 
     /// SIGKILL: no chance to clean up, as when a node dies.
@@ -173,15 +189,47 @@ impl AgentProcess {
             .sum()
     }
 
-    /// Waits until the agent has finished `more` syncs after this call: the
-    /// evidence that it looked, before a test says that nothing changed.
-    pub async fn wait_for_syncs(&self, more: u64) {
-        let before = self.syncs().await;
+    /// Syncs finished, and polls that found the branch's head where the
+    /// agent was at rest (a sync then would be answered from memory, so
+    /// none is run): the times it looked.
+    pub async fn looks(&self) -> u64 {
+        self.syncs().await + self.counter("gitcanary_git_polls_at_rest_total").await
+    }
+
+    /// Waits until the agent has looked `more` times after this call (see
+    /// `looks`): the evidence that it looked, before a test says that
+    /// nothing changed.
+    pub async fn wait_for_looks(&self, more: u64) {
+        let before = self.looks().await;
         super::eventually(
-            &format!("{more} more syncs"),
+            &format!("{more} more looks"),
             std::time::Duration::from_secs(90),
-            || async { (self.syncs().await >= before + more).then_some(()) },
+            || async { (self.looks().await >= before + more).then_some(()) },
         )
+        .await;
+    }
+
+    /// `count` resyncs, one after the other (see `resync`): the evidence
+    /// that the agent looked, before a test says that nothing changed.
+    pub async fn resyncs(&self, count: u64) {
+        for _ in 0..count {
+            self.resync().await;
+        }
+    }
+
+    /// A resync, asked for as a push webhook of the branch asks (the head
+    /// read, every app synced, even at rest); waits until a sync after it
+    /// is finished.
+    pub async fn resync(&self) {
+        let before = self.syncs().await;
+        let push = br#"{"ref":"refs/heads/main"}"#;
+        let signature = gitcanary::source::webhook::sign(self.webhook_secret.as_bytes(), push);
+        let headers = [("X-GitHub-Event", "push"), ("X-Hub-Signature-256", signature.as_str())];
+        let answer = super::http(&self.address().await, "POST", "/webhook", &headers, push);
+        assert_eq!(answer.map(|(status, _)| status), Some(202), "the push webhook is taken");
+        super::eventually("a resync", std::time::Duration::from_secs(90), || async {
+            (self.syncs().await > before).then_some(())
+        })
         .await;
     }
 
