@@ -222,13 +222,9 @@ impl Agent {
                 let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
                 drop(timer);
                 settled = settle(settled.take(), &outcome, &revision, whole, changed);
-                // With GitHub on, every poll still syncs: its reports (a wave
-                // pull request to open again, say) are retried by the next sync.
-                let at_rest = github.is_none()
-                    && whole
-                    && outcome.as_ref().is_ok_and(|report| report.recalled)
-                    && revision.manifests.problems().next().is_none();
-                self.at_rest.set(at_rest.then(|| revision.commit.clone()));
+                let recalled = outcome.as_ref().is_ok_and(|report| report.recalled);
+                self.at_rest
+                    .set(poll::rests_on(github.is_some(), whole, recalled, &revision));
                 drop(revision);
                 match outcome {
                     Ok(report) => {

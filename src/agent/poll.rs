@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Agent, Trigger, Triggers};
-use crate::source::{HeadReader, Source};
+use crate::source::{HeadReader, Revision, Source};
 use crate::telemetry::Metrics;
 
 /// The branch head the agent is at rest on, if it is: GitHub is off and
@@ -25,6 +25,15 @@ impl AtRest {
     fn head(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+}
+
+/// The head a sync leaves the agent at rest on, if any: a whole sync
+/// answered from memory, of a revision with no problems (a poll reads those
+/// again), with GitHub off (its reports, a wave pull request not yet opened
+/// say, are tried again by the next sync).
+pub(super) fn rests_on(github_on: bool, whole: bool, recalled: bool, revision: &Revision) -> Option<String> {
+    let at_rest = !github_on && whole && recalled && revision.manifests.problems().next().is_none();
+    at_rest.then(|| revision.commit.clone())
 }
 
 /// Whether a poll must wake the loop: unless the agent is at rest on
@@ -76,8 +85,49 @@ fn poll(triggers: &Triggers, interval: Duration, source: &Source, at_rest: &AtRe
 
 #[cfg(test)]
 mod tests {
-    use super::must_wake;
+    use super::{must_wake, rests_on};
     use crate::Error;
+    use crate::source::Revision;
+
+    #[test]
+    fn only_a_whole_sync_from_memory_of_a_clean_revision_with_github_off_is_at_rest() {
+        let clean = Revision::new("a1".into(), Default::default());
+        assert_eq!(rests_on(false, true, true, &clean).as_deref(), Some("a1"));
+        assert_eq!(
+            rests_on(true, true, true, &clean),
+            None,
+            "GitHub's retries ride on syncs"
+        );
+        assert_eq!(
+            rests_on(false, false, true, &clean),
+            None,
+            "a scoped sync looked at some apps only"
+        );
+        assert_eq!(
+            rests_on(false, true, false, &clean),
+            None,
+            "a sync that planned may plan again"
+        );
+        let mut manifests = crate::manifest::ManifestSet::default();
+        manifests.apps.insert(
+            "web".into(),
+            crate::manifest::App {
+                name: "web".into(),
+                problems: vec![crate::manifest::Problem {
+                    file: "web/Chart.yaml".into(),
+                    line: 1,
+                    message: "helm is not installed".into(),
+                }],
+                ..Default::default()
+            },
+        );
+        let with_problems = Revision::new("a1".into(), manifests);
+        assert_eq!(
+            rests_on(false, true, true, &with_problems),
+            None,
+            "problems are read again"
+        );
+    }
 
     #[test]
     fn a_poll_wakes_the_loop_unless_the_head_is_still_the_one_at_rest() {
