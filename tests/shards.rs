@@ -218,8 +218,8 @@ async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it
     .await;
     // The shards are shared out again, and the app keeps Git's newest version.
     balanced(&[&a, &c]).await;
-    a.wait_for_looks(1).await;
-    c.wait_for_looks(1).await;
+    a.resyncs(1).await;
+    c.resyncs(1).await;
     assert_eq!(version(&scenario, &of_a).await.as_deref(), Some("2"));
     let log = a.log_text();
     let woke = log.find("was not renewed in time").expect("the wake");

@@ -219,12 +219,14 @@ impl Agent {
                 debug!(?reasons, apps = ?scope, commit = %revision.commit, "sync triggered");
                 let sync_started = tokio::time::Instant::now();
                 let timer = self.metrics.sync_duration.start_timer();
+                // Read before the sync, as its own inputs are: a change meanwhile is not slept through.
+                let caches = poll::caches_seen(&self.cluster);
                 let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
                 drop(timer);
                 settled = settle(settled.take(), &outcome, &revision, whole, changed);
                 let recalled = outcome.as_ref().is_ok_and(|report| report.recalled);
                 self.at_rest
-                    .set(poll::rests_on(github.is_some(), whole, recalled, &revision));
+                    .set(poll::rests_on(github.is_some(), whole, recalled, &revision, caches));
                 drop(revision);
                 match outcome {
                     Ok(report) => {

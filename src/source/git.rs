@@ -381,7 +381,13 @@ impl GitSource {
     /// remote's refs are listed.
     pub fn remote_head(&self, reader: &mut HeadReader) -> Result<String> {
         let branch = format!("refs/heads/{}", self.branch);
-        if let Some(path) = self.url.strip_prefix("file://") {
+        // Only a plain absolute path: `file://host/…` and `%`-escapes are the
+        // transport's to read, never a different repository's.
+        let local = self
+            .url
+            .strip_prefix("file://")
+            .filter(|path| path.starts_with('/') && !path.contains('%'));
+        if let Some(path) = local {
             if reader.local.is_none() {
                 reader.local = Repository::open(path).ok();
             }
@@ -671,6 +677,10 @@ mod tests {
         );
         assert_eq!(listed.remote_head(&mut not_kept).expect("listed"), second);
         assert!(!cache.path().join("repos").exists(), "nothing was fetched");
+
+        let mut hosted = HeadReader::default();
+        let _ = source(format!("file://localhost{}", work.display()), "main").remote_head(&mut hosted);
+        assert!(hosted.local.is_none(), "a URL with a host is the transport's to read");
 
         let error = source(format!("file://{}", work.display()), "release")
             .remote_head(&mut HeadReader::default())

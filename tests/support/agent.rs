@@ -189,26 +189,6 @@ impl AgentProcess {
             .sum()
     }
 
-    /// Syncs finished, and polls that found the branch's head where the
-    /// agent was at rest (a sync then would be answered from memory, so
-    /// none is run): the times it looked.
-    pub async fn looks(&self) -> u64 {
-        self.syncs().await + self.counter("gitcanary_git_polls_at_rest_total").await
-    }
-
-    /// Waits until the agent has looked `more` times after this call (see
-    /// `looks`): the evidence that it looked, before a test says that
-    /// nothing changed.
-    pub async fn wait_for_looks(&self, more: u64) {
-        let before = self.looks().await;
-        super::eventually(
-            &format!("{more} more looks"),
-            std::time::Duration::from_secs(90),
-            || async { (self.looks().await >= before + more).then_some(()) },
-        )
-        .await;
-    }
-
     /// `count` resyncs, one after the other (see `resync`): the evidence
     /// that the agent looked, before a test says that nothing changed.
     pub async fn resyncs(&self, count: u64) {
