@@ -139,9 +139,11 @@ fn main() {
     let cpu_before = cpu();
     // Read between the scrapes, so as to count almost none of theirs.
     let threads_before = woken(agent.child.id());
+    let faults_before = page_faults(agent.child.id());
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(180));
     let wake_ups = wake_ups_between(&threads_before, &woken(agent.child.id()));
+    let faults = page_faults(agent.child.id()).zip(faults_before);
     let cpu_quiet_total = cpu() - cpu_before - scrape_cpu;
     let minutes_quiet = started.elapsed().as_secs_f64() / 60.0;
     let (requests_quiet, syncs_quiet) = ((requests() - requests_before) / minutes_quiet, syncs() - syncs_before);
@@ -192,6 +194,17 @@ fn main() {
     println!("| … watches started again per minute | {watches_quiet:.1} |");
     println!("| … the agent's threads woken per minute | {woken_quiet:.1} |");
     println!(
+        "| … page faults in the quiet minutes, minor / major (the kernel's work, billed to the agent) | {} |",
+        faults.map_or(
+            "not read".to_string(),
+            |((minor, major), (minor_before, major_before))| format!(
+                "{} / {}",
+                minor - minor_before,
+                major - major_before
+            )
+        )
+    );
+    println!(
         "| a canary scaled by hand → put back | {} |",
         millis(healed - drift_started)
     );
@@ -221,6 +234,17 @@ fn woken(pid: u32) -> std::collections::BTreeMap<String, u64> {
             Some((task.file_name().to_string_lossy().into_owned(), count))
         })
         .collect()
+}
+
+/// Process `pid`'s page faults so far, minor and major (`/proc/<pid>/stat`
+/// fields 10 and 12): a page the kernel took back while the agent slept (a
+/// host that reclaims cold memory pages code out) is faulted in again on
+/// its next wake-up, and that work counts as the agent's CPU.
+fn page_faults(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: field 3 onwards.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(7)?.parse().ok()?, fields.get(9)?.parse().ok()?))
 }
 
 /// The wake-ups between two readings of `woken`: a thread that ended
