@@ -147,8 +147,9 @@ pub struct Agent {
     pub(crate) memo: SyncMemo,
     /// With `--shards`: the shards this replica holds; it syncs only their apps.
     pub shards: Option<Arc<crate::shards::Shards>>,
-    /// The head the agent is at rest on (GitHub off): its poll then reads
-    /// the branch's head itself and wakes the loop only if it moved.
+    /// Where the agent is at rest (GitHub off): its poll then reads the
+    /// branch's head itself and wakes the loop only if it or a watch cache
+    /// moved.
     pub at_rest: Arc<AtRest>,
 }
 

@@ -376,9 +376,9 @@ impl GitSource {
     }
 
     /// The branch's head on the remote as it stands now, read without
-    /// fetching or writing anything: a local repository's branch is read in
-    /// place (the repository kept open in `reader` between looks), any other
-    /// remote's refs are listed.
+    /// fetching or writing anything: a `file://` repository at a plain
+    /// absolute path is read in place (kept open in `reader` between looks),
+    /// any other remote's refs are listed.
     pub fn remote_head(&self, reader: &mut HeadReader) -> Result<String> {
         let branch = format!("refs/heads/{}", self.branch);
         // Only a plain absolute path: `file://host/…` and `%`-escapes are the
