@@ -290,8 +290,43 @@ where
     }
 }
 
+/// Whether a watch asks the API server for bookmarks.
+///
+/// A bookmark only moves a watch's resourceVersion on, so that the restart
+/// every 290 s (kube's watch timeout) finds it still in the server's window;
+/// the server sends one to each watch about once a minute, each a wake-up of
+/// the agent at rest. Without them a watch starts again from its last
+/// event's (or list's) version, which the server still holds unless its kind
+/// had more events since than its watch cache keeps. So a watch asks for
+/// none until its version fell out (410 Gone: a list, and a sync, more) or
+/// its stream broke (a reset: a load balancer may drop a connection idle for
+/// less than the API server's own TCP keepalive, 3 minutes, where bookmarks
+/// are traffic), and for them from then on.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Bookmarks(bool);
+
+impl Bookmarks {
+    fn config(self, config: &watcher::Config) -> watcher::Config {
+        let mut config = config.clone();
+        config.bookmarks = self.0;
+        config
+    }
+
+    fn after(self, error: &watcher::Error) -> Bookmarks {
+        const GONE: u16 = 410;
+        let wanted = match error {
+            watcher::Error::WatchError(status) => status.code == GONE,
+            watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == GONE,
+            watcher::Error::WatchFailed(_) => true,
+            _ => false,
+        };
+        Bookmarks(self.0 || wanted)
+    }
+}
+
 /// Runs a watch of `api` (of `what`) in `scope` that hands each event to
-/// `take` (`None` when the watch broke), and lists again after a break.
+/// `take` (`None` when the watch broke), and lists again after a break. It
+/// starts without bookmarks (see `Bookmarks`).
 fn keep<K>(
     what: impl std::fmt::Debug + Send + 'static,
     api: Api<K>,
@@ -303,13 +338,15 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     tokio::spawn(async move {
+        let mut bookmarks = Bookmarks::default();
         loop {
-            let mut events = std::pin::pin!(watcher(api.clone(), config.clone()));
+            let mut events = std::pin::pin!(watcher(api.clone(), bookmarks.config(&config)));
             while let Some(event) = events.next().await {
                 match event {
                     Ok(event) => take(&scope, Some(event)),
                     Err(error) => {
-                        debug!(%error, ?what, ?scope, "watch interrupted; it lists again");
+                        bookmarks = bookmarks.after(&error);
+                        debug!(%error, ?what, ?scope, ?bookmarks, "watch interrupted; it lists again");
                         break;
                     }
                 }
@@ -375,6 +412,28 @@ mod tests {
         );
         // The last Rollout gone: nothing is watched (and what was kept is dropped).
         assert!(watches(&Released::new(), &[None]).is_empty());
+    }
+
+    #[test]
+    fn a_watch_asks_for_bookmarks_only_once_its_version_expired_or_its_stream_broke() {
+        use kube::core::Status;
+        use watcher::Error::{InitialListFailed, NoResourceVersion, WatchError, WatchFailed, WatchStartFailed};
+        let status = |code| Box::new(Status::failure("watch ended", "").with_code(code));
+        let first = Bookmarks::default();
+        assert!(!first.config(&watcher::Config::default()).bookmarks);
+        let asks = |error: watcher::Error| first.after(&error).config(&watcher::Config::default()).bookmarks;
+        // Its version fell out of the server's window (in the stream, or as the answer to its start).
+        assert!(asks(WatchError(status(410))));
+        assert!(asks(WatchStartFailed(kube::Error::Api(status(410)))));
+        // Its connection broke or went silent.
+        assert!(asks(WatchFailed(kube::Error::Api(status(410)))));
+        assert!(asks(WatchFailed(kube::Error::LinesCodecMaxLineLengthExceeded)));
+        // Anything else leaves it as it was.
+        assert!(!asks(WatchError(status(500))));
+        assert!(!asks(WatchStartFailed(kube::Error::Api(status(403)))));
+        assert!(!asks(InitialListFailed(kube::Error::Api(status(410)))));
+        assert!(!asks(NoResourceVersion));
+        assert_eq!(Bookmarks(true).after(&NoResourceVersion), Bookmarks(true));
     }
 
     #[test]
