@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// kube's watch timeout: each of the agent's watches ends and starts again
+/// once in a window this long.
+const QUIET: Duration = Duration::from_secs(290);
+
 fn main() {
     let count: usize = std::env::var("GITCANARY_BENCH_ROLLOUTS")
         .ok()
@@ -129,7 +133,8 @@ fn main() {
         metric("gitcanary_apps_recalled_total") - recalled_before,
     );
 
-    // Nothing at all for three minutes: the agent's own polls (every 60 s) only.
+    // Nothing at all for one watch timeout (290 s), so that every watch
+    // restarts once inside: the agent's own polls (every 60 s) only.
     wait_quiet();
     let watches = || metric("gitcanary_kube_reads_total{kind=\"watch\"}");
     // A poll that finds the head where the agent is at rest neither fetches nor syncs.
@@ -141,7 +146,7 @@ fn main() {
     let threads_before = woken(agent.child.id());
     let faults_before = page_faults(agent.child.id());
     let started = Instant::now();
-    std::thread::sleep(Duration::from_secs(180));
+    std::thread::sleep(QUIET);
     let wake_ups = wake_ups_between(&threads_before, &woken(agent.child.id()));
     let faults = page_faults(agent.child.id()).zip(faults_before);
     let cpu_quiet_total = cpu() - cpu_before - scrape_cpu;
