@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::*;
 
 /// kube's watch timeout: each of the agent's watches ends and starts again
-/// once in a window this long.
+/// about once in a window this long (a cycle is 290 s and the restart).
 const QUIET: Duration = Duration::from_secs(290);
 
 fn main() {
@@ -134,7 +134,7 @@ fn main() {
     );
 
     // Nothing at all for one watch timeout (290 s), so that every watch
-    // restarts once inside: the agent's own polls (every 60 s) only.
+    // restarts about once inside: the agent's own polls (every 60 s) only.
     wait_quiet();
     let watches = || metric("gitcanary_kube_reads_total{kind=\"watch\"}");
     // A poll that finds the head where the agent is at rest neither fetches nor syncs.
