@@ -48,6 +48,8 @@ pub(super) struct DriftWatch {
     statuses: Option<JoinHandle<()>>,
     /// What Rollouts read besides their own objects, by scope.
     kept: HashMap<(Read, Option<String>), JoinHandle<()>>,
+    /// What each new watch starts with.
+    bookmarks: Bookmarks,
 }
 
 /// What a Rollout's release step reads of objects the agent does not manage.
@@ -114,6 +116,13 @@ fn kept_watches(released: &Released, scopes: &[Option<&str>]) -> BTreeSet<(Read,
 const WATCH_RESTART: Duration = Duration::from_secs(1);
 
 impl DriftWatch {
+    /// With `always_bookmarks`, every watch asks for bookmarks from the start.
+    pub(super) fn new(always_bookmarks: bool) -> DriftWatch {
+        let mut watch = DriftWatch::default();
+        watch.bookmarks = Bookmarks::at_start(always_bookmarks);
+        watch
+    }
+
     pub(super) async fn follow(
         &mut self,
         cluster: &Arc<Cluster>,
@@ -132,7 +141,14 @@ impl DriftWatch {
                 if self.watches.get(&id).is_some_and(|w| !w.is_finished()) {
                     continue;
                 }
-                let handle = Self::watch(cluster, &resolved, id.2.as_deref(), &selector, Some(triggers.clone()));
+                let handle = Self::watch(
+                    cluster,
+                    &resolved,
+                    id.2.as_deref(),
+                    &selector,
+                    Some(triggers.clone()),
+                    self.bookmarks,
+                );
                 self.watches.insert(id, handle);
             }
         }
@@ -146,6 +162,7 @@ impl DriftWatch {
                 Some(&options.state_namespace),
                 &selector,
                 None,
+                self.bookmarks,
             ));
         }
         let wanted = kept_watches(&report.released, &options.scopes(true));
@@ -162,7 +179,7 @@ impl DriftWatch {
             if self.kept.get(&(read, scope.clone())).is_some_and(|w| !w.is_finished()) {
                 continue;
             }
-            if let Some(handle) = Self::watch_read(cluster, read, scope.clone()).await {
+            if let Some(handle) = Self::watch_read(cluster, read, scope.clone(), self.bookmarks).await {
                 self.kept.insert((read, scope), handle);
             }
         }
@@ -172,7 +189,12 @@ impl DriftWatch {
     /// release steps. Its changes wake nothing: the workload's own watch
     /// does, and what the watch holds is used only where it can stand for a
     /// list (see its readers).
-    async fn watch_read(cluster: &Arc<Cluster>, read: Read, scope: Option<String>) -> Option<JoinHandle<()>> {
+    async fn watch_read(
+        cluster: &Arc<Cluster>,
+        read: Read,
+        scope: Option<String>,
+        bookmarks: Bookmarks,
+    ) -> Option<JoinHandle<()>> {
         use crate::cluster::pods::{PodHeld, selector};
         use crate::cluster::replica_sets::Held;
         use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -184,14 +206,19 @@ impl DriftWatch {
             Read::ReplicaSets => {
                 // Metadata only: a ReplicaSet's spec and status are never read.
                 let api: Api<PartialObjectMeta<ReplicaSet>> = scoped(client, &scope);
-                keep(read, api, watcher::Config::default(), scope, move |scope, event| {
-                    cluster.replica_sets.take(scope, event, |set| Held::of(&set.metadata))
-                })
+                keep(
+                    read,
+                    api,
+                    watcher::Config::default(),
+                    scope,
+                    bookmarks,
+                    move |scope, event| cluster.replica_sets.take(scope, event, |set| Held::of(&set.metadata)),
+                )
             }
             Read::Pods(kind) => {
                 let api: Api<Pod> = scoped(client, &scope);
                 let config = watcher::Config::default().labels(selector(kind));
-                keep(read, api, config, scope, move |scope, event| {
+                keep(read, api, config, scope, bookmarks, move |scope, event| {
                     cluster
                         .revision_pods
                         .of(kind)
@@ -202,7 +229,7 @@ impl DriftWatch {
                 let resolved = cluster.resolve(knative::API_VERSION, "Revision").await?;
                 let api = cluster.api(&resolved, scope.as_deref());
                 let config = watcher::Config::default().labels(knative::SERVICE_LABEL);
-                keep(read, api, config, scope, move |scope, event| {
+                keep(read, api, config, scope, bookmarks, move |scope, event| {
                     cluster.knative_revisions.take(scope, event, |revision| {
                         let mut value = serde_json::to_value(revision).unwrap_or_default();
                         if let Some(meta) = value["metadata"].as_object_mut() {
@@ -225,6 +252,7 @@ impl DriftWatch {
         namespace: Option<&str>,
         selector: &str,
         triggers: Option<Triggers>,
+        bookmarks: Bookmarks,
     ) -> JoinHandle<()> {
         let api = cluster.api(resolved, namespace);
         let config = watcher::Config::default().labels(selector);
@@ -249,6 +277,7 @@ impl DriftWatch {
             api,
             config,
             namespace.map(str::to_string),
+            bookmarks,
             move |_, event| match event {
                 Some(watcher::Event::Init) => cache.list_started(),
                 Some(watcher::Event::InitApply(object)) => cache.listed(&resource, object),
@@ -303,11 +332,18 @@ where
 /// closes connections idle for less than the API server's own TCP
 /// keepalive, 3 minutes, where bookmarks are traffic), and for them from
 /// then on. A path that drops such connections without a word is not seen:
-/// kube's idle timer (295 s) resumes the watch, which stalls meanwhile.
+/// kube's idle timer (295 s) resumes the watch, which stalls meanwhile;
+/// there `--watch-bookmarks` asks for them from the start.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Bookmarks(bool);
 
 impl Bookmarks {
+    /// What a watch starts with: none, unless asked for from the start
+    /// (`--watch-bookmarks`, for a path that drops idle connections silently).
+    fn at_start(always: bool) -> Bookmarks {
+        Bookmarks(always)
+    }
+
     fn config(self, config: &watcher::Config) -> watcher::Config {
         let mut config = config.clone();
         config.bookmarks = self.0;
@@ -328,19 +364,19 @@ impl Bookmarks {
 
 /// Runs a watch of `api` (of `what`) in `scope` that hands each event to
 /// `take` (`None` when the watch broke), and lists again after a break. It
-/// starts without bookmarks (see `Bookmarks`).
+/// starts with `bookmarks` (see `Bookmarks`).
 fn keep<K>(
     what: impl std::fmt::Debug + Send + 'static,
     api: Api<K>,
     config: watcher::Config,
     scope: Option<String>,
+    mut bookmarks: Bookmarks,
     mut take: impl FnMut(&Option<String>, Option<watcher::Event<K>>) + Send + 'static,
 ) -> JoinHandle<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut bookmarks = Bookmarks::default();
         loop {
             let mut events = std::pin::pin!(watcher(api.clone(), bookmarks.config(&config)));
             while let Some(event) = events.next().await {
@@ -421,8 +457,14 @@ mod tests {
         use kube::core::Status;
         use watcher::Error::{InitialListFailed, NoResourceVersion, WatchError, WatchFailed, WatchStartFailed};
         let status = |code| Box::new(Status::failure("watch ended", "").with_code(code));
-        let first = Bookmarks::default();
+        let first = Bookmarks::at_start(false);
         assert!(!first.config(&watcher::Config::default()).bookmarks);
+        // `--watch-bookmarks`: from the start, whatever comes.
+        assert!(Bookmarks::at_start(true).config(&watcher::Config::default()).bookmarks);
+        assert_eq!(
+            Bookmarks::at_start(true).after(&NoResourceVersion),
+            Bookmarks::at_start(true)
+        );
         let asks = |error: watcher::Error| first.after(&error).config(&watcher::Config::default()).bookmarks;
         // Its version fell out of the server's window (in the stream, or as the answer to its start).
         assert!(asks(WatchError(status(410))));

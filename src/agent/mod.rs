@@ -129,6 +129,8 @@ pub struct Agent {
     pub source: Arc<Source>,
     pub options: SyncOptions,
     pub poll_interval: Duration,
+    /// Every watch asks for bookmarks from the start (`--watch-bookmarks`).
+    pub watch_bookmarks: bool,
     /// How often a release paused with GitHub on is looked at again.
     pub command_poll: CommandPoll,
     pub ready: Arc<AtomicBool>,
@@ -166,7 +168,7 @@ impl Agent {
             .source
             .local_dir()
             .and_then(|dir| watch_files(dir, triggers.clone()));
-        let mut drift = DriftWatch::default();
+        let mut drift = DriftWatch::new(self.watch_bookmarks);
         let github = self.github.clone().map(|github| {
             GitHubTask::spawn(
                 github,

@@ -216,6 +216,13 @@ pub struct SyncArgs {
     /// Seconds between polls of the branch.
     #[arg(long, default_value_t = 60)]
     pub poll_interval: u64,
+    /// Every watch asks the API server for bookmarks from the start. By
+    /// default a watch asks for none (each is a wake-up a minute at rest)
+    /// until its resourceVersion expires or its stream breaks; this is for a
+    /// path to the API server that drops connections idle for less than
+    /// 3 minutes without a word.
+    #[arg(long)]
+    pub watch_bookmarks: bool,
     /// Author of gitcanary's own commits (promote status, reverts).
     #[arg(long, default_value = "gitcanary <gitcanary@localhost>")]
     pub git_author: String,

@@ -210,6 +210,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         source: source.clone(),
         options,
         poll_interval: Duration::from_secs(args.poll_interval.max(1)),
+        watch_bookmarks: args.watch_bookmarks,
         command_poll: crate::agent::CommandPoll::new(
             Duration::from_secs(args.github.github_poll.max(1)),
             Duration::from_secs(args.github.github_poll_max.max(args.github.github_poll).max(1)),
