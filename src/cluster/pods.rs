@@ -75,18 +75,6 @@ impl RevisionPods {
     }
 }
 
-/// How many pods of a StatefulSet's update revision are Ready, from its own
-/// status, where it can say: the controller has seen its latest spec and
-/// every pod it counts is Ready, so every updated one is (`updatedReplicas`).
-/// `None`: the pods are listed (a pod's readiness in a watch may be a moment
-/// old, and two such moments can cancel out in any count the status has).
-pub fn stateful_set_canary_ready(live: &serde_json::Value) -> Option<i32> {
-    let field = |name: &str| live["status"][name].as_i64().unwrap_or(0);
-    let caught_up = field("observedGeneration") >= live["metadata"]["generation"].as_i64().unwrap_or(0);
-    let all_ready = field("readyReplicas") == field("replicas");
-    (caught_up && all_ready).then(|| field("updatedReplicas") as i32)
-}
-
 /// The canary pods (of revision `canary`) to label with their batch, with
 /// the version seen, from what the watch holds; `None` when it holds fewer
 /// than the `expected` canary pods (some may not have reached it yet): the
@@ -120,24 +108,6 @@ mod tests {
                 (name.to_string(), held)
             })
             .collect()
-    }
-
-    #[test]
-    fn ready_canary_pods_are_counted_from_the_stateful_set_only_when_every_pod_is_ready() {
-        let set = |generation: i64, observed: i64, replicas: i64, ready: i64, updated: i64| {
-            serde_json::json!({
-                "metadata": {"generation": generation},
-                "status": {"observedGeneration": observed, "replicas": replicas, "readyReplicas": ready, "updatedReplicas": updated},
-            })
-        };
-        assert_eq!(stateful_set_canary_ready(&set(2, 2, 3, 3, 1)), Some(1));
-        assert_eq!(stateful_set_canary_ready(&set(2, 2, 3, 3, 3)), Some(3));
-        // A pod not Ready: which one is not known from the counts.
-        assert_eq!(stateful_set_canary_ready(&set(2, 2, 3, 2, 1)), None);
-        // The controller has not seen the latest spec yet.
-        assert_eq!(stateful_set_canary_ready(&set(3, 2, 3, 3, 1)), None);
-        // No pod at all: none ready.
-        assert_eq!(stateful_set_canary_ready(&serde_json::json!({"status": {}})), Some(0));
     }
 
     #[test]

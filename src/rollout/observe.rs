@@ -575,10 +575,6 @@ async fn observe_canary_objects(
     Ok(live)
 }
 
-fn int(value: &Value) -> i64 {
-    value.as_i64().unwrap_or(0)
-}
-
 /// The live workload runs Git's template, every wanted pod of it ready and none other left.
 fn rolled_out(workload: &Value, kind: &str, git_template: &Value) -> bool {
     is_stored_as(git_template, &workload["spec"]["template"])
@@ -628,14 +624,15 @@ pub(super) async fn observe_statefulset(
     let update = status["updateRevision"].as_str().unwrap_or_default().to_string();
     observed.stable_rolled_out = rolled_out(live, "StatefulSet", git_template) && current == update;
     // Once the controller has seen Git's template, its update revision is the canary.
-    let seen_latest = int(&status["observedGeneration"]) >= int(&live["metadata"]["generation"]);
+    let progress = WorkloadProgress::of_kind(live, "StatefulSet");
+    let seen_latest = progress.is_some_and(|p| p.seen_latest());
     let canary_revision = if seen_latest && is_stored_as(git_template, &live["spec"]["template"]) {
         update.clone()
     } else {
         String::new()
     };
     if !canary_revision.is_empty() {
-        observed.canary_ready = match crate::cluster::pods::stateful_set_canary_ready(live) {
+        observed.canary_ready = match progress.and_then(|p| p.ready_of_latest_when_all_ready()) {
             Some(ready) => ready,
             None => {
                 let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), namespace);

@@ -69,6 +69,20 @@ impl WorkloadProgress {
         self.seen_latest && self.updated == self.want && self.ready == self.want && self.replicas == self.want
     }
 
+    /// Whether the controller has seen the latest spec (observedGeneration).
+    pub fn seen_latest(&self) -> bool {
+        self.seen_latest
+    }
+
+    /// Ready pods of the latest spec where the status alone can say: the
+    /// controller has seen it and every pod it counts is ready, so every
+    /// updated one is. `None`: the pods must be looked at (a pod's readiness
+    /// in a watch may be a moment old, and two such moments can cancel out
+    /// in any count the status has).
+    pub fn ready_of_latest_when_all_ready(&self) -> Option<i32> {
+        (self.seen_latest && self.ready == self.replicas).then_some(self.updated as i32)
+    }
+
     /// Ready pods of the latest spec; none until the controller has seen it.
     pub fn ready_of_latest(&self) -> i32 {
         if !self.seen_latest {
@@ -86,6 +100,34 @@ mod tests {
         json!({"kind": "Deployment", "metadata": {"generation": generation}, "spec": {"replicas": want},
             "status": {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated,
                        "availableReplicas": available, "readyReplicas": 0}})
+    }
+
+    #[test]
+    fn ready_canary_pods_are_counted_from_the_stateful_set_only_when_every_pod_is_ready() {
+        let set = |generation: i64, observed: i64, replicas: i64, ready: i64, updated: i64| {
+            json!({
+                "metadata": {"generation": generation},
+                "status": {"observedGeneration": observed, "replicas": replicas, "readyReplicas": ready, "updatedReplicas": updated},
+            })
+        };
+        let ready = |set: Value| {
+            WorkloadProgress::of_kind(&set, "StatefulSet")
+                .expect("a StatefulSet")
+                .ready_of_latest_when_all_ready()
+        };
+        assert_eq!(ready(set(2, 2, 3, 3, 1)), Some(1));
+        assert_eq!(ready(set(2, 2, 3, 3, 3)), Some(3));
+        // A pod not Ready: which one is not known from the counts.
+        assert_eq!(ready(set(2, 2, 3, 2, 1)), None);
+        // The controller has not seen the latest spec yet.
+        assert_eq!(ready(set(3, 2, 3, 3, 1)), None);
+        assert!(
+            !WorkloadProgress::of_kind(&set(3, 2, 3, 3, 1), "StatefulSet")
+                .expect("a StatefulSet")
+                .seen_latest()
+        );
+        // No pod at all: none ready.
+        assert_eq!(ready(json!({"status": {}})), Some(0));
     }
 
     #[test]
