@@ -116,10 +116,12 @@ fn kept_watches(released: &Released, scopes: &[Option<&str>]) -> BTreeSet<(Read,
 const WATCH_RESTART: Duration = Duration::from_secs(1);
 
 impl DriftWatch {
-    /// With `always_bookmarks`, every watch asks for bookmarks from the start.
+    /// With `always_bookmarks` (`--watch-bookmarks`, for a path that drops
+    /// idle connections silently), every watch asks for bookmarks from the
+    /// start; otherwise none does until it needs them.
     pub(super) fn new(always_bookmarks: bool) -> DriftWatch {
         let mut watch = DriftWatch::default();
-        watch.bookmarks = Bookmarks::at_start(always_bookmarks);
+        watch.bookmarks = Bookmarks(always_bookmarks);
         watch
     }
 
@@ -338,12 +340,6 @@ where
 struct Bookmarks(bool);
 
 impl Bookmarks {
-    /// What a watch starts with: none, unless asked for from the start
-    /// (`--watch-bookmarks`, for a path that drops idle connections silently).
-    fn at_start(always: bool) -> Bookmarks {
-        Bookmarks(always)
-    }
-
     fn config(self, config: &watcher::Config) -> watcher::Config {
         let mut config = config.clone();
         config.bookmarks = self.0;
@@ -457,14 +453,10 @@ mod tests {
         use kube::core::Status;
         use watcher::Error::{InitialListFailed, NoResourceVersion, WatchError, WatchFailed, WatchStartFailed};
         let status = |code| Box::new(Status::failure("watch ended", "").with_code(code));
-        let first = Bookmarks::at_start(false);
+        let first = Bookmarks::default();
         assert!(!first.config(&watcher::Config::default()).bookmarks);
         // `--watch-bookmarks`: from the start, whatever comes.
-        assert!(Bookmarks::at_start(true).config(&watcher::Config::default()).bookmarks);
-        assert_eq!(
-            Bookmarks::at_start(true).after(&NoResourceVersion),
-            Bookmarks::at_start(true)
-        );
+        assert!(Bookmarks(true).config(&watcher::Config::default()).bookmarks);
         let asks = |error: watcher::Error| first.after(&error).config(&watcher::Config::default()).bookmarks;
         // Its version fell out of the server's window (in the stream, or as the answer to its start).
         assert!(asks(WatchError(status(410))));
