@@ -459,6 +459,9 @@ async fn sync_one(
     let (mut report, inventory) = match reconcile_app(&writer, app, commit, observed, previous, options).await {
         Ok(Executed::Synced(report, inventory)) => (*report, inventory),
         Ok(Executed::Refused(result, problems)) => (report_of(app, result, problems), previous_inventory),
+        // Only before the first write (observe, plan, the check): once
+        // writing, the executor reports failures as problems, with the
+        // inventory of what it wrote.
         Err(error) => (
             report_of(app, AppResult::Failed, vec![app_problem(app, error.to_string())]),
             previous_inventory,

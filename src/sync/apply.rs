@@ -7,6 +7,9 @@
 use super::*;
 
 /// Applies a plan the API server has checked (see `execute::apply`).
+/// Infallible once the first write is made: every failure from here on is
+/// a problem in the report, and the inventory returned records what was
+/// written, so that an object this sync created is never lost to prune.
 pub(super) async fn apply_checked(
     writer: &Writer<'_>,
     app: &App,
@@ -14,7 +17,7 @@ pub(super) async fn apply_checked(
     live: &LiveObjects,
     adoption: &Adoption<'_>,
     options: &SyncOptions,
-) -> Result<Executed> {
+) -> Executed {
     let Prepared { mut plan, rollouts, .. } = prepared;
     let previous = adoption.previous;
     let mut failures = Vec::new();
@@ -24,11 +27,11 @@ pub(super) async fn apply_checked(
     // Canary routes no longer wanted go before anything else is written: an
     // abort's traffic is back on stable as soon as it can be.
     delete_canary_objects(writer, app, &rollouts, true, &mut report, &mut failures).await;
-    let applied = apply_objects(writer, &mut plan, live, adoption, options, &mut failures).await?;
+    let applied = apply_objects(writer, &mut plan, live, adoption, options, &mut failures).await;
     if plan.fresh && !failures.is_empty() {
         take_back(writer, &plan.objects, &applied.results, adoption.started).await;
         failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        return Ok(Executed::Refused(AppResult::Invalid, failures));
+        return Executed::Refused(AppResult::Invalid, failures);
     }
     report.unchanged = plan.objects.len() - applied.written.len();
     for &index in &applied.written {
@@ -57,7 +60,7 @@ pub(super) async fn apply_checked(
         report.problems = failures;
         report.result = AppResult::Failed;
     }
-    Ok(Executed::Synced(Box::new(report), inventory))
+    Executed::Synced(Box::new(report), inventory)
 }
 
 /// The canary objects that differ from the cluster; returns those written.
@@ -105,7 +108,7 @@ async fn apply_objects(
     adoption: &Adoption<'_>,
     options: &SyncOptions,
     failures: &mut Vec<Problem>,
-) -> Result<Applied> {
+) -> Applied {
     let cluster = writer.cluster();
     let mut applied = Applied {
         results: vec![Value::Null; plan.objects.len()],
@@ -171,7 +174,7 @@ async fn apply_objects(
     failures.extend(apply_writes(writer, &plan.objects, &rest, live, adoption, &mut applied, options).await);
     applied.written = first;
     applied.written.append(&mut rest);
-    Ok(applied)
+    applied
 }
 
 /// After everything else is written: each rollout's batch labels, status

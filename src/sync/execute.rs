@@ -39,7 +39,7 @@ pub(super) async fn apply(
         Err(problems) => Ok(Executed::Refused(AppResult::Invalid, problems)),
         Ok(answers) => {
             prepared.plan.settle(&answers, live);
-            apply_checked(writer, app, prepared, live, &adoption, options).await
+            Ok(apply_checked(writer, app, prepared, live, &adoption, options).await)
         }
     }
 }
