@@ -29,6 +29,9 @@ IO_PATHS = (
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 # Each crate's source root, and whether every module of it is pure.
 CRATES = [(os.path.join(REPO, "src"), False), (os.path.join(REPO, "crates", "core", "src"), True)]
+# The core's shared types import no stage (planning, sync, rollout, ...):
+# only what a manifest is.
+MODEL, MODEL_MAY_IMPORT = "model", {"model", "manifest"}
 
 
 def module_of(path, src):
@@ -197,6 +200,7 @@ def breaches_of(src, pure):
         yield f"import cycle in {os.path.relpath(src, REPO)}: " + " <-> ".join("/".join(m) or "src" for m in component)
     if pure:
         yield from impure(files)
+        yield from model_breaches(files, modules, src)
     for path, code in sorted(files.items()):
         shown = os.path.relpath(path, REPO)
         count = code.count("\n")
@@ -204,6 +208,16 @@ def breaches_of(src, pure):
             yield f"{shown}: {count} lines before its tests (at most {MAX_FILE_LINES})"
         for name, length in long_functions(code):
             yield f"{shown}: fn {name} is {length} lines (at most {MAX_FN_LINES})"
+
+
+def model_breaches(files, modules, src):
+    for path, code in sorted(files.items()):
+        if module_of(path, src)[:1] != (MODEL,):
+            continue
+        for target in sorted(imports(path, code, modules, src)):
+            if target and target[0] not in MODEL_MAY_IMPORT:
+                shown = os.path.relpath(path, REPO)
+                yield f"{shown}: the shared types import {'::'.join(target)} (only {', '.join(sorted(MODEL_MAY_IMPORT))})"
 
 
 def main():

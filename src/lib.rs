@@ -10,6 +10,7 @@ pub mod github;
 pub mod identity;
 pub mod lease;
 pub mod manifest;
+pub use gitcanary_core::model;
 pub mod notify;
 pub use gitcanary_core::plan;
 pub mod render;

@@ -193,9 +193,9 @@ pub fn shard_lease(instance: &str, k: u32) -> String {
 
 impl Shards {
     /// The fence every write for an app asks: whether this replica holds the app's shard.
-    pub fn fence(self: &std::sync::Arc<Self>) -> crate::plan::Fence {
+    pub fn fence(self: &std::sync::Arc<Self>) -> crate::model::Fence {
         let shards = self.clone();
-        crate::plan::Fence(std::sync::Arc::new(move |app: &str| shards.holds_app(app)))
+        crate::model::Fence(std::sync::Arc::new(move |app: &str| shards.holds_app(app)))
     }
 
     /// `template` names the namespace, identity and duration of every Lease.

@@ -20,15 +20,16 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::cluster::observe::{self, resolve_manifest};
 use crate::cluster::{AppStatus, Cluster, Deleted, Mode, ObjectDiff, Writer, api_message, ensure_namespace};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
+use crate::model::{InventoryEntry, LiveMeta};
 use crate::plan::desired::is_subset;
-use crate::plan::{self, AppPlan, InventoryEntry, LiveMeta, LiveObjects, Planned, Reason, RevisionKeys};
+use crate::plan::{self, AppPlan, LiveObjects, Planned, Reason, RevisionKeys};
 use crate::rollout;
 use crate::rollout::model::RolloutWork;
 use crate::rollout::plan::Requeue;
 use crate::source::Revision;
 use crate::{Error, Result, short_commit};
 
-pub use crate::plan::SyncOptions;
+pub use crate::model::SyncOptions;
 pub use diff::diff;
 pub use memo::SyncMemo;
 

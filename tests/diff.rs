@@ -327,7 +327,7 @@ async fn diff_meets_the_adoption_rule_and_lists_nothing_of_an_app_the_sync_would
 }
 
 /// A ServiceAccount that may write ConfigMaps in `ns` but not delete them.
-async fn tenant_without_delete(client: &kube::Client, ns: &str) -> gitcanary::plan::ServiceAccountRef {
+async fn tenant_without_delete(client: &kube::Client, ns: &str) -> gitcanary::model::ServiceAccountRef {
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     let create = PostParams::default();
@@ -350,7 +350,7 @@ async fn tenant_without_delete(client: &kube::Client, ns: &str) -> gitcanary::pl
     .expect("a RoleBinding");
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
     bindings.create(&create, &binding).await.expect("binding");
-    gitcanary::plan::ServiceAccountRef {
+    gitcanary::model::ServiceAccountRef {
         namespace: ns.to_string(),
         name: "keeper".to_string(),
     }

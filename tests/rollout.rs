@@ -316,10 +316,13 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
         (selector == BTreeMap::from([("app".to_string(), "echo".to_string())])).then_some(())
     })
     .await;
-    let status = cluster.rollout().await.expect("rollout").status.expect("status");
+    let rollout = cluster.rollout().await.expect("rollout");
+    let status = rollout.status.expect("status");
     assert_eq!(status.stable_commit, commit);
 
-    // `kubectl describe rollout` tells the story through Events.
+    // `kubectl describe rollout` tells the story through Events: they name
+    // this Rollout by its uid, as `describe` finds them.
+    let uid = rollout.metadata.uid.expect("uid");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     let wanted = ["ReleaseStarted", "StepChanged", "GatePassed", "Promoted"];
     // Events follow the status writes.
@@ -333,7 +336,7 @@ async fn three_step_deployment_canary_moves_httproute_weights_and_is_promoted() 
             .filter(|e| {
                 e.regarding
                     .as_ref()
-                    .is_some_and(|r| r.kind.as_deref() == Some("Rollout"))
+                    .is_some_and(|r| r.kind.as_deref() == Some("Rollout") && r.uid.as_ref() == Some(&uid))
             })
             .filter_map(|e| e.reason)
             .collect();

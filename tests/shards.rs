@@ -241,7 +241,7 @@ async fn a_replica_stopped_past_its_leases_writes_nothing_for_their_apps_when_it
 async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
     use gitcanary::cluster::{Cluster, Mode};
     use gitcanary::manifest::ObjectKey;
-    use gitcanary::plan::{Deletion, Fence, SyncOptions};
+    use gitcanary::model::{Deletion, Fence, SyncOptions};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -338,7 +338,7 @@ async fn a_writer_sends_nothing_for_an_app_once_its_shard_is_lost() {
 #[tokio::test]
 async fn a_decision_is_not_handed_to_a_rollout_whose_shard_was_lost() {
     use gitcanary::cluster::Cluster;
-    use gitcanary::plan::{Fence, SyncOptions};
+    use gitcanary::model::{Fence, SyncOptions};
     use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION, Rollout};
     use gitcanary::rollout::cli::{DecidedOn, Signal, record_last_comment, send_signal_token};
     use std::sync::Arc;
@@ -447,7 +447,7 @@ impl ReporterParts {
         }
     }
 
-    fn reporter<'a>(&'a self, fence: &'a gitcanary::plan::Fence) -> gitcanary::report::github::GitHubReporter<'a> {
+    fn reporter<'a>(&'a self, fence: &'a gitcanary::model::Fence) -> gitcanary::report::github::GitHubReporter<'a> {
         gitcanary::report::github::GitHubReporter {
             github: &self.github,
             cluster: &self.cluster,
@@ -493,7 +493,7 @@ fn report_of_echo(
 /// replica that holds the shard reports it.
 #[tokio::test]
 async fn a_replica_reports_nothing_to_github_for_an_app_whose_shard_it_lost() {
-    use gitcanary::plan::Fence;
+    use gitcanary::model::Fence;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -598,7 +598,7 @@ impl PausedForAPromote {
 /// again, the same command is handed over.
 #[tokio::test]
 async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_again() {
-    use gitcanary::plan::Fence;
+    use gitcanary::model::Fence;
     use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -647,7 +647,7 @@ async fn a_command_read_as_the_shard_is_lost_is_handed_over_once_it_is_held_agai
 /// ignored for good.
 #[tokio::test]
 async fn a_command_github_failed_to_answer_for_is_handed_over_at_the_next_look() {
-    use gitcanary::plan::Fence;
+    use gitcanary::model::Fence;
     use gitcanary::rollout::api::{LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
     use std::sync::Arc;
 
@@ -825,7 +825,7 @@ async fn a_release_on_a_killed_replicas_shard_is_finished_by_another_with_one_co
 /// oldest first.
 #[tokio::test]
 async fn a_look_that_cannot_read_the_comments_takes_no_command_and_the_next_does() {
-    use gitcanary::plan::Fence;
+    use gitcanary::model::Fence;
     use gitcanary::rollout::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
     use std::sync::Arc;
 

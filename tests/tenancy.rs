@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use gitcanary::plan::ServiceAccountRef;
+use gitcanary::model::ServiceAccountRef;
 use gitcanary::rollout::api::{Phase, Rollout};
 use gitcanary::sync::{AppResult, SyncOptions, SyncReport, sync};
 use k8s_openapi::api::apps::v1::Deployment;

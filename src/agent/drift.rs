@@ -250,7 +250,7 @@ impl DriftWatch {
     /// not answer until that list is done.
     fn watch(
         cluster: &Arc<Cluster>,
-        resolved: &crate::plan::Resolved,
+        resolved: &crate::model::Resolved,
         namespace: Option<&str>,
         selector: &str,
         triggers: Option<Triggers>,

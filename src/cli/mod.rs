@@ -18,7 +18,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cluster::{Cluster, render_diff};
-use crate::plan::ServiceAccountRef;
+use crate::model::ServiceAccountRef;
 use crate::rollout::cli::{Signal, send_signal};
 use crate::source::{Credentials, Source};
 use crate::sync::SyncOptions;
@@ -386,14 +386,14 @@ fn parse_endpoint(value: &str, what: &str, credentials: &str) -> Result<(String,
 /// The web checks with their headers, read from their files.
 pub(crate) fn web_checks(
     args: &SourceArgs,
-) -> Result<std::collections::BTreeMap<String, crate::plan::WebEndpoint>, Error> {
-    let mut checks: std::collections::BTreeMap<String, crate::plan::WebEndpoint> = args
+) -> Result<std::collections::BTreeMap<String, crate::model::WebEndpoint>, Error> {
+    let mut checks: std::collections::BTreeMap<String, crate::model::WebEndpoint> = args
         .web_check
         .iter()
         .map(|(name, url)| {
             (
                 name.clone(),
-                crate::plan::WebEndpoint {
+                crate::model::WebEndpoint {
                     url: url.clone(),
                     headers: Vec::new(),
                 },
@@ -418,7 +418,9 @@ pub(crate) fn web_checks(
 }
 
 /// The hook endpoints, each with its signing secret read from its file.
-pub(crate) fn hooks(args: &SourceArgs) -> Result<std::collections::BTreeMap<String, crate::plan::HookEndpoint>, Error> {
+pub(crate) fn hooks(
+    args: &SourceArgs,
+) -> Result<std::collections::BTreeMap<String, crate::model::HookEndpoint>, Error> {
     let mut secrets = std::collections::BTreeMap::new();
     for pair in &args.hook_secret {
         let (name, path) = pair
@@ -454,7 +456,7 @@ pub(crate) fn hooks(args: &SourceArgs) -> Result<std::collections::BTreeMap<Stri
                 "--hook {name}: give --hook-secret {name}=FILE: a hook's calls are signed"
             ))
         })?;
-        let endpoint = crate::plan::HookEndpoint {
+        let endpoint = crate::model::HookEndpoint {
             url: url.clone(),
             secret,
         };

@@ -136,7 +136,7 @@ async fn serve_listeners(listen: Listen, state: ServerState) -> Result<SocketAdd
 }
 
 /// The options, with the web checks and hooks read from their files.
-fn endpoint_options(args: &SourceArgs) -> Result<crate::plan::SyncOptions, Error> {
+fn endpoint_options(args: &SourceArgs) -> Result<crate::model::SyncOptions, Error> {
     let mut options = options(args);
     options.web_checks = super::web_checks(args)?;
     options.hooks = super::hooks(args)?;

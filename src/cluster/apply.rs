@@ -1,21 +1,23 @@
 //! The one server-side-apply path and the one delete path. Every object
 //! gitcanary writes for an app (Git's objects with their overlays, canary
-//! objects, the take-back of a failed new app, Rollout status, batch
-//! labels, signal annotations, app status) and every delete it makes
+//! objects, the take-back of a failed new app, Rollout status and Events,
+//! batch labels, signal annotations, app status) and every delete it makes
 //! (prune, canary cleanup) goes through here, each write with a deadline;
 //! applies and deletes with a dry-run mode that `gitcanary diff` uses. Writes are made by a [`Writer`]: as the agent, or
 //! as the ServiceAccount the agent's configuration maps the app to, so that
 //! Kubernetes RBAC bounds what a commit to that app can do.
 
 use http::{HeaderValue, Request};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions, ValidationDirective};
 use kube::client::Body;
+use kube::runtime::events::{Event, Recorder, Reporter};
 use serde_json::Value;
 
 use super::Cluster;
 use crate::FIELD_MANAGER;
-use crate::plan::{Deletion, Fence, Resolved, ServiceAccountRef, SyncOptions};
+use crate::model::{Deletion, Fence, Resolved, ServiceAccountRef, SyncOptions};
 
 /// Whether a write reaches the cluster or only the API server's checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,6 +221,35 @@ impl<'c> Writer<'c> {
         let patched = self.merge_as_news(resolved, namespace, name, patch).await?;
         self.recorded(resolved, &patched);
         Ok(patched)
+    }
+
+    /// A JSON patch (RFC 6902): its `test` operations make it fail, writing
+    /// nothing, when the object no longer holds what the plan saw.
+    pub async fn patch_json(
+        &self,
+        resolved: &Resolved,
+        namespace: Option<&str>,
+        name: &str,
+        operations: json_patch::Patch,
+    ) -> Result<DynamicObject, kube::Error> {
+        self.may_write()?;
+        let api = self.api(resolved, namespace);
+        let patch = Patch::Json::<()>(operations);
+        let patched = within_write_timeout(api.patch(name, &PatchParams::default(), &patch)).await?;
+        self.recorded(resolved, &patched);
+        Ok(patched)
+    }
+
+    /// A Kubernetes Event about `regarding`, published as this writer, with
+    /// the write's deadline and fence: an Event is a write too.
+    pub async fn publish_event(&self, event: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
+        self.may_write()?;
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: std::env::var("HOSTNAME").ok(),
+        };
+        let recorder = Recorder::new(self.client.clone(), reporter);
+        within_write_timeout(recorder.publish(event, regarding)).await
     }
 
     /// A merge patch whose watch event must wake the agent as anyone's

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use kube::api::DynamicObject;
 
 use crate::manifest::ObjectKey;
-use crate::plan::{Resolved, RevisionKeys};
+use crate::model::Resolved;
+use crate::plan::RevisionKeys;
 
 /// apiVersion, kind, the namespace watched (`None`: all), and the label
 /// selector (`key=value`).

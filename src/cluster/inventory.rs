@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::Cluster;
-use crate::plan::InventoryEntry;
+use crate::model::InventoryEntry;
 use crate::{Error, Result};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::Api;
@@ -200,7 +200,7 @@ impl AppStatus {
         if live.data.as_ref().and_then(|data| data.get("app")).map(String::as_str) != Some(app) {
             return Ok(());
         }
-        let deletion = crate::plan::Deletion {
+        let deletion = crate::model::Deletion {
             api_version: "v1".into(),
             key: crate::manifest::ObjectKey {
                 group: String::new(),

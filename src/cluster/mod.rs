@@ -16,7 +16,7 @@ pub use diff::{Change, ObjectDiff, render_diff};
 pub use inventory::{APP_STATUS_LABEL, AppStatus, UnreadableInventory, ensure_namespace, status_selector};
 pub use requests::RequestCounts;
 
-pub use crate::plan::{InventoryEntry, Resolved};
+pub use crate::model::{InventoryEntry, Resolved};
 
 use std::path::Path;
 

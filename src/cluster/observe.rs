@@ -9,7 +9,8 @@ use kube::api::ListParams;
 
 use super::{Cluster, api_message};
 use crate::manifest::{App, Manifest, ObjectKey, Problem};
-use crate::plan::{InventoryEntry, LeftGit, LiveMeta, LiveObjects, Planned, Resolved, SyncOptions};
+use crate::model::{InventoryEntry, LeftGit, LiveMeta, Resolved, SyncOptions};
+use crate::plan::{LiveObjects, Planned};
 use crate::{Error, MANAGED_BY_LABEL, Result};
 
 /// Every live object of this instance, of the kinds the apps hold. Under

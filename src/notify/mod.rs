@@ -159,7 +159,7 @@ impl Notifier {
     /// Starts a delivery task per receiver and per hook endpoint.
     pub fn start(
         routes: Routes,
-        hooks: BTreeMap<String, crate::plan::HookEndpoint>,
+        hooks: BTreeMap<String, crate::model::HookEndpoint>,
         metrics: Arc<Metrics>,
     ) -> Notifier {
         let client = Client::builder(TokioExecutor::new()).build(connector());

@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 use crate::Result;
 use crate::cluster::{Cluster, Writer as ClusterWriter};
 use crate::github::{self, GitHub, gate};
-use crate::plan::Fence;
+use crate::model::Fence;
 use crate::rollout::api::Phase;
 use crate::rollout::cli::{DecidedOn, Signal, record_last_comment, send_signal_token};
 use crate::rollout::model::RolloutSummary;

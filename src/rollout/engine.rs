@@ -5,20 +5,26 @@
 //! executor); once the app is applied they are reported here: pod batch
 //! labels, the Rollout's status and Events.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::json;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::api::{API_VERSION, KIND, Rollout, RolloutStatus, annotation_of};
+use super::api::{API_VERSION, KIND, RolloutStatus, annotation_of};
 use super::model::RolloutWork;
 use super::overlay::{BATCH_ID_LABEL, ROLLOUT_ID_LABEL};
 use super::plan::Severity;
 use crate::cluster::Writer;
-use crate::{Error, FIELD_MANAGER, Result};
+use crate::{Error, Result};
 
-/// Writes a Rollout's whole status with gitcanary's field manager.
-async fn apply_status(agent: &Writer<'_>, namespace: &str, name: &str, status: &RolloutStatus) -> Result<()> {
+/// Writes a Rollout's whole status with gitcanary's field manager; returns
+/// the Rollout as the API server stored it.
+async fn apply_status(
+    agent: &Writer<'_>,
+    namespace: &str,
+    name: &str,
+    status: &RolloutStatus,
+) -> Result<DynamicObject> {
     let body = json!({"apiVersion": API_VERSION, "kind": KIND, "status": status});
     let written = async {
         let resolved = agent.cluster().served(API_VERSION, KIND).await?;
@@ -26,8 +32,7 @@ async fn apply_status(agent: &Writer<'_>, namespace: &str, name: &str, status: &
     };
     written
         .await
-        .map_err(Error::kube(format!("writing the status of Rollout {namespace}/{name}")))?;
-    Ok(())
+        .map_err(Error::kube(format!("writing the status of Rollout {namespace}/{name}")))
 }
 
 /// After the app is applied (and the canary objects no longer wanted are
@@ -38,17 +43,26 @@ pub async fn finish(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     finish_rollout(agent, work).instrument(span).await
 }
 
+/// Nothing here reads the Rollout: what it needs (its uid, the signals
+/// the planner ignored) was observed, or is in the status write's answer.
 async fn finish_rollout(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     if let Some(step) = work.plan.batch_step {
         label_batch(agent, work, step, &work.plan.status.rollout_id).await?;
     }
-    write_status(agent, work).await?;
+    let written = match work.plan.changed {
+        true => Some(apply_status(agent, &work.namespace, &work.name, &work.plan.status).await?),
+        false => None,
+    };
     clear_ignored_signals(agent, work).await;
     for transition in &work.plan.transitions {
         info!("{transition}");
     }
-    if !work.plan.transitions.is_empty() {
-        record_events(agent, work).await;
+    // A Rollout this sync created has its uid in the status write's answer.
+    let uid = written
+        .and_then(|rollout| rollout.metadata.uid)
+        .or_else(|| work.rollout_uid.clone());
+    if let Some(uid) = uid.filter(|_| !work.plan.transitions.is_empty()) {
+        record_events(agent, work, uid).await;
     }
     if let Some(cause) = &work.plan.failed {
         warn!(%cause, "release failed: traffic back on stable, canary removed");
@@ -57,56 +71,51 @@ async fn finish_rollout(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
 }
 
 /// Removes the annotations of signals the planner ignored, each only if it
-/// still holds the value the planner saw (a newer one is left for the next
-/// reconcile). Best effort: the status already records them as spent.
+/// still holds the value the planner saw (the patch's `test`: a newer one
+/// is left for the next reconcile). Best effort: the status already
+/// records them as spent.
 async fn clear_ignored_signals(agent: &Writer<'_>, work: &RolloutWork) {
     if work.plan.ignored_signals.is_empty() {
         return;
     }
-    let rollouts: Api<Rollout> = Api::namespaced(agent.cluster().client.clone(), &work.namespace);
-    let Ok(rollout) = rollouts.get(&work.name).await else {
-        return;
-    };
-    let annotations = rollout.metadata.annotations.clone().unwrap_or_default();
-    let mut cleared = serde_json::Map::new();
-    for (signal, value) in &work.plan.ignored_signals {
-        let key = annotation_of(*signal);
-        if annotations.get(key) == Some(value) {
-            cleared.insert(key.to_string(), Value::Null);
-        }
-    }
-    if cleared.is_empty() {
-        return;
-    }
-    // The resourceVersion makes the write fail if a signal changed meanwhile.
-    let patch = json!({"metadata": {"resourceVersion": rollout.metadata.resource_version, "annotations": cleared}});
     let Some(resolved) = agent.cluster().resolve(API_VERSION, KIND).await else {
         return;
     };
-    if let Err(error) = agent.merge(&resolved, Some(&work.namespace), &work.name, &patch).await {
-        info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)");
+    for (signal, value) in &work.plan.ignored_signals {
+        let patch = remove_if_unchanged(annotation_of(*signal), value);
+        if let Err(error) = agent
+            .patch_json(&resolved, Some(&work.namespace), &work.name, patch)
+            .await
+        {
+            info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)");
+        }
     }
+}
+
+/// A JSON patch that removes annotation `key` only while it holds `value`.
+fn remove_if_unchanged(key: &str, value: &str) -> json_patch::Patch {
+    // RFC 6901: '~' and '/' in a key are escaped.
+    let path = format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
+    let operations = json!([
+        {"op": "test", "path": path, "value": value},
+        {"op": "remove", "path": path},
+    ]);
+    serde_json::from_value(operations).unwrap_or_else(|_| json_patch::Patch(Vec::new()))
 }
 
 /// Kubernetes Events on the Rollout, one per transition, so that
 /// `kubectl describe rollout` tells the story. Best effort: a lost Event
 /// never holds a release back.
-async fn record_events(agent: &Writer<'_>, work: &RolloutWork) {
-    let cluster = agent.cluster();
-    use kube::Resource;
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let rollouts: Api<Rollout> = Api::namespaced(cluster.client.clone(), &work.namespace);
-    let Ok(rollout) = rollouts.get(&work.name).await else {
-        return;
+async fn record_events(agent: &Writer<'_>, work: &RolloutWork, uid: String) {
+    use kube::runtime::events::{Event, EventType};
+    let reference = ObjectReference {
+        api_version: Some(API_VERSION.to_string()),
+        kind: Some(KIND.to_string()),
+        namespace: Some(work.namespace.clone()),
+        name: Some(work.name.clone()),
+        uid: Some(uid),
+        ..ObjectReference::default()
     };
-    let reference = rollout.object_ref(&());
-    let recorder = Recorder::new(
-        cluster.client.clone(),
-        Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: std::env::var("HOSTNAME").ok(),
-        },
-    );
     for transition in &work.plan.transitions {
         let (severity, reason) = transition.event();
         let type_ = match severity {
@@ -120,12 +129,12 @@ async fn record_events(agent: &Writer<'_>, work: &RolloutWork) {
             action: "Reconcile".to_string(),
             secondary: None,
         };
-        // Events are writes too: none once the replica lost the app's shard.
-        if agent.may_write().is_err() {
-            return;
-        }
-        if let Err(error) = recorder.publish(&event, &reference).await {
+        if let Err(error) = agent.publish_event(&event, &reference).await {
             warn!(%error, "cannot record an Event on the Rollout");
+            // Refused once the replica lost the app's shard: so are the rest.
+            if agent.may_write().is_err() {
+                return;
+            }
         }
     }
 }
@@ -197,9 +206,29 @@ async fn label_batch(agent: &Writer<'_>, work: &RolloutWork, step: u32, rollout_
     Ok(())
 }
 
-async fn write_status(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
-    if !work.plan.changed {
-        return Ok(());
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ignored_signal_is_removed_only_while_it_holds_the_value_the_planner_saw() {
+        let patch = remove_if_unchanged("gitcanary.dev/promote", "abc~1");
+        let operations = serde_json::to_value(&patch).expect("patch");
+        let path = "/metadata/annotations/gitcanary.dev~1promote";
+        assert_eq!(
+            operations,
+            json!([
+                {"op": "test", "path": path, "value": "abc~1"},
+                {"op": "remove", "path": path},
+            ])
+        );
+        let mut rollout = json!({"metadata": {"annotations": {"gitcanary.dev/promote": "newer"}}});
+        assert!(
+            json_patch::patch(&mut rollout, &patch).is_err(),
+            "a newer signal is kept"
+        );
+        let mut rollout = json!({"metadata": {"annotations": {"gitcanary.dev/promote": "abc~1", "other": "x"}}});
+        json_patch::patch(&mut rollout, &patch).expect("the seen signal is removed");
+        assert_eq!(rollout, json!({"metadata": {"annotations": {"other": "x"}}}));
     }
-    apply_status(agent, &work.namespace, &work.name, &work.plan.status).await
 }

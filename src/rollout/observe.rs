@@ -25,9 +25,10 @@ use super::reads::{get_any, get_rollout, get_value};
 use super::record::{History, Outcome as RecordOutcome};
 use crate::cluster::Cluster;
 use crate::manifest::Problem;
+use crate::model::{Resolved, SyncOptions};
+use crate::plan::Planned;
 use crate::plan::WorkloadProgress;
 use crate::plan::desired::{canonical_hash, is_stored_as};
-use crate::plan::{Planned, Resolved, SyncOptions};
 use crate::{Error, Result};
 use std::sync::Arc;
 

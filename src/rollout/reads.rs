@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::api::Rollout;
 use crate::cluster::Cluster;
 use crate::cluster::observe::cached_managed;
-use crate::plan::SyncOptions;
+use crate::model::SyncOptions;
 use crate::{Error, Result};
 
 /// The Rollout as the API server has it, always read: its status is the

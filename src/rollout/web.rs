@@ -18,7 +18,7 @@ use sha2::Sha256;
 use super::api::WebCheck;
 
 pub use super::web_paths::{Segment, parse_json_path, path_problem, value_at};
-pub use crate::plan::{HookEndpoint, WebEndpoint as Endpoint};
+pub use crate::model::{HookEndpoint, WebEndpoint as Endpoint};
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Answers larger than this are refused: a check answers with a few

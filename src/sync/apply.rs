@@ -349,7 +349,7 @@ async fn apply_writes(
 
 /// Removes gitcanary's fields (its label and annotations among them) from an
 /// object it does not keep, by applying an empty configuration.
-async fn release(writer: &Writer<'_>, resolved: &crate::plan::Resolved, object: &Value) {
+async fn release(writer: &Writer<'_>, resolved: &crate::model::Resolved, object: &Value) {
     let mut empty = json!({"apiVersion": object["apiVersion"], "kind": object["kind"],
         "metadata": {"name": object["metadata"]["name"]}});
     if let Some(namespace) = object["metadata"]["namespace"].as_str() {
@@ -374,9 +374,9 @@ async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Valu
             release(writer, &item.resolved, &item.desired).await;
             continue;
         }
-        let deletion = plan::Deletion {
+        let deletion = crate::model::Deletion {
             resource_version: None,
-            ..plan::Deletion::of(item.manifest.api_version(), item.key.clone(), &meta)
+            ..crate::model::Deletion::of(item.manifest.api_version(), item.key.clone(), &meta)
         };
         if let Err(error) = writer.delete(&deletion, Mode::Apply).await {
             warn!(object = %item.key, error = %api_message(&error), "could not take back an object of a failed app");

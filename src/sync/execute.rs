@@ -288,7 +288,7 @@ async fn release_diffs(
 /// gone or changed (it then keeps it).
 async fn deletion_diff(
     writer: &Writer<'_>,
-    deletion: &plan::Deletion,
+    deletion: &crate::model::Deletion,
     live: &LiveObjects,
 ) -> Result<Option<ObjectDiff>, kube::Error> {
     if writer.delete(deletion, Mode::DryRun).await? != Deleted::Deleted {
@@ -333,7 +333,7 @@ fn write_diff(key: ObjectKey, location: String, before: Option<&Value>, after: &
 
 async fn read_value(
     cluster: &Cluster,
-    resolved: &crate::plan::Resolved,
+    resolved: &crate::model::Resolved,
     namespace: Option<&str>,
     name: &str,
 ) -> std::result::Result<Option<Value>, kube::Error> {

@@ -5,6 +5,7 @@
 
 pub mod github;
 pub mod manifest;
+pub mod model;
 pub mod plan;
 pub mod rollout;
 pub mod sync;

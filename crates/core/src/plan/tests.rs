@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::desired::prepare;
 use super::*;
+use crate::model::{LiveMeta, ServiceAccountRef};
 
 const INSTANCE: &str = "agent";
 

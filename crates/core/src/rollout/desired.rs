@@ -16,8 +16,9 @@ use super::model::{Target, find_in};
 use super::overlay::{self, WorkloadKind};
 use super::plan;
 use crate::manifest::{ObjectKey, Problem};
+use crate::model::{Deletion, LiveMeta, Resolved};
+use crate::plan::Planned;
 use crate::plan::desired::{is_stored_as, rehash};
-use crate::plan::{Deletion, LiveMeta, Planned, Resolved};
 use crate::{MANAGED_BY_LABEL, SOURCE_ANNOTATION};
 
 /// A routing object of the app: a core Service, an HTTPRoute or an Ingress.
@@ -161,6 +162,7 @@ pub fn plan_rollout(
         route_deletions,
         canary_deletions,
         revisions: observed.revisions,
+        rollout_uid: observed.rollout_uid,
         spec: target.spec,
         namespace: target.namespace,
         name: target.name,

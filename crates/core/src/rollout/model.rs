@@ -12,7 +12,8 @@ use super::api::{RolloutSpec, RolloutStatus, WrittenBack};
 use super::overlay::{self, WorkloadKind};
 use super::plan::{GatewaySeen, Observed, Plan, Revisions};
 use crate::manifest::{ObjectKey, Problem};
-use crate::plan::{Deletion, Planned, Resolved};
+use crate::model::{Deletion, Resolved};
+use crate::plan::Planned;
 
 /// A Rollout of the app and the workload it governs, found among the app's objects.
 pub struct Target {
@@ -109,6 +110,8 @@ pub struct RolloutObserved {
 pub struct RolloutWork {
     pub namespace: String,
     pub name: String,
+    /// The live Rollout's uid as observed; `None` for one this sync creates.
+    pub rollout_uid: Option<String>,
     /// The app the Rollout belongs to.
     pub app: String,
     /// Images of the template in Git, for the status written on promote.

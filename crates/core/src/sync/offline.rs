@@ -12,8 +12,9 @@ use kube_core::{ApiResource, GroupVersionKind};
 
 use super::planner::{AppObserved, PlanContext, plan};
 use crate::manifest::{App, CLUSTER_SCOPED_KINDS, Manifest, ManifestSet, Problem};
+use crate::model::{Resolved, SyncOptions};
 use crate::plan::desired::canonical_hash;
-use crate::plan::{LiveObjects, Planned, Resolved, RevisionKeys, SyncOptions};
+use crate::plan::{LiveObjects, Planned, RevisionKeys};
 use crate::rollout::api::{RolloutSpec, RolloutStatus, is_rollout};
 use crate::rollout::model::{RolloutObserved, RolloutsObserved, Target};
 use crate::rollout::plan::{GatewaySeen, MIRROR_FEATURE, Observed, PERCENT_MIRROR_FEATURE, Revisions};

@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 
 use crate::manifest::{Manifest, ObjectKey, Problem};
+use crate::model::{InventoryEntry, LeftGit};
 use crate::plan::autoscaled::{LeftToAutoscaler, leave_replicas_to_autoscalers};
-use crate::plan::{AppInputs, AppPlan, InventoryEntry, LeftGit, LiveObjects, Planned, RevisionKeys, plan_app};
+use crate::plan::{AppInputs, AppPlan, LiveObjects, Planned, RevisionKeys, plan_app};
 use crate::rollout::desired::plan_rollouts;
 use crate::rollout::model::{RolloutWork, RolloutsObserved};
 
