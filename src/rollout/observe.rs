@@ -12,15 +12,15 @@ use serde_json::Value;
 use tracing::{Instrument, info, info_span};
 
 use super::analysis;
+use super::api::StepState;
 use super::api::is_rollout;
 use super::api::{ABORT_ANNOTATION, LAST_COMMENT_ANNOTATION, PROMOTE_ANNOTATION};
-use super::api::{Phase, StepState};
 use super::api::{Rollout, RolloutSpec, RolloutStatus};
 use super::knative;
 use super::model::find_in;
 use super::model::{RolloutObserved, RolloutsObserved, Target, WrittenBacks};
 use super::overlay::{CANARY_HASH_ANNOTATION, STABLE_HASH_ANNOTATION, WorkloadKind};
-use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, SelfRouted, route_seen, supported_features};
+use super::plan::{GatewaySeen, Observed, Resumed, Revisions, RouteSeen, route_seen, supported_features};
 use super::reads::{get_any, get_rollout, get_value};
 use super::record::{History, Outcome as RecordOutcome};
 use crate::cluster::Cluster;
@@ -249,31 +249,7 @@ async fn observe_knative(
         Some(kept) if knative::revisions_agree(live, &kept, &status.stable_revision) => kept,
         _ => list_knative_revisions(cluster, namespace, name).await?,
     };
-    // A release in flight, or a held failure, keeps its stable Revision pinned.
-    let pinned = matches!(
-        status.phase,
-        Phase::Progressing | Phase::Paused | Phase::Promoting | Phase::Failed
-    );
-    let seen = knative::see(
-        live,
-        &revisions,
-        &git_service["spec"]["template"],
-        &status.stable_revision,
-        pinned,
-    );
-    let share = knative::latest_share(git_service);
-    observed.canary_ready = i32::from(seen.canary_ready);
-    observed.stable_rolled_out = seen.canary_percent == Some(share);
-    observed.self_routed = Some(SelfRouted {
-        share,
-        canary_percent: seen.canary_percent,
-        canary_scaled_to_zero: seen.canary_scaled_to_zero,
-    });
-    if seen.revisions.stable.is_empty() {
-        observed.start_problem = Some(format!(
-            "Knative Service {namespace}/{name} has no Ready Revision to keep as stable yet; the release starts once one is Ready"
-        ));
-    }
+    let seen = knative::look(observed, status, live, &revisions, git_service, namespace, name);
     Ok(seen)
 }
 

@@ -7,7 +7,8 @@
 
 use serde_json::{Value, json};
 
-use super::plan::{Intent, Revisions, StableTemplate, canary_percent};
+use super::api::{Phase, RolloutStatus};
+use super::plan::{Intent, Observed, Revisions, SelfRouted, StableTemplate, canary_percent};
 use crate::plan::desired::is_stored_as;
 
 pub const API_VERSION: &str = "serving.knative.dev/v1";
@@ -91,6 +92,51 @@ pub struct Seen {
     /// Knative serves Git's template: its newest Revision is Ready and is of
     /// Git's template, so Git's own `traffic` may take over.
     pub settled: bool,
+}
+
+/// What the planner reads of a Knative Service, decided from the live
+/// Service and its Revisions (`observe` only reads them): the Revisions
+/// seen, with the recorded stable one pinned while a release is in flight
+/// or a failure is held; the traffic Git's share and the status give; and
+/// why a release cannot start yet.
+pub fn look(
+    observed: &mut Observed,
+    status: &RolloutStatus,
+    live: Option<&Value>,
+    revisions: &[Value],
+    git_service: &Value,
+    namespace: &str,
+    name: &str,
+) -> Seen {
+    let seen = see(
+        live,
+        revisions,
+        &git_service["spec"]["template"],
+        &status.stable_revision,
+        pins_stable(status.phase),
+    );
+    let share = latest_share(git_service);
+    observed.canary_ready = i32::from(seen.canary_ready);
+    observed.stable_rolled_out = seen.canary_percent == Some(share);
+    observed.self_routed = Some(SelfRouted {
+        share,
+        canary_percent: seen.canary_percent,
+        canary_scaled_to_zero: seen.canary_scaled_to_zero,
+    });
+    if seen.revisions.stable.is_empty() {
+        observed.start_problem = Some(format!(
+            "Knative Service {namespace}/{name} has no Ready Revision to keep as stable yet; the release starts once one is Ready"
+        ));
+    }
+    seen
+}
+
+/// A release in flight, or a held failure, keeps its stable Revision pinned.
+pub fn pins_stable(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Progressing | Phase::Paused | Phase::Promoting | Phase::Failed
+    )
 }
 
 /// Whether a Revision was made from `template` (Knative adds labels and
@@ -547,6 +593,56 @@ mod tests {
         let seen = see(Some(&service), &revisions, &git_template, "fn-00001", false);
         assert!(seen.settled);
         assert_eq!(seen.revisions.stable, "fn-00003");
+    }
+
+    #[test]
+    fn a_release_in_flight_or_a_held_failure_keeps_the_recorded_stable_revision() {
+        let git_service = service(None);
+        let revisions = [revision("fn-00001", "fn:1", true), revision("fn-00002", "fn:2", true)];
+        let settled = live(
+            "fn-00002",
+            "fn-00002",
+            json!([{"revisionName": "fn-00002", "percent": 100}]),
+        );
+        let stable_of = |phase: Phase| {
+            let status = RolloutStatus {
+                phase,
+                stable_revision: "fn-00001".into(),
+                ..RolloutStatus::default()
+            };
+            let mut observed = Observed::default();
+            let seen = look(
+                &mut observed,
+                &status,
+                Some(&settled),
+                &revisions,
+                &git_service,
+                "ns",
+                "fn",
+            );
+            (seen.revisions.stable, observed.stable_rolled_out)
+        };
+        // The canary Revision has Git's whole share: the stable one is rolled out.
+        for phase in [Phase::Progressing, Phase::Paused, Phase::Promoting, Phase::Failed] {
+            assert_eq!(stable_of(phase), ("fn-00001".to_string(), true), "{phase:?}");
+        }
+        // Settled on Git's template with no release: Knative's newest Revision is stable.
+        assert_eq!(stable_of(Phase::Healthy).0, "fn-00002");
+        // No Ready Revision at all: the release waits, and says why.
+        let mut observed = Observed::default();
+        let none_ready = [revision("fn-00001", "fn:1", false)];
+        let unready = live("fn-00001", "", json!([]));
+        let status = RolloutStatus::default();
+        look(
+            &mut observed,
+            &status,
+            Some(&unready),
+            &none_ready,
+            &git_service,
+            "ns",
+            "fn",
+        );
+        assert!(observed.start_problem.is_some_and(|p| p.contains("no Ready Revision")));
     }
 
     #[test]
