@@ -74,41 +74,71 @@ impl<'a> Planned<'a> {
 /// On a manifest: take over the object of that name if it already exists.
 pub const ADOPT_ANNOTATION: &str = "gitcanary.io/adopt";
 
-/// Whether an object the API server answered for (an apply or its dry run)
-/// existed before this sync: someone else's field manager holds some of it,
-/// or it was created before the sync began.
-pub fn existed_before(answer: &Value, started: jiff::Timestamp) -> Option<Vec<String>> {
-    let mut managers: Vec<String> = answer["metadata"]["managedFields"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["manager"].as_str())
-        .filter(|m| *m != crate::FIELD_MANAGER)
-        .map(str::to_string)
-        .collect();
-    managers.sort();
-    managers.dedup();
-    let created_before = answer["metadata"]["creationTimestamp"]
-        .as_str()
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-        .is_some_and(|t| t.as_second() < started.as_second());
-    (created_before || !managers.is_empty()).then_some(managers)
+/// Who made an object, as the API server's answer for it (an apply or its
+/// dry run) tells: the one reading both rules below decide from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provenance {
+    /// Field managers other than gitcanary's, sorted, each once.
+    pub other_managers: Vec<String>,
+    /// The managedFields entries, and those of gitcanary's own manager.
+    pub entries: usize,
+    pub own_entries: usize,
+    pub created: Option<jiff::Timestamp>,
 }
 
-/// Whether an object the API server answered for was made by this sync
-/// and is gitcanary's alone: one field manager, gitcanary, and created at
-/// or after the sync began. Only such an object is deleted when a new app
-/// is taken back; one that fails any of it (no timestamp, no manager, a
-/// second entry) is released instead. It fails closed where the adoption
-/// rule's [`existed_before`] need not: a delete cannot be undone.
+impl Provenance {
+    pub fn of(answer: &Value) -> Provenance {
+        let fields = answer["metadata"]["managedFields"].as_array();
+        let mut other_managers: Vec<String> = fields
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["manager"].as_str())
+            .filter(|m| *m != crate::FIELD_MANAGER)
+            .map(str::to_string)
+            .collect();
+        other_managers.sort();
+        other_managers.dedup();
+        Provenance {
+            other_managers,
+            entries: fields.map_or(0, Vec::len),
+            own_entries: fields
+                .into_iter()
+                .flatten()
+                .filter(|f| f["manager"] == crate::FIELD_MANAGER)
+                .count(),
+            created: answer["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
+        }
+    }
+
+    /// The adoption rule's question: someone else's field manager holds
+    /// some of it, or it was created before the sync began (with the
+    /// managers that hold it).
+    pub fn existed_before(&self, started: jiff::Timestamp) -> Option<Vec<String>> {
+        let created_before = self.created.is_some_and(|t| t.as_second() < started.as_second());
+        (created_before || !self.other_managers.is_empty()).then(|| self.other_managers.clone())
+    }
+
+    /// The take-back's question: made by this sync and gitcanary's alone
+    /// (one field manager, gitcanary, created at or after the sync began).
+    /// It fails closed where [`Provenance::existed_before`] need not (no
+    /// timestamp, no manager, a second entry): a delete cannot be undone,
+    /// and an object that fails it is released instead.
+    pub fn made_by_this_sync(&self, started: jiff::Timestamp) -> bool {
+        let only_ours = self.entries == 1 && self.own_entries == 1;
+        only_ours && self.created.is_some_and(|t| t.as_second() >= started.as_second())
+    }
+}
+
+/// [`Provenance::existed_before`] of an answer.
+pub fn existed_before(answer: &Value, started: jiff::Timestamp) -> Option<Vec<String>> {
+    Provenance::of(answer).existed_before(started)
+}
+
+/// [`Provenance::made_by_this_sync`] of an answer.
 pub fn made_by_this_sync(answer: &Value, started: jiff::Timestamp) -> bool {
-    let fields = answer["metadata"]["managedFields"].as_array();
-    let only_ours = fields.is_some_and(|fields| fields.len() == 1 && fields[0]["manager"] == crate::FIELD_MANAGER);
-    let created = answer["metadata"]["creationTimestamp"]
-        .as_str()
-        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-        .is_some_and(|t| t.as_second() >= started.as_second());
-    only_ours && created
+    Provenance::of(answer).made_by_this_sync(started)
 }
 
 /// How an object written as new turned out, decided from the API server's answer.

@@ -470,6 +470,10 @@ fn a_take_back_deletes_only_what_this_sync_made_alone() {
         &answer(Some("2026-12-01T10:00:01Z"), &["kubectl"]),
         started
     ));
+    // One entry that names no manager is nobody's known: not deleted.
+    let unnamed =
+        json!({"metadata": {"creationTimestamp": "2026-12-01T10:00:01Z", "managedFields": [{"operation": "Apply"}]}});
+    assert!(!made_by_this_sync(&unnamed, started), "an unnamed manager");
 }
 
 #[test]
