@@ -85,3 +85,8 @@ pub fn plan<'a>(observed: AppObserved<'a>, context: &PlanContext<'_>) -> Result<
         autoscaled,
     })
 }
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod tests;
