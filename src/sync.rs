@@ -37,6 +37,8 @@ mod apply;
 mod diff;
 mod execute;
 mod memo;
+mod outcome;
+mod preview;
 
 pub use gitcanary_core::sync::offline;
 use gitcanary_core::sync::planner;

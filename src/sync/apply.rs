@@ -1,94 +1,160 @@
-//! The apply mode of the executor, once its check passed: the plan applied
-//! through the one write path, in order (canary objects, canary routes no
-//! longer wanted deleted, the app's objects staged by kind, the other
-//! canary objects deleted, prune, then the Rollouts' reports), and the
-//! take-back of a new app that failed.
+//! The apply mode of the executor (the sync): what it keeps of each answer
+//! of the walk is the app's report and the inventory of what it wrote. The
+//! app's objects are applied in stages (Namespaces and CRDs first), a new
+//! app that failed is taken back, and the Rollouts' reports come last.
 
+use super::outcome::{Adoption, DeleteAnswer, ObjectsStep, Outcome, WriteAnswer};
 use super::*;
+use crate::model::{Deletion, Resolved};
+use crate::rollout::model::CanaryWrite;
 
-/// Applies a plan the API server has checked (see `execute::apply`).
-/// Infallible once the first write is made: every failure from here on is
-/// a problem in the report, and the inventory returned records what was
-/// written, so that an object this sync created is never lost to prune.
-pub(super) async fn apply_checked(
-    writer: &Writer<'_>,
-    app: &App,
-    prepared: Prepared<'_>,
-    live: &LiveObjects,
-    adoption: &Adoption<'_>,
-    options: &SyncOptions,
-) -> Executed {
-    let Prepared { mut plan, rollouts, .. } = prepared;
-    let previous = adoption.previous;
-    let mut failures = Vec::new();
-    let mut report = report_of(app, AppResult::Synced, Vec::new());
-    // Canary objects first, so that a route never names a canary Service that does not exist yet.
-    report.canary_applied = apply_canary_objects(writer, app, &rollouts, &mut failures).await;
-    // Canary routes no longer wanted go before anything else is written: an
-    // abort's traffic is back on stable as soon as it can be.
-    delete_canary_objects(writer, app, &rollouts, true, &mut report, &mut failures).await;
-    let applied = apply_objects(writer, &mut plan, live, adoption, options, &mut failures).await;
-    if plan.fresh && !failures.is_empty() {
-        take_back(writer, &plan.objects, &applied.results, adoption.started).await;
-        failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
-        return Executed::Refused(AppResult::Invalid, failures);
-    }
-    report.unchanged = plan.objects.len() - applied.written.len();
-    for &index in &applied.written {
-        if applied.results[index].is_null() {
-            continue;
-        }
-        let key = plan.objects[index].key.clone();
-        if plan.writes.contains(&(index, Reason::Drift)) {
-            report.drifted.push(key.clone());
-        }
-        report.applied.push(key);
-    }
-    // Routes are back on stable by now (the canary Ingresses went before the
-    // app's objects, Git's HTTPRoutes were among them): the other canary
-    // objects no longer wanted go, then what left Git; each rollout's status
-    // is written last, once, saying what this sync did.
-    delete_canary_objects(writer, app, &rollouts, false, &mut report, &mut failures).await;
-    let inventory = prune(writer, app, &mut plan, &applied, previous, &mut report, &mut failures).await;
-    finish_rollouts(writer, app, &rollouts, &mut report, &mut failures).await;
-    report.health = if applied.results.iter().all(plan::is_healthy) {
-        "Healthy".to_string()
-    } else {
-        "Progressing".to_string()
-    };
-    if !failures.is_empty() {
-        report.problems = failures;
-        report.result = AppResult::Failed;
-    }
-    Executed::Synced(Box::new(report), inventory)
+/// The sync being made of an app's plan: its report, and what it wrote.
+pub(super) struct Synced<'r> {
+    app: &'r App,
+    /// The app's inventory as the last sync left it.
+    previous: &'r [InventoryEntry],
+    report: AppReport,
+    failures: Vec<Problem>,
+    applied: Applied,
+    /// Prunes that failed: after the plan's own problems in the report.
+    prune_failures: Vec<Problem>,
+    /// What left Git but stays recorded: a prune refused, an object that
+    /// changed since it was read, a release whose kind is gone.
+    still_held: Vec<InventoryEntry>,
 }
 
-/// The canary objects that differ from the cluster; returns those written.
-async fn apply_canary_objects(
-    writer: &Writer<'_>,
-    app: &App,
-    rollouts: &[RolloutWork],
-    failures: &mut Vec<Problem>,
-) -> Vec<ObjectKey> {
-    let mut written = Vec::new();
-    for work in rollouts {
-        for write in &work.canary_writes {
-            match writer
-                .apply(&write.resolved, &write.object, write.ours, Mode::Apply)
-                .await
-            {
-                Ok(_) => written.push(write.key.clone()),
-                Err(error) => {
-                    let message = format!("applying {}: {}", write.key, api_message(&error));
-                    failures.push(rollout_problem(app, work, &message));
-                }
+impl<'r> Synced<'r> {
+    pub(super) fn new(app: &'r App, previous: &'r [InventoryEntry]) -> Self {
+        Synced {
+            app,
+            previous,
+            report: report_of(app, AppResult::Synced, Vec::new()),
+            failures: Vec::new(),
+            applied: Applied::default(),
+            prune_failures: Vec::new(),
+            still_held: Vec::new(),
+        }
+    }
+}
+
+impl Outcome for Synced<'_> {
+    const MODE: Mode = Mode::Apply;
+    type Done = (AppReport, Vec<InventoryEntry>);
+
+    async fn canary_written(&mut self, work: &RolloutWork, write: &CanaryWrite, answer: WriteAnswer) {
+        match answer {
+            Ok(_) => self.report.canary_applied.push(write.key.clone()),
+            Err(error) => {
+                let message = format!("applying {}: {}", write.key, api_message(&error));
+                self.failures.push(rollout_problem(self.app, work, &message));
             }
         }
     }
-    written
+
+    async fn canary_deleted(&mut self, _: &Writer<'_>, work: &RolloutWork, deletion: &Deletion, answer: DeleteAnswer) {
+        match answer {
+            Ok(Deleted::Deleted) => self.report.canary_deleted.push(deletion.key.clone()),
+            Ok(_) => {}
+            Err(error) => {
+                let message = format!("deleting {}: {}", deletion.key, api_message(&error));
+                self.failures.push(rollout_problem(self.app, work, &message));
+            }
+        }
+    }
+
+    /// Applied in stages; a new app that failed is taken back whole.
+    async fn objects(&mut self, step: ObjectsStep<'_, '_>) -> std::result::Result<(), Vec<Problem>> {
+        let ObjectsStep {
+            writer,
+            plan,
+            live,
+            adoption,
+            options,
+            ..
+        } = step;
+        self.applied = apply_objects(writer, plan, live, adoption, options, &mut self.failures).await;
+        let applied = &self.applied;
+        if plan.fresh && !self.failures.is_empty() {
+            take_back(writer, &plan.objects, &applied.results, adoption.started).await;
+            let mut failures = std::mem::take(&mut self.failures);
+            failures.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+            return Err(failures);
+        }
+        self.report.unchanged = plan.objects.len() - applied.written.len();
+        for &index in &applied.written {
+            if applied.results[index].is_null() {
+                continue;
+            }
+            let key = plan.objects[index].key.clone();
+            if plan.writes.contains(&(index, Reason::Drift)) {
+                self.report.drifted.push(key.clone());
+            }
+            self.report.applied.push(key);
+        }
+        Ok(())
+    }
+
+    async fn pruned(&mut self, _: &Writer<'_>, deletion: &Deletion, answer: DeleteAnswer) {
+        match answer {
+            Ok(Deleted::Deleted) => self.report.pruned.push(deletion.key.clone()),
+            Ok(Deleted::Gone) => {}
+            // Another app took it over, or someone re-created it: keep tracking it.
+            Ok(Deleted::Changed) => self.still_held.push(deletion.inventory_entry()),
+            Err(error) => {
+                let message = format!("pruning {}: {}", deletion.key, api_message(&error));
+                self.prune_failures.push(app_problem(self.app, message));
+                self.still_held.push(deletion.inventory_entry());
+            }
+        }
+    }
+
+    async fn released(&mut self, _: &Writer<'_>, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>) {
+        match release {
+            Some((_, answer)) => {
+                if let Err(error) = answer {
+                    warn!(object = %entry.key(), error = %api_message(&error), "could not take back gitcanary's fields");
+                }
+                self.report.released.push(entry.key());
+            }
+            None => self.still_held.push(entry.clone()),
+        }
+    }
+
+    /// The inventory to record: what Git holds now (adopted or created),
+    /// plus what left Git but was not pruned; then each rollout's report,
+    /// written last, once, saying what this sync did.
+    async fn done(mut self, writer: &Writer<'_>, mut plan: AppPlan<'_>, rollouts: Vec<RolloutWork>) -> Self::Done {
+        let applied = &self.applied;
+        let previous = self.previous;
+        let was_adopted =
+            |key: &ObjectKey| applied.adopted.contains(key) || previous.iter().any(|e| e.adopted && e.key() == *key);
+        let mut inventory: Vec<InventoryEntry> = plan
+            .objects
+            .iter()
+            .map(|item| item.inventory_entry(was_adopted(&item.key)))
+            .collect();
+        inventory.append(&mut plan.kept);
+        inventory.append(&mut self.still_held);
+        inventory.sort();
+        self.failures.append(&mut plan.problems);
+        self.failures.append(&mut self.prune_failures);
+        let mut report = self.report;
+        finish_rollouts(writer, self.app, &rollouts, &mut report, &mut self.failures).await;
+        report.health = if self.applied.results.iter().all(plan::is_healthy) {
+            "Healthy".to_string()
+        } else {
+            "Progressing".to_string()
+        };
+        if !self.failures.is_empty() {
+            report.problems = self.failures;
+            report.result = AppResult::Failed;
+        }
+        (report, inventory)
+    }
 }
 
 /// What the staged apply did to an app's objects.
+#[derive(Default)]
 struct Applied {
     /// By object index: what the API server answered (or what health reads
     /// of an unchanged object); null for an object not applied.
@@ -195,107 +261,6 @@ async fn finish_rollouts(
     report.requeue = rollouts.iter().map(|w| w.requeue()).fold(None, Requeue::sooner);
     report.writebacks = rollouts.iter().filter_map(crate::writeback::Request::of).collect();
     report.rollouts = rollouts.iter().map(|w| w.summary()).collect();
-}
-
-/// Deletes the rollouts' canary objects no longer wanted, in the order
-/// planned: the routes (`routes`), or the others.
-async fn delete_canary_objects(
-    writer: &Writer<'_>,
-    app: &App,
-    rollouts: &[RolloutWork],
-    routes: bool,
-    report: &mut AppReport,
-    failures: &mut Vec<Problem>,
-) {
-    for work in rollouts {
-        let chosen = if routes {
-            &work.route_deletions
-        } else {
-            &work.canary_deletions
-        };
-        for deletion in chosen {
-            match writer.delete(deletion, Mode::Apply).await {
-                Ok(Deleted::Deleted) => report.canary_deleted.push(deletion.key.clone()),
-                Ok(_) => {}
-                Err(error) => {
-                    let message = format!("deleting {}: {}", deletion.key, api_message(&error));
-                    failures.push(rollout_problem(app, work, &message));
-                }
-            }
-        }
-    }
-}
-
-/// The plan's prunes and releases; returns the inventory to record: what
-/// Git holds now (adopted or created), plus what left Git but was not pruned.
-async fn prune(
-    writer: &Writer<'_>,
-    app: &App,
-    plan: &mut AppPlan<'_>,
-    applied: &Applied,
-    previous: &[InventoryEntry],
-    report: &mut AppReport,
-    failures: &mut Vec<Problem>,
-) -> Vec<InventoryEntry> {
-    let cluster = writer.cluster();
-    let was_adopted =
-        |key: &ObjectKey| applied.adopted.contains(key) || previous.iter().any(|e| e.adopted && e.key() == *key);
-    let mut inventory: Vec<InventoryEntry> = plan
-        .objects
-        .iter()
-        .map(|item| item.inventory_entry(was_adopted(&item.key)))
-        .collect();
-    inventory.append(&mut plan.kept);
-    failures.append(&mut plan.problems);
-    for deletion in &plan.prunes {
-        match writer.delete(deletion, Mode::Apply).await {
-            Ok(Deleted::Deleted) => report.pruned.push(deletion.key.clone()),
-            Ok(Deleted::Gone) => {}
-            // Another app took it over, or someone re-created it: keep tracking it.
-            Ok(Deleted::Changed) => inventory.push(deletion.inventory_entry()),
-            Err(error) => {
-                let message = format!("pruning {}: {}", deletion.key, api_message(&error));
-                failures.push(app_problem(app, message));
-                inventory.push(deletion.inventory_entry());
-            }
-        }
-    }
-    for entry in &plan.releases {
-        match cluster.resolve(&entry.api_version, &entry.kind).await {
-            Some(resolved) => {
-                release(writer, &resolved, &release_target(entry)).await;
-                report.released.push(entry.key());
-            }
-            None => inventory.push(entry.clone()),
-        }
-    }
-    inventory.sort();
-    inventory
-}
-
-/// The object an inventory entry names, as [`release`] needs it.
-pub(super) fn release_target(entry: &InventoryEntry) -> Value {
-    let mut object = json!({"apiVersion": entry.api_version, "kind": entry.kind, "metadata": {"name": entry.name}});
-    if let Some(namespace) = &entry.namespace {
-        object["metadata"]["namespace"] = json!(namespace);
-    }
-    object
-}
-
-/// What decides whether an object written as new may be taken over.
-pub(super) struct Adoption<'a> {
-    /// When the sync began: an object created before is not gitcanary's new one.
-    pub started: jiff::Timestamp,
-    /// The app's inventory as the last sync left it.
-    pub previous: &'a [InventoryEntry],
-    /// `--adopt`: take over every existing object (a migration).
-    pub adopt_all: bool,
-}
-
-impl Adoption<'_> {
-    pub(super) fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
-        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
-    }
 }
 
 /// Applies the objects at `indices`; each result goes to `results`, each

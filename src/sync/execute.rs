@@ -1,14 +1,20 @@
-//! The one executor of an app's plan, in two modes that share its check.
-//! `apply` is the sync: the API server checks every write first, then the
-//! plan is applied in order (see `apply_checked`). `dry_run` is `gitcanary
-//! diff`: the same check, with the same adoption rule, then every other
-//! write and every delete sent as a dry run, so that a diff lists exactly
-//! what the sync would write or delete and the refusals it would meet. Each
-//! mode answers in its own type: a sync never holds a preview, a diff never
-//! an inventory.
+//! The one executor of an app's plan: `execute` walks it once, in the
+//! order the sync writes it, in either mode. It begins with the check
+//! (every write dry-run, the adoption rule applied); then the canary
+//! objects, the canary routes no longer wanted, the app's objects staged by
+//! kind, the other canary objects no longer wanted, prunes and releases,
+//! each write and delete sent in the walk's mode. `Mode::Apply` is the sync,
+//! `Mode::DryRun` is `gitcanary diff`, so a diff meets exactly the refusals
+//! and preconditions a sync would. What a mode keeps of each answer is its
+//! [`Outcome`]'s: the sync's report and inventory (`apply::Synced`), or the
+//! diff's changes (`preview::Previewing`). Nothing after the check returns
+//! an error: a failure is a problem, kept with what was written.
 
-use super::apply::{Adoption, apply_checked, release_target};
+use super::apply::Synced;
+use super::outcome::{Adoption, ObjectsStep, Outcome, Preview, release_target};
+use super::preview::Previewing;
 use super::*;
+use crate::model::Deletion;
 
 /// What applying an app's plan did.
 pub(super) enum Executed {
@@ -18,51 +24,114 @@ pub(super) enum Executed {
     Refused(AppResult, Vec<Problem>),
 }
 
-/// What a dry run of an app's plan would change, and what it would refuse.
-#[derive(Default)]
-pub(super) struct Preview {
-    pub diffs: Vec<ObjectDiff>,
-    pub problems: Vec<Problem>,
-}
-
 /// The sync: the plan checked, then applied in order.
 pub(super) async fn apply(
     writer: &Writer<'_>,
     app: &App,
-    mut prepared: Prepared<'_>,
+    prepared: Prepared<'_>,
     live: &LiveObjects,
     previous: &[InventoryEntry],
     options: &SyncOptions,
 ) -> Result<Executed> {
-    let adoption = adoption(previous, options);
-    match check(writer, &prepared.plan, live, &adoption, options).await? {
-        Err(problems) => Ok(Executed::Refused(AppResult::Invalid, problems)),
-        Ok(answers) => {
-            prepared.plan.settle(&answers, live);
-            Ok(apply_checked(writer, app, prepared, live, &adoption, options).await)
-        }
-    }
+    let synced = Synced::new(app, previous);
+    Ok(
+        match execute(writer, prepared, live, previous, options, synced).await? {
+            Ok((report, inventory)) => Executed::Synced(Box::new(report), inventory),
+            Err(problems) => Executed::Refused(AppResult::Invalid, problems),
+        },
+    )
 }
 
-/// `gitcanary diff`: the same check as the sync's, then the rest of the
-/// plan sent as a dry run.
+/// `gitcanary diff`: the same walk, every write and delete a dry run.
 pub(super) async fn dry_run(
     writer: &Writer<'_>,
-    mut prepared: Prepared<'_>,
+    prepared: Prepared<'_>,
     live: &LiveObjects,
     previous: &[InventoryEntry],
     options: &SyncOptions,
 ) -> Result<Preview> {
+    let previewing = Previewing::new(live);
+    Ok(
+        match execute(writer, prepared, live, previous, options, previewing).await? {
+            Ok(preview) => preview,
+            // The sync would write nothing of the app: neither does the diff list anything.
+            Err(problems) => Preview {
+                diffs: Vec::new(),
+                problems,
+            },
+        },
+    )
+}
+
+/// The walk. An error is returned only by the check, before any write.
+async fn execute<O: Outcome>(
+    writer: &Writer<'_>,
+    prepared: Prepared<'_>,
+    live: &LiveObjects,
+    previous: &[InventoryEntry],
+    options: &SyncOptions,
+    mut outcome: O,
+) -> Result<std::result::Result<O::Done, Vec<Problem>>> {
     let adoption = adoption(previous, options);
-    match check(writer, &prepared.plan, live, &adoption, options).await? {
-        // The sync would write nothing of the app: neither does the diff list anything.
-        Err(problems) => Ok(Preview {
-            diffs: Vec::new(),
-            problems,
-        }),
-        Ok(answers) => {
-            prepared.plan.settle(&answers, live);
-            Ok(preview(writer, &prepared, live, &answers).await)
+    let Prepared { mut plan, rollouts, .. } = prepared;
+    let answers = match check(writer, &plan, live, &adoption, options).await? {
+        Err(problems) => return Ok(Err(problems)),
+        Ok(answers) => answers,
+    };
+    plan.settle(&answers, live);
+    // Canary objects first, so that a route never names a canary Service that does not exist yet.
+    for work in &rollouts {
+        for write in &work.canary_writes {
+            let answer = writer.apply(&write.resolved, &write.object, write.ours, O::MODE).await;
+            outcome.canary_written(work, write, answer).await;
+        }
+    }
+    // Canary routes no longer wanted go before anything else is written: an
+    // abort's traffic is back on stable as soon as it can be.
+    delete_canary_objects(writer, &rollouts, |work| &work.route_deletions, &mut outcome).await;
+    let step = ObjectsStep {
+        writer,
+        plan: &mut plan,
+        live,
+        adoption: &adoption,
+        answers: &answers,
+        options,
+    };
+    if let Err(problems) = outcome.objects(step).await {
+        return Ok(Err(problems));
+    }
+    // Routes are back on stable by now (the canary Ingresses went before the
+    // app's objects, Git's HTTPRoutes were among them): the other canary
+    // objects no longer wanted go, then what left Git.
+    delete_canary_objects(writer, &rollouts, |work| &work.canary_deletions, &mut outcome).await;
+    for deletion in &plan.prunes {
+        let answer = writer.delete(deletion, O::MODE).await;
+        outcome.pruned(writer, deletion, answer).await;
+    }
+    for entry in &plan.releases {
+        let release = match writer.cluster().resolve(&entry.api_version, &entry.kind).await {
+            Some(resolved) => {
+                let answer = writer.apply(&resolved, &release_target(entry), false, O::MODE).await;
+                Some((resolved, answer))
+            }
+            None => None,
+        };
+        outcome.released(writer, entry, release).await;
+    }
+    Ok(Ok(outcome.done(writer, plan, rollouts).await))
+}
+
+/// Deletes each rollout's canary objects that `chosen` names, in the order planned.
+async fn delete_canary_objects<O: Outcome>(
+    writer: &Writer<'_>,
+    rollouts: &[RolloutWork],
+    chosen: impl Fn(&RolloutWork) -> &Vec<Deletion>,
+    outcome: &mut O,
+) {
+    for work in rollouts {
+        for deletion in chosen(work) {
+            let answer = writer.delete(deletion, O::MODE).await;
+            outcome.canary_deleted(writer, work, deletion, answer).await;
         }
     }
 }
@@ -168,175 +237,4 @@ pub(super) fn refused(item: &Planned<'_>, error: &kube::Error) -> Problem {
         item.key,
         api_message(error)
     ))
-}
-
-/// The rest of the plan sent as a dry run: each write the check left shown
-/// with what the server would store, every canary write, release and
-/// delete (with the same preconditions as the sync's) dry-run in turn.
-async fn preview(
-    writer: &Writer<'_>,
-    prepared: &Prepared<'_>,
-    live: &LiveObjects,
-    answers: &BTreeMap<usize, Value>,
-) -> Preview {
-    let cluster = writer.cluster();
-    let plan = &prepared.plan;
-    let mut diffs = Vec::new();
-    let mut problems = Vec::new();
-    for &(index, _) in &plan.writes {
-        let item = &plan.objects[index];
-        // An object the sync adopts is not listed as ours: read it to show what changes.
-        let before = match live.get(&item.key) {
-            Some(object) => Some(object),
-            None => match read_value(cluster, &item.resolved, item.namespace(), item.name()).await {
-                Ok(before) => before,
-                Err(error) => {
-                    problems.push(item.manifest.problem(api_message(&error)));
-                    continue;
-                }
-            },
-        };
-        // Not checked (its namespace does not exist yet): shown as Git has it.
-        let after = answers.get(&index).unwrap_or(&item.desired);
-        diffs.push(write_diff(
-            item.key.clone(),
-            item.manifest.location(),
-            before.as_ref(),
-            after,
-        ));
-    }
-    for manifest in &plan.pending {
-        diffs.push(write_diff(manifest.key(), manifest.location(), None, &manifest.object));
-    }
-    for work in &prepared.rollouts {
-        for write in &work.canary_writes {
-            let after = match writer
-                .apply(&write.resolved, &write.object, write.ours, Mode::DryRun)
-                .await
-            {
-                Ok(after) => serde_json::to_value(after).unwrap_or(Value::Null),
-                Err(kube::Error::Api(status)) if status.code == 404 => write.object.clone(),
-                Err(e) => {
-                    problems.push(Problem {
-                        file: work.app.clone(),
-                        line: 0,
-                        message: format!("{} refused by the API server: {}", write.key, api_message(&e)),
-                    });
-                    continue;
-                }
-            };
-            diffs.push(write_diff(
-                write.key.clone(),
-                work.source.clone(),
-                write.live.as_ref(),
-                &after,
-            ));
-        }
-    }
-    release_diffs(writer, &plan.releases, &mut diffs, &mut problems).await;
-    let deletions = prepared
-        .rollouts
-        .iter()
-        .flat_map(|w| w.route_deletions.iter().chain(&w.canary_deletions))
-        .chain(plan.prunes.iter());
-    for deletion in deletions {
-        match deletion_diff(writer, deletion, live).await {
-            Ok(diff) => diffs.extend(diff),
-            Err(error) => problems.push(Problem {
-                file: String::new(),
-                line: 0,
-                message: format!("deleting {}: {}", deletion.key, api_message(&error)),
-            }),
-        }
-    }
-    Preview { diffs, problems }
-}
-
-/// What releasing each adopted Namespace would change.
-async fn release_diffs(
-    writer: &Writer<'_>,
-    releases: &[InventoryEntry],
-    diffs: &mut Vec<ObjectDiff>,
-    problems: &mut Vec<Problem>,
-) {
-    let cluster = writer.cluster();
-    for entry in releases {
-        let Some(resolved) = cluster.resolve(&entry.api_version, &entry.kind).await else {
-            continue;
-        };
-        let target = release_target(entry);
-        let before = read_value(cluster, &resolved, entry.namespace.as_deref(), &entry.name)
-            .await
-            .ok()
-            .flatten();
-        match writer.apply(&resolved, &target, false, Mode::DryRun).await {
-            Ok(after) => {
-                let after = serde_json::to_value(after).unwrap_or(Value::Null);
-                diffs.push(write_diff(entry.key(), String::new(), before.as_ref(), &after));
-            }
-            Err(e) => problems.push(Problem {
-                file: String::new(),
-                line: 0,
-                message: format!("releasing {}: {}", entry.key(), api_message(&e)),
-            }),
-        }
-    }
-}
-
-/// A delete the sync would make, dry-run with its preconditions and shown
-/// with the object it removes; none when the sync would find the object
-/// gone or changed (it then keeps it).
-async fn deletion_diff(
-    writer: &Writer<'_>,
-    deletion: &crate::model::Deletion,
-    live: &LiveObjects,
-) -> Result<Option<ObjectDiff>, kube::Error> {
-    if writer.delete(deletion, Mode::DryRun).await? != Deleted::Deleted {
-        return Ok(None);
-    }
-    let cluster = writer.cluster();
-    // Shown as the sync's live objects hold it; read only when they do not.
-    let shown = match live.get(&deletion.key) {
-        Some(object) => Some(object),
-        None => match cluster.resolve(&deletion.api_version, &deletion.key.kind).await {
-            Some(resolved) => read_value(
-                cluster,
-                &resolved,
-                deletion.key.namespace.as_deref(),
-                &deletion.key.name,
-            )
-            .await
-            .ok()
-            .flatten(),
-            None => None,
-        },
-    };
-    let shown = shown.unwrap_or_else(|| json!({"metadata": {"name": deletion.key.name, "uid": deletion.uid}}));
-    Ok(ObjectDiff::between(
-        deletion.key.clone(),
-        String::new(),
-        Some(&shown),
-        None,
-    ))
-}
-
-/// A diff for an object the sync would write, even when only gitcanary's
-/// bookkeeping (which a diff does not show) changes.
-fn write_diff(key: ObjectKey, location: String, before: Option<&Value>, after: &Value) -> ObjectDiff {
-    ObjectDiff::between(key.clone(), location.clone(), before, Some(after)).unwrap_or_else(|| ObjectDiff {
-        unified: format!("{key}: only gitcanary's annotations change\n"),
-        key,
-        location,
-        change: crate::cluster::Change::Update,
-    })
-}
-
-async fn read_value(
-    cluster: &Cluster,
-    resolved: &crate::model::Resolved,
-    namespace: Option<&str>,
-    name: &str,
-) -> std::result::Result<Option<Value>, kube::Error> {
-    let object = cluster.api(resolved, namespace).get_opt(name).await?;
-    Ok(object.map(|o| serde_json::to_value(o).unwrap_or(Value::Null)))
 }

@@ -1,0 +1,77 @@
+//! What the executor's walk hands each mode (see `execute`): the answer
+//! of each write and delete, step by step, and the rule that decides
+//! whether an object written as new may be taken over.
+
+use super::*;
+use crate::model::{Deletion, Resolved};
+use crate::rollout::model::CanaryWrite;
+use kube::api::DynamicObject;
+
+/// What a dry run of an app's plan would change, and what it would refuse.
+#[derive(Default)]
+pub(super) struct Preview {
+    pub diffs: Vec<ObjectDiff>,
+    pub problems: Vec<Problem>,
+}
+
+/// What one mode keeps of the walk's answers, step by step.
+pub(super) trait Outcome {
+    const MODE: Mode;
+    type Done;
+    async fn canary_written(&mut self, work: &RolloutWork, write: &CanaryWrite, answer: WriteAnswer);
+    async fn canary_deleted(
+        &mut self,
+        writer: &Writer<'_>,
+        work: &RolloutWork,
+        deletion: &Deletion,
+        answer: DeleteAnswer,
+    );
+    /// The app's objects, with the check's answers; `Err`: the app is
+    /// refused whole (a new app that failed, taken back).
+    async fn objects(&mut self, step: ObjectsStep<'_, '_>) -> std::result::Result<(), Vec<Problem>>;
+    async fn pruned(&mut self, writer: &Writer<'_>, deletion: &Deletion, answer: DeleteAnswer);
+    /// An adopted Namespace that left Git, with the write that releases it;
+    /// none when its kind is no longer served.
+    async fn released(&mut self, writer: &Writer<'_>, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>);
+    async fn done(self, writer: &Writer<'_>, plan: AppPlan<'_>, rollouts: Vec<RolloutWork>) -> Self::Done;
+}
+
+pub(super) type WriteAnswer = std::result::Result<DynamicObject, kube::Error>;
+pub(super) type DeleteAnswer = std::result::Result<Deleted, kube::Error>;
+
+/// What the app's objects step is given.
+pub(super) struct ObjectsStep<'s, 'p> {
+    pub writer: &'s Writer<'s>,
+    pub plan: &'s mut AppPlan<'p>,
+    pub live: &'s LiveObjects,
+    pub adoption: &'s Adoption<'s>,
+    /// The check's answer for each write it checked.
+    pub answers: &'s BTreeMap<usize, Value>,
+    pub options: &'s SyncOptions,
+}
+
+/// The object an inventory entry names, with nothing else: applied, it
+/// releases the object (gitcanary's fields removed, the object kept).
+pub(super) fn release_target(entry: &InventoryEntry) -> Value {
+    let mut object = json!({"apiVersion": entry.api_version, "kind": entry.kind, "metadata": {"name": entry.name}});
+    if let Some(namespace) = &entry.namespace {
+        object["metadata"]["namespace"] = json!(namespace);
+    }
+    object
+}
+
+/// What decides whether an object written as new may be taken over.
+pub(super) struct Adoption<'a> {
+    /// When the sync began: an object created before is not gitcanary's new one.
+    pub started: jiff::Timestamp,
+    /// The app's inventory as the last sync left it.
+    pub previous: &'a [InventoryEntry],
+    /// `--adopt`: take over every existing object (a migration).
+    pub adopt_all: bool,
+}
+
+impl Adoption<'_> {
+    pub(super) fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
+        plan::creation(item, answer, self.started, self.previous, self.adopt_all)
+    }
+}
