@@ -36,6 +36,7 @@ pub use memo::SyncMemo;
 mod apply;
 mod diff;
 mod execute;
+mod in_flight;
 mod memo;
 mod outcome;
 mod preview;
@@ -333,11 +334,10 @@ pub async fn sync_validated(
         for app in first {
             reports.extend(one(app).await?);
         }
-        // The other apps are independent of each other: a few at a time.
-        let mut rest = stream::iter(rest).map(one).buffered(APP_CONCURRENCY);
-        while let Some(report) = rest.next().await {
-            reports.extend(report?);
-        }
+        // The other apps are independent of each other: a few at a time,
+        // each to its end even when another fails.
+        let rest = in_flight::each_to_its_end(rest, APP_CONCURRENCY, one).await?;
+        reports.extend(rest.into_iter().flatten());
         memo.settle_written(&reports);
         let report = SyncReport {
             commit: revision.commit.clone(),
