@@ -240,16 +240,21 @@ impl<'c> Writer<'c> {
         Ok(patched)
     }
 
-    /// A Kubernetes Event about `regarding`, published as this writer, with
-    /// the write's deadline and fence: an Event is a write too.
-    pub async fn publish_event(&self, event: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
-        self.may_write()?;
+    /// Kubernetes Events about `regarding`, published as this writer, each
+    /// with the write's deadline and fence (an Event is a write too), by one
+    /// recorder, which makes a series of Events that repeat. Stops at the
+    /// first refusal.
+    pub async fn publish_events(&self, events: &[Event], regarding: &ObjectReference) -> Result<(), kube::Error> {
         let reporter = Reporter {
             controller: FIELD_MANAGER.to_string(),
             instance: std::env::var("HOSTNAME").ok(),
         };
         let recorder = Recorder::new(self.client.clone(), reporter);
-        within_write_timeout(recorder.publish(event, regarding)).await
+        for event in events {
+            self.may_write()?;
+            within_write_timeout(recorder.publish(event, regarding)).await?;
+        }
+        Ok(())
     }
 
     /// A merge patch whose watch event must wake the agent as anyone's

@@ -57,7 +57,8 @@ async fn finish_rollout(agent: &Writer<'_>, work: &RolloutWork) -> Result<()> {
     for transition in &work.plan.transitions {
         info!("{transition}");
     }
-    // A Rollout this sync created has its uid in the status write's answer.
+    // As the status write answered (a Rollout this sync created has no
+    // other uid, and its first status always changes), else as observed.
     let uid = written
         .and_then(|rollout| rollout.metadata.uid)
         .or_else(|| work.rollout_uid.clone());
@@ -82,25 +83,32 @@ async fn clear_ignored_signals(agent: &Writer<'_>, work: &RolloutWork) {
         return;
     };
     for (signal, value) in &work.plan.ignored_signals {
-        let patch = remove_if_unchanged(annotation_of(*signal), value);
-        if let Err(error) = agent
+        let Some(patch) = remove_if_unchanged(annotation_of(*signal), value) else {
+            continue;
+        };
+        match agent
             .patch_json(&resolved, Some(&work.namespace), &work.name, patch)
             .await
         {
-            info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)");
+            Ok(_) => {}
+            Err(error) if agent.may_write().is_err() => {
+                info!(%error, "an ignored signal was not cleared: the app's shard is another replica's now");
+                return;
+            }
+            Err(error) => info!(%error, "an ignored signal was not cleared (the Rollout changed meanwhile)"),
         }
     }
 }
 
 /// A JSON patch that removes annotation `key` only while it holds `value`.
-fn remove_if_unchanged(key: &str, value: &str) -> json_patch::Patch {
+fn remove_if_unchanged(key: &str, value: &str) -> Option<json_patch::Patch> {
     // RFC 6901: '~' and '/' in a key are escaped.
     let path = format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
     let operations = json!([
         {"op": "test", "path": path, "value": value},
         {"op": "remove", "path": path},
     ]);
-    serde_json::from_value(operations).unwrap_or_else(|_| json_patch::Patch(Vec::new()))
+    serde_json::from_value(operations).ok()
 }
 
 /// Kubernetes Events on the Rollout, one per transition, so that
@@ -116,26 +124,27 @@ async fn record_events(agent: &Writer<'_>, work: &RolloutWork, uid: String) {
         uid: Some(uid),
         ..ObjectReference::default()
     };
-    for transition in &work.plan.transitions {
-        let (severity, reason) = transition.event();
-        let type_ = match severity {
-            Severity::Normal => EventType::Normal,
-            Severity::Warning => EventType::Warning,
-        };
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(transition.to_string().chars().take(1000).collect()),
-            action: "Reconcile".to_string(),
-            secondary: None,
-        };
-        if let Err(error) = agent.publish_event(&event, &reference).await {
-            warn!(%error, "cannot record an Event on the Rollout");
-            // Refused once the replica lost the app's shard: so are the rest.
-            if agent.may_write().is_err() {
-                return;
+    let events: Vec<Event> = work
+        .plan
+        .transitions
+        .iter()
+        .map(|transition| {
+            let (severity, reason) = transition.event();
+            let type_ = match severity {
+                Severity::Normal => EventType::Normal,
+                Severity::Warning => EventType::Warning,
+            };
+            Event {
+                type_,
+                reason: reason.to_string(),
+                note: Some(transition.to_string().chars().take(1000).collect()),
+                action: "Reconcile".to_string(),
+                secondary: None,
             }
-        }
+        })
+        .collect();
+    if let Err(error) = agent.publish_events(&events, &reference).await {
+        warn!(%error, "cannot record an Event on the Rollout");
     }
 }
 
@@ -212,9 +221,10 @@ mod tests {
 
     #[test]
     fn an_ignored_signal_is_removed_only_while_it_holds_the_value_the_planner_saw() {
-        let patch = remove_if_unchanged("gitcanary.dev/promote", "abc~1");
+        let key = annotation_of(crate::rollout::api::Signal::Promote);
+        let patch = remove_if_unchanged(key, "abc~1").expect("a patch");
         let operations = serde_json::to_value(&patch).expect("patch");
-        let path = "/metadata/annotations/gitcanary.dev~1promote";
+        let path = format!("/metadata/annotations/{}", key.replace('/', "~1"));
         assert_eq!(
             operations,
             json!([
@@ -222,12 +232,17 @@ mod tests {
                 {"op": "remove", "path": path},
             ])
         );
-        let mut rollout = json!({"metadata": {"annotations": {"gitcanary.dev/promote": "newer"}}});
+        let annotated = |value: &str| {
+            let mut rollout = json!({"metadata": {"annotations": {"other": "x"}}});
+            rollout["metadata"]["annotations"][key] = json!(value);
+            rollout
+        };
+        let mut rollout = annotated("newer");
         assert!(
             json_patch::patch(&mut rollout, &patch).is_err(),
             "a newer signal is kept"
         );
-        let mut rollout = json!({"metadata": {"annotations": {"gitcanary.dev/promote": "abc~1", "other": "x"}}});
+        let mut rollout = annotated("abc~1");
         json_patch::patch(&mut rollout, &patch).expect("the seen signal is removed");
         assert_eq!(rollout, json!({"metadata": {"annotations": {"other": "x"}}}));
     }
