@@ -9,23 +9,26 @@ use crate::model::{Deletion, Resolved};
 use crate::rollout::model::CanaryWrite;
 
 /// The sync being made of an app's plan: its report, and what it wrote.
-pub(super) struct Synced<'r> {
+pub(super) struct Synced<'r, 'w> {
+    /// The app's writer: the app's objects are applied by this outcome.
+    writer: &'r Writer<'w>,
     app: &'r App,
     /// The app's inventory as the last sync left it.
     previous: &'r [InventoryEntry],
     report: AppReport,
     failures: Vec<Problem>,
     applied: Applied,
-    /// Prunes that failed: after the plan's own problems in the report.
+    /// Prunes and releases that failed: after the plan's own problems in the report.
     prune_failures: Vec<Problem>,
     /// What left Git but stays recorded: a prune refused, an object that
     /// changed since it was read, a release whose kind is gone.
     still_held: Vec<InventoryEntry>,
 }
 
-impl<'r> Synced<'r> {
-    pub(super) fn new(app: &'r App, previous: &'r [InventoryEntry]) -> Self {
+impl<'r, 'w> Synced<'r, 'w> {
+    pub(super) fn new(writer: &'r Writer<'w>, app: &'r App, previous: &'r [InventoryEntry]) -> Self {
         Synced {
+            writer,
             app,
             previous,
             report: report_of(app, AppResult::Synced, Vec::new()),
@@ -37,7 +40,7 @@ impl<'r> Synced<'r> {
     }
 }
 
-impl Outcome for Synced<'_> {
+impl Outcome for Synced<'_, '_> {
     const MODE: Mode = Mode::Apply;
     type Done = (AppReport, Vec<InventoryEntry>);
 
@@ -51,7 +54,7 @@ impl Outcome for Synced<'_> {
         }
     }
 
-    async fn canary_deleted(&mut self, _: &Writer<'_>, work: &RolloutWork, deletion: &Deletion, answer: DeleteAnswer) {
+    async fn canary_deleted(&mut self, _: &Cluster, work: &RolloutWork, deletion: &Deletion, answer: DeleteAnswer) {
         match answer {
             Ok(Deleted::Deleted) => self.report.canary_deleted.push(deletion.key.clone()),
             Ok(_) => {}
@@ -65,13 +68,13 @@ impl Outcome for Synced<'_> {
     /// Applied in stages; a new app that failed is taken back whole.
     async fn objects(&mut self, step: ObjectsStep<'_, '_>) -> std::result::Result<(), Vec<Problem>> {
         let ObjectsStep {
-            writer,
             plan,
             live,
             adoption,
             options,
             ..
         } = step;
+        let writer = self.writer;
         self.applied = apply_objects(writer, plan, live, adoption, options, &mut self.failures).await;
         let applied = &self.applied;
         if plan.fresh && !self.failures.is_empty() {
@@ -94,7 +97,7 @@ impl Outcome for Synced<'_> {
         Ok(())
     }
 
-    async fn pruned(&mut self, _: &Writer<'_>, deletion: &Deletion, answer: DeleteAnswer) {
+    async fn pruned(&mut self, _: &Cluster, deletion: &Deletion, answer: DeleteAnswer) {
         match answer {
             Ok(Deleted::Deleted) => self.report.pruned.push(deletion.key.clone()),
             Ok(Deleted::Gone) => {}
@@ -108,13 +111,14 @@ impl Outcome for Synced<'_> {
         }
     }
 
-    async fn released(&mut self, _: &Writer<'_>, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>) {
+    async fn released(&mut self, _: &Cluster, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>) {
         match release {
-            Some((_, answer)) => {
-                if let Err(error) = answer {
-                    warn!(object = %entry.key(), error = %api_message(&error), "could not take back gitcanary's fields");
-                }
-                self.report.released.push(entry.key());
+            Some((_, Ok(_))) => self.report.released.push(entry.key()),
+            // Still holding gitcanary's fields: recorded, and released by a later sync.
+            Some((_, Err(error))) => {
+                let message = format!("releasing {}: {}", entry.key(), api_message(&error));
+                self.prune_failures.push(app_problem(self.app, message));
+                self.still_held.push(entry.clone());
             }
             None => self.still_held.push(entry.clone()),
         }
@@ -123,7 +127,7 @@ impl Outcome for Synced<'_> {
     /// The inventory to record: what Git holds now (adopted or created),
     /// plus what left Git but was not pruned; then each rollout's report,
     /// written last, once, saying what this sync did.
-    async fn done(mut self, writer: &Writer<'_>, mut plan: AppPlan<'_>, rollouts: Vec<RolloutWork>) -> Self::Done {
+    async fn done(mut self, mut plan: AppPlan<'_>, rollouts: Vec<RolloutWork>) -> Self::Done {
         let applied = &self.applied;
         let previous = self.previous;
         let was_adopted =
@@ -139,7 +143,7 @@ impl Outcome for Synced<'_> {
         self.failures.append(&mut plan.problems);
         self.failures.append(&mut self.prune_failures);
         let mut report = self.report;
-        finish_rollouts(writer, self.app, &rollouts, &mut report, &mut self.failures).await;
+        finish_rollouts(self.writer, self.app, &rollouts, &mut report, &mut self.failures).await;
         report.health = if self.applied.results.iter().all(plan::is_healthy) {
             "Healthy".to_string()
         } else {

@@ -1,14 +1,17 @@
 //! The one executor of an app's plan: `execute` walks it once, in the
 //! order the sync writes it, in either mode. It begins with the check
 //! (every write dry-run, the adoption rule applied); then the canary
-//! objects, the canary routes no longer wanted, the app's objects staged by
-//! kind, the other canary objects no longer wanted, prunes and releases,
-//! each write and delete sent in the walk's mode. `Mode::Apply` is the sync,
-//! `Mode::DryRun` is `gitcanary diff`, so a diff meets exactly the refusals
-//! and preconditions a sync would. What a mode keeps of each answer is its
+//! objects, the canary routes no longer wanted, the app's objects, the other
+//! canary objects no longer wanted, prunes and releases, each write and
+//! delete sent in the walk's mode. `Mode::Apply` is the sync, `Mode::DryRun`
+//! is `gitcanary diff`, so a diff meets exactly the refusals and
+//! preconditions a sync would. What a mode keeps of each answer is its
 //! [`Outcome`]'s: the sync's report and inventory (`apply::Synced`), or the
-//! diff's changes (`preview::Previewing`). Nothing after the check returns
-//! an error: a failure is a problem, kept with what was written.
+//! diff's changes (`preview::Previewing`). One step differs by mode: the
+//! sync applies the app's objects in stages (Namespaces and CRDs first),
+//! while the diff shows the check's answers for them, the dry run of those
+//! very writes. Nothing after the check returns an error: a failure is a
+//! problem, kept with what was written.
 
 use super::apply::Synced;
 use super::outcome::{Adoption, ObjectsStep, Outcome, Preview, release_target};
@@ -33,7 +36,7 @@ pub(super) async fn apply(
     previous: &[InventoryEntry],
     options: &SyncOptions,
 ) -> Result<Executed> {
-    let synced = Synced::new(app, previous);
+    let synced = Synced::new(writer, app, previous);
     Ok(
         match execute(writer, prepared, live, previous, options, synced).await? {
             Ok((report, inventory)) => Executed::Synced(Box::new(report), inventory),
@@ -89,8 +92,9 @@ async fn execute<O: Outcome>(
     // Canary routes no longer wanted go before anything else is written: an
     // abort's traffic is back on stable as soon as it can be.
     delete_canary_objects(writer, &rollouts, |work| &work.route_deletions, &mut outcome).await;
+    let cluster = writer.cluster();
     let step = ObjectsStep {
-        writer,
+        cluster,
         plan: &mut plan,
         live,
         adoption: &adoption,
@@ -106,19 +110,19 @@ async fn execute<O: Outcome>(
     delete_canary_objects(writer, &rollouts, |work| &work.canary_deletions, &mut outcome).await;
     for deletion in &plan.prunes {
         let answer = writer.delete(deletion, O::MODE).await;
-        outcome.pruned(writer, deletion, answer).await;
+        outcome.pruned(cluster, deletion, answer).await;
     }
     for entry in &plan.releases {
-        let release = match writer.cluster().resolve(&entry.api_version, &entry.kind).await {
+        let release = match cluster.resolve(&entry.api_version, &entry.kind).await {
             Some(resolved) => {
                 let answer = writer.apply(&resolved, &release_target(entry), false, O::MODE).await;
                 Some((resolved, answer))
             }
             None => None,
         };
-        outcome.released(writer, entry, release).await;
+        outcome.released(cluster, entry, release).await;
     }
-    Ok(Ok(outcome.done(writer, plan, rollouts).await))
+    Ok(Ok(outcome.done(plan, rollouts).await))
 }
 
 /// Deletes each rollout's canary objects that `chosen` names, in the order planned.
@@ -131,7 +135,7 @@ async fn delete_canary_objects<O: Outcome>(
     for work in rollouts {
         for deletion in chosen(work) {
             let answer = writer.delete(deletion, O::MODE).await;
-            outcome.canary_deleted(writer, work, deletion, answer).await;
+            outcome.canary_deleted(writer.cluster(), work, deletion, answer).await;
         }
     }
 }

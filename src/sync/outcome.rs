@@ -14,14 +14,18 @@ pub(super) struct Preview {
     pub problems: Vec<Problem>,
 }
 
-/// What one mode keeps of the walk's answers, step by step.
+/// What one mode keeps of the walk's answers, step by step. Only the walk
+/// writes, in `MODE`; an outcome is handed the cluster, for reads. (The
+/// sync's outcome holds the app's writer for the one step the walk leaves
+/// to it: the app's objects, applied in stages, which the diff shows from
+/// the check's answers instead.)
 pub(super) trait Outcome {
     const MODE: Mode;
     type Done;
     async fn canary_written(&mut self, work: &RolloutWork, write: &CanaryWrite, answer: WriteAnswer);
     async fn canary_deleted(
         &mut self,
-        writer: &Writer<'_>,
+        cluster: &Cluster,
         work: &RolloutWork,
         deletion: &Deletion,
         answer: DeleteAnswer,
@@ -29,11 +33,11 @@ pub(super) trait Outcome {
     /// The app's objects, with the check's answers; `Err`: the app is
     /// refused whole (a new app that failed, taken back).
     async fn objects(&mut self, step: ObjectsStep<'_, '_>) -> std::result::Result<(), Vec<Problem>>;
-    async fn pruned(&mut self, writer: &Writer<'_>, deletion: &Deletion, answer: DeleteAnswer);
+    async fn pruned(&mut self, cluster: &Cluster, deletion: &Deletion, answer: DeleteAnswer);
     /// An adopted Namespace that left Git, with the write that releases it;
     /// none when its kind is no longer served.
-    async fn released(&mut self, writer: &Writer<'_>, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>);
-    async fn done(self, writer: &Writer<'_>, plan: AppPlan<'_>, rollouts: Vec<RolloutWork>) -> Self::Done;
+    async fn released(&mut self, cluster: &Cluster, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>);
+    async fn done(self, plan: AppPlan<'_>, rollouts: Vec<RolloutWork>) -> Self::Done;
 }
 
 pub(super) type WriteAnswer = std::result::Result<DynamicObject, kube::Error>;
@@ -41,7 +45,7 @@ pub(super) type DeleteAnswer = std::result::Result<Deleted, kube::Error>;
 
 /// What the app's objects step is given.
 pub(super) struct ObjectsStep<'s, 'p> {
-    pub writer: &'s Writer<'s>,
+    pub cluster: &'s Cluster,
     pub plan: &'s mut AppPlan<'p>,
     pub live: &'s LiveObjects,
     pub adoption: &'s Adoption<'s>,

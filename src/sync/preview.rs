@@ -11,6 +11,11 @@ pub(super) struct Previewing<'l> {
     /// The sync's live objects: a delete is shown as they hold the object.
     live: &'l LiveObjects,
     preview: Preview,
+    /// Problems by step, listed as the diff always listed them: the app's
+    /// objects, canary writes, releases, then deletes.
+    canary_problems: Vec<Problem>,
+    release_problems: Vec<Problem>,
+    delete_problems: Vec<Problem>,
 }
 
 impl<'l> Previewing<'l> {
@@ -18,28 +23,28 @@ impl<'l> Previewing<'l> {
         Previewing {
             live,
             preview: Preview::default(),
+            canary_problems: Vec::new(),
+            release_problems: Vec::new(),
+            delete_problems: Vec::new(),
         }
-    }
-
-    fn problem(&mut self, file: String, message: String) {
-        self.preview.problems.push(Problem { file, line: 0, message });
     }
 
     /// A delete the sync would make, shown with the object it removes;
     /// none when the sync would find the object gone or changed (it then
     /// keeps it).
-    async fn deleted(&mut self, writer: &Writer<'_>, deletion: &Deletion, answer: DeleteAnswer) {
+    async fn deleted(&mut self, cluster: &Cluster, deletion: &Deletion, answer: DeleteAnswer) {
         match answer {
             Ok(Deleted::Deleted) => {
-                let shown = shown_deleted(writer.cluster(), deletion, self.live).await;
+                let shown = shown_deleted(cluster, deletion, self.live).await;
                 let diff = ObjectDiff::between(deletion.key.clone(), String::new(), Some(&shown), None);
                 self.preview.diffs.extend(diff);
             }
             Ok(_) => {}
-            Err(error) => self.problem(
-                String::new(),
-                format!("deleting {}: {}", deletion.key, api_message(&error)),
-            ),
+            Err(error) => self.delete_problems.push(Problem {
+                file: String::new(),
+                line: 0,
+                message: format!("deleting {}: {}", deletion.key, api_message(&error)),
+            }),
         }
     }
 }
@@ -55,27 +60,22 @@ impl Outcome for Previewing<'_> {
             Err(kube::Error::Api(status)) if status.code == 404 => write.object.clone(),
             Err(e) => {
                 let message = format!("{} refused by the API server: {}", write.key, api_message(&e));
-                return self.problem(work.app.clone(), message);
+                let file = work.app.clone();
+                return self.canary_problems.push(Problem { file, line: 0, message });
             }
         };
         let diff = write_diff(write.key.clone(), work.source.clone(), write.live.as_ref(), &after);
         self.preview.diffs.push(diff);
     }
 
-    async fn canary_deleted(
-        &mut self,
-        writer: &Writer<'_>,
-        _: &RolloutWork,
-        deletion: &Deletion,
-        answer: DeleteAnswer,
-    ) {
-        self.deleted(writer, deletion, answer).await;
+    async fn canary_deleted(&mut self, cluster: &Cluster, _: &RolloutWork, deletion: &Deletion, answer: DeleteAnswer) {
+        self.deleted(cluster, deletion, answer).await;
     }
 
     /// Each write the check left shown with what the server would store
     /// (the check sent it as a dry run already: it is not sent again).
     async fn objects(&mut self, step: ObjectsStep<'_, '_>) -> std::result::Result<(), Vec<Problem>> {
-        let cluster = step.writer.cluster();
+        let cluster = step.cluster;
         let plan = &*step.plan;
         for &(index, _) in &plan.writes {
             let item = &plan.objects[index];
@@ -102,23 +102,17 @@ impl Outcome for Previewing<'_> {
         Ok(())
     }
 
-    async fn pruned(&mut self, writer: &Writer<'_>, deletion: &Deletion, answer: DeleteAnswer) {
-        self.deleted(writer, deletion, answer).await;
+    async fn pruned(&mut self, cluster: &Cluster, deletion: &Deletion, answer: DeleteAnswer) {
+        self.deleted(cluster, deletion, answer).await;
     }
 
-    async fn released(
-        &mut self,
-        writer: &Writer<'_>,
-        entry: &InventoryEntry,
-        release: Option<(Resolved, WriteAnswer)>,
-    ) {
+    async fn released(&mut self, cluster: &Cluster, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>) {
         let Some((resolved, answer)) = release else {
             return;
         };
         match answer {
             Ok(after) => {
                 // A dry run changed nothing: what it shows as before is still there.
-                let cluster = writer.cluster();
                 let before = read_value(cluster, &resolved, entry.namespace.as_deref(), &entry.name)
                     .await
                     .ok()
@@ -127,11 +121,19 @@ impl Outcome for Previewing<'_> {
                 let diff = write_diff(entry.key(), String::new(), before.as_ref(), &after);
                 self.preview.diffs.push(diff);
             }
-            Err(e) => self.problem(String::new(), format!("releasing {}: {}", entry.key(), api_message(&e))),
+            Err(e) => self.release_problems.push(Problem {
+                file: String::new(),
+                line: 0,
+                message: format!("releasing {}: {}", entry.key(), api_message(&e)),
+            }),
         }
     }
 
-    async fn done(self, _: &Writer<'_>, _: AppPlan<'_>, _: Vec<RolloutWork>) -> Preview {
+    async fn done(mut self, _: AppPlan<'_>, _: Vec<RolloutWork>) -> Preview {
+        let problems = &mut self.preview.problems;
+        problems.append(&mut self.canary_problems);
+        problems.append(&mut self.release_problems);
+        problems.append(&mut self.delete_problems);
         self.preview
     }
 }
