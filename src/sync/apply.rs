@@ -258,7 +258,7 @@ async fn finish_rollouts(
 ) {
     let agent = writer.as_agent();
     for work in rollouts {
-        if let Err(error) = rollout::engine::finish(&agent, work).await {
+        if let Err(error) = rollout::report::finish(&agent, work).await {
             failures.push(rollout_problem(app, work, &error.to_string()));
         }
     }

@@ -1,9 +1,9 @@
-//! The report stage of the rollout engine. An app's Rollouts are first all
-//! observed (`observe::observe_rollouts`), then planned together
+//! The report stage of a Rollout. An app's Rollouts are first all observed
+//! (`rollout::observe::observe_rollouts`), then planned together
 //! (`desired::plan_rollouts`: pure, overlays on the app's objects and the
 //! canary objects to write or delete, all applied by the sync's one
-//! executor); once the app is applied they are reported here: pod batch
-//! labels, the Rollout's status and Events.
+//! executor); once the app is applied, and after prune, they are reported
+//! here: pod batch labels, the Rollout's status and Events.
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, DynamicObject, ListParams};
