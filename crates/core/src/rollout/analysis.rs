@@ -489,17 +489,24 @@ pub fn due_runs<'a>(
         .into_iter()
         .filter_map(|(run, name)| {
             let template = template(spec, &name)?;
-            let last = status
-                .analysis_runs
-                .iter()
-                .find(|r| r.name == run && r.rollout_id == status.rollout_id)
-                .and_then(|r| r.last_measured_at.parse::<Timestamp>().ok());
-            let due = last.is_none_or(|last| {
-                Duration::try_from(now.duration_since(last)).unwrap_or(Duration::ZERO) >= interval(template)
-            });
+            let due = until_due(status, &run, template, now).is_none_or(|wait| wait.is_zero());
             due.then_some((run, template))
         })
         .collect()
+}
+
+/// How long until run `run` of this release is measured again: zero once
+/// its interval has passed since its last measurement; `None` when it was
+/// never measured (or its time cannot be read). The one rule behind which
+/// runs observe measures (`due_runs`) and when the planner wakes for them.
+pub fn until_due(status: &RolloutStatus, run: &str, template: &AnalysisTemplate, now: Timestamp) -> Option<Duration> {
+    let last = status
+        .analysis_runs
+        .iter()
+        .find(|r| r.name == run && r.rollout_id == status.rollout_id)
+        .and_then(|r| r.last_measured_at.parse::<Timestamp>().ok())?;
+    let since = Duration::try_from(now.duration_since(last)).unwrap_or(Duration::ZERO);
+    Some(interval(template).saturating_sub(since))
 }
 
 #[cfg(test)]

@@ -102,14 +102,8 @@ impl Planner<'_> {
             let Some(template) = analysis::template(self.spec, &template_name) else {
                 continue;
             };
-            let last = self
-                .status
-                .analysis_runs
-                .iter()
-                .find(|r| r.name == run_name && r.rollout_id == self.status.rollout_id)
-                .map(|r| r.last_measured_at.clone());
-            let wait = match last {
-                Some(last) => analysis::interval(template).saturating_sub(elapsed(&last, self.observed.now)),
+            let wait = match analysis::until_due(&self.status, &run_name, template, self.observed.now) {
+                Some(wait) => wait,
                 // A Job's conditions are read every interval while it runs.
                 None if crate::rollout::jobs::job_of(template).is_some() => analysis::interval(template),
                 None => Duration::ZERO,

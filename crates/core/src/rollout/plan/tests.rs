@@ -712,6 +712,31 @@ fn release_at_analysis(spec: RolloutSpec) -> (Run, Observed) {
 }
 
 #[test]
+fn the_planner_wakes_exactly_when_observe_finds_the_next_measurement_due() {
+    let (mut run, mut seen) = release_at_analysis(analysed_spec(false));
+    seen.measurements = vec![measured("step-1", Outcome::Successful)];
+    run.step(&seen);
+    seen.measurements.clear();
+    seen.now = at(8);
+    let wait = run
+        .step(&seen)
+        .requeue
+        .map(|r| r.after)
+        .expect("woken for the next measurement");
+    assert_eq!(wait, Duration::from_secs(7), "measured at 5 s, every 10 s");
+    assert!(analysis::due_runs(&run.spec, &run.status, seen.now).is_empty());
+    assert!(
+        analysis::due_runs(&run.spec, &run.status, at(14)).is_empty(),
+        "not a second early"
+    );
+    assert_eq!(
+        analysis::due_runs(&run.spec, &run.status, at(8 + 7)).len(),
+        1,
+        "due when woken"
+    );
+}
+
+#[test]
 fn an_analysed_step_passes_after_count_successful_measurements() {
     let (mut run, mut seen) = release_at_analysis(analysed_spec(false));
     assert_eq!(run.state(), (Phase::Progressing, 1, StepState::StepPaused));
