@@ -80,9 +80,8 @@ pub const ADOPT_ANNOTATION: &str = "gitcanary.io/adopt";
 pub struct Provenance {
     /// Field managers other than gitcanary's, sorted, each once.
     pub other_managers: Vec<String>,
-    /// The managedFields entries, and those of gitcanary's own manager.
-    pub entries: usize,
-    pub own_entries: usize,
+    /// One managedFields entry, and it is gitcanary's.
+    pub ours_alone: bool,
     pub created: Option<jiff::Timestamp>,
 }
 
@@ -100,12 +99,7 @@ impl Provenance {
         other_managers.dedup();
         Provenance {
             other_managers,
-            entries: fields.map_or(0, Vec::len),
-            own_entries: fields
-                .into_iter()
-                .flatten()
-                .filter(|f| f["manager"] == crate::FIELD_MANAGER)
-                .count(),
+            ours_alone: fields.is_some_and(|f| f.len() == 1 && f[0]["manager"] == crate::FIELD_MANAGER),
             created: answer["metadata"]["creationTimestamp"]
                 .as_str()
                 .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
@@ -126,8 +120,7 @@ impl Provenance {
     /// timestamp, no manager, a second entry): a delete cannot be undone,
     /// and an object that fails it is released instead.
     pub fn made_by_this_sync(&self, started: jiff::Timestamp) -> bool {
-        let only_ours = self.entries == 1 && self.own_entries == 1;
-        only_ours && self.created.is_some_and(|t| t.as_second() >= started.as_second())
+        self.ours_alone && self.created.is_some_and(|t| t.as_second() >= started.as_second())
     }
 }
 
