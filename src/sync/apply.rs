@@ -3,7 +3,7 @@
 //! app's objects are applied in stages (Namespaces and CRDs first), a new
 //! app that failed is taken back, and the Rollouts' reports come last.
 
-use super::outcome::{Adoption, DeleteAnswer, ObjectsStep, Outcome, WriteAnswer};
+use super::outcome::{Adoption, DeleteAnswer, ObjectsStep, Outcome, WriteAnswer, release_target};
 use super::*;
 use crate::model::{Deletion, Resolved};
 use crate::rollout::model::CanaryWrite;
@@ -306,7 +306,7 @@ async fn apply_writes(
                     applied.results[index] = answer;
                 }
                 plan::Creation::Refused(message) => {
-                    release(writer, &item.resolved, &item.desired).await;
+                    release(writer, &item.resolved, item).await;
                     problems.push(item.manifest.problem(message));
                 }
             },
@@ -318,14 +318,10 @@ async fn apply_writes(
 
 /// Removes gitcanary's fields (its label and annotations among them) from an
 /// object it does not keep, by applying an empty configuration.
-async fn release(writer: &Writer<'_>, resolved: &crate::model::Resolved, object: &Value) {
-    let mut empty = json!({"apiVersion": object["apiVersion"], "kind": object["kind"],
-        "metadata": {"name": object["metadata"]["name"]}});
-    if let Some(namespace) = object["metadata"]["namespace"].as_str() {
-        empty["metadata"]["namespace"] = json!(namespace);
-    }
+async fn release(writer: &Writer<'_>, resolved: &Resolved, item: &Planned<'_>) {
+    let empty = release_target(&item.inventory_entry(false));
     if let Err(error) = writer.apply(resolved, &empty, false, Mode::Apply).await {
-        warn!(object = %object["metadata"]["name"], error = %api_message(&error), "could not take back gitcanary's fields");
+        warn!(object = %item.key, error = %api_message(&error), "could not take back gitcanary's fields");
     }
 }
 
@@ -340,7 +336,7 @@ async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Valu
         };
         let item = &objects[index];
         if !plan::made_by_this_sync(applied, started) {
-            release(writer, &item.resolved, &item.desired).await;
+            release(writer, &item.resolved, item).await;
             continue;
         }
         let deletion = crate::model::Deletion {
