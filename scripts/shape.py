@@ -69,6 +69,10 @@ def resolve(current, segments, modules):
     for k in range(len(full), 0, -1):
         if tuple(full[:k]) in modules:
             return tuple(full[:k])
+    # An item named at the crate root may be a re-export: it is from the
+    # module it comes from.
+    if full and full[0] in modules.reexports:
+        return modules.reexports[full[0]]
     return None
 
 
@@ -183,9 +187,29 @@ def long_functions(code):
                 break
 
 
+class Modules(set):
+    """A crate's modules, and what its root re-exports: name -> module."""
+
+    def __init__(self, files, src):
+        super().__init__(module_of(p, src) for p in files)
+        self.reexports = {}
+        for path, code in files.items():
+            if module_of(path, src) != ():
+                continue
+            for m in re.finditer(r"\bpub\s+use\s+([^;]+);", code):
+                for used in expand(re.sub(r"\s+as\s+", "@", m.group(1))):
+                    segments = used.split("::")
+                    plain = [s for s in segments[:-1] if s not in ("crate", "self")]
+                    for k in range(len(plain), 0, -1):
+                        if tuple(plain[:k]) in self:
+                            name = segments[-1].split("@")[-1]
+                            self.reexports[name] = tuple(plain[:k])
+                            break
+
+
 def breaches_of(src, pure):
     files = dict(sources(src))
-    modules = {module_of(p, src) for p in files}
+    modules = Modules(files, src)
     # Between siblings: a file's imports of (anything inside) another file of
     # its folder, counting the imports of its own submodules.
     sibling_edges = {}
