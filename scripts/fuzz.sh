@@ -15,6 +15,7 @@ shift || true
 targets=("${@:-webhook_payload manifest_loader pr_command pipeline}")
 host=$(rustc -vV | sed -n 's/^host: //p')
 export CARGO_TARGET_DIR="${GITCANARY_FUZZ_TARGET_DIR:-$HOME/.cache/gitcanary/fuzz-target}"
+scripts/trim-cache.sh "$CARGO_TARGET_DIR" "${GITCANARY_FUZZ_CACHE_BUDGET_GB:-10}" 4
 # --target: the flags reach the targets and gitcanary, not build scripts.
 RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \

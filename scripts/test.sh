@@ -26,6 +26,9 @@ tests/testenv/knative.sh >/dev/null
 step "building the test gateway, Traefik (first run: about 10 minutes; cached in ~/.cache/gitcanary/gateway)"
 tests/testenv/gateway.sh >/dev/null
 
+step "keeping the build caches within their budget"
+scripts/trim-cache.sh "$CARGO_TARGET_DIR" "${GITCANARY_CACHE_BUDGET_GB:-20}" 8
+
 step "cargo fmt --check"
 cargo fmt --all --check
 

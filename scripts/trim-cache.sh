@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Keeps a build cache that every clone on this machine shares within its
+# budget, before a build: a clone at a new path compiles its own copy of
+# gitcanary's crates beside the others', so the cache only grows, and a link
+# on a full disk dies of SIGBUS with no word about space. Over the budget,
+# the incremental state goes first (only gitcanary's own crates recompile);
+# if that is not enough, the whole cache (the next build is a first build).
+# Then it warns when the disk has less free space than a build needs.
+#   scripts/trim-cache.sh DIR BUDGET_GB NEEDED_GB
+set -euo pipefail
+dir="$1"
+budget_gb="$2"
+needed_gb="$3"
+
+size_gb() { du -s --block-size=1G "$1" 2>/dev/null | cut -f1; }
+free_gb() { df --output=avail --block-size=1G "$1" | tail -n 1 | tr -d ' '; }
+
+if [ -d "$dir" ]; then
+  size=$(size_gb "$dir")
+  if [ "$size" -gt "$budget_gb" ]; then
+    echo "build cache $dir holds ${size} GB, over its budget of ${budget_gb} GB: removing its incremental state" >&2
+    find "$dir" -maxdepth 3 -type d -name incremental -prune -exec rm -rf {} +
+    size=$(size_gb "$dir")
+  fi
+  if [ "$size" -gt "$budget_gb" ]; then
+    echo "build cache $dir still holds ${size} GB: emptying it, so this build starts from nothing" >&2
+    rm -rf "$dir"
+  fi
+fi
+
+mkdir -p "$dir"
+free=$(free_gb "$dir")
+if [ "$free" -lt "$needed_gb" ]; then
+  echo "warning: ${free} GB free where $dir lives; a build from nothing needs about ${needed_gb} GB, and a link on a full disk fails with SIGBUS" >&2
+fi
