@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Keeps a build cache that every clone on this machine shares within its
-# budget, before a build: a clone at a new path compiles its own copy of
-# gitcanary's crates beside the others', so the cache only grows, and a link
-# on a full disk dies of SIGBUS with no word about space. Over the budget,
+# budget, before a build: when the dependencies or the toolchain change, each
+# of gitcanary's test binaries is built under a new name and the old one
+# stays, so the cache only grows, and a link on a full disk dies of SIGBUS
+# with no word about space. Over the budget,
 # the incremental state goes first (only gitcanary's own crates recompile);
 # if that is not enough, the whole cache (the next build is a first build).
 # Then it warns when the disk has less free space than a build needs.
