@@ -48,17 +48,23 @@ pub struct ReleaseView {
     pub actions: Option<String>,
 }
 
+/// What HTML reads as markup, and the entity that shows it as text.
+/// Quotes by code point: a quote character literal misleads line counters.
+const ENTITIES: [(char, &str); 5] = [
+    ('&', "&amp;"),
+    ('<', "&lt;"),
+    ('>', "&gt;"),
+    ('\u{22}', "&quot;"),
+    ('\u{27}', "&#39;"),
+];
+
 /// Text made safe for HTML, in an element or an attribute.
 pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+        match ENTITIES.iter().find(|(markup, _)| *markup == c) {
+            Some((_, entity)) => out.push_str(entity),
+            None => out.push(c),
         }
     }
     out
@@ -461,6 +467,16 @@ mod tests {
             !release(&ReleaseView::default()).contains("id=environments"),
             "no waves, no section"
         );
+    }
+
+    #[test]
+    fn every_character_html_reads_as_markup_is_shown_as_text() {
+        assert_eq!(
+            escape(r#"a&b<c>d"e'f"#),
+            "a&amp;b&lt;c&gt;d&quot;e&#39;f",
+            "in an element or an attribute quoted either way"
+        );
+        assert_eq!(escape("plain é"), "plain é");
     }
 
     #[test]
