@@ -13,14 +13,19 @@ dir="$1"
 budget_gb="$2"
 needed_gb="$3"
 
-size_gb() { du -s --block-size=1G "$1" 2>/dev/null | cut -f1; }
+# A build beside this one may remove files as du reads: it still totals the rest.
+size_gb() {
+  local total
+  total=$({ du -s --block-size=1G "$1" 2>/dev/null || true; } | cut -f1)
+  echo "${total:-0}"
+}
 free_gb() { df --output=avail --block-size=1G "$1" | tail -n 1 | tr -d ' '; }
 
 if [ -d "$dir" ]; then
   size=$(size_gb "$dir")
   if [ "$size" -gt "$budget_gb" ]; then
     echo "build cache $dir holds ${size} GB, over its budget of ${budget_gb} GB: removing its incremental state" >&2
-    find "$dir" -maxdepth 3 -type d -name incremental -prune -exec rm -rf {} +
+    find "$dir" -maxdepth 3 -type d -name incremental -prune -exec rm -rf {} + || true
     size=$(size_gb "$dir")
   fi
   if [ "$size" -gt "$budget_gb" ]; then
@@ -30,7 +35,7 @@ if [ -d "$dir" ]; then
 fi
 
 mkdir -p "$dir"
-free=$(free_gb "$dir")
+free=$(free_gb "$dir" 2>/dev/null || echo "$needed_gb")
 if [ "$free" -lt "$needed_gb" ]; then
   echo "warning: ${free} GB free where $dir lives; a build from nothing needs about ${needed_gb} GB, and a link on a full disk fails with SIGBUS" >&2
 fi
