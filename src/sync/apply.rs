@@ -3,7 +3,7 @@
 //! app's objects are applied in stages (Namespaces and CRDs first), a new
 //! app that failed is taken back, and the Rollouts' reports come last.
 
-use super::outcome::{Adoption, DeleteAnswer, ObjectsStep, Outcome, WriteAnswer, release_target};
+use super::outcome::{Adoption, DeleteAnswer, ObjectsStep, Outcome, WriteAnswer, release_target, released_already};
 use super::*;
 use crate::model::{Deletion, Resolved};
 use crate::rollout::model::CanaryWrite;
@@ -114,6 +114,11 @@ impl Outcome for Synced<'_, '_> {
     async fn released(&mut self, _: &Cluster, entry: &InventoryEntry, release: Option<(Resolved, WriteAnswer)>) {
         match release {
             Some((_, Ok(_))) => self.report.released.push(entry.key()),
+            // Deleted, or made anew by another, since observe: nothing of
+            // gitcanary's left on the object it recorded.
+            Some((_, Err(error))) if released_already(&error) => {
+                tracing::debug!(object = %entry.key(), error = %api_message(&error), "the released object is gone");
+            }
             // Still holding gitcanary's fields: recorded, and released by a later sync.
             Some((_, Err(error))) => {
                 let message = format!("releasing {}: {}", entry.key(), api_message(&error));
@@ -306,7 +311,7 @@ async fn apply_writes(
                     applied.results[index] = answer;
                 }
                 plan::Creation::Refused(message) => {
-                    release(writer, &item.resolved, item).await;
+                    release(writer, &item.resolved, item, &answer).await;
                     problems.push(item.manifest.problem(message));
                 }
             },
@@ -317,11 +322,18 @@ async fn apply_writes(
 }
 
 /// Removes gitcanary's fields (its label and annotations among them) from an
-/// object it does not keep, by applying an empty configuration.
-async fn release(writer: &Writer<'_>, resolved: &Resolved, item: &Planned<'_>) {
-    let empty = release_target(&item.inventory_entry(false));
-    if let Err(error) = writer.apply(resolved, &empty, false, Mode::Apply).await {
-        warn!(object = %item.key, error = %api_message(&error), "could not take back gitcanary's fields");
+/// object it does not keep, by applying an empty configuration to the
+/// object `applied` (the answer to this sync's write) names.
+async fn release(writer: &Writer<'_>, resolved: &Resolved, item: &Planned<'_>, applied: &Value) {
+    let Some(meta) = LiveMeta::of(applied) else {
+        return; // no object named: nothing of gitcanary's on one
+    };
+    let empty = release_target(&item.inventory_entry(false), &meta.uid);
+    match writer.apply(resolved, &empty, false, Mode::Apply).await {
+        Err(error) if !released_already(&error) => {
+            warn!(object = %item.key, error = %api_message(&error), "could not take back gitcanary's fields");
+        }
+        _ => {}
     }
 }
 
@@ -336,7 +348,7 @@ async fn take_back(writer: &Writer<'_>, objects: &[Planned<'_>], results: &[Valu
         };
         let item = &objects[index];
         if !plan::made_by_this_sync(applied, started) {
-            release(writer, &item.resolved, item).await;
+            release(writer, &item.resolved, item, applied).await;
             continue;
         }
         let deletion = crate::model::Deletion {

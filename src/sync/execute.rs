@@ -112,15 +112,17 @@ async fn execute<O: Outcome>(
         let answer = writer.delete(deletion, O::MODE).await;
         outcome.pruned(cluster, deletion, answer).await;
     }
-    for entry in &plan.releases {
-        let release = match cluster.resolve(&entry.api_version, &entry.kind).await {
+    for release in &plan.releases {
+        let entry = &release.entry;
+        let answer = match cluster.resolve(&entry.api_version, &entry.kind).await {
             Some(resolved) => {
-                let answer = writer.apply(&resolved, &release_target(entry), false, O::MODE).await;
+                let target = release_target(entry, &release.uid);
+                let answer = writer.apply(&resolved, &target, false, O::MODE).await;
                 Some((resolved, answer))
             }
             None => None,
         };
-        outcome.released(cluster, entry, release).await;
+        outcome.released(cluster, entry, answer).await;
     }
     Ok(Ok(outcome.done(plan, rollouts).await))
 }

@@ -55,13 +55,34 @@ pub(super) struct ObjectsStep<'s, 'p> {
 }
 
 /// The object an inventory entry names, with nothing else: applied, it
-/// releases the object (gitcanary's fields removed, the object kept).
-pub(super) fn release_target(entry: &InventoryEntry) -> Value {
-    let mut object = json!({"apiVersion": entry.api_version, "kind": entry.kind, "metadata": {"name": entry.name}});
+/// releases the object (gitcanary's fields removed, the object kept). Its
+/// uid is a precondition: an object deleted since is not created again,
+/// and one made anew under the name is not touched.
+pub(super) fn release_target(entry: &InventoryEntry, uid: &str) -> Value {
+    let mut object = json!({
+        "apiVersion": entry.api_version,
+        "kind": entry.kind,
+        "metadata": {"name": entry.name, "uid": uid},
+    });
     if let Some(namespace) = &entry.namespace {
         object["metadata"]["namespace"] = json!(namespace);
     }
     object
+}
+
+/// Whether a release's refusal says that the object it was for is no
+/// longer there: nothing to give back. The API server answers a uid that
+/// no object has with 409, and one that another object under the name has
+/// with 422 (`metadata.uid` is immutable).
+pub(super) fn released_already(error: &kube::Error) -> bool {
+    let kube::Error::Api(status) = error else {
+        return false;
+    };
+    match status.code {
+        404 | 409 => true,
+        422 => status.message.contains("metadata.uid"),
+        _ => false,
+    }
 }
 
 /// What decides whether an object written as new may be taken over.
@@ -77,5 +98,50 @@ pub(super) struct Adoption<'a> {
 impl Adoption<'_> {
     pub(super) fn creation(&self, item: &Planned<'_>, answer: &Value) -> plan::Creation {
         plan::creation(item, answer, self.started, self.previous, self.adopt_all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    #[test]
+    fn a_release_names_the_object_observe_found_by_its_uid() {
+        let entry = InventoryEntry {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            namespace: None,
+            name: "team".into(),
+            adopted: true,
+        };
+        assert_eq!(
+            release_target(&entry, "uid-1"),
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team", "uid": "uid-1"}}),
+            "nothing else of the object: applied, gitcanary owns none of its fields"
+        );
+    }
+
+    #[test]
+    fn a_release_refused_because_its_object_is_gone_has_nothing_left_to_give_back() {
+        // The API server's answers, as kubectl showed them (v1.36).
+        let refusal = |code, message: &str| kube::Error::Api(Box::new(Status::failure(message, "").with_code(code)));
+        let deleted = refusal(
+            409,
+            "Operation cannot be fulfilled on namespaces \"team\": uid mismatch: the provided object specified uid uid-1, and no existing object was found",
+        );
+        let made_anew = refusal(
+            422,
+            "Namespace \"team\" is invalid: metadata.uid: Invalid value: \"uid-1\": field is immutable",
+        );
+        assert!(released_already(&deleted));
+        assert!(released_already(&made_anew));
+        assert!(released_already(&refusal(404, "namespaces \"team\" not found")));
+        // Anything else is a release still owed: kept, and tried again.
+        assert!(!released_already(&refusal(422, "metadata.labels: Invalid value")));
+        assert!(!released_already(&refusal(403, "forbidden")));
+        assert!(!released_already(&refusal(500, "etcd timed out")));
+        assert!(!released_already(&kube::Error::LinesCodecMaxLineLengthExceeded));
     }
 }

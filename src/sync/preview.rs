@@ -1,7 +1,7 @@
 //! The dry-run mode of the executor (`gitcanary diff`): what it keeps of
 //! each answer of the walk is a diff (or the refusal the sync would meet).
 
-use super::outcome::{DeleteAnswer, ObjectsStep, Outcome, Preview, WriteAnswer};
+use super::outcome::{DeleteAnswer, ObjectsStep, Outcome, Preview, WriteAnswer, released_already};
 use super::*;
 use crate::model::{Deletion, Resolved};
 use crate::rollout::model::CanaryWrite;
@@ -121,6 +121,8 @@ impl Outcome for Previewing<'_> {
                 let diff = write_diff(entry.key(), String::new(), before.as_ref(), &after);
                 self.preview.diffs.push(diff);
             }
+            // The sync would find it gone too: nothing to show.
+            Err(e) if released_already(&e) => {}
             Err(e) => self.release_problems.push(Problem {
                 file: String::new(),
                 line: 0,

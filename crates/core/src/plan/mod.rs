@@ -273,11 +273,21 @@ pub struct AppPlan<'a> {
     pub prunes: Vec<Deletion>,
     /// Adopted Namespaces that left Git: released (gitcanary's fields and
     /// labels removed), never deleted, by prune.
-    pub releases: Vec<InventoryEntry>,
+    pub releases: Vec<ObjectRelease>,
     /// Objects that left Git and stay in the inventory (not pruned, or not readable).
     pub kept: Vec<InventoryEntry>,
     /// Why some of `kept` could not be decided on.
     pub problems: Vec<Problem>,
+}
+
+/// An object to give back: gitcanary's fields removed, the object kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRelease {
+    pub entry: InventoryEntry,
+    /// The object observe found. The release is applied to it alone: an
+    /// apply creates what is missing, and a Namespace deleted since must
+    /// not come back.
+    pub uid: String,
 }
 
 impl AppPlan<'_> {
@@ -481,7 +491,10 @@ pub fn plan_app<'a>(inputs: AppInputs<'a, '_>) -> AppPlan<'a> {
                 let moved =
                     revision.holds(&entry.key()) || meta.source.as_deref().is_some_and(|file| !belongs_to(file, app));
                 if ours && !moved && entry.adopted && entry.kind == "Namespace" {
-                    releases.push(entry);
+                    releases.push(ObjectRelease {
+                        entry,
+                        uid: meta.uid.clone(),
+                    });
                 } else if ours && !moved {
                     prunes.push(Deletion::of(&entry.api_version, entry.key(), meta));
                 }

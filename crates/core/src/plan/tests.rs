@@ -545,7 +545,14 @@ fn an_adopted_namespace_that_leaves_git_is_released_never_deleted() {
         (adopted_map.key(), live_meta(Some(INSTANCE), "web/adopted.yaml:1")),
     ]);
     let (plan, _) = case.plan();
-    assert_eq!(plan.releases, vec![namespace]);
+    assert_eq!(
+        plan.releases,
+        vec![ObjectRelease {
+            entry: namespace,
+            uid: "uid-9".to_string(),
+        }],
+        "released as the object observe found, by its uid"
+    );
     let pruned: Vec<&str> = plan.prunes.iter().map(|d| d.key.name.as_str()).collect();
     assert_eq!(
         pruned,

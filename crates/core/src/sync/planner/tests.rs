@@ -72,7 +72,7 @@ fn outcome(prepared: &Prepared<'_>) -> Outcome {
         fresh: plan.fresh,
         pending: plan.pending.iter().map(|m| m.key().to_string()).collect(),
         prunes: plan.prunes.iter().map(|d| d.key.to_string()).collect(),
-        released_namespaces: plan.releases.iter().map(|e| e.key().to_string()).collect(),
+        released_namespaces: plan.releases.iter().map(|r| r.entry.key().to_string()).collect(),
         kept: plan.kept.iter().map(|e| e.key().to_string()).collect(),
         problems: plan.problems.iter().map(ToString::to_string).collect(),
         autoscaled: prepared.autoscaled.iter().map(|a| a.workload.clone()).collect(),
