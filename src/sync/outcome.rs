@@ -72,14 +72,16 @@ pub(super) fn release_target(entry: &InventoryEntry, uid: &str) -> Value {
 
 /// Whether a release's refusal says that the object it was for is no
 /// longer there: nothing to give back. The API server answers a uid that
-/// no object has with 409, and one that another object under the name has
-/// with 422 (`metadata.uid` is immutable).
+/// no object has with 409 ("uid mismatch"), and one that another object
+/// under the name has with 422 (`metadata.uid` is immutable). Any other
+/// refusal (an admission webhook's 409, say) leaves the release owed.
 pub(super) fn released_already(error: &kube::Error) -> bool {
     let kube::Error::Api(status) = error else {
         return false;
     };
     match status.code {
-        404 | 409 => true,
+        404 => true,
+        409 => status.message.contains("uid mismatch"),
         422 => status.message.contains("metadata.uid"),
         _ => false,
     }
@@ -140,6 +142,10 @@ mod tests {
         assert!(released_already(&refusal(404, "namespaces \"team\" not found")));
         // Anything else is a release still owed: kept, and tried again.
         assert!(!released_already(&refusal(422, "metadata.labels: Invalid value")));
+        assert!(!released_already(&refusal(
+            409,
+            "admission webhook \"guard\" denied the request"
+        )));
         assert!(!released_already(&refusal(403, "forbidden")));
         assert!(!released_already(&refusal(500, "etcd timed out")));
         assert!(!released_already(&kube::Error::LinesCodecMaxLineLengthExceeded));
