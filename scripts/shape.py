@@ -71,8 +71,8 @@ def resolve(current, segments, modules):
             return tuple(full[:k])
     # An item named at the crate root may be a re-export: it is from the
     # module it comes from.
-    if full and full[0] in modules.reexports:
-        return modules.reexports[full[0]]
+    if full:
+        return modules.root_item(full[0])
     return None
 
 
@@ -188,23 +188,35 @@ def long_functions(code):
 
 
 class Modules(set):
-    """A crate's modules, and what its root re-exports: name -> module."""
+    """A crate's modules, and the names its root brings in with a `use`
+    (re-exported or not: the root's children reach them as `crate::X`):
+    name -> module, with `*` for what a glob brings."""
 
     def __init__(self, files, src):
         super().__init__(module_of(p, src) for p in files)
         self.reexports = {}
+        self.defined = set()
         for path, code in files.items():
             if module_of(path, src) != ():
                 continue
-            for m in re.finditer(r"\bpub\s+use\s+([^;]+);", code):
+            code = re.sub(r"//[^\n]*", "", code)
+            self.defined.update(re.findall(r"\b(?:const|static|fn|struct|enum|type|trait|union)\s+(\w+)", code))
+            for m in re.finditer(r"\buse\s+([^;]+);", code):
                 for used in expand(re.sub(r"\s+as\s+", "@", m.group(1))):
-                    segments = used.split("::")
-                    plain = [s for s in segments[:-1] if s not in ("crate", "self")]
-                    for k in range(len(plain), 0, -1):
-                        if tuple(plain[:k]) in self:
-                            name = segments[-1].split("@")[-1]
-                            self.reexports[name] = tuple(plain[:k])
+                    *prefix, last = used.split("::")
+                    original, name = (last.split("@") + [last])[:2] if "@" in last else (last, last)
+                    path_ = [s for s in prefix + [original] if s not in ("crate", "self")]
+                    for k in range(len(path_), 0, -1):
+                        if tuple(path_[:k]) in self:
+                            self.reexports.setdefault(name, tuple(path_[:k]))
                             break
+
+    def root_item(self, name):
+        """The module a name used at the crate root comes from, if known:
+        none for the root's own items."""
+        if name in self.defined:
+            return None
+        return self.reexports.get(name, self.reexports.get("*"))
 
 
 def breaches_of(src, pure):
