@@ -14,8 +14,17 @@ seconds="${1:-60}"
 shift || true
 targets=("${@:-webhook_payload manifest_loader pr_command pipeline}")
 host=$(rustc -vV | sed -n 's/^host: //p')
-export CARGO_TARGET_DIR="${GITCANARY_FUZZ_TARGET_DIR:-$HOME/.cache/gitcanary/fuzz-target}"
-scripts/trim-cache.sh "$CARGO_TARGET_DIR" "${GITCANARY_FUZZ_CACHE_BUDGET_GB:-10}" 4
+if [ -n "${GITCANARY_FUZZ_TARGET_DIR:-}" ]; then
+  # A directory the user chose is theirs: never trimmed.
+  export CARGO_TARGET_DIR="$GITCANARY_FUZZ_TARGET_DIR"
+  scripts/trim-cache.sh "$CARGO_TARGET_DIR" keep 4
+else
+  export CARGO_TARGET_DIR="$HOME/.cache/gitcanary/fuzz-target"
+  scripts/trim-cache.sh "$CARGO_TARGET_DIR" "${GITCANARY_FUZZ_CACHE_BUDGET_GB:-10}" 4
+  # Held while this builds and runs the targets: no trim empties the cache then.
+  exec 9>>"$CARGO_TARGET_DIR.lock"
+  flock -s 9
+fi
 # --target: the flags reach the targets and gitcanary, not build scripts.
 RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \

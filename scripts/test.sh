@@ -7,8 +7,17 @@ cd "$(dirname "$0")/.."
 step() { echo "==> $*" >&2; }
 
 # Build artefacts are shared by every clone on this machine (CI clones afresh),
-# so a run after the first compiles only what changed.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gitcanary/target}"
+# so a run after the first compiles only what changed. A target directory
+# the user chose is theirs: never trimmed, and no lock file is put beside it.
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+  cache_budget=keep
+  with_cache() { "$@"; }
+else
+  export CARGO_TARGET_DIR="$HOME/.cache/gitcanary/target"
+  cache_budget="${GITCANARY_CACHE_BUDGET_GB:-20}"
+  # Held while cargo builds and runs from the cache: no trim empties it then.
+  with_cache() { flock -s "$CARGO_TARGET_DIR.lock" "$@"; }
+fi
 
 step "checking the tools this needs"
 scripts/setup.sh
@@ -27,7 +36,7 @@ step "building the test gateway, Traefik (first run: about 10 minutes; cached in
 tests/testenv/gateway.sh >/dev/null
 
 step "keeping the build caches within their budget"
-scripts/trim-cache.sh "$CARGO_TARGET_DIR" "${GITCANARY_CACHE_BUDGET_GB:-20}" 8
+scripts/trim-cache.sh "$CARGO_TARGET_DIR" "$cache_budget" 8
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -36,7 +45,7 @@ step "the shape of src/ and crates/core/src/: no import cycle, no file over 700 
 scripts/shape.py
 
 step "cargo clippy"
-cargo clippy --locked --workspace --all-targets -- -D warnings
+with_cache cargo clippy --locked --workspace --all-targets -- -D warnings
 
 step "starting the test control plane, with Knative Serving and the test gateway"
 state=$(mktemp -d "${TMPDIR:-/tmp}/gitcanary-test.XXXXXX")
@@ -45,7 +54,7 @@ kubeconfig=$(GITCANARY_TESTENV_PARENT=$$ GITCANARY_TESTENV_KNATIVE=1 GITCANARY_T
 export GITCANARY_TEST_KUBECONFIG="$kubeconfig"
 
 step "cargo test"
-cargo test --locked --workspace --no-fail-fast
+with_cache cargo test --locked --workspace --no-fail-fast
 
 step "fuzzing each target for 10 s (first run: about 8 minutes to build them; cached in ~/.cache/gitcanary/fuzz-target)"
 scripts/fuzz.sh 10
