@@ -393,6 +393,120 @@ async fn a_web_check_passes_fails_and_reverts_or_times_out_and_pauses() {
     assert!(message.contains("did not answer within 5s"), "{message}");
 }
 
+/// A check that keeps every release's measurement running: each one waits
+/// for the check's answer, which never comes, for the agent's 5 s.
+const UNANSWERED_TEMPLATE: &str = "  analysisTemplates:
+  - name: web
+    interval: 1s
+    count: 100
+    failureLimit: 0
+    inconclusiveLimit: 100
+    metrics:
+    - name: score
+      web: {name: checks, path: \"/score/{{rolloutID}}\", jsonPath: $.score}
+      successCondition: \">= 0.9\"
+  strategy:
+    canary:
+      steps:
+      - {replicas: 1, analysis: {templateRef: web}}
+";
+
+/// A second app beside the echo app: a Deployment and a Rollout that
+/// moves through timed pauses of 1 s.
+fn write_quick_app(scenario: &Scenario, image: &str) {
+    let ns = &scenario.ns;
+    scenario.repo.write(
+        "quick/deployment.yaml",
+        &format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: quick\n  namespace: {ns}\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {{app: quick}}\n  template:\n    metadata:\n      labels: {{app: quick}}\n    spec:\n      containers:\n      - name: quick\n        image: registry.test/quick:{image}\n"
+        ),
+    );
+    let steps = "      - {replicas: 1, pause: {duration: 1}}\n".repeat(30);
+    scenario.repo.write(
+        "quick/rollout.yaml",
+        &format!(
+            "apiVersion: gitcanary.io/v1alpha1\nkind: Rollout\nmetadata:\n  name: quick\n  namespace: {ns}\nspec:\n  workloadRef: {{apiVersion: apps/v1, kind: Deployment, name: quick}}\n  strategy:\n    canary:\n      steps:\n{steps}"
+        ),
+    );
+}
+
+/// When each request to the check came.
+type Asked = std::sync::Arc<std::sync::Mutex<Vec<std::time::Instant>>>;
+
+async fn never_answer(axum::extract::State(asked): axum::extract::State<Asked>) -> axum::http::StatusCode {
+    asked.lock().unwrap().push(std::time::Instant::now());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    axum::http::StatusCode::OK
+}
+
+#[tokio::test]
+async fn a_check_that_does_not_answer_delays_only_its_own_app() {
+    let scenario = Scenario::new("analysis-slow").await;
+    let asked: Asked = Default::default();
+    let app = axum::Router::new()
+        .route("/score/{id}", axum::routing::get(never_answer))
+        .with_state(asked.clone());
+    let address = support::serve_on_own_thread(app, "web check");
+    let check = format!("checks=http://{address}");
+    let release = |image: &str| {
+        support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, UNANSWERED_TEMPLATE);
+        write_quick_app(&scenario, image);
+        scenario.repo.commit_and_push(&format!("echo and quick {image}"))
+    };
+    release("1.0");
+    let _agent = AgentProcess::start_with(
+        &scenario.repo,
+        &scenario.ns,
+        scenario.cache.path(),
+        &["--web-check", &check],
+        &[],
+    );
+    let rollouts: Api<Rollout> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let phase_of = |name: &'static str| {
+        let rollouts = rollouts.clone();
+        async move { rollouts.get_opt(name).await.ok().flatten()?.status.map(|s| s.phase) }
+    };
+    eventually("both healthy on 1.0", WAIT, || async {
+        (phase_of("echo").await? == Phase::Healthy && phase_of("quick").await? == Phase::Healthy).then_some(())
+    })
+    .await;
+
+    release("2.0");
+    // Each of the echo app's syncs waits 5 s for the check's answer, from
+    // the moment the check is asked. A write of the quick app's seen
+    // between two polls 2 to 4.5 s after that moment was made while the
+    // echo app's sync waited, and not by a sync of both apps that began
+    // with it (the quick app's part of one takes far less than 2 s): a
+    // loop that starts no sync while another runs could not have made it.
+    let step_of = || async {
+        let status = rollouts.get_opt("quick").await.ok().flatten()?.status?;
+        let step = status.canary_status.as_ref().map_or(0, |c| c.current_step_index);
+        Some((status.rollout_id, step))
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut before = (std::time::Instant::now(), step_of().await);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = std::time::Instant::now();
+        let now = step_of().await;
+        let seen = std::time::Instant::now();
+        let moved = now.is_some() && before.1.is_some() && now != before.1;
+        let within_a_wait =
+            asked.lock().unwrap().iter().any(|&asked| {
+                before.0 >= asked + Duration::from_secs(2) && seen <= asked + Duration::from_millis(4500)
+            });
+        if moved && within_a_wait {
+            break;
+        }
+        assert!(
+            seen < deadline,
+            "the quick app never moved a step while the echo app's check went unanswered (asked {} times)",
+            asked.lock().unwrap().len()
+        );
+        before = (sent, now);
+    }
+}
+
 /// A step checked by a Job whose pod ends as `outcome` (kwok's stage).
 fn job_template(outcome: &str) -> String {
     format!(

@@ -1,9 +1,11 @@
 //! The agent's loop: wait for a trigger (timer, drift, signal, a newly
 //! loaded revision), reconcile (`sync`), report (`report`), repeat.
-//! Triggers that arrive while a sync runs are merged into the next one.
+//! Triggers for other apps than those of a sync in flight start a sync
+//! beside it (`flight`); the others are merged into one after it.
 //! Reading the source (fetch, parse, render) runs beside it (`loader`).
 
 mod drift;
+mod flight;
 mod github_task;
 mod loader;
 mod poll;
@@ -12,6 +14,7 @@ mod requeue;
 mod scope;
 
 use drift::DriftWatch;
+use flight::{Flight, Flights};
 use github_task::GitHubTask;
 use loader::Loaded;
 pub use poll::AtRest;
@@ -146,7 +149,7 @@ pub struct Agent {
     pub(crate) loaded: std::sync::Mutex<Option<Loaded>>,
     /// Apps earlier syncs found in order, answered again while nothing they
     /// hold changes (the watch caches tell).
-    pub(crate) memo: SyncMemo,
+    pub(crate) memo: Arc<SyncMemo>,
     /// With `--shards`: the shards this replica holds; it syncs only their apps.
     pub shards: Option<Arc<crate::shards::Shards>>,
     /// Where the agent is at rest (GitHub off): its poll then reads the
@@ -158,17 +161,39 @@ pub struct Agent {
 /// When a timer whose sync failed is tried again.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
 
+/// What the loop holds between syncs.
+struct LoopState {
+    requeues: Requeues,
+    /// The revision whose every app was last synced without a failure
+    /// (its commit and apps' prints): a newer one syncs what it changed.
+    settled: Option<(String, scope::AppPrints)>,
+    drift: DriftWatch,
+    flights: Flights<crate::Result<SyncReport>, Departure>,
+    github: Option<GitHubTask>,
+    triggers: Triggers,
+}
+
+/// What the loop keeps of a sync it started, to read its answer with.
+struct Departure {
+    revision: Arc<crate::source::Revision>,
+    whole: bool,
+    changed: Option<BTreeSet<String>>,
+    looks_at_github: bool,
+    due: Vec<(String, crate::rollout::plan::RequeueReason)>,
+    started: tokio::time::Instant,
+    caches: poll::CachesSeen,
+}
+
 pub use requeue::CommandPoll;
 
 impl Agent {
-    /// Runs until the trigger channel closes or `stop` turns true; a sync in
-    /// progress (and its write-back) is finished first.
+    /// Runs until the trigger channel closes or `stop` turns true; the syncs
+    /// in flight (and their write-backs) are finished first.
     pub async fn run(&self, triggers: Triggers, mut queue: TriggerQueue, mut stop: tokio::sync::watch::Receiver<bool>) {
         let _file_watcher = self
             .source
             .local_dir()
             .and_then(|dir| watch_files(dir, triggers.clone()));
-        let mut drift = DriftWatch::new(self.watch_bookmarks);
         let github = self.github.clone().map(|github| {
             GitHubTask::spawn(
                 github,
@@ -181,80 +206,152 @@ impl Agent {
         });
         let _ = triggers.try_send(Trigger::Start);
         let load_wanted = tokio::sync::Notify::new();
-        let mut requeues = Requeues::default();
-        // The revision whose every app was last synced without a failure
-        // (its commit and apps' prints): a newer one syncs what it changed.
-        let mut settled: Option<(String, scope::AppPrints)> = None;
+        let mut state = LoopState {
+            requeues: Requeues::default(),
+            settled: None,
+            drift: DriftWatch::new(self.watch_bookmarks),
+            flights: Flights::default(),
+            github,
+            triggers: triggers.clone(),
+        };
         let reconcile = async {
             loop {
                 let first = tokio::select! {
                     _ = stop.wait_for(|stop| *stop) => break,
+                    (answer, departure) = state.flights.next_landing() => {
+                        self.land(answer, departure, &mut state).await;
+                        // What waited for it may start now.
+                        let waiting = state.flights.take_waiting();
+                        self.take_off(waiting, &mut state);
+                        continue;
+                    }
                     first = queue.recv() => match first {
                         Some(first) => first,
                         None => break,
                     },
-                    due = requeues.next_due() => {
+                    due = state.requeues.next_due() => {
                         let reasons: Vec<String> = due.iter().map(|(app, reason)| format!("{app}: {}", reason.as_str())).collect();
                         debug!(?reasons, "requeue due");
                         Trigger::Due(due)
                     }
                 };
-                let burst = next_burst(first, &mut queue, &mut requeues).await;
+                let burst = next_burst(first, &mut queue, &mut state.requeues).await;
                 if burst.iter().any(Trigger::reads_source) {
                     load_wanted.notify_one();
                 }
-                let news = self.news_in(&burst);
-                if news.is_empty() {
-                    continue;
-                }
-                // Nothing loaded yet: the first load's sync comes.
-                let Some((revision, owners)) = self.revision() else {
-                    continue;
-                };
-                let writing_back = self.memo.writing_back();
-                let changed = scope::changed_by_load(&news, settled.as_ref(), &revision, writing_back);
-                let scope = scope::apps_of_with(&news, &owners, changed.as_ref());
-                let whole = scope.is_none();
-                let Some(scope) = self.within_shards(scope, &revision) else {
-                    continue;
-                };
-                let reasons: BTreeSet<&str> = news.iter().map(|t| t.reason()).collect();
-                debug!(?reasons, apps = ?scope, commit = %revision.commit, "sync triggered");
-                let sync_started = tokio::time::Instant::now();
-                let timer = self.metrics.sync_duration.start_timer();
-                // Read before the sync, as its own inputs are: a change meanwhile is not slept through.
-                let caches = poll::caches_seen(&self.cluster);
-                let outcome = sync_validated(&self.cluster, &revision, &self.options, &self.memo, scope.as_ref()).await;
-                drop(timer);
-                settled = settle(settled.take(), &outcome, &revision, whole, changed);
-                let recalled = outcome.as_ref().is_ok_and(|report| report.recalled);
-                self.at_rest
-                    .set(poll::rests_on(github.is_some(), whole, recalled, &revision, caches));
-                drop(revision);
-                match outcome {
-                    Ok(report) => {
-                        let command_poll = github.is_some().then_some(self.command_poll);
-                        requeues.replace(&report, sync_started, command_poll);
-                        let look = news.iter().any(|t| t.looks_at_github());
-                        self.report(report, look, &triggers, &mut drift, github.as_ref()).await
-                    }
-                    Err(error) => {
-                        self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
-                        error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
-                        // A pause or deadline that came due is not lost with the sync.
-                        let due = news.iter().filter_map(|t| match t {
-                            Trigger::Due(due) => Some(due.iter().cloned()),
-                            _ => None,
-                        });
-                        requeues.retry(due.flatten(), sync_started + RETRY_AFTER_FAILURE);
-                    }
-                }
+                self.take_off(burst, &mut state);
+            }
+            while !state.flights.is_empty() {
+                let (answer, departure) = state.flights.next_landing().await;
+                self.land(answer, departure, &mut state).await;
             }
         };
         // A long render of a new commit delays only that commit's sync.
-        tokio::select! {
-            () = reconcile => {}
-            () = self.follow_source(&load_wanted, &triggers) => {}
+        let agent = async {
+            tokio::select! {
+                () = reconcile => {}
+                () = self.follow_source(&load_wanted, &triggers) => {}
+            }
+        };
+        // The syncs run as tasks of this thread, beside the loop.
+        tokio::task::LocalSet::new().run_until(agent).await;
+    }
+
+    /// Starts the sync `burst` asks for, beside those in flight if it may
+    /// (see [`flight`]); what must wait for them is kept for their landing.
+    fn take_off(&self, burst: Vec<Trigger>, state: &mut LoopState) {
+        if burst.is_empty() {
+            return;
+        }
+        // Nothing loaded yet: the first load's sync comes.
+        let Some((revision, owners)) = self.revision() else {
+            return;
+        };
+        let burst = state.flights.board(burst, &owners, &revision.commit);
+        let news = self.news_in(&burst);
+        if news.is_empty() {
+            return;
+        }
+        let writing_back = self.memo.writing_back();
+        let changed = scope::changed_by_load(&news, state.settled.as_ref(), &revision, writing_back);
+        let scope = scope::apps_of_with(&news, &owners, changed.as_ref());
+        let whole = scope.is_none();
+        let Some(scope) = self.within_shards(scope, &revision) else {
+            return;
+        };
+        let reasons: BTreeSet<&str> = news.iter().map(|t| t.reason()).collect();
+        debug!(?reasons, apps = ?scope, commit = %revision.commit, "sync triggered");
+        let flight = Flight {
+            apps: scope.clone(),
+            commit: revision.commit.clone(),
+            loads: changed.is_some(),
+        };
+        // A pause or deadline that came due is not lost with a failed sync.
+        let due = news.iter().filter_map(|t| match t {
+            Trigger::Due(due) => Some(due.iter().cloned()),
+            _ => None,
+        });
+        let departure = Departure {
+            revision: revision.clone(),
+            whole,
+            changed,
+            looks_at_github: news.iter().any(|t| t.looks_at_github()),
+            due: due.flatten().collect(),
+            started: tokio::time::Instant::now(),
+            // Read before the sync, as its own inputs are: a change meanwhile is not slept through.
+            caches: poll::caches_seen(&self.cluster),
+        };
+        let (cluster, options, memo, metrics) = (
+            self.cluster.clone(),
+            self.options.clone(),
+            self.memo.clone(),
+            self.metrics.clone(),
+        );
+        state.flights.launch(flight, departure, async move {
+            let _timer = metrics.sync_duration.start_timer();
+            sync_validated(&cluster, &revision, &options, &memo, scope.as_ref()).await
+        });
+    }
+
+    /// After a sync: what it settled, its requeues, and its report; or,
+    /// when it failed (or its task ended without an answer), its wake-ups again.
+    async fn land(
+        &self,
+        answer: Result<crate::Result<SyncReport>, String>,
+        departure: Departure,
+        state: &mut LoopState,
+    ) {
+        let Departure {
+            revision,
+            whole,
+            changed,
+            looks_at_github,
+            due,
+            started,
+            caches,
+        } = departure;
+        let outcome = answer.unwrap_or_else(|message| Err(crate::Error::Panicked { task: "sync", message }));
+        state.settled = settle(state.settled.take(), &outcome, &revision, whole, changed);
+        let recalled = outcome.as_ref().is_ok_and(|report| report.recalled);
+        self.at_rest.set(poll::rests_on(
+            state.github.is_some(),
+            whole,
+            recalled,
+            &revision,
+            caches,
+        ));
+        drop(revision);
+        match outcome {
+            Ok(report) => {
+                let command_poll = state.github.is_some().then_some(self.command_poll);
+                state.requeues.replace(&report, started, command_poll);
+                self.report(report, looks_at_github, state).await
+            }
+            Err(error) => {
+                self.metrics.syncs_failed.fetch_add(1, Ordering::Relaxed);
+                error!(%error, kind = error.metric_label(), "sync failed; the cluster keeps what it had");
+                state.requeues.retry(due, started + RETRY_AFTER_FAILURE);
+            }
         }
     }
 
@@ -310,14 +407,14 @@ impl Agent {
     }
 
     /// After a sync: metrics, the Git write-back, GitHub and the drift watches.
-    async fn report(
-        &self,
-        report: SyncReport,
-        look_at_github: bool,
-        triggers: &Triggers,
-        drift: &mut DriftWatch,
-        github: Option<&GitHubTask>,
-    ) {
+    async fn report(&self, report: SyncReport, look_at_github: bool, state: &mut LoopState) {
+        let LoopState {
+            triggers,
+            drift,
+            github,
+            ..
+        } = state;
+        let github = github.as_ref();
         let report = held_only(report, self.shards.as_deref());
         self.ready.store(true, Ordering::Relaxed);
         self.metrics.record_sync(&report);

@@ -221,7 +221,7 @@ pub async fn run_agent(args: SyncArgs, listen: Option<Listen>, leader: Option<Le
         notifier: notifier(&args, metrics.clone())?.map(Arc::new),
         metrics,
         loaded: std::sync::Mutex::default(),
-        memo: crate::sync::SyncMemo::default(),
+        memo: Default::default(),
         shards: None,
         at_rest: Default::default(),
     };

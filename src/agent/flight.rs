@@ -1,0 +1,200 @@
+//! Syncs in flight at once. While one runs, a burst of triggers for other
+//! apps of the same revision starts a sync of its own beside it, so that a
+//! slow app (a CRD slow to be established, a metrics server that does not
+//! answer) delays only itself. What could change what a running sync reads
+//! or decides waits for it to land: a sync of every app, a newly loaded
+//! revision, a trigger for an app in flight (its own writes' echoes among
+//! them, which are told apart only once the sync that made them landed).
+
+use std::collections::BTreeSet;
+
+use tokio::task::{Id, JoinSet};
+
+use super::Trigger;
+use super::scope::{self, Owners};
+
+/// A sync the loop started, as far as another start depends on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Flight {
+    /// The apps it syncs; `None`: every app.
+    pub apps: Option<BTreeSet<String>>,
+    /// The commit of the revision it syncs.
+    pub commit: String,
+    /// It syncs a newly loaded revision: what the loop settles after it
+    /// (the apps' prints) is what the next load is compared with.
+    pub loads: bool,
+}
+
+impl Flight {
+    /// Whether nothing may run beside it.
+    fn alone(&self) -> bool {
+        self.apps.is_none() || self.loads
+    }
+
+    /// Whether it may start while `flying` run: neither it nor any of them
+    /// needs to be alone, all are of one revision, and no app is in two.
+    pub(super) fn may_start_beside<'a>(&self, mut flying: impl Iterator<Item = &'a Flight>) -> bool {
+        flying.all(|other| {
+            !self.alone()
+                && !other.alone()
+                && other.commit == self.commit
+                && matches!((&self.apps, &other.apps), (Some(mine), Some(theirs)) if mine.is_disjoint(theirs))
+        })
+    }
+}
+
+/// The syncs in flight, each a task answering `T`, with the context `C`
+/// the loop started it with; and the triggers that wait for them.
+pub(super) struct Flights<T, C> {
+    tasks: JoinSet<T>,
+    flying: Vec<(Id, Flight, C)>,
+    waiting: Vec<Trigger>,
+}
+
+impl<T: 'static, C> Default for Flights<T, C> {
+    fn default() -> Self {
+        Flights {
+            tasks: JoinSet::new(),
+            flying: Vec::new(),
+            waiting: Vec::new(),
+        }
+    }
+}
+
+impl<T: 'static, C> Flights<T, C> {
+    pub(super) fn is_empty(&self) -> bool {
+        self.flying.is_empty()
+    }
+
+    /// Of `burst`, what may start now beside the syncs in flight; the rest
+    /// waits for them (and comes back from [`Flights::take_waiting`]).
+    /// With nothing in flight, all of it, with what waited before.
+    pub(super) fn board(&mut self, burst: Vec<Trigger>, owners: &Owners, commit: &str) -> Vec<Trigger> {
+        if self.flying.is_empty() {
+            let mut all = std::mem::take(&mut self.waiting);
+            all.extend(burst);
+            return all;
+        }
+        let (now, later): (Vec<Trigger>, Vec<Trigger>) = burst.into_iter().partition(|trigger| {
+            let flight = Flight {
+                apps: scope::apps_of_with(&[trigger], owners, None),
+                commit: commit.to_string(),
+                loads: matches!(trigger, Trigger::Loaded),
+            };
+            flight.may_start_beside(self.flying.iter().map(|(_, flight, _)| flight))
+        });
+        self.waiting.extend(later);
+        now
+    }
+
+    /// The triggers that waited, to board again once a sync landed.
+    pub(super) fn take_waiting(&mut self) -> Vec<Trigger> {
+        std::mem::take(&mut self.waiting)
+    }
+
+    /// Starts `sync` as a task of the loop's own thread (a `LocalSet`).
+    pub(super) fn launch(&mut self, flight: Flight, context: C, sync: impl Future<Output = T> + 'static) {
+        let handle = self.tasks.spawn_local(sync);
+        self.flying.push((handle.id(), flight, context));
+    }
+
+    /// The next sync to land, with its context: its answer, or why its
+    /// task ended without one (a panic). Pending while none is in flight.
+    pub(super) async fn next_landing(&mut self) -> (Result<T, String>, C) {
+        loop {
+            let Some(landed) = self.tasks.join_next_with_id().await else {
+                return std::future::pending().await;
+            };
+            let (id, answer) = match landed {
+                Ok((id, answer)) => (id, Ok(answer)),
+                Err(error) => (error.id(), Err(error.to_string())),
+            };
+            // Every task is recorded as it is spawned.
+            if let Some(index) = self.flying.iter().position(|(flying, _, _)| *flying == id) {
+                return (answer, self.flying.remove(index).2);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flight(apps: Option<&[&str]>, commit: &str, loads: bool) -> Flight {
+        Flight {
+            apps: apps.map(|apps| apps.iter().map(|app| app.to_string()).collect()),
+            commit: commit.to_string(),
+            loads,
+        }
+    }
+
+    #[test]
+    fn a_sync_of_other_apps_of_the_same_revision_starts_beside_those_in_flight() {
+        let web = flight(Some(&["web"]), "c1", false);
+        let api = flight(Some(&["api"]), "c1", false);
+        let jobs = flight(Some(&["jobs", "cron"]), "c1", false);
+        assert!(api.may_start_beside([&web].into_iter()));
+        assert!(jobs.may_start_beside([&web, &api].into_iter()));
+        assert!(
+            flight(None, "c1", true).may_start_beside([].into_iter()),
+            "nothing in flight: anything starts"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_burst_boards_what_may_start_now_and_the_rest_boards_after_the_landing() {
+        use crate::rollout::plan::RequeueReason;
+        let due = |app: &str| Trigger::Due(vec![(app.to_string(), RequeueReason::Pause)]);
+        let owners = Owners::default();
+        tokio::task::LocalSet::new()
+            .run_until(async {
+                let mut flights: Flights<u32, &str> = Flights::default();
+                // Nothing in flight: all of it.
+                let all = flights.board(vec![due("web"), Trigger::Loaded], &owners, "c1");
+                assert_eq!(all, vec![due("web"), Trigger::Loaded]);
+                let (answer, answered) = tokio::sync::oneshot::channel();
+                let web = flight(Some(&["web"]), "c1", false);
+                flights.launch(web, "web's sync", async move { answered.await.unwrap_or(0) });
+                let now = flights.board(vec![due("web"), due("api"), Trigger::Loaded], &owners, "c1");
+                assert_eq!(now, vec![due("api")], "another app starts beside it");
+                assert_eq!(
+                    flights.board(vec![due("api")], &owners, "c2"),
+                    vec![],
+                    "another revision waits"
+                );
+                answer.send(7).expect("the sync waits");
+                assert_eq!(flights.next_landing().await, (Ok(7), "web's sync"));
+                assert!(flights.is_empty());
+                // What waited comes first, with the next burst.
+                let after = flights.board(vec![due("jobs")], &owners, "c2");
+                assert_eq!(after, vec![due("web"), Trigger::Loaded, due("api"), due("jobs")]);
+                // A sync whose task panics lands too, with why.
+                flights.launch(flight(Some(&["web"]), "c2", false), "web's next", async {
+                    panic!("a bug")
+                });
+                let (answer, context) = flights.next_landing().await;
+                assert!(answer.is_err_and(|why| why.contains("panicked")));
+                assert_eq!(context, "web's next");
+                assert!(flights.is_empty());
+            })
+            .await;
+    }
+
+    #[test]
+    fn what_could_change_a_running_syncs_answer_waits_for_it() {
+        let web = flight(Some(&["web"]), "c1", false);
+        // An app in flight: its own writes' echoes, or a second pass over it.
+        assert!(!flight(Some(&["api", "web"]), "c1", false).may_start_beside([&web].into_iter()));
+        // Every app.
+        assert!(!flight(None, "c1", false).may_start_beside([&web].into_iter()));
+        assert!(!web.may_start_beside([&flight(None, "c1", false)].into_iter()));
+        // A newly loaded revision, or a sync of one in flight.
+        assert!(!flight(Some(&["api"]), "c1", true).may_start_beside([&web].into_iter()));
+        assert!(
+            !flight(Some(&["api"]), "c1", false).may_start_beside([&flight(Some(&["web"]), "c1", true)].into_iter())
+        );
+        // Another revision.
+        assert!(!flight(Some(&["api"]), "c2", false).may_start_beside([&web].into_iter()));
+    }
+}
