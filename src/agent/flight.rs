@@ -6,20 +6,62 @@
 //! revision, a trigger for an app in flight (its own writes' echoes among
 //! them, which are told apart only once the sync that made them landed).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::task::{Id, JoinSet};
 
 use super::Trigger;
+use super::queue::Refused;
 use super::scope::{self, Owners};
+use crate::rollout::plan::RequeueReason;
+
+/// How many triggers may wait for the syncs in flight before they are
+/// taken together as one sync of every app.
+const MAX_WAITING: usize = 256;
+
+/// A timer trigger for several apps as one trigger per app: each app's
+/// timer starts its own sync, so that two apps whose timers came due
+/// together (planned by one sync) are not tied to each other again.
+fn each_app_its_timer(trigger: Trigger) -> Vec<Trigger> {
+    match trigger {
+        Trigger::Due(due) if due.len() > 1 => {
+            let mut apps: BTreeMap<String, Vec<(String, RequeueReason)>> = BTreeMap::new();
+            for (app, reason) in due {
+                apps.entry(app.clone()).or_default().push((app, reason));
+            }
+            apps.into_values().map(Trigger::Due).collect()
+        }
+        other => vec![other],
+    }
+}
+
+/// `news` as groups that share no app, each to be synced on its own; `None`
+/// when one of them concerns every app.
+pub(super) fn independent(news: &[&Trigger], owners: &Owners) -> Option<Vec<Vec<Trigger>>> {
+    let mut groups: Vec<(BTreeSet<String>, Vec<Trigger>)> = Vec::new();
+    for trigger in news.iter().flat_map(|trigger| each_app_its_timer((*trigger).clone())) {
+        let mut apps = scope::apps_of_with(&[&trigger], owners, None)?;
+        let mut triggers = vec![trigger];
+        let (joined, apart): (Vec<_>, Vec<_>) = groups.into_iter().partition(|(theirs, _)| !theirs.is_disjoint(&apps));
+        for (theirs, mut their_triggers) in joined {
+            apps.extend(theirs);
+            their_triggers.append(&mut triggers);
+            triggers = their_triggers;
+        }
+        groups = apart;
+        groups.push((apps, triggers));
+    }
+    Some(groups.into_iter().map(|(_, triggers)| triggers).collect())
+}
 
 /// A sync the loop started, as far as another start depends on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Flight {
     /// The apps it syncs; `None`: every app.
     pub apps: Option<BTreeSet<String>>,
-    /// The commit of the revision it syncs.
-    pub commit: String,
+    /// The loaded revision it syncs, by its address: every load is a new
+    /// one, even of the same commit (a directory's, or one loaded again).
+    pub revision: usize,
     /// It syncs a newly loaded revision: what the loop settles after it
     /// (the apps' prints) is what the next load is compared with.
     pub loads: bool,
@@ -37,7 +79,7 @@ impl Flight {
         flying.all(|other| {
             !self.alone()
                 && !other.alone()
-                && other.commit == self.commit
+                && other.revision == self.revision
                 && matches!((&self.apps, &other.apps), (Some(mine), Some(theirs)) if mine.is_disjoint(theirs))
         })
     }
@@ -68,22 +110,38 @@ impl<T: 'static, C> Flights<T, C> {
 
     /// Of `burst`, what may start now beside the syncs in flight; the rest
     /// waits for them (and comes back from [`Flights::take_waiting`]).
-    /// With nothing in flight, all of it, with what waited before.
-    pub(super) fn board(&mut self, burst: Vec<Trigger>, owners: &Owners, commit: &str) -> Vec<Trigger> {
+    /// With nothing in flight, all of it, with what waited before. Once a
+    /// trigger that must run alone waits, nothing more starts beside them,
+    /// so that it waits no longer than the syncs in flight take.
+    pub(super) fn board(&mut self, burst: Vec<Trigger>, owners: &Owners, revision: usize) -> Vec<Trigger> {
         if self.flying.is_empty() {
             let mut all = std::mem::take(&mut self.waiting);
             all.extend(burst);
             return all;
         }
-        let (now, later): (Vec<Trigger>, Vec<Trigger>) = burst.into_iter().partition(|trigger| {
-            let flight = Flight {
-                apps: scope::apps_of_with(&[trigger], owners, None),
-                commit: commit.to_string(),
-                loads: matches!(trigger, Trigger::Loaded),
-            };
-            flight.may_start_beside(self.flying.iter().map(|(_, flight, _)| flight))
-        });
-        self.waiting.extend(later);
+        let flight_of = |trigger: &Trigger| Flight {
+            apps: scope::apps_of_with(&[trigger], owners, None),
+            revision,
+            loads: matches!(trigger, Trigger::Loaded),
+        };
+        let mut now = Vec::new();
+        for trigger in burst.into_iter().flat_map(each_app_its_timer) {
+            let barrier = self.waiting.iter().any(|waiting| flight_of(waiting).alone());
+            let flying = self.flying.iter().map(|(_, flight, _)| flight);
+            if !barrier && flight_of(&trigger).may_start_beside(flying) {
+                now.push(trigger);
+            } else {
+                self.waiting.push(trigger);
+            }
+        }
+        if self.waiting.len() > MAX_WAITING {
+            // A storm of events while a sync runs: one sync of every app after it.
+            let looks_at_github = self.waiting.iter().any(Trigger::looks_at_github);
+            self.waiting = vec![Trigger::Overflowed(Refused {
+                reads_source: false,
+                looks_at_github,
+            })];
+        }
         now
     }
 
@@ -121,23 +179,23 @@ impl<T: 'static, C> Flights<T, C> {
 mod tests {
     use super::*;
 
-    fn flight(apps: Option<&[&str]>, commit: &str, loads: bool) -> Flight {
+    fn flight(apps: Option<&[&str]>, revision: usize, loads: bool) -> Flight {
         Flight {
             apps: apps.map(|apps| apps.iter().map(|app| app.to_string()).collect()),
-            commit: commit.to_string(),
+            revision,
             loads,
         }
     }
 
     #[test]
     fn a_sync_of_other_apps_of_the_same_revision_starts_beside_those_in_flight() {
-        let web = flight(Some(&["web"]), "c1", false);
-        let api = flight(Some(&["api"]), "c1", false);
-        let jobs = flight(Some(&["jobs", "cron"]), "c1", false);
+        let web = flight(Some(&["web"]), 1, false);
+        let api = flight(Some(&["api"]), 1, false);
+        let jobs = flight(Some(&["jobs", "cron"]), 1, false);
         assert!(api.may_start_beside([&web].into_iter()));
         assert!(jobs.may_start_beside([&web, &api].into_iter()));
         assert!(
-            flight(None, "c1", true).may_start_beside([].into_iter()),
+            flight(None, 1, true).may_start_beside([].into_iter()),
             "nothing in flight: anything starts"
         );
     }
@@ -151,15 +209,15 @@ mod tests {
             .run_until(async {
                 let mut flights: Flights<u32, &str> = Flights::default();
                 // Nothing in flight: all of it.
-                let all = flights.board(vec![due("web"), Trigger::Loaded], &owners, "c1");
+                let all = flights.board(vec![due("web"), Trigger::Loaded], &owners, 1);
                 assert_eq!(all, vec![due("web"), Trigger::Loaded]);
                 let (answer, answered) = tokio::sync::oneshot::channel();
-                let web = flight(Some(&["web"]), "c1", false);
+                let web = flight(Some(&["web"]), 1, false);
                 flights.launch(web, "web's sync", async move { answered.await.unwrap_or(0) });
-                let now = flights.board(vec![due("web"), due("api"), Trigger::Loaded], &owners, "c1");
+                let now = flights.board(vec![due("web"), due("api"), Trigger::Loaded], &owners, 1);
                 assert_eq!(now, vec![due("api")], "another app starts beside it");
                 assert_eq!(
-                    flights.board(vec![due("api")], &owners, "c2"),
+                    flights.board(vec![due("api")], &owners, 2),
                     vec![],
                     "another revision waits"
                 );
@@ -167,10 +225,10 @@ mod tests {
                 assert_eq!(flights.next_landing().await, (Ok(7), "web's sync"));
                 assert!(flights.is_empty());
                 // What waited comes first, with the next burst.
-                let after = flights.board(vec![due("jobs")], &owners, "c2");
+                let after = flights.board(vec![due("jobs")], &owners, 2);
                 assert_eq!(after, vec![due("web"), Trigger::Loaded, due("api"), due("jobs")]);
                 // A sync whose task panics lands too, with why.
-                flights.launch(flight(Some(&["web"]), "c2", false), "web's next", async {
+                flights.launch(flight(Some(&["web"]), 2, false), "web's next", async {
                     panic!("a bug")
                 });
                 let (answer, context) = flights.next_landing().await;
@@ -181,20 +239,75 @@ mod tests {
             .await;
     }
 
+    #[tokio::test]
+    async fn once_a_trigger_that_must_run_alone_waits_nothing_more_starts_beside_the_syncs_in_flight() {
+        use crate::rollout::plan::RequeueReason;
+        let due = |app: &str| Trigger::Due(vec![(app.to_string(), RequeueReason::Pause)]);
+        let owners = Owners::default();
+        tokio::task::LocalSet::new()
+            .run_until(async {
+                let mut flights: Flights<u32, ()> = Flights::default();
+                flights.launch(flight(Some(&["web"]), 1, false), (), std::future::pending());
+                assert_eq!(flights.board(vec![due("api")], &owners, 1), vec![due("api")]);
+                // A deletion (or a relist) concerns every app: it waits, and what comes after waits with it.
+                assert_eq!(
+                    flights.board(vec![Trigger::Drift(None), due("api")], &owners, 1),
+                    vec![]
+                );
+                assert_eq!(flights.board(vec![due("jobs")], &owners, 1), vec![]);
+                assert_eq!(
+                    flights.take_waiting(),
+                    vec![Trigger::Drift(None), due("api"), due("jobs")]
+                );
+                // A storm of events while a sync runs: one sync of every app after it.
+                let storm = vec![due("web"); MAX_WAITING + 1];
+                assert_eq!(flights.board(storm, &owners, 1), vec![]);
+                let refused = Refused {
+                    reads_source: false,
+                    looks_at_github: false,
+                };
+                assert_eq!(flights.take_waiting(), vec![Trigger::Overflowed(refused)]);
+            })
+            .await;
+    }
+
+    #[test]
+    fn timers_that_came_due_together_start_apart_and_triggers_that_share_an_app_together() {
+        use crate::rollout::plan::RequeueReason::{Analysis, Pause};
+        let owners = Owners::default();
+        let together = Trigger::Due(vec![
+            ("echo".into(), Analysis),
+            ("quick".into(), Pause),
+            ("echo".into(), Pause),
+        ]);
+        let written = Trigger::WrittenBack(["quick".to_string(), "jobs".to_string()].into());
+        let groups = independent(&[&together, &written], &owners).expect("each names its apps");
+        assert_eq!(
+            groups,
+            vec![
+                vec![Trigger::Due(vec![("echo".into(), Analysis), ("echo".into(), Pause)])],
+                vec![Trigger::Due(vec![("quick".into(), Pause)]), written.clone()],
+            ]
+        );
+        assert_eq!(
+            independent(&[&together, &Trigger::Drift(None)], &owners),
+            None,
+            "one concerns every app"
+        );
+    }
+
     #[test]
     fn what_could_change_a_running_syncs_answer_waits_for_it() {
-        let web = flight(Some(&["web"]), "c1", false);
+        let web = flight(Some(&["web"]), 1, false);
         // An app in flight: its own writes' echoes, or a second pass over it.
-        assert!(!flight(Some(&["api", "web"]), "c1", false).may_start_beside([&web].into_iter()));
+        assert!(!flight(Some(&["api", "web"]), 1, false).may_start_beside([&web].into_iter()));
         // Every app.
-        assert!(!flight(None, "c1", false).may_start_beside([&web].into_iter()));
-        assert!(!web.may_start_beside([&flight(None, "c1", false)].into_iter()));
+        assert!(!flight(None, 1, false).may_start_beside([&web].into_iter()));
+        assert!(!web.may_start_beside([&flight(None, 1, false)].into_iter()));
         // A newly loaded revision, or a sync of one in flight.
-        assert!(!flight(Some(&["api"]), "c1", true).may_start_beside([&web].into_iter()));
-        assert!(
-            !flight(Some(&["api"]), "c1", false).may_start_beside([&flight(Some(&["web"]), "c1", true)].into_iter())
-        );
+        assert!(!flight(Some(&["api"]), 1, true).may_start_beside([&web].into_iter()));
+        assert!(!flight(Some(&["api"]), 1, false).may_start_beside([&flight(Some(&["web"]), 1, true)].into_iter()));
         // Another revision.
-        assert!(!flight(Some(&["api"]), "c2", false).may_start_beside([&web].into_iter()));
+        assert!(!flight(Some(&["api"]), 2, false).may_start_beside([&web].into_iter()));
     }
 }

@@ -173,6 +173,11 @@ struct LoopState {
     triggers: Triggers,
 }
 
+/// A loaded revision's identity while it is held: each load is a new one.
+fn loaded_id(revision: &Arc<crate::source::Revision>) -> usize {
+    Arc::as_ptr(revision) as usize
+}
+
 /// What the loop keeps of a sync it started, to read its answer with.
 struct Departure {
     revision: Arc<crate::source::Revision>,
@@ -257,8 +262,9 @@ impl Agent {
         tokio::task::LocalSet::new().run_until(agent).await;
     }
 
-    /// Starts the sync `burst` asks for, beside those in flight if it may
-    /// (see [`flight`]); what must wait for them is kept for their landing.
+    /// Starts the syncs `burst` asks for, beside those in flight if they
+    /// may (see [`flight`]); what must wait for them is kept for their
+    /// landing. Triggers for apps apart from each other start syncs apart.
     fn take_off(&self, burst: Vec<Trigger>, state: &mut LoopState) {
         if burst.is_empty() {
             return;
@@ -267,23 +273,44 @@ impl Agent {
         let Some((revision, owners)) = self.revision() else {
             return;
         };
-        let burst = state.flights.board(burst, &owners, &revision.commit);
+        let burst = state.flights.board(burst, &owners, loaded_id(&revision));
         let news = self.news_in(&burst);
         if news.is_empty() {
             return;
         }
         let writing_back = self.memo.writing_back();
         let changed = scope::changed_by_load(&news, state.settled.as_ref(), &revision, writing_back);
-        let scope = scope::apps_of_with(&news, &owners, changed.as_ref());
+        if changed.is_none()
+            && let Some(groups) = flight::independent(&news, &owners)
+        {
+            for group in &groups {
+                let group: Vec<&Trigger> = group.iter().collect();
+                self.launch(&group, None, &revision, &owners, state);
+            }
+            return;
+        }
+        self.launch(&news, changed, &revision, &owners, state);
+    }
+
+    /// Starts the sync of what `news` concerns.
+    fn launch(
+        &self,
+        news: &[&Trigger],
+        changed: Option<BTreeSet<String>>,
+        revision: &Arc<crate::source::Revision>,
+        owners: &scope::Owners,
+        state: &mut LoopState,
+    ) {
+        let scope = scope::apps_of_with(news, owners, changed.as_ref());
         let whole = scope.is_none();
-        let Some(scope) = self.within_shards(scope, &revision) else {
+        let Some(scope) = self.within_shards(scope, revision) else {
             return;
         };
         let reasons: BTreeSet<&str> = news.iter().map(|t| t.reason()).collect();
         debug!(?reasons, apps = ?scope, commit = %revision.commit, "sync triggered");
         let flight = Flight {
             apps: scope.clone(),
-            commit: revision.commit.clone(),
+            revision: loaded_id(revision),
             loads: changed.is_some(),
         };
         // A pause or deadline that came due is not lost with a failed sync.
@@ -301,11 +328,12 @@ impl Agent {
             // Read before the sync, as its own inputs are: a change meanwhile is not slept through.
             caches: poll::caches_seen(&self.cluster),
         };
-        let (cluster, options, memo, metrics) = (
+        let (cluster, options, memo, metrics, revision) = (
             self.cluster.clone(),
             self.options.clone(),
             self.memo.clone(),
             self.metrics.clone(),
+            revision.clone(),
         );
         state.flights.launch(flight, departure, async move {
             let _timer = metrics.sync_duration.start_timer();
