@@ -393,23 +393,13 @@ async fn a_web_check_passes_fails_and_reverts_or_times_out_and_pauses() {
     assert!(message.contains("did not answer within 5s"), "{message}");
 }
 
-/// A check that keeps every release's measurement running: each one waits
-/// for the check's answer, which never comes, for the agent's 5 s.
-const UNANSWERED_TEMPLATE: &str = "  analysisTemplates:
-  - name: web
-    interval: 1s
-    count: 100
-    failureLimit: 0
-    inconclusiveLimit: 100
-    metrics:
-    - name: score
-      web: {name: checks, path: \"/score/{{rolloutID}}\", jsonPath: $.score}
-      successCondition: \">= 0.9\"
-  strategy:
-    canary:
-      steps:
-      - {replicas: 1, analysis: {templateRef: web}}
-";
+/// [`WEB_TEMPLATE`], with measurements that go on: each one waits for the
+/// check's answer, which never comes, for the agent's 5 s.
+fn unanswered_template() -> String {
+    WEB_TEMPLATE
+        .replace("count: 2", "count: 100")
+        .replace("inconclusiveLimit: 0", "inconclusiveLimit: 100")
+}
 
 /// A second app beside the echo app: a Deployment and a Rollout that
 /// moves through timed pauses of 1 s.
@@ -449,7 +439,7 @@ async fn a_check_that_does_not_answer_delays_only_its_own_app() {
     let address = support::serve_on_own_thread(app, "web check");
     let check = format!("checks=http://{address}");
     let release = |image: &str| {
-        support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, UNANSWERED_TEMPLATE);
+        support::agent::write_echo_app(&scenario.repo, &scenario.ns, image, &unanswered_template());
         write_quick_app(&scenario, image);
         scenario.repo.commit_and_push(&format!("echo and quick {image}"))
     };

@@ -7,6 +7,7 @@
 //! them, which are told apart only once the sync that made them landed).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use tokio::task::{Id, JoinSet};
 
@@ -18,6 +19,10 @@ use crate::rollout::plan::RequeueReason;
 /// How many triggers may wait for the syncs in flight before they are
 /// taken together as one sync of every app.
 const MAX_WAITING: usize = 256;
+
+/// How long a trigger that must run alone lets other syncs start beside
+/// the ones it waits for.
+const MAX_ALONE_WAIT: Duration = Duration::from_secs(5);
 
 /// A timer trigger for several apps as one trigger per app: each app's
 /// timer starts its own sync, so that two apps whose timers came due
@@ -90,7 +95,8 @@ impl Flight {
 pub(super) struct Flights<T, C> {
     tasks: JoinSet<T>,
     flying: Vec<(Id, Flight, C)>,
-    waiting: Vec<Trigger>,
+    /// Each with when it first came to wait.
+    waiting: Vec<(Trigger, Instant)>,
 }
 
 impl<T: 'static, C> Default for Flights<T, C> {
@@ -108,14 +114,23 @@ impl<T: 'static, C> Flights<T, C> {
         self.flying.is_empty()
     }
 
-    /// Of `burst`, what may start now beside the syncs in flight; the rest
-    /// waits for them (and comes back from [`Flights::take_waiting`]).
-    /// With nothing in flight, all of it, with what waited before. Once a
-    /// trigger that must run alone waits, nothing more starts beside them,
-    /// so that it waits no longer than the syncs in flight take.
-    pub(super) fn board(&mut self, burst: Vec<Trigger>, owners: &Owners, revision: usize) -> Vec<Trigger> {
+    /// Of `burst`, arrived `now`, what may start now beside the syncs in
+    /// flight; the rest waits for them (and comes back from
+    /// [`Flights::take_waiting`]). With nothing in flight, all of it, with
+    /// what waited before. Once a trigger that must run alone has waited
+    /// [`MAX_ALONE_WAIT`], nothing more starts beside them, so that it waits
+    /// no longer than that and the syncs then in flight take; before, the
+    /// syncs of other apps go on (during a release such triggers are many:
+    /// a deletion concerns every app).
+    pub(super) fn board(
+        &mut self,
+        burst: Vec<Trigger>,
+        owners: &Owners,
+        revision: usize,
+        now: Instant,
+    ) -> Vec<Trigger> {
         if self.flying.is_empty() {
-            let mut all = std::mem::take(&mut self.waiting);
+            let mut all: Vec<Trigger> = std::mem::take(&mut self.waiting).into_iter().map(|(t, _)| t).collect();
             all.extend(burst);
             return all;
         }
@@ -124,30 +139,35 @@ impl<T: 'static, C> Flights<T, C> {
             revision,
             loads: matches!(trigger, Trigger::Loaded),
         };
-        let mut now = Vec::new();
+        let mut boarding = Vec::new();
         for trigger in burst.into_iter().flat_map(each_app_its_timer) {
-            let barrier = self.waiting.iter().any(|waiting| flight_of(waiting).alone());
+            let barrier = self
+                .waiting
+                .iter()
+                .any(|(waiting, since)| flight_of(waiting).alone() && now.duration_since(*since) >= MAX_ALONE_WAIT);
             let flying = self.flying.iter().map(|(_, flight, _)| flight);
             if !barrier && flight_of(&trigger).may_start_beside(flying) {
-                now.push(trigger);
+                boarding.push(trigger);
             } else {
-                self.waiting.push(trigger);
+                self.waiting.push((trigger, now));
             }
         }
         if self.waiting.len() > MAX_WAITING {
             // A storm of events while a sync runs: one sync of every app after it.
-            let looks_at_github = self.waiting.iter().any(Trigger::looks_at_github);
-            self.waiting = vec![Trigger::Overflowed(Refused {
+            let looks_at_github = self.waiting.iter().any(|(t, _)| t.looks_at_github());
+            let since = self.waiting.iter().map(|(_, since)| *since).min().unwrap_or(now);
+            let refused = Refused {
                 reads_source: false,
                 looks_at_github,
-            })];
+            };
+            self.waiting = vec![(Trigger::Overflowed(refused), since)];
         }
-        now
+        boarding
     }
 
     /// The triggers that waited, to board again once a sync landed.
     pub(super) fn take_waiting(&mut self) -> Vec<Trigger> {
-        std::mem::take(&mut self.waiting)
+        std::mem::take(&mut self.waiting).into_iter().map(|(t, _)| t).collect()
     }
 
     /// Starts `sync` as a task of the loop's own thread (a `LocalSet`).
@@ -205,19 +225,20 @@ mod tests {
         use crate::rollout::plan::RequeueReason;
         let due = |app: &str| Trigger::Due(vec![(app.to_string(), RequeueReason::Pause)]);
         let owners = Owners::default();
+        let now = Instant::now();
         tokio::task::LocalSet::new()
             .run_until(async {
                 let mut flights: Flights<u32, &str> = Flights::default();
                 // Nothing in flight: all of it.
-                let all = flights.board(vec![due("web"), Trigger::Loaded], &owners, 1);
+                let all = flights.board(vec![due("web"), Trigger::Loaded], &owners, 1, now);
                 assert_eq!(all, vec![due("web"), Trigger::Loaded]);
                 let (answer, answered) = tokio::sync::oneshot::channel();
                 let web = flight(Some(&["web"]), 1, false);
                 flights.launch(web, "web's sync", async move { answered.await.unwrap_or(0) });
-                let now = flights.board(vec![due("web"), due("api"), Trigger::Loaded], &owners, 1);
-                assert_eq!(now, vec![due("api")], "another app starts beside it");
+                let boarded = flights.board(vec![due("web"), due("api"), Trigger::Loaded], &owners, 1, now);
+                assert_eq!(boarded, vec![due("api")], "another app starts beside it");
                 assert_eq!(
-                    flights.board(vec![due("api")], &owners, 2),
+                    flights.board(vec![due("api")], &owners, 2, now),
                     vec![],
                     "another revision waits"
                 );
@@ -225,7 +246,7 @@ mod tests {
                 assert_eq!(flights.next_landing().await, (Ok(7), "web's sync"));
                 assert!(flights.is_empty());
                 // What waited comes first, with the next burst.
-                let after = flights.board(vec![due("jobs")], &owners, 2);
+                let after = flights.board(vec![due("jobs")], &owners, 2, now);
                 assert_eq!(after, vec![due("web"), Trigger::Loaded, due("api"), due("jobs")]);
                 // A sync whose task panics lands too, with why.
                 flights.launch(flight(Some(&["web"]), 2, false), "web's next", async {
@@ -240,28 +261,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn once_a_trigger_that_must_run_alone_waits_nothing_more_starts_beside_the_syncs_in_flight() {
+    async fn a_trigger_that_must_run_alone_lets_others_start_beside_the_syncs_in_flight_for_a_while_only() {
         use crate::rollout::plan::RequeueReason;
         let due = |app: &str| Trigger::Due(vec![(app.to_string(), RequeueReason::Pause)]);
         let owners = Owners::default();
+        let start = Instant::now();
+        let at = |seconds| start + Duration::from_secs(seconds);
         tokio::task::LocalSet::new()
             .run_until(async {
                 let mut flights: Flights<u32, ()> = Flights::default();
                 flights.launch(flight(Some(&["web"]), 1, false), (), std::future::pending());
-                assert_eq!(flights.board(vec![due("api")], &owners, 1), vec![due("api")]);
-                // A deletion (or a relist) concerns every app: it waits, and what comes after waits with it.
-                assert_eq!(
-                    flights.board(vec![Trigger::Drift(None), due("api")], &owners, 1),
-                    vec![]
-                );
-                assert_eq!(flights.board(vec![due("jobs")], &owners, 1), vec![]);
-                assert_eq!(
-                    flights.take_waiting(),
-                    vec![Trigger::Drift(None), due("api"), due("jobs")]
-                );
+                // A deletion (or a relist) concerns every app: it waits for the sync in flight.
+                assert_eq!(flights.board(vec![Trigger::Drift(None)], &owners, 1, at(0)), vec![]);
+                // Meanwhile other apps' syncs go on beside it,
+                assert_eq!(flights.board(vec![due("api")], &owners, 1, at(4)), vec![due("api")]);
+                // until it has waited long enough: then nothing more starts, and it is next.
+                assert_eq!(flights.board(vec![due("jobs")], &owners, 1, at(5)), vec![]);
+                assert_eq!(flights.take_waiting(), vec![Trigger::Drift(None), due("jobs")]);
                 // A storm of events while a sync runs: one sync of every app after it.
                 let storm = vec![due("web"); MAX_WAITING + 1];
-                assert_eq!(flights.board(storm, &owners, 1), vec![]);
+                assert_eq!(flights.board(storm, &owners, 1, at(6)), vec![]);
                 let refused = Refused {
                     reads_source: false,
                     looks_at_github: false,

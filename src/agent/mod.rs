@@ -273,7 +273,9 @@ impl Agent {
         let Some((revision, owners)) = self.revision() else {
             return;
         };
-        let burst = state.flights.board(burst, &owners, loaded_id(&revision));
+        let burst = state
+            .flights
+            .board(burst, &owners, loaded_id(&revision), std::time::Instant::now());
         let news = self.news_in(&burst);
         if news.is_empty() {
             return;
