@@ -18,7 +18,7 @@ use flight::{Flight, Flights};
 use github_task::GitHubTask;
 use loader::Loaded;
 pub use poll::AtRest;
-use queue::next_burst;
+use queue::next_burst_until;
 pub use queue::{TriggerQueue, Triggers, trigger_channel};
 use requeue::Requeues;
 pub use scope::Seen;
@@ -240,9 +240,17 @@ impl Agent {
                         Trigger::Due(due)
                     }
                 };
-                let burst = next_burst(first, &mut queue, &mut state.requeues).await;
+                let landing = state.flights.next_landing();
+                let (mut burst, landed) = next_burst_until(first, &mut queue, &mut state.requeues, landing).await;
                 if burst.iter().any(Trigger::reads_source) {
                     load_wanted.notify_one();
+                }
+                // Landed first: its writes' echoes in the burst are told apart.
+                if let Some((answer, departure)) = landed {
+                    self.land(answer, departure, &mut state).await;
+                    let mut waited = state.flights.take_waiting();
+                    waited.append(&mut burst);
+                    burst = waited;
                 }
                 self.take_off(burst, &mut state);
             }

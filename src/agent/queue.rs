@@ -107,13 +107,34 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// period (a pause that ends while a canary's pods report in is not held
 /// back for them). A trigger the full queue refused is acted on at once too:
 /// it may have been a signal.
+#[cfg(test)]
 pub(super) async fn next_burst(first: Trigger, queue: &mut TriggerQueue, requeues: &mut Requeues) -> Vec<Trigger> {
+    next_burst_until(first, queue, requeues, std::future::pending::<()>())
+        .await
+        .0
+}
+
+/// [`next_burst`], whose quiet period `landing` cuts short: a sync that
+/// lands meanwhile is answered at once (its write-back, its timers), with
+/// the burst gathered so far.
+pub(super) async fn next_burst_until<L>(
+    first: Trigger,
+    queue: &mut TriggerQueue,
+    requeues: &mut Requeues,
+    landing: impl std::future::Future<Output = L>,
+) -> (Vec<Trigger>, Option<L>) {
+    tokio::pin!(landing);
+    let mut landed = None;
     let mut burst = vec![first];
     while !queue.any_refused() && burst.iter().all(Trigger::may_wait) {
         tokio::select! {
             // A timer due at the same moment as the quiet period's end is not left to chance.
             biased;
             due = requeues.next_due() => burst.push(Trigger::Due(due)),
+            answer = &mut landing => {
+                landed = Some(answer);
+                break;
+            }
             next = tokio::time::timeout(DEBOUNCE, queue.queue.recv()) => match next {
                 Ok(Some(next)) => burst.push(next),
                 _ => break,
@@ -127,7 +148,7 @@ pub(super) async fn next_burst(first: Trigger, queue: &mut TriggerQueue, requeue
     if let Some(refused) = Refused::of_bits(queue.refused.swap(0, Ordering::SeqCst)) {
         burst.push(Trigger::Overflowed(refused));
     }
-    burst
+    (burst, landed)
 }
 
 pub fn trigger_channel() -> (Triggers, TriggerQueue) {
@@ -260,6 +281,30 @@ mod tests {
             assert_eq!(tokio::time::Instant::now(), pause_ends, "taken when it fell due");
         }
         assert!(start.elapsed() < Duration::from_millis(200));
+    }
+
+    // Paused time, as above.
+    #[tokio::test(start_paused = true)]
+    async fn a_sync_that_lands_ends_a_burst_of_drift_at_once_and_comes_with_it() {
+        let (triggers, mut queue) = trigger_channel();
+        // Drift every 30 ms for 1.2 s; a sync in flight lands after 50 ms.
+        let sender = tokio::spawn(async move {
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let _ = triggers.send(Trigger::Drift(None)).await;
+            }
+        });
+        let start = tokio::time::Instant::now();
+        let landing = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            "web's sync"
+        };
+        let (burst, landed) =
+            next_burst_until(Trigger::Drift(None), &mut queue, &mut Requeues::default(), landing).await;
+        sender.abort();
+        assert_eq!(landed, Some("web's sync"));
+        assert_eq!(start.elapsed(), Duration::from_millis(50), "answered when it landed");
+        assert_eq!(burst.len(), 2, "the drift so far: {burst:?}");
     }
 
     #[tokio::test]
