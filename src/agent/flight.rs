@@ -130,7 +130,7 @@ impl<T: 'static, C> Flights<T, C> {
         now: Instant,
     ) -> Vec<Trigger> {
         if self.flying.is_empty() {
-            let mut all: Vec<Trigger> = std::mem::take(&mut self.waiting).into_iter().map(|(t, _)| t).collect();
+            let mut all = self.take_waiting();
             all.extend(burst);
             return all;
         }
@@ -139,12 +139,13 @@ impl<T: 'static, C> Flights<T, C> {
             revision,
             loads: matches!(trigger, Trigger::Loaded),
         };
+        // Read once: what this burst adds to the waiting has waited no time.
+        let barrier = self
+            .waiting
+            .iter()
+            .any(|(waiting, since)| flight_of(waiting).alone() && now.duration_since(*since) >= MAX_ALONE_WAIT);
         let mut boarding = Vec::new();
         for trigger in burst.into_iter().flat_map(each_app_its_timer) {
-            let barrier = self
-                .waiting
-                .iter()
-                .any(|(waiting, since)| flight_of(waiting).alone() && now.duration_since(*since) >= MAX_ALONE_WAIT);
             let flying = self.flying.iter().map(|(_, flight, _)| flight);
             if !barrier && flight_of(&trigger).may_start_beside(flying) {
                 boarding.push(trigger);

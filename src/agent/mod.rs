@@ -224,10 +224,7 @@ impl Agent {
                 let first = tokio::select! {
                     _ = stop.wait_for(|stop| *stop) => break,
                     (answer, departure) = state.flights.next_landing() => {
-                        self.land(answer, departure, &mut state).await;
-                        // What waited for it may start now.
-                        let waiting = state.flights.take_waiting();
-                        self.take_off(waiting, &mut state);
+                        self.land_and_board(answer, departure, Vec::new(), &mut state).await;
                         continue;
                     }
                     first = queue.recv() => match first {
@@ -241,18 +238,14 @@ impl Agent {
                     }
                 };
                 let landing = state.flights.next_landing();
-                let (mut burst, landed) = next_burst_until(first, &mut queue, &mut state.requeues, landing).await;
+                let (burst, landed) = next_burst_until(first, &mut queue, &mut state.requeues, landing).await;
                 if burst.iter().any(Trigger::reads_source) {
                     load_wanted.notify_one();
                 }
-                // Landed first: its writes' echoes in the burst are told apart.
-                if let Some((answer, departure)) = landed {
-                    self.land(answer, departure, &mut state).await;
-                    let mut waited = state.flights.take_waiting();
-                    waited.append(&mut burst);
-                    burst = waited;
+                match landed {
+                    Some((answer, departure)) => self.land_and_board(answer, departure, burst, &mut state).await,
+                    None => self.take_off(burst, &mut state),
                 }
-                self.take_off(burst, &mut state);
             }
             while !state.flights.is_empty() {
                 let (answer, departure) = state.flights.next_landing().await;
@@ -349,6 +342,21 @@ impl Agent {
             let _timer = metrics.sync_duration.start_timer();
             sync_validated(&cluster, &revision, &options, &memo, scope.as_ref()).await
         });
+    }
+
+    /// A sync landed: answered first (so that its writes' echoes in `burst`
+    /// are told apart), then what waited for it boards with `burst`.
+    async fn land_and_board(
+        &self,
+        answer: Result<crate::Result<SyncReport>, String>,
+        departure: Departure,
+        mut burst: Vec<Trigger>,
+        state: &mut LoopState,
+    ) {
+        self.land(answer, departure, state).await;
+        let mut boarding = state.flights.take_waiting();
+        boarding.append(&mut burst);
+        self.take_off(boarding, state);
     }
 
     /// After a sync: what it settled, its requeues, and its report; or,
